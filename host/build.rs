@@ -1,0 +1,7 @@
+//! Rebuilds the crate when migrations or the WIT contract change: both are
+//! embedded at compile time (`sqlx::migrate!`, `bindgen!`).
+
+fn main() {
+    println!("cargo:rerun-if-changed=../migrations");
+    println!("cargo:rerun-if-changed=../wit");
+}

@@ -1,0 +1,77 @@
+//! Wiring: turns a config into a running relay, and waits for a shutdown signal.
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::plugin::{PluginEngine, Plugins};
+use crate::relay::Relay;
+use crate::sinks::Sinks;
+use crate::store::OutboxStore;
+
+/// Connects to the database and the targets, loads the plugins and builds a relay.
+///
+/// # Errors
+/// Any startup failure, with which part failed: unreachable database or
+/// target, missing migrations, plugins that do not load.
+pub async fn build(config: &Config) -> anyhow::Result<Relay> {
+    let store = OutboxStore::connect(&config.database.url, config.database.max_connections)
+        .await
+        .context("cannot connect to the database")?
+        .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate);
+    check_schema(&store).await?;
+    let engine = PluginEngine::new().context("cannot start the WebAssembly engine")?;
+    let plugins = Plugins::load(engine, &config.plugins).map_err(|errors| {
+        let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("{} plugin(s) failed to load:\n  - {}", list.len(), list.join("\n  - "))
+    })?;
+    let sinks = Sinks::connect(&config.targets, config.relay.publish_timeout()).await?;
+    Ok(Relay::new(store, plugins, sinks, config.relay.clone()))
+}
+
+async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('switchyard_outbox') IS NOT NULL")
+        .fetch_one(store.pool())
+        .await
+        .context("cannot query the database")?;
+    anyhow::ensure!(exists, "table switchyard_outbox does not exist: run `switchyard migrate` first");
+    Ok(())
+}
+
+/// Runs the relay until SIGINT or SIGTERM.
+///
+/// # Errors
+/// Startup failures from [`build`], or a failure to release leases at the end.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let relay = build(&config).await?;
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("Shutdown requested; no new batches will be claimed.");
+        signal.cancel();
+    });
+    relay.run(shutdown).await
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,325 @@
+//! The relay's configuration: one TOML file, environment overrides for
+//! secrets, and validation that reports every problem at once.
+
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use validate::validate;
+
+/// Errors from loading a config file.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema.
+    #[error("config file {path} is invalid: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said, with line and column.
+        message: String,
+    },
+    /// The config parsed but some values are unusable; every problem is listed.
+    #[error("config file {path} has {} problem(s):\n  - {}", problems.len(), problems.join("\n  - "))]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// One line per problem.
+        problems: Vec<String>,
+    },
+}
+
+/// The whole relay config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the outbox lives.
+    pub database: DatabaseConfig,
+    /// How rows are claimed, retried and dead-lettered.
+    #[serde(default)]
+    pub relay: RelayConfig,
+    /// Routing plugins, tried in order: an event goes to the first whose
+    /// filters match it.
+    #[serde(default)]
+    pub plugins: Vec<PluginConfig>,
+    /// Named brokers that plugins publish to.
+    #[serde(default)]
+    pub targets: BTreeMap<String, TargetConfig>,
+}
+
+/// Database connection settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// Connection URL, e.g. `postgres://user@host/db`. Overridden by the
+    /// `SWITCHYARD_DATABASE_URL` environment variable so secrets stay out of files.
+    #[serde(default)]
+    pub url: String,
+    /// Pool size. Each relay worker holds a connection only while it claims or acks.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+}
+
+/// What to do with an event that no plugin's filters match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum UnmatchedPolicy {
+    /// Dead-letter it so an operator sees it (default: nothing vanishes silently).
+    #[default]
+    DeadLetter,
+    /// Mark it published without sending anything, and count it as dropped.
+    Drop,
+}
+
+/// Claiming, leasing and retry settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Identity written into `lease_owner`; defaults to host name, pid and a random suffix.
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// Rows claimed per batch.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    /// Batches processed concurrently by this instance.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Polling interval used when no notification arrives (lost NOTIFY, delayed rows, retries).
+    #[serde(default = "default_poll_interval_ms")]
+    pub poll_interval_ms: u64,
+    /// How long a claim is valid. Another instance may re-claim a row after this.
+    #[serde(default = "default_lease_duration_ms")]
+    pub lease_duration_ms: u64,
+    /// Bound on waiting for a broker acknowledgement; must be well below the lease.
+    #[serde(default = "default_publish_timeout_ms")]
+    pub publish_timeout_ms: u64,
+    /// Attempts before a row is dead-lettered.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt, with jitter.
+    #[serde(default = "default_initial_backoff_ms")]
+    pub initial_backoff_ms: u64,
+    /// Upper bound on the retry delay.
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+    /// Payloads larger than this are dead-lettered before reaching a plugin.
+    #[serde(default = "default_max_payload_bytes")]
+    pub max_payload_bytes: usize,
+    /// Messages a plugin returns larger than this are refused.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+    /// Events matched by no plugin.
+    #[serde(default)]
+    pub unmatched: UnmatchedPolicy,
+    /// When true, a dead-lettered event keeps later events of its aggregate
+    /// waiting until it is replayed or purged (strict order); when false they go on.
+    #[serde(default)]
+    pub dead_letter_blocks_aggregate: bool,
+    /// How long shutdown waits for in-flight batches before releasing their leases.
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        // Deserializing an empty table applies every serde default in one place.
+        toml::from_str("").unwrap_or_else(|_| unreachable!("all relay fields have defaults"))
+    }
+}
+
+impl RelayConfig {
+    /// Lease length as a duration.
+    pub fn lease_duration(&self) -> Duration {
+        Duration::from_millis(self.lease_duration_ms)
+    }
+
+    /// Broker acknowledgement bound as a duration.
+    pub fn publish_timeout(&self) -> Duration {
+        Duration::from_millis(self.publish_timeout_ms)
+    }
+}
+
+/// One routing plugin.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// Name used in logs, metrics and `last_error`.
+    pub name: String,
+    /// The component file; relative paths start at the config file's directory.
+    pub path: PathBuf,
+    /// Only events of these types (empty: all).
+    #[serde(default)]
+    pub event_types: Vec<String>,
+    /// Only events of these aggregate types (empty: all).
+    #[serde(default)]
+    pub aggregate_types: Vec<String>,
+    /// Wall-clock bound on one `route` or `init` call.
+    #[serde(default = "default_plugin_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Linear-memory bound for one plugin instance.
+    #[serde(default = "default_plugin_max_memory_bytes")]
+    pub max_memory_bytes: usize,
+    /// Handed to the plugin's `init` as a JSON object.
+    #[serde(default)]
+    pub config: toml::Table,
+}
+
+impl PluginConfig {
+    /// Whether this plugin's filters accept an event.
+    pub fn matches(&self, aggregate_type: &str, event_type: &str) -> bool {
+        (self.event_types.is_empty() || self.event_types.iter().any(|t| t == event_type))
+            && (self.aggregate_types.is_empty()
+                || self.aggregate_types.iter().any(|t| t == aggregate_type))
+    }
+}
+
+/// A broker plugins can publish to, picked by `type`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TargetConfig {
+    /// A NATS server, core or JetStream.
+    Nats(crate::sinks::nats::NatsSinkConfig),
+}
+
+impl TargetConfig {
+    /// The kind, as written in `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TargetConfig::Nats(_) => "nats",
+        }
+    }
+}
+
+const fn default_max_connections() -> u32 {
+    16
+}
+const fn default_batch_size() -> u32 {
+    500
+}
+const fn default_concurrency() -> u32 {
+    4
+}
+const fn default_poll_interval_ms() -> u64 {
+    500
+}
+const fn default_lease_duration_ms() -> u64 {
+    30_000
+}
+const fn default_publish_timeout_ms() -> u64 {
+    10_000
+}
+const fn default_max_attempts() -> u32 {
+    10
+}
+const fn default_initial_backoff_ms() -> u64 {
+    500
+}
+const fn default_max_backoff_ms() -> u64 {
+    60_000
+}
+const fn default_max_payload_bytes() -> usize {
+    1024 * 1024
+}
+const fn default_max_message_bytes() -> usize {
+    1024 * 1024
+}
+const fn default_shutdown_timeout_ms() -> u64 {
+    15_000
+}
+const fn default_plugin_timeout_ms() -> u64 {
+    100
+}
+const fn default_plugin_max_memory_bytes() -> usize {
+    64 * 1024 * 1024
+}
+
+impl Config {
+    /// Reads, parses, applies environment overrides and validates a config file.
+    ///
+    /// # Errors
+    /// [`Error::Read`], [`Error::Parse`], or [`Error::Invalid`] listing every problem.
+    pub fn load(path: &Path) -> Result<Config, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Config::from_toml(&text, base, &|name| std::env::var(name).ok()).map_err(|e| match e {
+            LoadError::Parse(message) => Error::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            LoadError::Invalid(problems) => Error::Invalid {
+                path: path.to_path_buf(),
+                problems,
+            },
+        })
+    }
+
+    /// Parses config text. `base` anchors relative plugin paths; `env` looks up
+    /// override variables (injected so tests need not touch the process environment).
+    ///
+    /// # Errors
+    /// The parse error, or every validation problem.
+    pub fn from_toml(
+        text: &str,
+        base: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, LoadError> {
+        let mut config: Config =
+            toml::from_str(text).map_err(|e| LoadError::Parse(e.to_string()))?;
+        config.apply_env(env);
+        for plugin in &mut config.plugins {
+            if plugin.path.is_relative() {
+                plugin.path = base.join(&plugin.path);
+            }
+        }
+        validate(&config).map_err(LoadError::Invalid)?;
+        Ok(config)
+    }
+
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        if let Some(url) = env("SWITCHYARD_DATABASE_URL") {
+            self.database.url = url;
+        }
+        for (name, target) in &mut self.targets {
+            let prefix = format!("SWITCHYARD_TARGET_{}_", env_name(name));
+            match target {
+                TargetConfig::Nats(nats) => nats.apply_env(&prefix, env),
+            }
+        }
+    }
+}
+
+/// Errors from [`Config::from_toml`].
+#[derive(Debug)]
+pub enum LoadError {
+    /// Not TOML, or not the schema.
+    Parse(String),
+    /// Every validation problem.
+    Invalid(Vec<String>),
+}
+
+/// `kafka-main` -> `KAFKA_MAIN`, for environment variable names.
+pub fn env_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,105 @@
+//! Semantic checks on a parsed config, collecting every problem instead of
+//! stopping at the first, so an operator fixes the file in one pass.
+
+use std::collections::HashSet;
+
+use super::{Config, TargetConfig};
+
+/// Checks a parsed config.
+///
+/// # Errors
+/// One message per problem, each naming the offending key.
+pub fn validate(config: &Config) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let mut check = |ok: bool, message: String| {
+        if !ok {
+            problems.push(message);
+        }
+    };
+
+    let db = &config.database;
+    check(
+        !db.url.is_empty(),
+        "database.url is empty (set it or SWITCHYARD_DATABASE_URL)".into(),
+    );
+    check(
+        db.url.is_empty() || db.url.starts_with("postgres://") || db.url.starts_with("postgresql://"),
+        format!("database.url must start with postgres:// (got {:?})", scheme(&db.url)),
+    );
+    check(db.max_connections >= 2, "database.max_connections must be at least 2".into());
+
+    let relay = &config.relay;
+    check(relay.batch_size >= 1, "relay.batch_size must be at least 1".into());
+    check(relay.batch_size <= 10_000, "relay.batch_size must be at most 10000".into());
+    check(relay.concurrency >= 1, "relay.concurrency must be at least 1".into());
+    check(relay.poll_interval_ms >= 10, "relay.poll_interval_ms must be at least 10".into());
+    check(relay.max_attempts >= 1, "relay.max_attempts must be at least 1".into());
+    check(relay.initial_backoff_ms >= 1, "relay.initial_backoff_ms must be at least 1".into());
+    check(
+        relay.max_backoff_ms >= relay.initial_backoff_ms,
+        "relay.max_backoff_ms must not be below relay.initial_backoff_ms".into(),
+    );
+    check(relay.publish_timeout_ms >= 1, "relay.publish_timeout_ms must be at least 1".into());
+    // A batch must be able to finish (plugin calls plus publish) well inside its
+    // lease, or another instance could re-claim rows that are still being sent.
+    check(
+        relay.lease_duration_ms >= 2 * relay.publish_timeout_ms + 1_000,
+        format!(
+            "relay.lease_duration_ms ({}) must be at least 2 * relay.publish_timeout_ms + 1000 ({})",
+            relay.lease_duration_ms,
+            2 * relay.publish_timeout_ms + 1_000
+        ),
+    );
+    check(
+        usize::try_from(config.database.max_connections).unwrap_or(usize::MAX)
+            > usize::try_from(relay.concurrency).unwrap_or(usize::MAX),
+        "database.max_connections must exceed relay.concurrency (one is kept for LISTEN)".into(),
+    );
+    check(relay.max_payload_bytes >= 1, "relay.max_payload_bytes must be at least 1".into());
+    check(relay.max_message_bytes >= 1, "relay.max_message_bytes must be at least 1".into());
+
+    check(!config.plugins.is_empty(), "no [[plugins]] configured: nothing would route events".into());
+    let mut plugin_names = HashSet::new();
+    for (index, plugin) in config.plugins.iter().enumerate() {
+        let at = format!("plugins[{index}] ({:?})", plugin.name);
+        check(!plugin.name.is_empty(), format!("{at}: name is empty"));
+        check(plugin_names.insert(&plugin.name), format!("{at}: duplicate plugin name"));
+        check(
+            plugin.path.is_file(),
+            format!("{at}: path {} is not a file", plugin.path.display()),
+        );
+        check(
+            (1..=60_000).contains(&plugin.timeout_ms),
+            format!("{at}: timeout_ms must be between 1 and 60000"),
+        );
+        check(
+            plugin.max_memory_bytes >= 1024 * 1024,
+            format!("{at}: max_memory_bytes must be at least 1 MiB"),
+        );
+    }
+
+    check(!config.targets.is_empty(), "no [targets.*] configured: nothing to publish to".into());
+    for (name, target) in &config.targets {
+        check(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            format!("targets.{name}: a target name may use letters, digits, '-' and '_' only"),
+        );
+        match target {
+            TargetConfig::Nats(nats) => {
+                for problem in nats.validate() {
+                    problems_push(&mut check, format!("targets.{name}: {problem}"));
+                }
+            }
+        }
+    }
+
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+fn problems_push(check: &mut impl FnMut(bool, String), message: String) {
+    check(false, message);
+}
+
+fn scheme(url: &str) -> &str {
+    url.split_once("://").map_or(url, |(scheme, _)| scheme)
+}

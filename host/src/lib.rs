@@ -1,0 +1,30 @@
+//! Switchyard is a transactional-outbox relay. Services write an event row into
+//! an outbox table in the same transaction as their business data; Switchyard
+//! claims those rows, asks a WebAssembly routing plugin what to publish, sends
+//! it to NATS (and other targets), and records the outcome per row and target.
+//!
+//! # Layout
+//! - [`config`]: the TOML config, environment overrides and validation.
+//! - [`store`]: the PostgreSQL outbox: migrations, claims under a lease, acks.
+//! - [`plugin`]: the wasmtime component runtime for routing plugins.
+//! - [`router`]: pure checks and message assembly around the plugin call.
+//! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
+//! - [`relay`]: the worker loop tying the above together.
+//! - [`app`], [`cli`], [`telemetry`]: process wiring.
+
+#![warn(missing_docs, clippy::all)]
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod plugin;
+pub mod relay;
+pub mod router;
+pub mod sinks;
+pub mod store;
+pub mod telemetry;
+
+pub use config::Config;
+pub use relay::{BatchReport, Relay};
+pub use store::OutboxStore;

@@ -1,0 +1,105 @@
+//! Per-instance host state: the empty WASI context, resource limits, and the
+//! `host` interface plugins import (logging).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::switchyard::plugin::host::{Host, Level};
+use super::bindings::switchyard::plugin::types;
+
+/// Longest plugin log line kept; the rest is cut so a chatty plugin cannot flood the log.
+const MAX_LOG_LINE: usize = 4096;
+
+/// Data owned by one plugin instance's store.
+pub struct State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    plugin: Arc<str>,
+    version: Arc<str>,
+}
+
+impl State {
+    pub(crate) fn new(plugin: Arc<str>, version: Arc<str>, max_memory_bytes: usize) -> State {
+        // No preopened dirs, no sockets, no env, no args, no stdio; clocks frozen
+        // at the epoch so a plugin cannot time anything or behave by the hour.
+        let wasi = WasiCtxBuilder::new()
+            .wall_clock(FrozenClock)
+            .monotonic_clock(FrozenClock)
+            .allow_blocking_current_thread(false)
+            .build();
+        State {
+            wasi,
+            table: ResourceTable::new(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(max_memory_bytes)
+                .instances(64)
+                .tables(64)
+                .memories(16)
+                .trap_on_grow_failure(true)
+                .build(),
+            plugin,
+            version,
+        }
+    }
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl Host for State {
+    fn log(&mut self, level: Level, message: String) {
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("...");
+        }
+        let (plugin, version) = (&*self.plugin, &*self.version);
+        match level {
+            Level::Trace => tracing::trace!(plugin.name = plugin, plugin.version = version, "{message}"),
+            Level::Debug => tracing::debug!(plugin.name = plugin, plugin.version = version, "{message}"),
+            Level::Info => tracing::info!(plugin.name = plugin, plugin.version = version, "{message}"),
+            Level::Warn => tracing::warn!(plugin.name = plugin, plugin.version = version, "{message}"),
+            Level::Error => tracing::error!(plugin.name = plugin, plugin.version = version, "{message}"),
+        }
+    }
+}
+
+impl types::Host for State {}
+
+/// A clock that always reads zero.
+struct FrozenClock;
+
+impl HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+
+    fn now(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,549 @@
+//! The relay loop: workers claim batches, run them through the plugins,
+//! publish to every target and record the outcome; a listener turns NOTIFY
+//! into wake-ups, with polling as the fallback.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use rand::Rng;
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::config::{RelayConfig, UnmatchedPolicy};
+use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins};
+use crate::router::{self, Limits, Routed};
+use crate::sinks::{SinkError, Sinks};
+use crate::store::{self, Claim, Delivery, OutboxRow, OutboxStore, Outcome, RowOutcome};
+
+/// Most messages one event may fan out to.
+const MAX_MESSAGES_PER_EVENT: usize = 64;
+
+/// Time kept in reserve at the end of a lease for recording the outcome.
+const ACK_RESERVE: Duration = Duration::from_secs(1);
+
+/// Everything a relay instance needs.
+#[derive(Clone)]
+pub struct Relay {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: OutboxStore,
+    plugins: Plugins,
+    sinks: Sinks,
+    config: RelayConfig,
+    owner: String,
+    limits: Limits,
+}
+
+/// What one batch did, for logs and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows published (including dropped ones).
+    pub published: usize,
+    /// Rows the plugin deliberately dropped.
+    pub dropped: usize,
+    /// Rows scheduled for another attempt.
+    pub retried: usize,
+    /// Rows dead-lettered.
+    pub dead: usize,
+    /// Rows whose lease was lost before the ack.
+    pub lost: usize,
+}
+
+impl Relay {
+    /// Assembles a relay.
+    pub fn new(store: OutboxStore, plugins: Plugins, sinks: Sinks, config: RelayConfig) -> Relay {
+        let owner = config.instance_id.clone().unwrap_or_else(default_owner);
+        let limits = Limits {
+            max_payload_bytes: config.max_payload_bytes,
+            max_message_bytes: config.max_message_bytes,
+            max_messages_per_event: MAX_MESSAGES_PER_EVENT,
+        };
+        Relay {
+            inner: Arc::new(Inner {
+                store,
+                plugins,
+                sinks,
+                config,
+                owner,
+                limits,
+            }),
+        }
+    }
+
+    /// The lease owner name of this instance.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Relays until `shutdown` is cancelled, then stops claiming, lets running
+    /// batches finish within `shutdown_timeout_ms` and releases what is left.
+    ///
+    /// # Errors
+    /// Only if the leases could not be released at the end; transient database
+    /// and broker errors are retried inside.
+    pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let (wake_tx, wake_rx) = watch::channel(0u64);
+        let listener = tokio::spawn(listen(self.inner.store.clone(), wake_tx, shutdown.clone()));
+        let mut workers = JoinSet::new();
+        for worker in 0..self.inner.config.concurrency {
+            let relay = self.clone();
+            let wake = wake_rx.clone();
+            let shutdown = shutdown.clone();
+            workers.spawn(async move { relay.work(worker, wake, shutdown).await });
+        }
+        info!(
+            relay.owner = %self.inner.owner,
+            relay.concurrency = self.inner.config.concurrency,
+            "Relay started."
+        );
+        shutdown.cancelled().await;
+        let started = Instant::now();
+        let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
+        let drained = tokio::time::timeout(bound, async {
+            while workers.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        listener.abort();
+        if drained {
+            info!(elapsed_ms = started.elapsed().as_millis() as u64, "Relay stopped; all batches finished.");
+        } else {
+            workers.abort_all();
+            let released = self.inner.store.release_owner(&self.inner.owner).await?;
+            warn!(
+                released,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "Relay stopped before batches finished; released their leases."
+            );
+        }
+        Ok(())
+    }
+
+    async fn work(&self, worker: u32, mut wake: watch::Receiver<u64>, shutdown: CancellationToken) {
+        let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
+        let mut db_backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            // Mark the current wake-up as seen *before* claiming, so a commit that
+            // lands during the claim still wakes us for the next round.
+            wake.borrow_and_update();
+            match self.run_once().await {
+                Ok(report) if report.claimed > 0 => {
+                    db_backoff = Duration::from_millis(100);
+                    continue;
+                }
+                Ok(_) => {
+                    db_backoff = Duration::from_millis(100);
+                    tokio::select! {
+                        _ = wake.changed() => {}
+                        () = tokio::time::sleep(poll) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, worker, retry_ms = db_backoff.as_millis() as u64, "Claim failed, will retry.");
+                    tokio::select! {
+                        () = tokio::time::sleep(db_backoff) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Claims and processes one batch.
+    ///
+    /// # Errors
+    /// A database error while claiming or acking; the batch's leases then
+    /// expire and the rows are claimed again.
+    pub async fn run_once(&self) -> Result<BatchReport, store::Error> {
+        let inner = &self.inner;
+        let claim = inner
+            .store
+            .claim(&inner.owner, inner.config.batch_size, inner.config.lease_duration())
+            .await?;
+        if claim.rows.is_empty() {
+            return Ok(BatchReport::default());
+        }
+        self.process(claim).await
+    }
+
+    async fn process(&self, claim: Claim) -> Result<BatchReport, store::Error> {
+        let inner = &self.inner;
+        let mut report = BatchReport {
+            claimed: claim.rows.len(),
+            ..BatchReport::default()
+        };
+        let lease = claim.lease;
+        let deadline = claim.deadline;
+        let routed = self.route_all(claim.rows, deadline).await;
+
+        // Publish everything not yet acknowledged, grouped by target.
+        let mut by_target: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
+        let mut outgoing: BTreeMap<String, Vec<crate::sinks::OutgoingMessage>> = BTreeMap::new();
+        let mut results: Vec<Vec<Option<Result<(), SinkError>>>> = Vec::with_capacity(routed.len());
+        let publish_allowed = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < deadline;
+        for (row_index, row) in routed.iter().enumerate() {
+            let mut row_results = Vec::new();
+            if let RowState::Routed { messages, .. } = &row.state {
+                for (message_index, message) in messages.iter().enumerate() {
+                    let acked = row
+                        .row
+                        .deliveries
+                        .get(&message.delivery_key)
+                        .is_some_and(|d| d.acked_at.is_some());
+                    if acked {
+                        row_results.push(Some(Ok(())));
+                    } else if publish_allowed {
+                        row_results.push(None);
+                        by_target.entry(message.target.clone()).or_default().push((row_index, message_index));
+                        outgoing.entry(message.target.clone()).or_default().push(message.message.clone());
+                    } else {
+                        row_results.push(Some(Err(SinkError::retryable(
+                            "lease nearly expired before publishing (plugins too slow for the lease)",
+                        ))));
+                    }
+                }
+            }
+            results.push(row_results);
+        }
+        let publish_bound = inner.config.publish_timeout() + Duration::from_millis(500);
+        let sends = outgoing.into_iter().map(|(target, messages)| {
+            let sink = inner.sinks.get(&target).cloned();
+            let count = messages.len();
+            async move {
+                let outcome = match sink {
+                    Some(sink) => tokio::time::timeout(publish_bound, sink.publish(messages))
+                        .await
+                        .unwrap_or_else(|_| {
+                            vec![Err(SinkError::retryable(format!("target {target:?} did not answer in time"))); count]
+                        }),
+                    None => vec![Err(SinkError::permanent(format!("unknown target {target:?}"))); count],
+                };
+                (target, outcome)
+            }
+        });
+        for (target, outcome) in join_all(sends).await {
+            let slots = by_target.remove(&target).unwrap_or_default();
+            for ((row_index, message_index), result) in slots.into_iter().zip(outcome) {
+                results[row_index][message_index] = Some(result);
+            }
+        }
+
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let mut outcomes = Vec::with_capacity(routed.len());
+        for (row, row_results) in routed.into_iter().zip(results) {
+            let attempts = u32::try_from(row.row.attempts).unwrap_or(u32::MAX);
+            let mut deliveries = row.row.deliveries.clone();
+            let (outcome, version) = match row.state {
+                RowState::Failed { outcome, version } => (outcome, version),
+                RowState::Routed { messages, version } => {
+                    let mut permanent = None;
+                    let mut retryable = None;
+                    for (message, result) in messages.iter().zip(row_results) {
+                        let result = result.unwrap_or_else(|| Err(SinkError::retryable("not published")));
+                        let entry = deliveries.entry(message.delivery_key.clone()).or_insert_with(|| Delivery {
+                            target: message.target.clone(),
+                            topic: message.message.topic.clone(),
+                            acked_at: None,
+                            error: None,
+                        });
+                        match result {
+                            Ok(()) => {
+                                if entry.acked_at.is_none() {
+                                    entry.acked_at = Some(now.clone());
+                                }
+                                entry.error = None;
+                            }
+                            Err(error) => {
+                                let text = format!("target {:?} topic {:?}: {}", message.target, message.message.topic, error.message);
+                                entry.error = Some(error.message.clone());
+                                if error.retryable {
+                                    retryable.get_or_insert(text);
+                                } else {
+                                    permanent.get_or_insert(text);
+                                }
+                            }
+                        }
+                    }
+                    if messages.is_empty() {
+                        report.dropped += 1;
+                    }
+                    let outcome = match (permanent, retryable) {
+                        (Some(error), _) => Outcome::Dead { error },
+                        (None, Some(error)) => self.retry_or_dead(attempts, error),
+                        (None, None) => Outcome::Published,
+                    };
+                    (outcome, version)
+                }
+            };
+            match &outcome {
+                Outcome::Published => report.published += 1,
+                Outcome::Retry { .. } => report.retried += 1,
+                Outcome::Dead { .. } => report.dead += 1,
+            }
+            if let Outcome::Dead { error } | Outcome::Retry { error, .. } = &outcome {
+                debug!(outbox.row_id = %row.row.id, outbox.attempt = attempts, %error, "Row not published.");
+            }
+            outcomes.push(RowOutcome {
+                id: row.row.id,
+                outcome,
+                deliveries,
+                plugin_version: version,
+            });
+        }
+        let acked = inner.store.ack(lease, &outcomes).await?;
+        report.lost = outcomes.len() - acked.len();
+        if report.lost > 0 {
+            warn!(lost = report.lost, "Leases expired before the ack; those rows will be delivered again.");
+        }
+        if report.dead > 0 {
+            warn!(dead = report.dead, "Rows dead-lettered.");
+        }
+        debug!(
+            batch.size = report.claimed,
+            published = report.published,
+            retried = report.retried,
+            dead = report.dead,
+            "Batch done."
+        );
+        Ok(report)
+    }
+
+    fn retry_or_dead(&self, attempts: u32, error: String) -> Outcome {
+        let config = &self.inner.config;
+        if attempts >= config.max_attempts {
+            Outcome::Dead {
+                error: format!("gave up after {attempts} attempts: {error}"),
+            }
+        } else {
+            Outcome::Retry {
+                after: backoff(config.initial_backoff_ms, config.max_backoff_ms, attempts),
+                error,
+            }
+        }
+    }
+
+    /// Runs every row through its plugin on a blocking thread (wasm calls are
+    /// synchronous CPU work), all with the versions current at batch start.
+    async fn route_all(&self, rows: Vec<OutboxRow>, deadline: Instant) -> Vec<RoutedRow> {
+        let relay = self.clone();
+        let fallback_ids: Vec<_> = rows.iter().map(|r| r.id).collect();
+        match tokio::task::spawn_blocking(move || relay.route_all_blocking(rows, deadline)).await {
+            Ok(routed) => routed,
+            Err(join_error) => {
+                // Only reachable if routing panicked; keep the rows for a retry
+                // instead of losing them.
+                warn!(error = %join_error, rows = fallback_ids.len(), "Routing task failed.");
+                Vec::new()
+            }
+        }
+    }
+
+    fn route_all_blocking(&self, rows: Vec<OutboxRow>, deadline: Instant) -> Vec<RoutedRow> {
+        let inner = &self.inner;
+        let slots = inner.plugins.slots();
+        let mut versions: HashMap<usize, Arc<PluginVersion>> = HashMap::new();
+        let mut instances: HashMap<usize, crate::plugin::Instance> = HashMap::new();
+        let route_until = deadline
+            .checked_sub(inner.config.publish_timeout() + ACK_RESERVE)
+            .unwrap_or(deadline);
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
+            if attempts > inner.config.max_attempts {
+                // Only reached when leases keep expiring (e.g. the relay crashed
+                // while holding this row every time).
+                let error = format!("lease expired {} times without an outcome", attempts - 1);
+                out.push(RoutedRow::failed(row, Outcome::Dead { error }, None));
+                continue;
+            }
+            let event = match router::event_from_row(&row, &inner.limits) {
+                Ok(event) => event,
+                Err(error) => {
+                    out.push(RoutedRow::failed(row, Outcome::Dead { error }, None));
+                    continue;
+                }
+            };
+            let Some(slot_index) = inner.plugins.select(&event.aggregate_type, &event.event_type) else {
+                let outcome = match inner.config.unmatched {
+                    UnmatchedPolicy::DeadLetter => Outcome::Dead {
+                        error: format!(
+                            "no plugin matches aggregate type {:?} and event type {:?}",
+                            event.aggregate_type, event.event_type
+                        ),
+                    },
+                    UnmatchedPolicy::Drop => {
+                        out.push(RoutedRow {
+                            row,
+                            state: RowState::Routed { messages: Vec::new(), version: None },
+                        });
+                        continue;
+                    }
+                };
+                out.push(RoutedRow::failed(row, outcome, None));
+                continue;
+            };
+            if Instant::now() >= route_until {
+                let error = "lease nearly expired before routing (plugins too slow for the lease)".to_string();
+                let outcome = self.retry_or_dead(attempts, error);
+                out.push(RoutedRow::failed(row, outcome, None));
+                continue;
+            }
+            let version = versions
+                .entry(slot_index)
+                .or_insert_with(|| slots[slot_index].current())
+                .clone();
+            let label = version.label();
+            let instance = match instances.remove(&slot_index) {
+                Some(instance) => instance,
+                None => match version.checkout() {
+                    Ok(instance) => instance,
+                    Err(error) => {
+                        let outcome = self.retry_or_dead(attempts, error.to_string());
+                        out.push(RoutedRow::failed(row, outcome, Some(version.version().to_string())));
+                        continue;
+                    }
+                },
+            };
+            let (result, instance) = version.route(instance, &event);
+            if let Some(instance) = instance {
+                instances.insert(slot_index, instance);
+            }
+            let version_id = Some(version.version().to_string());
+            let state = match result {
+                Ok(messages) => self.assemble(&event, messages, &label, version_id),
+                Err(CallFailure::Permanent(reason)) => RowState::Failed {
+                    outcome: Outcome::Dead { error: format!("plugin {label} refused permanently: {reason}") },
+                    version: version_id,
+                },
+                Err(CallFailure::Transient(reason)) => RowState::Failed {
+                    outcome: self.retry_or_dead(attempts, format!("plugin {label} refused for now: {reason}")),
+                    version: version_id,
+                },
+                Err(CallFailure::Crashed(reason)) => RowState::Failed {
+                    outcome: self.retry_or_dead(attempts, format!("plugin {label} {reason}")),
+                    version: version_id,
+                },
+            };
+            out.push(RoutedRow { row, state });
+        }
+        for (slot_index, instance) in instances {
+            if let Some(version) = versions.get(&slot_index) {
+                version.put_back(instance);
+            }
+        }
+        out
+    }
+
+    fn assemble(&self, event: &Event, messages: Vec<Message>, label: &str, version: Option<String>) -> RowState {
+        let sinks = &self.inner.sinks;
+        match router::assemble(event, messages, label, &self.inner.limits, &|name| sinks.contains(name)) {
+            Ok(messages) => {
+                debug!(outbox.event_id = %event.event_id, plugin.label = label, messages = messages.len(), "Routed.");
+                RowState::Routed { messages, version }
+            }
+            Err(error) => RowState::Failed {
+                outcome: Outcome::Dead { error },
+                version,
+            },
+        }
+    }
+}
+
+struct RoutedRow {
+    row: OutboxRow,
+    state: RowState,
+}
+
+enum RowState {
+    Routed {
+        messages: Vec<Routed>,
+        version: Option<String>,
+    },
+    Failed {
+        outcome: Outcome,
+        version: Option<String>,
+    },
+}
+
+impl RoutedRow {
+    fn failed(row: OutboxRow, outcome: Outcome, version: Option<String>) -> RoutedRow {
+        RoutedRow {
+            row,
+            state: RowState::Failed { outcome, version },
+        }
+    }
+}
+
+/// Exponential backoff with jitter: `initial * 2^(attempt-1)`, capped, then a
+/// random point in its upper half so that retries of many rows spread out.
+pub fn backoff(initial_ms: u64, max_ms: u64, attempt: u32) -> Duration {
+    let exponent = attempt.saturating_sub(1).min(32);
+    let full = initial_ms.saturating_mul(1u64 << exponent).min(max_ms);
+    let low = full / 2;
+    Duration::from_millis(rand::rng().random_range(low..=full.max(low)))
+}
+
+fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".to_string());
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    format!("{host}-{}-{suffix}", std::process::id())
+}
+
+/// Bumps `wake` on every NOTIFY, and after a reconnect (notifications sent
+/// while disconnected are lost, so workers should look).
+async fn listen(store: OutboxStore, wake: watch::Sender<u64>, shutdown: CancellationToken) {
+    let mut retry = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let mut listener = match PgListener::connect_with(store.pool()).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                warn!(%error, retry_ms = retry.as_millis() as u64, "LISTEN connection failed; polling meanwhile.");
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                retry = (retry * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if let Err(error) = listener.listen(store::NOTIFY_CHANNEL).await {
+            warn!(%error, "LISTEN failed; polling meanwhile.");
+            tokio::select! {
+                () = tokio::time::sleep(retry) => {}
+                () = shutdown.cancelled() => return,
+            }
+            retry = (retry * 2).min(Duration::from_secs(5));
+            continue;
+        }
+        retry = Duration::from_millis(100);
+        wake.send_modify(|generation| *generation += 1);
+        loop {
+            let received = tokio::select! {
+                received = listener.try_recv() => received,
+                () = shutdown.cancelled() => return,
+            };
+            match received {
+                Ok(Some(_)) => wake.send_modify(|generation| *generation += 1),
+                // Connection lost; the next try_recv reconnects.
+                Ok(None) => wake.send_modify(|generation| *generation += 1),
+                Err(error) => {
+                    warn!(%error, "LISTEN connection broke; reconnecting.");
+                    break;
+                }
+            }
+        }
+    }
+}

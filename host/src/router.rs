@@ -1,0 +1,332 @@
+//! Pure, synchronous routing logic around the plugin call: turning a claimed
+//! row into the plugin's `event`, checking what the plugin returned, and
+//! assembling broker messages with the relay's headers. No I/O here, so every
+//! rule is unit-tested directly.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::plugin::{Event, Message, PayloadFormat};
+use crate::sinks::OutgoingMessage;
+use crate::store::{DeliveryKey, OutboxRow};
+
+/// Header with the event id, on every message and every broker.
+pub const EVENT_ID_HEADER: &str = "Switchyard-Event-Id";
+/// Header with the event type.
+pub const EVENT_TYPE_HEADER: &str = "Switchyard-Event-Type";
+/// Header with the aggregate type.
+pub const AGGREGATE_TYPE_HEADER: &str = "Switchyard-Aggregate-Type";
+/// Header with the aggregate id.
+pub const AGGREGATE_ID_HEADER: &str = "Switchyard-Aggregate-Id";
+/// Header naming the plugin version (`name@hash`) that routed the event.
+pub const PLUGIN_HEADER: &str = "Switchyard-Plugin";
+
+/// Limits applied to rows and plugin output.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest payload passed to a plugin.
+    pub max_payload_bytes: usize,
+    /// Largest message payload a plugin may return.
+    pub max_message_bytes: usize,
+    /// Most messages a plugin may return for one event.
+    pub max_messages_per_event: usize,
+}
+
+/// Builds the plugin's view of a row.
+///
+/// # Errors
+/// A specific reason when the row cannot be routed at all (NULL or oversized
+/// payload, malformed headers); such rows are dead-lettered.
+pub fn event_from_row(row: &OutboxRow, limits: &Limits) -> Result<Event, String> {
+    let (payload, payload_format) = match (&row.payload_bytes, &row.payload_json) {
+        (Some(bytes), _) => (bytes.clone(), PayloadFormat::Binary),
+        (None, Some(json)) => (json.clone().into_bytes(), PayloadFormat::Json),
+        (None, None) => {
+            return Err("payload is NULL (set payload or payload_bytes)".to_string());
+        }
+    };
+    if payload.len() > limits.max_payload_bytes {
+        return Err(format!(
+            "payload is {} bytes, over relay.max_payload_bytes ({})",
+            payload.len(),
+            limits.max_payload_bytes
+        ));
+    }
+    Ok(Event {
+        row_id: row.id.0,
+        event_id: row.event_id.to_string(),
+        aggregate_type: row.aggregate_type.clone(),
+        aggregate_id: row.aggregate_id.clone(),
+        event_type: row.event_type.clone(),
+        payload,
+        payload_format,
+        headers: parse_row_headers(&row.headers_json)?,
+        tenant: row.tenant.clone(),
+        created_at_ms: row.created_at_ms,
+        attempt: u32::try_from(row.attempts).unwrap_or(0),
+    })
+}
+
+/// Parses the `headers` column: a JSON object whose values are strings.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn parse_row_headers(json: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("headers column is not valid JSON: {e}"))?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| format!("headers column must be a JSON object, got {}", json_kind(&value)))?;
+    object
+        .iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(text) => {
+                check_header(name, text).map(|()| (name.clone(), text.clone()))
+            }
+            other => Err(format!(
+                "headers column: header {name:?} must be a string, got {}",
+                json_kind(other)
+            )),
+        })
+        .collect()
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+fn check_header(name: &str, value: &str) -> Result<(), String> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        return Err(format!(
+            "header name {name:?} is invalid (printable ASCII without ':' or spaces)"
+        ));
+    }
+    if value.contains(['\r', '\n', '\0']) {
+        return Err(format!("header {name:?} has a line break or NUL in its value"));
+    }
+    Ok(())
+}
+
+/// A checked message with the key that tracks its delivery across attempts.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    /// Target name.
+    pub target: String,
+    /// Stable across attempts as long as the plugin answers the same way.
+    pub delivery_key: DeliveryKey,
+    /// The message for the sink.
+    pub message: OutgoingMessage,
+}
+
+/// Checks a plugin's answer and assembles broker messages.
+///
+/// `known_target` says whether a target name is configured; `plugin_label` is
+/// `name@version`, used in errors and the plugin header.
+///
+/// # Errors
+/// A reason naming the plugin and the offending message; the row is dead-lettered.
+pub fn assemble(
+    event: &Event,
+    messages: Vec<Message>,
+    plugin_label: &str,
+    limits: &Limits,
+    known_target: &dyn Fn(&str) -> bool,
+) -> Result<Vec<Routed>, String> {
+    if messages.len() > limits.max_messages_per_event {
+        return Err(format!(
+            "plugin {plugin_label} returned {} messages, more than the {} allowed per event",
+            messages.len(),
+            limits.max_messages_per_event
+        ));
+    }
+    let mut ordinals: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut routed = Vec::with_capacity(messages.len());
+    for (index, message) in messages.into_iter().enumerate() {
+        let at = format!("plugin {plugin_label} message {index}");
+        if !known_target(&message.target) {
+            return Err(format!("{at}: unknown target {:?}", message.target));
+        }
+        if message.topic.trim().is_empty() {
+            return Err(format!("{at}: empty topic for target {:?}", message.target));
+        }
+        if message.payload.len() > limits.max_message_bytes {
+            return Err(format!(
+                "{at}: payload is {} bytes, over relay.max_message_bytes ({})",
+                message.payload.len(),
+                limits.max_message_bytes
+            ));
+        }
+        for (name, value) in &message.headers {
+            check_header(name, value).map_err(|e| format!("{at}: {e}"))?;
+        }
+        if let Some(key) = &message.key {
+            check_header("key", key).map_err(|e| format!("{at}: {e}"))?;
+        }
+        let ordinal = ordinals
+            .entry((message.target.clone(), message.topic.clone()))
+            .or_default();
+        let delivery_key = format!("{}:{}#{}", message.target, message.topic, ordinal);
+        *ordinal += 1;
+        routed.push(Routed {
+            target: message.target,
+            delivery_key,
+            message: OutgoingMessage {
+                headers: merge_headers(event, message.headers, plugin_label),
+                topic: message.topic,
+                key: message.key,
+                payload: Bytes::from(message.payload),
+                event_id: event.event_id.clone(),
+            },
+        });
+    }
+    Ok(routed)
+}
+
+/// Row headers, then the plugin's (which win on a name clash), then the
+/// relay's own, which always win: consumers rely on the event id being true.
+fn merge_headers(event: &Event, plugin: Vec<(String, String)>, plugin_label: &str) -> Vec<(String, String)> {
+    let relay = [
+        (EVENT_ID_HEADER, event.event_id.as_str()),
+        (EVENT_TYPE_HEADER, event.event_type.as_str()),
+        (AGGREGATE_TYPE_HEADER, event.aggregate_type.as_str()),
+        (AGGREGATE_ID_HEADER, event.aggregate_id.as_str()),
+        (PLUGIN_HEADER, plugin_label),
+    ];
+    let mut merged: Vec<(String, String)> = Vec::with_capacity(event.headers.len() + plugin.len() + relay.len());
+    let mut put = |name: &str, value: &str| {
+        match merged.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            Some(slot) => slot.1 = value.to_string(),
+            None => merged.push((name.to_string(), value.to_string())),
+        }
+    };
+    for (name, value) in &event.headers {
+        put(name, value);
+    }
+    for (name, value) in &plugin {
+        put(name, value);
+    }
+    for (name, value) in relay {
+        put(name, value);
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RowId;
+
+    const LIMITS: Limits = Limits {
+        max_payload_bytes: 64,
+        max_message_bytes: 32,
+        max_messages_per_event: 4,
+    };
+
+    fn row() -> OutboxRow {
+        OutboxRow {
+            id: RowId(7),
+            event_id: uuid::Uuid::nil(),
+            aggregate_type: "order".into(),
+            aggregate_id: "o-1".into(),
+            event_type: "OrderCreated".into(),
+            payload_json: Some(r#"{"total": 5}"#.into()),
+            payload_bytes: None,
+            headers_json: r#"{"traceparent": "00-abc-def-01"}"#.into(),
+            tenant: None,
+            created_at_ms: 1,
+            attempts: 2,
+            deliveries: BTreeMap::new(),
+        }
+    }
+
+    fn message(target: &str, topic: &str) -> Message {
+        Message {
+            target: target.into(),
+            topic: topic.into(),
+            key: Some("o-1".into()),
+            payload: b"{}".to_vec(),
+            headers: vec![("Switchyard-Event-Id".into(), "forged".into()), ("x".into(), "1".into())],
+        }
+    }
+
+    #[test]
+    fn builds_event_with_headers_and_attempt() {
+        let event = event_from_row(&row(), &LIMITS).unwrap();
+        assert_eq!(event.attempt, 2);
+        assert_eq!(event.payload_format, PayloadFormat::Json);
+        assert_eq!(event.headers, vec![("traceparent".into(), "00-abc-def-01".into())]);
+    }
+
+    #[test]
+    fn rejects_null_oversized_and_malformed_rows() {
+        let mut null = row();
+        null.payload_json = None;
+        assert!(event_from_row(&null, &LIMITS).unwrap_err().contains("payload is NULL"));
+
+        let mut big = row();
+        big.payload_json = Some(format!("\"{}\"", "x".repeat(100)));
+        assert!(event_from_row(&big, &LIMITS).unwrap_err().contains("max_payload_bytes"));
+
+        let mut bad = row();
+        bad.headers_json = r#"{"n": 5}"#.into();
+        assert!(event_from_row(&bad, &LIMITS).unwrap_err().contains("must be a string"));
+        bad.headers_json = "[1]".into();
+        assert!(event_from_row(&bad, &LIMITS).unwrap_err().contains("JSON object"));
+    }
+
+    #[test]
+    fn binary_payload_wins_over_json() {
+        let mut binary = row();
+        binary.payload_bytes = Some(vec![0, 1, 2]);
+        let event = event_from_row(&binary, &LIMITS).unwrap();
+        assert_eq!(event.payload_format, PayloadFormat::Binary);
+        assert_eq!(event.payload, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn assembles_with_relay_headers_winning() {
+        let event = event_from_row(&row(), &LIMITS).unwrap();
+        let routed = assemble(
+            &event,
+            vec![message("nats", "orders"), message("nats", "orders"), message("kafka", "orders")],
+            "p@abc",
+            &LIMITS,
+            &|_| true,
+        )
+        .unwrap();
+        let keys: Vec<_> = routed.iter().map(|r| r.delivery_key.as_str()).collect();
+        assert_eq!(keys, ["nats:orders#0", "nats:orders#1", "kafka:orders#0"]);
+        let headers = &routed[0].message.headers;
+        let get = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        assert_eq!(get(EVENT_ID_HEADER), Some(uuid::Uuid::nil().to_string().as_str()));
+        assert_eq!(get("traceparent"), Some("00-abc-def-01"));
+        assert_eq!(get("x"), Some("1"));
+        assert_eq!(get(PLUGIN_HEADER), Some("p@abc"));
+    }
+
+    #[test]
+    fn refuses_bad_plugin_output_with_specific_errors() {
+        let event = event_from_row(&row(), &LIMITS).unwrap();
+        let known = |t: &str| t == "nats";
+        let err = |m: Message| assemble(&event, vec![m], "p@abc", &LIMITS, &known).unwrap_err();
+
+        assert!(err(message("nope", "t")).contains("unknown target \"nope\""));
+        assert!(err(message("nats", " ")).contains("empty topic"));
+        let mut big = message("nats", "t");
+        big.payload = vec![0; 33];
+        assert!(err(big).contains("max_message_bytes"));
+        let mut header = message("nats", "t");
+        header.headers.push(("bad name".into(), "v".into()));
+        assert!(err(header).contains("invalid"));
+        let many = vec![message("nats", "t"); 5];
+        assert!(assemble(&event, many, "p@abc", &LIMITS, &known).unwrap_err().contains("5 messages"));
+    }
+}

@@ -1,0 +1,126 @@
+//! Targets that messages are published to. Every sink takes a batch of
+//! messages and answers per message, so one slow or failing message does not
+//! decide the fate of its neighbours, and classifies failures as retryable or
+//! permanent.
+
+pub mod nats;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+
+use crate::config::TargetConfig;
+
+/// One message, ready for a broker.
+#[derive(Debug, Clone)]
+pub struct OutgoingMessage {
+    /// Topic or subject.
+    pub topic: String,
+    /// Partition key; NATS carries it as a header.
+    pub key: Option<String>,
+    /// The bytes to send.
+    pub payload: Bytes,
+    /// Every header, relay and plugin ones merged.
+    pub headers: Vec<(String, String)>,
+    /// The event id, the broker-side deduplication id.
+    pub event_id: String,
+}
+
+/// A failed delivery, classified.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct SinkError {
+    /// Retrying may help (broker down, timeout, back-pressure).
+    pub retryable: bool,
+    /// What went wrong, for `last_error`.
+    pub message: String,
+}
+
+impl SinkError {
+    /// A failure that a later attempt may not repeat.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        SinkError {
+            retryable: true,
+            message: message.into(),
+        }
+    }
+
+    /// A failure that will happen again on every attempt.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        SinkError {
+            retryable: false,
+            message: message.into(),
+        }
+    }
+}
+
+/// A broker connection that can publish batches.
+pub trait Sink: Send + Sync {
+    /// `"nats"`, `"kafka"`, ...
+    fn kind(&self) -> &'static str;
+
+    /// Publishes `messages` and resolves once each is acknowledged or failed.
+    /// The result has one entry per message, in order.
+    fn publish(&self, messages: Vec<OutgoingMessage>) -> BoxFuture<'_, Vec<Result<(), SinkError>>>;
+
+    /// Checks that the broker is reachable and usable.
+    fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>>;
+}
+
+/// All configured targets by name.
+#[derive(Clone, Default)]
+pub struct Sinks {
+    by_name: BTreeMap<String, Arc<dyn Sink>>,
+}
+
+impl Sinks {
+    /// Connects every configured target and runs its health check.
+    ///
+    /// # Errors
+    /// The first target that cannot be built or fails its health check.
+    pub async fn connect(
+        targets: &BTreeMap<String, TargetConfig>,
+        publish_timeout: std::time::Duration,
+    ) -> anyhow::Result<Sinks> {
+        let mut by_name = BTreeMap::new();
+        for (name, target) in targets {
+            let sink: Arc<dyn Sink> = match target {
+                TargetConfig::Nats(config) => Arc::new(
+                    nats::NatsSink::connect(name, config, publish_timeout)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
+                ),
+            };
+            sink.healthcheck()
+                .await
+                .map_err(|e| anyhow::anyhow!("target {name:?} failed its health check: {e}"))?;
+            tracing::info!(sink.name = %name, sink.kind = sink.kind(), "Target ready.");
+            by_name.insert(name.clone(), sink);
+        }
+        Ok(Sinks { by_name })
+    }
+
+    /// Builds from ready-made sinks (tests, embedding).
+    pub fn from_sinks(sinks: impl IntoIterator<Item = (String, Arc<dyn Sink>)>) -> Sinks {
+        Sinks {
+            by_name: sinks.into_iter().collect(),
+        }
+    }
+
+    /// The sink called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Sink>> {
+        self.by_name.get(name)
+    }
+
+    /// Whether a target of that name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// Target names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+}

@@ -1,0 +1,127 @@
+//! Config for the NATS target and the client options it builds.
+
+use serde::Deserialize;
+
+/// How messages are published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NatsMode {
+    /// JetStream publish, awaiting the stream's ack (at-least-once, deduplicated).
+    #[default]
+    Jetstream,
+    /// Core NATS publish followed by a flush: the server got it, nobody may have stored it.
+    Core,
+}
+
+/// `[targets.NAME]` with `type = "nats"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsSinkConfig {
+    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`.
+    /// Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
+    pub url: String,
+    /// Core or JetStream publishing.
+    #[serde(default)]
+    pub mode: NatsMode,
+    /// User name; overridden by `SWITCHYARD_TARGET_<NAME>_USER`.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Password; overridden by `SWITCHYARD_TARGET_<NAME>_PASSWORD`.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Token; overridden by `SWITCHYARD_TARGET_<NAME>_TOKEN`.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Name the connection shows on the server.
+    #[serde(default = "default_connection_name")]
+    pub connection_name: String,
+    /// JetStream publishes awaiting an ack at once, per target.
+    #[serde(default = "default_max_ack_inflight")]
+    pub max_ack_inflight: usize,
+    /// A stream to create at startup if it does not exist (JetStream mode).
+    /// Without it, streams are managed outside the relay.
+    #[serde(default)]
+    pub stream: Option<StreamSpec>,
+}
+
+/// A JetStream stream the relay makes sure exists.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSpec {
+    /// Stream name, e.g. `ORDERS`.
+    pub name: String,
+    /// Subjects it captures, e.g. `["orders.>"]`.
+    pub subjects: Vec<String>,
+}
+
+fn default_connection_name() -> String {
+    "switchyard".to_string()
+}
+
+const fn default_max_ack_inflight() -> usize {
+    4096
+}
+
+impl NatsSinkConfig {
+    pub(crate) fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+        if let Some(url) = env(&format!("{prefix}URL")) {
+            self.url = url;
+        }
+        if let Some(user) = env(&format!("{prefix}USER")) {
+            self.user = Some(user);
+        }
+        if let Some(password) = env(&format!("{prefix}PASSWORD")) {
+            self.password = Some(password);
+        }
+        if let Some(token) = env(&format!("{prefix}TOKEN")) {
+            self.token = Some(token);
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.url.trim().is_empty() {
+            problems.push("url is empty".to_string());
+        }
+        for url in self.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            if !(url.starts_with("nats://") || url.starts_with("tls://") || !url.contains("://")) {
+                problems.push(format!("url {url:?} must use nats:// or tls://"));
+            }
+        }
+        if self.password.is_some() && self.user.is_none() {
+            problems.push("password is set but user is not".to_string());
+        }
+        if self.token.is_some() && self.user.is_some() {
+            problems.push("set either token or user/password, not both".to_string());
+        }
+        if let Some(stream) = &self.stream {
+            if self.mode != NatsMode::Jetstream {
+                problems.push("stream is only meaningful with mode = \"jetstream\"".to_string());
+            }
+            if stream.name.is_empty() || stream.name.contains(['.', '*', '>', ' ']) {
+                problems.push(format!("stream.name {:?} is not a valid stream name", stream.name));
+            }
+            if stream.subjects.is_empty() {
+                problems.push("stream.subjects is empty".to_string());
+            }
+        }
+        if self.max_ack_inflight == 0 {
+            problems.push("max_ack_inflight must be at least 1".to_string());
+        }
+        problems
+    }
+
+    pub(crate) fn connect_options(&self) -> async_nats::ConnectOptions {
+        let mut options = async_nats::ConnectOptions::new()
+            .name(&self.connection_name)
+            // Keep reconnecting forever: a broker outage must delay events, not stop the relay.
+            .max_reconnects(None);
+        if let (Some(user), Some(password)) = (&self.user, &self.password) {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(token) = &self.token {
+            options = options.token(token.clone());
+        }
+        options
+    }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine with Rust: installs what is
+# missing (apt packages, the wasm32-wasip2 target), starts PostgreSQL and
+# nats-server on loopback, builds the example plugins and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+    rustup target add wasm32-wasip2
+fi
+
+eval "$(scripts/services.sh start)"
+
+echo "== plugins (wasm32-wasip2)"
+(cd plugins && cargo build --release --quiet)
+host="$(rustc -vV | sed -n 's/^host: //p')"
+(cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
+
+echo "== relay"
+cargo test --workspace "$@"

@@ -1,0 +1,84 @@
+//! Config files: the shipped example validates, and a broken file is refused
+//! with every problem listed at once.
+
+use std::path::Path;
+
+use switchyard::config::{Config, LoadError, TargetConfig};
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::workspace_root;
+
+#[test]
+fn the_example_config_is_valid() {
+    // Validation checks that plugin files exist: build them first.
+    plugin("route_by_type");
+    let path = workspace_root().join("examples/relay.toml");
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.plugins.len(), 2);
+    assert!(config.targets.contains_key("nats"));
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = r#"
+[database]
+url = "mysql://nope"
+[relay]
+batch_size = 0
+lease_duration_ms = 1000
+publish_timeout_ms = 5000
+[[plugins]]
+name = "a"
+path = "/does/not/exist.wasm"
+[[plugins]]
+name = "a"
+path = "/also/missing.wasm"
+timeout_ms = 0
+[targets.n]
+type = "nats"
+url = ""
+"#;
+    let Err(LoadError::Invalid(problems)) = Config::from_toml(text, Path::new("."), &|_| None) else {
+        panic!("expected validation problems");
+    };
+    let all = problems.join("\n");
+    for expected in [
+        "database.url must start with postgres://",
+        "relay.batch_size must be at least 1",
+        "relay.lease_duration_ms (1000) must be at least",
+        "plugins[0] (\"a\"): path /does/not/exist.wasm is not a file",
+        "plugins[1] (\"a\"): duplicate plugin name",
+        "plugins[1] (\"a\"): timeout_ms must be between",
+        "targets.n: url is empty",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn unknown_keys_are_rejected_by_name() {
+    let text = "[database]\nurl = \"postgres://x/y\"\nmax_conections = 3\n";
+    match Config::from_toml(text, Path::new("."), &|_| None) {
+        Err(LoadError::Parse(message)) => assert!(message.contains("max_conections"), "{message}"),
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+}
+
+#[test]
+fn secrets_come_from_the_environment() {
+    let wasm = plugin("route_by_type");
+    let text = format!(
+        "[database]\nurl = \"postgres://file/db\"\n[[plugins]]\nname = \"r\"\npath = \"{}\"\n[targets.main-bus]\ntype = \"nats\"\nurl = \"nats://file:4222\"\n",
+        wasm.display()
+    );
+    let env = |name: &str| match name {
+        "SWITCHYARD_DATABASE_URL" => Some("postgres://env/db".to_string()),
+        "SWITCHYARD_TARGET_MAIN_BUS_USER" => Some("relay".to_string()),
+        "SWITCHYARD_TARGET_MAIN_BUS_PASSWORD" => Some("s3cret".to_string()),
+        _ => None,
+    };
+    let config = Config::from_toml(&text, Path::new("."), &env).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(config.database.url, "postgres://env/db");
+    let TargetConfig::Nats(nats) = &config.targets["main-bus"];
+    assert_eq!(nats.user.as_deref(), Some("relay"));
+    assert_eq!(nats.password.as_deref(), Some("s3cret"));
+}

@@ -1,0 +1,261 @@
+//! End to end on real services: application transactions write the outbox,
+//! the relay runs the example plugins and publishes to a real nats-server
+//! with JetStream, and a consumer checks what arrived.
+
+use std::time::Duration;
+
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::{order_event, verify, write_orders};
+use switchyard_tests::postgres::{count_status, fresh_db, place_order_event};
+use switchyard_tests::relay::{example_config, parse, InProcess, Process, Settings};
+use switchyard_tests::{eventually, init_logging};
+
+const STREAM: &str = "ORDERS";
+const RELAY_BIN: &str = env!("CARGO_BIN_EXE_relay-process");
+
+async fn all_published(pool: &sqlx::PgPool, total: i64, limit: Duration) {
+    eventually("every row published", limit, || async {
+        (count_status(pool, "published").await == total).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_events_arrive_once_in_order_and_transformed() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let relay = InProcess::start(&parse(&example_config(&Settings::new(&db.url, &nats.url())))).await;
+
+    // The relay runs while the services write: this exercises NOTIFY wake-ups
+    // and claims racing commits, not just draining a backlog.
+    let expected = write_orders(&db.pool, 1000, 20, 8).await;
+    assert_eq!(expected.len(), 20_000);
+    all_published(&db.pool, 20_000, Duration::from_secs(240)).await;
+    relay.stop().await;
+
+    let received = nats.read_stream(STREAM).await;
+    let verdict = verify(&received, &expected);
+    assert_eq!(verdict.duplicates, 0, "a healthy run publishes every event once");
+    let leftovers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE status <> 'published' OR lease_owner IS NOT NULL OR published_at IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(leftovers, 0);
+    let versions: i64 = sqlx::query_scalar("SELECT count(DISTINCT plugin_version) FROM switchyard_outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(versions, 2, "each row records the plugin version that routed it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_transaction_publishes_nothing() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let relay = InProcess::start(&parse(&example_config(&Settings::new(&db.url, &nats.url())))).await;
+
+    let rolled_back = place_order_event(&db.pool, &order_event(1, 0), false).await;
+    let committed = place_order_event(&db.pool, &order_event(2, 0), true).await;
+    all_published(&db.pool, 1, Duration::from_secs(30)).await;
+    relay.stop().await;
+
+    let received = nats.read_stream(STREAM).await;
+    let ids: Vec<_> = received.iter().filter_map(|m| m.header("Switchyard-Event-Id")).collect();
+    assert_eq!(ids, vec![committed.to_string()]);
+    assert!(!ids.contains(&rolled_back.to_string().as_str()));
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(orders, 1, "the business write rolled back with its event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_outage_of_ten_seconds_loses_nothing() {
+    init_logging();
+    let db = fresh_db().await;
+    let mut nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let settings = Settings::new(&db.url, &nats.url()).relay("max_attempts = 100");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+
+    let first = write_orders(&db.pool, 100, 10, 4).await;
+    all_published(&db.pool, 1000, Duration::from_secs(60)).await;
+
+    nats.stop();
+    let writer = {
+        let pool = db.pool.clone();
+        tokio::spawn(async move {
+            let mut expected = std::collections::HashMap::new();
+            for seq in 10..20 {
+                for aggregate in 0..100 {
+                    let event = order_event(aggregate, seq);
+                    let id = place_order_event(&pool, &event, true).await;
+                    expected.insert(
+                        id.to_string(),
+                        switchyard_tests::orders::Expected {
+                            aggregate_id: event.aggregate_id,
+                            seq: seq as u64,
+                            event_type: event.event_type,
+                        },
+                    );
+                }
+            }
+            expected
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let during: i64 = count_status(&db.pool, "published").await;
+    assert_eq!(during, 1000, "nothing is marked published while the broker is down");
+    let retried: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE last_error IS NOT NULL AND status = 'pending'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(retried > 0, "failed publishes are recorded and scheduled for retry");
+    nats.resume().await;
+
+    let mut expected = first;
+    expected.extend(writer.await.unwrap());
+    all_published(&db.pool, 2000, Duration::from_secs(90)).await;
+    relay.stop().await;
+    assert_eq!(count_status(&db.pool, "dead").await, 0);
+    let received = nats.read_stream(STREAM).await;
+    verify(&received, &expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relay_processes_share_a_table_and_survive_a_kill() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    // Short leases so the killed instance's rows come back quickly.
+    let settings = Settings::new(&db.url, &nats.url()).relay("lease_duration_ms = 3000\npublish_timeout_ms = 1000");
+    let config = example_config(&settings)
+        .replace("lease_duration_ms = 6000\n", "")
+        .replace("publish_timeout_ms = 2000\n", "");
+    let expected = write_orders(&db.pool, 200, 50, 8).await;
+
+    let mut a = Process::spawn(RELAY_BIN, &config, "relay-a");
+    let mut b = Process::spawn(RELAY_BIN, &config, "relay-b");
+    // Kill A once both are busy, mid-stream.
+    eventually("relay-a holds leases", Duration::from_secs(60), || async {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        let published = count_status(&db.pool, "published").await;
+        (held > 0 && published > 1000).then_some(())
+    })
+    .await;
+    a.kill();
+    all_published(&db.pool, 10_000, Duration::from_secs(180)).await;
+    b.terminate();
+
+    let by_owner: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT split_part(plugin_version, '@', 1), count(*) FROM switchyard_outbox GROUP BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(!by_owner.is_empty());
+    let received = nats.read_stream(STREAM).await;
+    let verdict = verify(&received, &expected);
+    // JetStream drops duplicates by Nats-Msg-Id within its window, so even the
+    // killed instance's in-flight batch shows up at most once here.
+    assert!(verdict.duplicates <= 200, "duplicates bounded by one batch: {}", verdict.duplicates);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rows_are_dead_lettered_with_a_reason_while_others_flow() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    // Captures the three order event types only; anything else finds no stream.
+    nats.create_stream(STREAM, &["orders.OrderCreated", "orders.OrderPaid", "orders.OrderShipped"]).await;
+    let settings = Settings::new(&db.url, &nats.url()).relay("max_attempts = 2");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+
+    let insert = |aggregate_type: &'static str, aggregate_id: &'static str, event_type: &'static str, payload: Option<&'static str>, bytes: Option<&'static [u8]>, headers: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers)
+                 VALUES ($1, $2, $3, $4::jsonb, $5, $6::jsonb)",
+            )
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(event_type)
+            .bind(payload)
+            .bind(bytes)
+            .bind(headers)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    insert("order", "null-payload", "OrderCreated", None, None, "{}").await;
+    insert("order", "binary-paid", "OrderPaid", None, Some(b"\x00\x01"), "{}").await;
+    insert("invoice", "unmatched", "InvoiceSent", Some("{}"), None, "{}").await;
+    insert("order", "bad-headers", "OrderCreated", Some("{}"), None, r#"{"retries": 3}"#).await;
+    insert("order", "bad-subject", "Order Weird", Some("{}"), None, "{}").await;
+    // No stream captures this subject: retried as JetStream may get one, then dead.
+    insert("order", "no-stream", "OrderRefunded", Some("{}"), None, "{}").await;
+    let good = write_orders(&db.pool, 20, 3, 2).await;
+
+    all_published(&db.pool, 60, Duration::from_secs(60)).await;
+    eventually("bad rows dead-lettered", Duration::from_secs(60), || async {
+        (count_status(&db.pool, "dead").await == 6).then_some(())
+    })
+    .await;
+    relay.stop().await;
+
+    let errors: std::collections::HashMap<String, String> =
+        sqlx::query_as("SELECT aggregate_id, last_error FROM switchyard_outbox WHERE status = 'dead'")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let error = |id: &str| errors.get(id).unwrap_or_else(|| panic!("{id} not dead: {errors:?}")).as_str();
+    assert!(error("null-payload").contains("payload is NULL"), "{}", error("null-payload"));
+    assert!(error("binary-paid").contains("redact@") && error("binary-paid").contains("needs a JSON payload"));
+    assert!(error("unmatched").contains("no plugin matches aggregate type \"invoice\""));
+    assert!(error("bad-headers").contains("header \"retries\" must be a string"));
+    assert!(error("bad-subject").contains("invalid NATS subject \"orders.Order Weird\""), "{}", error("bad-subject"));
+    assert!(error("no-stream").starts_with("gave up after 2 attempts"), "{}", error("no-stream"));
+    assert!(error("no-stream").contains("no JetStream stream"), "{}", error("no-stream"));
+    verify(&nats.read_stream(STREAM).await, &good);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_nats_mode_publishes_with_headers() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut subscription = client.subscribe("orders.>").await.unwrap();
+    client.flush().await.unwrap();
+    let mut settings = Settings::new(&db.url, &nats.url());
+    settings.nats_mode = "core";
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+
+    let id = place_order_event(&db.pool, &order_event(7, 0), true).await;
+    let message = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut subscription))
+        .await
+        .expect("message within 10 s")
+        .expect("subscription open");
+    assert_eq!(message.subject.as_str(), "orders.OrderCreated");
+    let headers = message.headers.expect("headers");
+    assert_eq!(headers.get("Switchyard-Event-Id").map(|v| v.to_string()), Some(id.to_string()));
+    assert_eq!(headers.get("Switchyard-Key").map(|v| v.to_string()), Some("order-7".to_string()));
+    all_published(&db.pool, 1, Duration::from_secs(10)).await;
+    relay.stop().await;
+}

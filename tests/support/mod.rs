@@ -1,0 +1,43 @@
+//! Shared harness for the integration tests: a fresh PostgreSQL database per
+//! test, nats-server processes per test, the example plugins built once, and
+//! helpers to write events the way an application would.
+
+pub mod nats;
+pub mod orders;
+pub mod plugins;
+pub mod postgres;
+pub mod relay;
+
+use std::time::{Duration, Instant};
+
+/// Installs a log subscriber once; `SWITCHYARD_LOG=debug` shows relay logs in tests.
+pub fn init_logging() {
+    switchyard::telemetry::init(switchyard::telemetry::LogFormat::Text);
+}
+
+/// Polls `check` until it returns `Some`, or fails the test after `limit`.
+///
+/// # Panics
+/// When the limit passes; the message says what was awaited.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The workspace root (tests run with the `tests/` crate as working directory).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| ".".into())
+}

@@ -1,0 +1,159 @@
+//! nats-server processes owned by a test: each test gets its own server (so
+//! one test can stop its broker without touching the others), on a free
+//! loopback port, with JetStream stored in a temp dir that survives restarts.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt;
+
+/// A running (or stopped) nats-server.
+pub struct NatsServer {
+    port: u16,
+    store_dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// Starts a JetStream-enabled server on a free port.
+    ///
+    /// # Panics
+    /// When nats-server is missing (run scripts/services.sh start) or does not start.
+    pub async fn start() -> NatsServer {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let store_dir = std::env::temp_dir().join(format!("sy-nats-{}", uuid::Uuid::new_v4().simple()));
+        let mut server = NatsServer { port, store_dir, child: None };
+        server.resume().await;
+        server
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (kill), keeping its JetStream data.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and data.
+    pub async fn resume(&mut self) {
+        let binary = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".to_string());
+        let child = Command::new(&binary)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .arg(&self.store_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {binary} ({e}); run scripts/services.sh start to install it"));
+        self.child = Some(child);
+        for _ in 0..200 {
+            if let Ok(client) = async_nats::connect(self.url()).await {
+                // JetStream is ready once the account answers.
+                if jetstream::new(client).query_account().await.is_ok() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("nats-server on port {} did not become ready", self.port);
+    }
+
+    /// Creates a stream capturing `subjects`.
+    pub async fn create_stream(&self, name: &str, subjects: &[&str]) {
+        let client = async_nats::connect(self.url()).await.expect("connect");
+        jetstream::new(client)
+            .create_stream(jetstream::stream::Config {
+                name: name.to_string(),
+                subjects: subjects.iter().map(|s| (*s).to_string()).collect(),
+                ..Default::default()
+            })
+            .await
+            .expect("create stream");
+    }
+
+    /// Reads every message in a stream, in stream order.
+    pub async fn read_stream(&self, name: &str) -> Vec<Received> {
+        let client = async_nats::connect(self.url()).await.expect("connect");
+        let js = jetstream::new(client);
+        let mut stream = js.get_stream(name).await.expect("stream");
+        let total = stream.info().await.expect("stream info").state.messages;
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+            .await
+            .expect("consumer");
+        let mut messages = consumer.messages().await.expect("messages");
+        let mut out = Vec::new();
+        while (out.len() as u64) < total {
+            let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+                .await
+                .expect("stream read timed out")
+                .expect("stream ended")
+                .expect("message");
+            let headers = message
+                .headers
+                .as_ref()
+                .map(|h| {
+                    h.iter()
+                        .map(|(k, v)| (k.to_string(), v.first().map(|v| v.to_string()).unwrap_or_default()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(Received {
+                subject: message.subject.to_string(),
+                headers,
+                payload: message.payload.to_vec(),
+            });
+        }
+        out
+    }
+
+    /// Number of messages in a stream.
+    pub async fn stream_len(&self, name: &str) -> u64 {
+        let client = async_nats::connect(self.url()).await.expect("connect");
+        let js = jetstream::new(client);
+        let mut stream = js.get_stream(name).await.expect("stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.store_dir);
+    }
+}
+
+/// A message as a consumer saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// Subject.
+    pub subject: String,
+    /// Headers (first value of each).
+    pub headers: HashMap<String, String>,
+    /// Payload bytes.
+    pub payload: Vec<u8>,
+}
+
+impl Received {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+
+    /// The payload as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.payload).expect("JSON payload")
+    }
+}

@@ -1,0 +1,142 @@
+//! The sample workload: order aggregates each emitting a sequence of events,
+//! written by concurrent "service" tasks, and the checks a consumer makes.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::PgPool;
+
+use super::nats::Received;
+use super::postgres::{NewEvent, place_order_event};
+
+/// What the test expects for one event.
+#[derive(Debug, Clone)]
+pub struct Expected {
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Position within the aggregate.
+    pub seq: u64,
+    /// Event type.
+    pub event_type: String,
+}
+
+/// The `seq`-th event of order `aggregate`: created, then alternately paid
+/// (carries a card number that must be masked) and shipped.
+pub fn order_event(aggregate: usize, seq: usize) -> NewEvent {
+    let id = format!("order-{aggregate}");
+    let (event_type, payload) = match seq {
+        0 => ("OrderCreated", serde_json::json!({ "order_id": id, "seq": seq, "total_cents": 1000 + aggregate })),
+        s if s % 2 == 1 => (
+            "OrderPaid",
+            serde_json::json!({
+                "order_id": id, "seq": seq,
+                "card": { "number": "4111111111111111", "brand": "visa" },
+                "internal_note": "fraud score 0.01",
+            }),
+        ),
+        _ => ("OrderShipped", serde_json::json!({ "order_id": id, "seq": seq, "carrier": "dhl" })),
+    };
+    NewEvent {
+        aggregate_type: "order".into(),
+        aggregate_id: id,
+        event_type: event_type.into(),
+        payload,
+        headers: serde_json::json!({
+            "traceparent": format!("00-{:032x}-{:016x}-01", aggregate + 1, seq + 1),
+        }),
+    }
+}
+
+/// Writes `per_aggregate` events for each of `aggregates` orders from
+/// `writers` concurrent tasks, each owning a share of the aggregates so that
+/// one aggregate's events are committed in sequence. Returns what to expect.
+pub async fn write_orders(
+    pool: &PgPool,
+    aggregates: usize,
+    per_aggregate: usize,
+    writers: usize,
+) -> HashMap<String, Expected> {
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut written = Vec::new();
+            for seq in 0..per_aggregate {
+                for aggregate in (writer..aggregates).step_by(writers) {
+                    let event = order_event(aggregate, seq);
+                    let id = place_order_event(&pool, &event, true).await;
+                    written.push((
+                        id.to_string(),
+                        Expected { aggregate_id: event.aggregate_id, seq: seq as u64, event_type: event.event_type },
+                    ));
+                }
+            }
+            written
+        }));
+    }
+    let mut expected = HashMap::new();
+    for task in tasks {
+        expected.extend(task.await.expect("writer task"));
+    }
+    expected
+}
+
+/// What a consumer found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Distinct events received.
+    pub distinct: usize,
+    /// Extra copies received (at-least-once redeliveries).
+    pub duplicates: usize,
+}
+
+/// Checks every received message against the expectation: all events there,
+/// none unknown, subject, key and headers right, payload transformed as the
+/// plugins say, and per aggregate the first copies arrive in order.
+///
+/// # Panics
+/// On the first violation, saying what it was.
+pub fn verify(received: &[Received], expected: &HashMap<String, Expected>) -> Verdict {
+    let mut seen = HashSet::new();
+    let mut next_seq: HashMap<&str, u64> = HashMap::new();
+    let mut verdict = Verdict::default();
+    for message in received {
+        let id = message.header("Switchyard-Event-Id").expect("event id header on every message");
+        let want = expected.get(id).unwrap_or_else(|| panic!("unexpected event {id}"));
+        assert_eq!(message.header("Nats-Msg-Id"), Some(id), "JetStream dedup id is the event id");
+        if !seen.insert(id.to_string()) {
+            verdict.duplicates += 1;
+            continue;
+        }
+        assert_eq!(message.subject, format!("orders.{}", want.event_type));
+        assert_eq!(message.header("Switchyard-Key"), Some(want.aggregate_id.as_str()));
+        assert_eq!(message.header("Switchyard-Event-Type"), Some(want.event_type.as_str()));
+        let trace = message.header("traceparent").expect("row headers travel");
+        assert!(trace.ends_with(&format!("{:016x}-01", want.seq + 1)), "traceparent {trace}");
+        let plugin = message.header("Switchyard-Plugin").expect("plugin version header");
+        let json = message.json();
+        let data = if want.event_type == "OrderPaid" {
+            assert!(plugin.starts_with("redact@"), "{plugin}");
+            assert_eq!(json["specversion"], "1.0");
+            assert_eq!(json["id"], id);
+            assert_eq!(json["source"], "/order-service");
+            assert_eq!(json["data"]["card"]["number"], "***", "card number masked");
+            assert_eq!(json["data"]["card"]["brand"], "visa");
+            assert!(json["data"].get("internal_note").is_none(), "internal note removed");
+            json["data"].clone()
+        } else {
+            assert!(plugin.starts_with("router@"), "{plugin}");
+            json
+        };
+        assert_eq!(data["seq"], want.seq);
+        let next = next_seq.entry(want.aggregate_id.as_str()).or_insert(0);
+        assert_eq!(
+            want.seq, *next,
+            "aggregate {} out of order: got seq {} expecting {}",
+            want.aggregate_id, want.seq, *next
+        );
+        *next += 1;
+    }
+    verdict.distinct = seen.len();
+    assert_eq!(verdict.distinct, expected.len(), "every event arrives");
+    verdict
+}

@@ -1,0 +1,114 @@
+//! A fresh, migrated database per test on the PostgreSQL that
+//! `scripts/services.sh start` runs (URL from `DATABASE_URL`).
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, PgPool};
+
+/// The server URL; defaults to the port the project script uses.
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:55432/postgres".to_string())
+}
+
+/// A database created for one test.
+pub struct TestDb {
+    /// Pool on the new database.
+    pub pool: PgPool,
+    /// Its URL, for relays in other processes.
+    pub url: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// Creates an empty database with the outbox schema and an `orders` table
+/// standing in for an application's business data.
+///
+/// # Panics
+/// When PostgreSQL is not reachable: start it with `scripts/services.sh start`.
+pub async fn fresh_db() -> TestDb {
+    let server = server_url();
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {server} is not reachable ({e}); run scripts/services.sh start"));
+    let name = format!("sy_{}", uuid::Uuid::new_v4().simple());
+    admin
+        .execute(format!("CREATE DATABASE {name}").as_str())
+        .await
+        .expect("create test database");
+    admin.close().await;
+    let url = match server.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => panic!("DATABASE_URL {server} has no database part"),
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(24)
+        .connect(&url)
+        .await
+        .expect("connect to test database");
+    switchyard::store::MIGRATOR.run(&pool).await.expect("migrate");
+    pool.execute(
+        "CREATE TABLE orders (id TEXT PRIMARY KEY, status TEXT NOT NULL, total_cents BIGINT NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    )
+    .await
+    .expect("create orders");
+    TestDb { pool, url, name }
+}
+
+/// One event as an application would write it.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// JSON payload.
+    pub payload: serde_json::Value,
+    /// Headers.
+    pub headers: serde_json::Value,
+}
+
+/// The sample order service: one business transaction updates the order row
+/// and writes the outbox row, committing both or neither. Returns the event id.
+pub async fn place_order_event(pool: &PgPool, event: &NewEvent, commit: bool) -> uuid::Uuid {
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO orders (id, status, total_cents) VALUES ($1, $2, $3)
+         ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, updated_at = now()",
+    )
+    .bind(&event.aggregate_id)
+    .bind(&event.event_type)
+    .bind(event.payload.get("total_cents").and_then(serde_json::Value::as_i64).unwrap_or(0))
+    .execute(&mut *tx)
+    .await
+    .expect("business write");
+    let event_id: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ($1, $2, $3, $4, $5) RETURNING event_id",
+    )
+    .bind(&event.aggregate_type)
+    .bind(&event.aggregate_id)
+    .bind(&event.event_type)
+    .bind(&event.payload)
+    .bind(&event.headers)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("outbox write");
+    if commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+    event_id
+}
+
+/// Counts rows by status.
+pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = $1")
+        .bind(status)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}

@@ -1,0 +1,195 @@
+//! Running relays in tests: in-process (a task that can be stopped or
+//! aborted) or as a real `switchyard` process (that can be SIGKILLed).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use switchyard::Config;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::plugins::plugin;
+
+/// Settings that vary between tests.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Database URL.
+    pub database_url: String,
+    /// NATS URL.
+    pub nats_url: String,
+    /// `jetstream` or `core`.
+    pub nats_mode: &'static str,
+    /// Extra lines for the `[relay]` table.
+    pub relay: String,
+}
+
+impl Settings {
+    /// JetStream, default relay tuning for tests.
+    pub fn new(database_url: &str, nats_url: &str) -> Settings {
+        Settings {
+            database_url: database_url.to_string(),
+            nats_url: nats_url.to_string(),
+            nats_mode: "jetstream",
+            relay: String::new(),
+        }
+    }
+
+    /// Adds `[relay]` lines, e.g. `"max_attempts = 2"`.
+    #[must_use]
+    pub fn relay(mut self, lines: &str) -> Settings {
+        self.relay.push_str(lines);
+        self.relay.push('\n');
+        self
+    }
+}
+
+/// The example pipeline: OrderPaid goes through redact-fields (card number
+/// masked, internal note removed, CloudEvents envelope), everything else
+/// through route-by-type; both publish to `orders.<EventType>` on NATS, keyed
+/// by aggregate id.
+pub fn example_config(settings: &Settings) -> String {
+    let redact = plugin("redact_fields");
+    let route = plugin("route_by_type");
+    format!(
+        r#"
+[database]
+url = "{db}"
+max_connections = 8
+
+[relay]
+batch_size = 200
+concurrency = 3
+poll_interval_ms = 200
+lease_duration_ms = 6000
+publish_timeout_ms = 2000
+max_attempts = 8
+initial_backoff_ms = 100
+max_backoff_ms = 1000
+shutdown_timeout_ms = 5000
+{relay}
+
+[[plugins]]
+name = "redact"
+path = "{redact}"
+event_types = ["OrderPaid"]
+[plugins.config]
+target = "events"
+topic = "orders.{{event_type}}"
+mask = ["card.number"]
+remove = ["internal_note"]
+cloudevents = true
+source = "/order-service"
+
+[[plugins]]
+name = "router"
+path = "{route}"
+aggregate_types = ["order"]
+[plugins.config]
+target = "events"
+topic = "orders.{{event_type}}"
+
+[targets.events]
+type = "nats"
+url = "{nats}"
+mode = "{mode}"
+"#,
+        db = settings.database_url,
+        nats = settings.nats_url,
+        mode = settings.nats_mode,
+        relay = settings.relay,
+        redact = redact.display(),
+        route = route.display(),
+    )
+}
+
+/// Parses and validates config text.
+///
+/// # Panics
+/// When the config is invalid.
+pub fn parse(text: &str) -> Config {
+    Config::from_toml(text, Path::new("."), &|_| None).unwrap_or_else(|e| panic!("config: {e:?}"))
+}
+
+/// A relay running as a task in this process.
+pub struct InProcess {
+    shutdown: CancellationToken,
+    handle: JoinHandle<anyhow::Result<()>>,
+}
+
+impl InProcess {
+    /// Builds (connects targets, loads plugins) and starts a relay.
+    ///
+    /// # Panics
+    /// On startup failure.
+    pub async fn start(config: &Config) -> InProcess {
+        let relay = switchyard::app::build(config).await.expect("relay starts");
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let handle = tokio::spawn(async move { relay.run(token).await });
+        InProcess { shutdown, handle }
+    }
+
+    /// Graceful stop.
+    ///
+    /// # Panics
+    /// If the relay returned an error.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.handle.await.expect("relay task").expect("relay run");
+    }
+}
+
+/// A relay running as its own OS process.
+pub struct Process {
+    child: Child,
+    _config: PathBuf,
+}
+
+impl Process {
+    /// Writes `config` to a temp file and starts `BINARY run` on it, where
+    /// `binary` is the test's `env!("CARGO_BIN_EXE_relay-process")`.
+    ///
+    /// # Panics
+    /// If the process cannot be started.
+    pub fn spawn(binary: &str, config: &str, instance_id: &str) -> Process {
+        let path = std::env::temp_dir().join(format!("sy-relay-{}.toml", uuid::Uuid::new_v4().simple()));
+        let config = config.replacen("[relay]", &format!("[relay]\ninstance_id = \"{instance_id}\""), 1);
+        std::fs::write(&path, config).expect("write config");
+        let child = Command::new(binary)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("SWITCHYARD_LOG", std::env::var("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn relay process");
+        Process { child, _config: path }
+    }
+
+    /// SIGKILL: no chance to finish or release anything.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    ///
+    /// # Panics
+    /// If the process does not exit successfully.
+    pub fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let exit = self.child.wait().expect("wait");
+        assert!(exit.success(), "relay exited with {exit}");
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self._config);
+    }
+}
