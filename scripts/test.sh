@@ -17,4 +17,8 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
 
 echo "== relay"
-cargo test --workspace "$@"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --lib --bins --tests "$@" 2>&1 | tee "$log"
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "summary: %d passed, %d failed\n", p, f }' "$log"

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use switchyard::store::{Outcome, OutboxStore, RowId, RowOutcome};
-use switchyard_tests::postgres::{fresh_db, place_order_event, NewEvent};
+use switchyard::store::{OutboxStore, Outcome, RowId, RowOutcome};
+use switchyard_tests::postgres::{NewEvent, fresh_db, place_order_event};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -21,7 +21,12 @@ fn event(aggregate: usize, seq: usize) -> NewEvent {
 }
 
 fn outcome(id: RowId, outcome: Outcome) -> RowOutcome {
-    RowOutcome { id, outcome, deliveries: BTreeMap::new(), plugin_version: None }
+    RowOutcome {
+        id,
+        outcome,
+        deliveries: BTreeMap::new(),
+        plugin_version: None,
+    }
 }
 
 fn seq(row: &switchyard::store::OutboxRow) -> u64 {
@@ -43,7 +48,11 @@ async fn concurrent_claims_are_disjoint_and_take_only_heads() {
     let ids_a: HashSet<_> = a.rows.iter().map(|r| r.id).collect();
     let ids_b: HashSet<_> = b.rows.iter().map(|r| r.id).collect();
     assert!(ids_a.is_disjoint(&ids_b), "two claimers got the same row");
-    assert_eq!(ids_a.len() + ids_b.len(), 100, "every aggregate's head is claimed once");
+    assert_eq!(
+        ids_a.len() + ids_b.len(),
+        100,
+        "every aggregate's head is claimed once"
+    );
     for row in a.rows.iter().chain(&b.rows) {
         assert_eq!(seq(row), 0, "only the first event of each aggregate is claimable");
         assert_eq!(row.attempts, 1);
@@ -69,7 +78,11 @@ async fn next_event_of_an_aggregate_waits_for_the_ack() {
         }
         assert_eq!(claim.rows.len(), 2);
         assert!(claim.rows.iter().all(|r| seq(r) == expected_seq));
-        let outcomes: Vec<_> = claim.rows.iter().map(|r| outcome(r.id, Outcome::Published)).collect();
+        let outcomes: Vec<_> = claim
+            .rows
+            .iter()
+            .map(|r| outcome(r.id, Outcome::Published))
+            .collect();
         assert_eq!(store.ack(claim.lease, &outcomes).await.unwrap().len(), 2);
         expected_seq += 1;
     }
@@ -88,7 +101,13 @@ async fn a_retrying_event_holds_back_only_its_own_aggregate() {
     let claim = store.claim("a", 100, LEASE).await.unwrap();
     let (failing, ok): (Vec<_>, Vec<_>) = claim.rows.iter().partition(|r| r.aggregate_id == "o-0");
     let outcomes = vec![
-        outcome(failing[0].id, Outcome::Retry { after: Duration::from_secs(3600), error: "broker down".into() }),
+        outcome(
+            failing[0].id,
+            Outcome::Retry {
+                after: Duration::from_secs(3600),
+                error: "broker down".into(),
+            },
+        ),
         outcome(ok[0].id, Outcome::Published),
     ];
     store.ack(claim.lease, &outcomes).await.unwrap();
@@ -103,7 +122,10 @@ async fn a_retrying_event_holds_back_only_its_own_aggregate() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    assert_eq!((status.as_str(), error.as_deref()), ("pending", Some("broker down")));
+    assert_eq!(
+        (status.as_str(), error.as_deref()),
+        ("pending", Some("broker down"))
+    );
 }
 
 #[tokio::test]
@@ -119,11 +141,28 @@ async fn a_worker_that_lost_its_lease_cannot_ack() {
     assert_eq!(fast.rows[0].attempts, 2);
 
     let id = slow.rows[0].id;
-    let stale = store.ack(slow.lease, &[outcome(id, Outcome::Dead { error: "stale".into() })]).await.unwrap();
+    let stale = store
+        .ack(
+            slow.lease,
+            &[outcome(
+                id,
+                Outcome::Dead {
+                    error: "stale".into(),
+                },
+            )],
+        )
+        .await
+        .unwrap();
     assert!(stale.is_empty(), "the stale worker's ack must not land");
-    let fresh = store.ack(fast.lease, &[outcome(id, Outcome::Published)]).await.unwrap();
+    let fresh = store
+        .ack(fast.lease, &[outcome(id, Outcome::Published)])
+        .await
+        .unwrap();
     assert_eq!(fresh, vec![id]);
-    let status: String = sqlx::query_scalar("SELECT status FROM switchyard_outbox").fetch_one(&db.pool).await.unwrap();
+    let status: String = sqlx::query_scalar("SELECT status FROM switchyard_outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(status, "published");
 }
 
@@ -135,7 +174,15 @@ async fn dead_letters_block_the_aggregate_only_in_strict_mode() {
     let store = OutboxStore::new(db.pool.clone());
     let claim = store.claim("a", 10, LEASE).await.unwrap();
     store
-        .ack(claim.lease, &[outcome(claim.rows[0].id, Outcome::Dead { error: "poison".into() })])
+        .ack(
+            claim.lease,
+            &[outcome(
+                claim.rows[0].id,
+                Outcome::Dead {
+                    error: "poison".into(),
+                },
+            )],
+        )
         .await
         .unwrap();
 
@@ -161,11 +208,18 @@ async fn a_row_committed_after_a_later_id_is_still_claimed() {
     let first = store.claim("a", 10, LEASE).await.unwrap();
     assert_eq!(first.rows.len(), 1);
     assert_eq!(first.rows[0].aggregate_id, "o-1");
-    store.ack(first.lease, &[outcome(first.rows[0].id, Outcome::Published)]).await.unwrap();
+    store
+        .ack(first.lease, &[outcome(first.rows[0].id, Outcome::Published)])
+        .await
+        .unwrap();
 
     early.commit().await.unwrap();
     let second = store.claim("a", 10, LEASE).await.unwrap();
-    assert_eq!(second.rows.len(), 1, "a row with a lower id that committed late is not skipped");
+    assert_eq!(
+        second.rows.len(),
+        1,
+        "a row with a lower id that committed late is not skipped"
+    );
     assert_eq!(second.rows[0].aggregate_id, "late");
     assert!(second.rows[0].id < first.rows[0].id);
 }

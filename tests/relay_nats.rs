@@ -7,7 +7,7 @@ use std::time::Duration;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{order_event, verify, write_orders};
 use switchyard_tests::postgres::{count_status, fresh_db, place_order_event};
-use switchyard_tests::relay::{example_config, parse, InProcess, Process, Settings};
+use switchyard_tests::relay::{InProcess, Process, Settings, example_config, parse};
 use switchyard_tests::{eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -66,10 +66,16 @@ async fn a_rolled_back_transaction_publishes_nothing() {
     relay.stop().await;
 
     let received = nats.read_stream(STREAM).await;
-    let ids: Vec<_> = received.iter().filter_map(|m| m.header("Switchyard-Event-Id")).collect();
+    let ids: Vec<_> = received
+        .iter()
+        .filter_map(|m| m.header("Switchyard-Event-Id"))
+        .collect();
     assert_eq!(ids, vec![committed.to_string()]);
     assert!(!ids.contains(&rolled_back.to_string().as_str()));
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&db.pool).await.unwrap();
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(orders, 1, "the business write rolled back with its event");
 }
 
@@ -79,7 +85,7 @@ async fn a_nats_outage_of_ten_seconds_loses_nothing() {
     let db = fresh_db().await;
     let mut nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let settings = Settings::new(&db.url, &nats.url()).relay("max_attempts = 100");
+    let settings = Settings::new(&db.url, &nats.url()).relay("max_attempts", "100");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
 
     let first = write_orders(&db.pool, 100, 10, 4).await;
@@ -109,14 +115,20 @@ async fn a_nats_outage_of_ten_seconds_loses_nothing() {
     };
     tokio::time::sleep(Duration::from_secs(10)).await;
     let during: i64 = count_status(&db.pool, "published").await;
-    assert_eq!(during, 1000, "nothing is marked published while the broker is down");
+    assert_eq!(
+        during, 1000,
+        "nothing is marked published while the broker is down"
+    );
     let retried: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM switchyard_outbox WHERE last_error IS NOT NULL AND status = 'pending'",
     )
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert!(retried > 0, "failed publishes are recorded and scheduled for retry");
+    assert!(
+        retried > 0,
+        "failed publishes are recorded and scheduled for retry"
+    );
     nats.resume().await;
 
     let mut expected = first;
@@ -135,42 +147,59 @@ async fn two_relay_processes_share_a_table_and_survive_a_kill() {
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
     // Short leases so the killed instance's rows come back quickly.
-    let settings = Settings::new(&db.url, &nats.url()).relay("lease_duration_ms = 3000\npublish_timeout_ms = 1000");
-    let config = example_config(&settings)
-        .replace("lease_duration_ms = 6000\n", "")
-        .replace("publish_timeout_ms = 2000\n", "");
+    let settings = Settings::new(&db.url, &nats.url())
+        .relay("lease_duration_ms", "3000")
+        .relay("publish_timeout_ms", "1000");
+    let config = example_config(&settings);
     let expected = write_orders(&db.pool, 200, 50, 8).await;
 
-    let mut a = Process::spawn(RELAY_BIN, &config, "relay-a");
     let mut b = Process::spawn(RELAY_BIN, &config, "relay-b");
-    // Kill A once both are busy, mid-stream.
-    eventually("relay-a holds leases", Duration::from_secs(60), || async {
-        let held: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        let published = count_status(&db.pool, "published").await;
-        (held > 0 && published > 1000).then_some(())
-    })
-    .await;
-    a.kill();
+    // Kill A while it holds leases mid-stream. If A happens to hold none at
+    // the instant of the kill, start another A and try again.
+    let mut orphaned = 0;
+    for _ in 0..5 {
+        let mut a = Process::spawn(RELAY_BIN, &config, "relay-a");
+        let held_by_a = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        };
+        eventually("relay-a holds leases", Duration::from_secs(60), || async {
+            (held_by_a().await > 0).then_some(())
+        })
+        .await;
+        a.kill();
+        // An ack A sent just before dying still commits server-side; let it land.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        orphaned = held_by_a().await;
+        if orphaned > 0 {
+            break;
+        }
+    }
+    assert!(orphaned > 0, "relay-a was never killed holding leases");
     all_published(&db.pool, 10_000, Duration::from_secs(180)).await;
     b.terminate();
 
-    let by_owner: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT split_part(plugin_version, '@', 1), count(*) FROM switchyard_outbox GROUP BY 1",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert!(!by_owner.is_empty());
+    let taken_over: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        taken_over >= orphaned,
+        "the killed relay's rows were re-claimed after their leases expired"
+    );
     let received = nats.read_stream(STREAM).await;
     let verdict = verify(&received, &expected);
     // JetStream drops duplicates by Nats-Msg-Id within its window, so even the
     // killed instance's in-flight batch shows up at most once here.
-    assert!(verdict.duplicates <= 200, "duplicates bounded by one batch: {}", verdict.duplicates);
+    assert!(
+        verdict.duplicates <= 200,
+        "duplicates bounded by one batch: {}",
+        verdict.duplicates
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,11 +208,20 @@ async fn bad_rows_are_dead_lettered_with_a_reason_while_others_flow() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     // Captures the three order event types only; anything else finds no stream.
-    nats.create_stream(STREAM, &["orders.OrderCreated", "orders.OrderPaid", "orders.OrderShipped"]).await;
-    let settings = Settings::new(&db.url, &nats.url()).relay("max_attempts = 2");
+    nats.create_stream(
+        STREAM,
+        &["orders.OrderCreated", "orders.OrderPaid", "orders.OrderShipped"],
+    )
+    .await;
+    let settings = Settings::new(&db.url, &nats.url()).relay("max_attempts", "2");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
 
-    let insert = |aggregate_type: &'static str, aggregate_id: &'static str, event_type: &'static str, payload: Option<&'static str>, bytes: Option<&'static [u8]>, headers: &'static str| {
+    let insert = |aggregate_type: &'static str,
+                  aggregate_id: &'static str,
+                  event_type: &'static str,
+                  payload: Option<&'static str>,
+                  bytes: Option<&'static [u8]>,
+                  headers: &'static str| {
         let pool = db.pool.clone();
         async move {
             sqlx::query(
@@ -204,7 +242,15 @@ async fn bad_rows_are_dead_lettered_with_a_reason_while_others_flow() {
     insert("order", "null-payload", "OrderCreated", None, None, "{}").await;
     insert("order", "binary-paid", "OrderPaid", None, Some(b"\x00\x01"), "{}").await;
     insert("invoice", "unmatched", "InvoiceSent", Some("{}"), None, "{}").await;
-    insert("order", "bad-headers", "OrderCreated", Some("{}"), None, r#"{"retries": 3}"#).await;
+    insert(
+        "order",
+        "bad-headers",
+        "OrderCreated",
+        Some("{}"),
+        None,
+        r#"{"retries": 3}"#,
+    )
+    .await;
     insert("order", "bad-subject", "Order Weird", Some("{}"), None, "{}").await;
     // No stream captures this subject: retried as JetStream may get one, then dead.
     insert("order", "no-stream", "OrderRefunded", Some("{}"), None, "{}").await;
@@ -224,14 +270,37 @@ async fn bad_rows_are_dead_lettered_with_a_reason_while_others_flow() {
             .unwrap()
             .into_iter()
             .collect();
-    let error = |id: &str| errors.get(id).unwrap_or_else(|| panic!("{id} not dead: {errors:?}")).as_str();
-    assert!(error("null-payload").contains("payload is NULL"), "{}", error("null-payload"));
-    assert!(error("binary-paid").contains("redact@") && error("binary-paid").contains("needs a JSON payload"));
+    let error = |id: &str| {
+        errors
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} not dead: {errors:?}"))
+            .as_str()
+    };
+    assert!(
+        error("null-payload").contains("payload is NULL"),
+        "{}",
+        error("null-payload")
+    );
+    assert!(
+        error("binary-paid").contains("redact@") && error("binary-paid").contains("needs a JSON payload")
+    );
     assert!(error("unmatched").contains("no plugin matches aggregate type \"invoice\""));
     assert!(error("bad-headers").contains("header \"retries\" must be a string"));
-    assert!(error("bad-subject").contains("invalid NATS subject \"orders.Order Weird\""), "{}", error("bad-subject"));
-    assert!(error("no-stream").starts_with("gave up after 2 attempts"), "{}", error("no-stream"));
-    assert!(error("no-stream").contains("no JetStream stream"), "{}", error("no-stream"));
+    assert!(
+        error("bad-subject").contains("invalid NATS subject \"orders.Order Weird\""),
+        "{}",
+        error("bad-subject")
+    );
+    assert!(
+        error("no-stream").starts_with("gave up after 2 attempts"),
+        "{}",
+        error("no-stream")
+    );
+    assert!(
+        error("no-stream").contains("no JetStream stream"),
+        "{}",
+        error("no-stream")
+    );
     verify(&nats.read_stream(STREAM).await, &good);
 }
 
@@ -248,14 +317,70 @@ async fn core_nats_mode_publishes_with_headers() {
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
 
     let id = place_order_event(&db.pool, &order_event(7, 0), true).await;
-    let message = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut subscription))
-        .await
-        .expect("message within 10 s")
-        .expect("subscription open");
+    let message = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures::StreamExt::next(&mut subscription),
+    )
+    .await
+    .expect("message within 10 s")
+    .expect("subscription open");
     assert_eq!(message.subject.as_str(), "orders.OrderCreated");
     let headers = message.headers.expect("headers");
-    assert_eq!(headers.get("Switchyard-Event-Id").map(|v| v.to_string()), Some(id.to_string()));
-    assert_eq!(headers.get("Switchyard-Key").map(|v| v.to_string()), Some("order-7".to_string()));
+    assert_eq!(
+        headers.get("Switchyard-Event-Id").map(|v| v.to_string()),
+        Some(id.to_string())
+    );
+    assert_eq!(
+        headers.get("Switchyard-Key").map(|v| v.to_string()),
+        Some("order-7".to_string())
+    );
     all_published(&db.pool, 1, Duration::from_secs(10)).await;
     relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_the_relay_and_survives_a_dropped_listen_connection() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    // Polling every minute: anything faster than that came through NOTIFY.
+    let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "60000");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    place_order_event(&db.pool, &order_event(1, 0), true).await;
+    all_published(&db.pool, 1, Duration::from_secs(10)).await;
+
+    // Kill the LISTEN connection server-side; the relay must reconnect and listen again.
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()) t",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1, "one LISTEN connection");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    place_order_event(&db.pool, &order_event(2, 0), true).await;
+    all_published(&db.pool, 2, Duration::from_secs(10)).await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_covers_lost_notifications() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    sqlx::query("ALTER TABLE switchyard_outbox DISABLE TRIGGER switchyard_outbox_notify")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "200");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    let expected = write_orders(&db.pool, 10, 3, 2).await;
+    all_published(&db.pool, 30, Duration::from_secs(30)).await;
+    relay.stop().await;
+    verify(&nats.read_stream(STREAM).await, &expected);
 }

@@ -23,7 +23,11 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     let engine = PluginEngine::new().context("cannot start the WebAssembly engine")?;
     let plugins = Plugins::load(engine, &config.plugins).map_err(|errors| {
         let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        anyhow::anyhow!("{} plugin(s) failed to load:\n  - {}", list.len(), list.join("\n  - "))
+        anyhow::anyhow!(
+            "{} plugin(s) failed to load:\n  - {}",
+            list.len(),
+            list.join("\n  - ")
+        )
     })?;
     let sinks = Sinks::connect(&config.targets, config.relay.publish_timeout()).await?;
     Ok(Relay::new(store, plugins, sinks, config.relay.clone()))
@@ -34,7 +38,10 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
         .fetch_one(store.pool())
         .await
         .context("cannot query the database")?;
-    anyhow::ensure!(exists, "table switchyard_outbox does not exist: run `switchyard migrate` first");
+    anyhow::ensure!(
+        exists,
+        "table switchyard_outbox does not exist: run `switchyard migrate` first"
+    );
     Ok(())
 }
 

@@ -35,7 +35,7 @@ pub enum Command {
     /// Create or upgrade the outbox schema.
     Migrate {
         /// Take the database URL from this config file.
-        #[arg(long, short, conflicts_with = "database_url")]
+        #[arg(long, short)]
         config: Option<PathBuf>,
         /// The database URL.
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
@@ -81,9 +81,13 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             let url = match (config, database_url) {
                 (Some(path), _) => Config::load(&path)?.database.url,
                 (None, Some(url)) => url,
-                (None, None) => anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)"),
+                (None, None) => {
+                    anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
+                }
             };
-            let store = OutboxStore::connect(&url, 2).await.context("cannot connect to the database")?;
+            let store = OutboxStore::connect(&url, 2)
+                .await
+                .context("cannot connect to the database")?;
             store.migrate().await.context("migration failed")?;
             println!("outbox schema is up to date");
             Ok(())

@@ -108,14 +108,15 @@ impl Relay {
         shutdown.cancelled().await;
         let started = Instant::now();
         let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
-        let drained = tokio::time::timeout(bound, async {
-            while workers.join_next().await.is_some() {}
-        })
-        .await
-        .is_ok();
+        let drained = tokio::time::timeout(bound, async { while workers.join_next().await.is_some() {} })
+            .await
+            .is_ok();
         listener.abort();
         if drained {
-            info!(elapsed_ms = started.elapsed().as_millis() as u64, "Relay stopped; all batches finished.");
+            info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "Relay stopped; all batches finished."
+            );
         } else {
             workers.abort_all();
             let released = self.inner.store.release_owner(&self.inner.owner).await?;
@@ -169,7 +170,11 @@ impl Relay {
         let inner = &self.inner;
         let claim = inner
             .store
-            .claim(&inner.owner, inner.config.batch_size, inner.config.lease_duration())
+            .claim(
+                &inner.owner,
+                inner.config.batch_size,
+                inner.config.lease_duration(),
+            )
             .await?;
         if claim.rows.is_empty() {
             return Ok(BatchReport::default());
@@ -205,8 +210,14 @@ impl Relay {
                         row_results.push(Some(Ok(())));
                     } else if publish_allowed {
                         row_results.push(None);
-                        by_target.entry(message.target.clone()).or_default().push((row_index, message_index));
-                        outgoing.entry(message.target.clone()).or_default().push(message.message.clone());
+                        by_target
+                            .entry(message.target.clone())
+                            .or_default()
+                            .push((row_index, message_index));
+                        outgoing
+                            .entry(message.target.clone())
+                            .or_default()
+                            .push(message.message.clone());
                     } else {
                         row_results.push(Some(Err(SinkError::retryable(
                             "lease nearly expired before publishing (plugins too slow for the lease)",
@@ -225,7 +236,12 @@ impl Relay {
                     Some(sink) => tokio::time::timeout(publish_bound, sink.publish(messages))
                         .await
                         .unwrap_or_else(|_| {
-                            vec![Err(SinkError::retryable(format!("target {target:?} did not answer in time"))); count]
+                            vec![
+                                Err(SinkError::retryable(format!(
+                                    "target {target:?} did not answer in time"
+                                )));
+                                count
+                            ]
                         }),
                     None => vec![Err(SinkError::permanent(format!("unknown target {target:?}"))); count],
                 };
@@ -251,12 +267,15 @@ impl Relay {
                     let mut retryable = None;
                     for (message, result) in messages.iter().zip(row_results) {
                         let result = result.unwrap_or_else(|| Err(SinkError::retryable("not published")));
-                        let entry = deliveries.entry(message.delivery_key.clone()).or_insert_with(|| Delivery {
-                            target: message.target.clone(),
-                            topic: message.message.topic.clone(),
-                            acked_at: None,
-                            error: None,
-                        });
+                        let entry =
+                            deliveries
+                                .entry(message.delivery_key.clone())
+                                .or_insert_with(|| Delivery {
+                                    target: message.target.clone(),
+                                    topic: message.message.topic.clone(),
+                                    acked_at: None,
+                                    error: None,
+                                });
                         match result {
                             Ok(()) => {
                                 if entry.acked_at.is_none() {
@@ -265,7 +284,10 @@ impl Relay {
                                 entry.error = None;
                             }
                             Err(error) => {
-                                let text = format!("target {:?} topic {:?}: {}", message.target, message.message.topic, error.message);
+                                let text = format!(
+                                    "target {:?} topic {:?}: {}",
+                                    message.target, message.message.topic, error.message
+                                );
                                 entry.error = Some(error.message.clone());
                                 if error.retryable {
                                     retryable.get_or_insert(text);
@@ -304,7 +326,10 @@ impl Relay {
         let acked = inner.store.ack(lease, &outcomes).await?;
         report.lost = outcomes.len() - acked.len();
         if report.lost > 0 {
-            warn!(lost = report.lost, "Leases expired before the ack; those rows will be delivered again.");
+            warn!(
+                lost = report.lost,
+                "Leases expired before the ack; those rows will be delivered again."
+            );
         }
         if report.dead > 0 {
             warn!(dead = report.dead, "Rows dead-lettered.");
@@ -385,7 +410,10 @@ impl Relay {
                     UnmatchedPolicy::Drop => {
                         out.push(RoutedRow {
                             row,
-                            state: RowState::Routed { messages: Vec::new(), version: None },
+                            state: RowState::Routed {
+                                messages: Vec::new(),
+                                version: None,
+                            },
                         });
                         continue;
                     }
@@ -394,7 +422,8 @@ impl Relay {
                 continue;
             };
             if Instant::now() >= route_until {
-                let error = "lease nearly expired before routing (plugins too slow for the lease)".to_string();
+                let error =
+                    "lease nearly expired before routing (plugins too slow for the lease)".to_string();
                 let outcome = self.retry_or_dead(attempts, error);
                 out.push(RoutedRow::failed(row, outcome, None));
                 continue;
@@ -410,7 +439,11 @@ impl Relay {
                     Ok(instance) => instance,
                     Err(error) => {
                         let outcome = self.retry_or_dead(attempts, error.to_string());
-                        out.push(RoutedRow::failed(row, outcome, Some(version.version().to_string())));
+                        out.push(RoutedRow::failed(
+                            row,
+                            outcome,
+                            Some(version.version().to_string()),
+                        ));
                         continue;
                     }
                 },
@@ -423,11 +456,14 @@ impl Relay {
             let state = match result {
                 Ok(messages) => self.assemble(&event, messages, &label, version_id),
                 Err(CallFailure::Permanent(reason)) => RowState::Failed {
-                    outcome: Outcome::Dead { error: format!("plugin {label} refused permanently: {reason}") },
+                    outcome: Outcome::Dead {
+                        error: format!("plugin {label} refused permanently: {reason}"),
+                    },
                     version: version_id,
                 },
                 Err(CallFailure::Transient(reason)) => RowState::Failed {
-                    outcome: self.retry_or_dead(attempts, format!("plugin {label} refused for now: {reason}")),
+                    outcome: self
+                        .retry_or_dead(attempts, format!("plugin {label} refused for now: {reason}")),
                     version: version_id,
                 },
                 Err(CallFailure::Crashed(reason)) => RowState::Failed {
@@ -445,9 +481,17 @@ impl Relay {
         out
     }
 
-    fn assemble(&self, event: &Event, messages: Vec<Message>, label: &str, version: Option<String>) -> RowState {
+    fn assemble(
+        &self,
+        event: &Event,
+        messages: Vec<Message>,
+        label: &str,
+        version: Option<String>,
+    ) -> RowState {
         let sinks = &self.inner.sinks;
-        match router::assemble(event, messages, label, &self.inner.limits, &|name| sinks.contains(name)) {
+        match router::assemble(event, messages, label, &self.inner.limits, &|name| {
+            sinks.contains(name)
+        }) {
             Ok(messages) => {
                 debug!(outbox.event_id = %event.event_id, plugin.label = label, messages = messages.len(), "Routed.");
                 RowState::Routed { messages, version }

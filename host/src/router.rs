@@ -200,13 +200,13 @@ fn merge_headers(event: &Event, plugin: Vec<(String, String)>, plugin_label: &st
         (AGGREGATE_ID_HEADER, event.aggregate_id.as_str()),
         (PLUGIN_HEADER, plugin_label),
     ];
-    let mut merged: Vec<(String, String)> = Vec::with_capacity(event.headers.len() + plugin.len() + relay.len());
-    let mut put = |name: &str, value: &str| {
-        match merged.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+    let mut merged: Vec<(String, String)> =
+        Vec::with_capacity(event.headers.len() + plugin.len() + relay.len());
+    let mut put =
+        |name: &str, value: &str| match merged.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
             Some(slot) => slot.1 = value.to_string(),
             None => merged.push((name.to_string(), value.to_string())),
-        }
-    };
+        };
     for (name, value) in &event.headers {
         put(name, value);
     }
@@ -253,7 +253,10 @@ mod tests {
             topic: topic.into(),
             key: Some("o-1".into()),
             payload: b"{}".to_vec(),
-            headers: vec![("Switchyard-Event-Id".into(), "forged".into()), ("x".into(), "1".into())],
+            headers: vec![
+                ("Switchyard-Event-Id".into(), "forged".into()),
+                ("x".into(), "1".into()),
+            ],
         }
     }
 
@@ -262,22 +265,37 @@ mod tests {
         let event = event_from_row(&row(), &LIMITS).unwrap();
         assert_eq!(event.attempt, 2);
         assert_eq!(event.payload_format, PayloadFormat::Json);
-        assert_eq!(event.headers, vec![("traceparent".into(), "00-abc-def-01".into())]);
+        assert_eq!(
+            event.headers,
+            vec![("traceparent".into(), "00-abc-def-01".into())]
+        );
     }
 
     #[test]
     fn rejects_null_oversized_and_malformed_rows() {
         let mut null = row();
         null.payload_json = None;
-        assert!(event_from_row(&null, &LIMITS).unwrap_err().contains("payload is NULL"));
+        assert!(
+            event_from_row(&null, &LIMITS)
+                .unwrap_err()
+                .contains("payload is NULL")
+        );
 
         let mut big = row();
         big.payload_json = Some(format!("\"{}\"", "x".repeat(100)));
-        assert!(event_from_row(&big, &LIMITS).unwrap_err().contains("max_payload_bytes"));
+        assert!(
+            event_from_row(&big, &LIMITS)
+                .unwrap_err()
+                .contains("max_payload_bytes")
+        );
 
         let mut bad = row();
         bad.headers_json = r#"{"n": 5}"#.into();
-        assert!(event_from_row(&bad, &LIMITS).unwrap_err().contains("must be a string"));
+        assert!(
+            event_from_row(&bad, &LIMITS)
+                .unwrap_err()
+                .contains("must be a string")
+        );
         bad.headers_json = "[1]".into();
         assert!(event_from_row(&bad, &LIMITS).unwrap_err().contains("JSON object"));
     }
@@ -296,7 +314,11 @@ mod tests {
         let event = event_from_row(&row(), &LIMITS).unwrap();
         let routed = assemble(
             &event,
-            vec![message("nats", "orders"), message("nats", "orders"), message("kafka", "orders")],
+            vec![
+                message("nats", "orders"),
+                message("nats", "orders"),
+                message("kafka", "orders"),
+            ],
             "p@abc",
             &LIMITS,
             &|_| true,
@@ -327,6 +349,10 @@ mod tests {
         header.headers.push(("bad name".into(), "v".into()));
         assert!(err(header).contains("invalid"));
         let many = vec![message("nats", "t"); 5];
-        assert!(assemble(&event, many, "p@abc", &LIMITS, &known).unwrap_err().contains("5 messages"));
+        assert!(
+            assemble(&event, many, "p@abc", &LIMITS, &known)
+                .unwrap_err()
+                .contains("5 messages")
+        );
     }
 }

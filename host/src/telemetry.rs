@@ -16,11 +16,16 @@ pub enum LogFormat {
 /// (then `RUST_LOG`), default `info`. Logs go to stderr so that command output
 /// on stdout stays clean for scripts.
 pub fn init(format: LogFormat) {
+    init_with_default(format, "info");
+}
+
+/// Like [`init`] with another default filter (tests default to `warn`).
+pub fn init_with_default(format: LogFormat, default_filter: &str) {
     let filter = std::env::var("SWITCHYARD_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .ok()
         .and_then(|spec| EnvFilter::try_new(spec).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

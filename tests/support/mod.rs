@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// Installs a log subscriber once; `SWITCHYARD_LOG=debug` shows relay logs in tests.
 pub fn init_logging() {
-    switchyard::telemetry::init(switchyard::telemetry::LogFormat::Text);
+    switchyard::telemetry::init_with_default(switchyard::telemetry::LogFormat::Text, "warn");
 }
 
 /// Polls `check` until it returns `Some`, or fails the test after `limit`.
@@ -29,7 +29,10 @@ where
         if let Some(value) = check().await {
             return value;
         }
-        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -29,7 +29,11 @@ impl NatsServer {
             .map(|a| a.port())
             .expect("free port");
         let store_dir = std::env::temp_dir().join(format!("sy-nats-{}", uuid::Uuid::new_v4().simple()));
-        let mut server = NatsServer { port, store_dir, child: None };
+        let mut server = NatsServer {
+            port,
+            store_dir,
+            child: None,
+        };
         server.resume().await;
         server
     }
@@ -56,13 +60,18 @@ impl NatsServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {binary} ({e}); run scripts/services.sh start to install it"));
+            .unwrap_or_else(|e| {
+                panic!("cannot run {binary} ({e}); run scripts/services.sh start to install it")
+            });
         self.child = Some(child);
         for _ in 0..200 {
             if let Ok(client) = async_nats::connect(self.url()).await {
-                // JetStream is ready once the account answers.
-                if jetstream::new(client).query_account().await.is_ok() {
-                    return;
+                // JetStream is ready once its API answers without an error.
+                if let Ok(reply) = client.request("$JS.API.INFO", "".into()).await {
+                    let info: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
+                    if info.get("error").is_none() && info.get("type").is_some() {
+                        return;
+                    }
                 }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -106,7 +115,12 @@ impl NatsServer {
                 .as_ref()
                 .map(|h| {
                     h.iter()
-                        .map(|(k, v)| (k.to_string(), v.first().map(|v| v.to_string()).unwrap_or_default()))
+                        .map(|(k, v)| {
+                            (
+                                k.to_string(),
+                                v.first().map(|v| v.to_string()).unwrap_or_default(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();

@@ -24,7 +24,10 @@ pub struct Expected {
 pub fn order_event(aggregate: usize, seq: usize) -> NewEvent {
     let id = format!("order-{aggregate}");
     let (event_type, payload) = match seq {
-        0 => ("OrderCreated", serde_json::json!({ "order_id": id, "seq": seq, "total_cents": 1000 + aggregate })),
+        0 => (
+            "OrderCreated",
+            serde_json::json!({ "order_id": id, "seq": seq, "total_cents": 1000 + aggregate }),
+        ),
         s if s % 2 == 1 => (
             "OrderPaid",
             serde_json::json!({
@@ -33,7 +36,10 @@ pub fn order_event(aggregate: usize, seq: usize) -> NewEvent {
                 "internal_note": "fraud score 0.01",
             }),
         ),
-        _ => ("OrderShipped", serde_json::json!({ "order_id": id, "seq": seq, "carrier": "dhl" })),
+        _ => (
+            "OrderShipped",
+            serde_json::json!({ "order_id": id, "seq": seq, "carrier": "dhl" }),
+        ),
     };
     NewEvent {
         aggregate_type: "order".into(),
@@ -66,7 +72,11 @@ pub async fn write_orders(
                     let id = place_order_event(&pool, &event, true).await;
                     written.push((
                         id.to_string(),
-                        Expected { aggregate_id: event.aggregate_id, seq: seq as u64, event_type: event.event_type },
+                        Expected {
+                            aggregate_id: event.aggregate_id,
+                            seq: seq as u64,
+                            event_type: event.event_type,
+                        },
                     ));
                 }
             }
@@ -100,19 +110,35 @@ pub fn verify(received: &[Received], expected: &HashMap<String, Expected>) -> Ve
     let mut next_seq: HashMap<&str, u64> = HashMap::new();
     let mut verdict = Verdict::default();
     for message in received {
-        let id = message.header("Switchyard-Event-Id").expect("event id header on every message");
-        let want = expected.get(id).unwrap_or_else(|| panic!("unexpected event {id}"));
-        assert_eq!(message.header("Nats-Msg-Id"), Some(id), "JetStream dedup id is the event id");
+        let id = message
+            .header("Switchyard-Event-Id")
+            .expect("event id header on every message");
+        let want = expected
+            .get(id)
+            .unwrap_or_else(|| panic!("unexpected event {id}"));
+        assert_eq!(
+            message.header("Nats-Msg-Id"),
+            Some(id),
+            "JetStream dedup id is the event id"
+        );
         if !seen.insert(id.to_string()) {
             verdict.duplicates += 1;
             continue;
         }
         assert_eq!(message.subject, format!("orders.{}", want.event_type));
         assert_eq!(message.header("Switchyard-Key"), Some(want.aggregate_id.as_str()));
-        assert_eq!(message.header("Switchyard-Event-Type"), Some(want.event_type.as_str()));
+        assert_eq!(
+            message.header("Switchyard-Event-Type"),
+            Some(want.event_type.as_str())
+        );
         let trace = message.header("traceparent").expect("row headers travel");
-        assert!(trace.ends_with(&format!("{:016x}-01", want.seq + 1)), "traceparent {trace}");
-        let plugin = message.header("Switchyard-Plugin").expect("plugin version header");
+        assert!(
+            trace.ends_with(&format!("{:016x}-01", want.seq + 1)),
+            "traceparent {trace}"
+        );
+        let plugin = message
+            .header("Switchyard-Plugin")
+            .expect("plugin version header");
         let json = message.json();
         let data = if want.event_type == "OrderPaid" {
             assert!(plugin.starts_with("redact@"), "{plugin}");
@@ -121,7 +147,10 @@ pub fn verify(received: &[Received], expected: &HashMap<String, Expected>) -> Ve
             assert_eq!(json["source"], "/order-service");
             assert_eq!(json["data"]["card"]["number"], "***", "card number masked");
             assert_eq!(json["data"]["card"]["brand"], "visa");
-            assert!(json["data"].get("internal_note").is_none(), "internal note removed");
+            assert!(
+                json["data"].get("internal_note").is_none(),
+                "internal note removed"
+            );
             json["data"].clone()
         } else {
             assert!(plugin.starts_with("router@"), "{plugin}");

@@ -11,7 +11,10 @@ static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 /// # Panics
 /// With an actionable message when the wasm32-wasip2 target is missing or the build fails.
 pub fn plugin(name: &str) -> PathBuf {
-    let dir = BUILT.get_or_init(build).as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let dir = BUILT
+        .get_or_init(build)
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{e}"));
     let path = dir.join(format!("{name}.wasm"));
     assert!(path.is_file(), "plugin {} was not built", path.display());
     path

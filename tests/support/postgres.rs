@@ -6,7 +6,8 @@ use sqlx::{Executor, PgPool};
 
 /// The server URL; defaults to the port the project script uses.
 pub fn server_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:55432/postgres".to_string())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:55432/postgres".to_string())
 }
 
 /// A database created for one test.
@@ -30,7 +31,9 @@ pub async fn fresh_db() -> TestDb {
         .max_connections(1)
         .connect(&server)
         .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {server} is not reachable ({e}); run scripts/services.sh start"));
+        .unwrap_or_else(|e| {
+            panic!("PostgreSQL at {server} is not reachable ({e}); run scripts/services.sh start")
+        });
     let name = format!("sy_{}", uuid::Uuid::new_v4().simple());
     admin
         .execute(format!("CREATE DATABASE {name}").as_str())
@@ -80,7 +83,13 @@ pub async fn place_order_event(pool: &PgPool, event: &NewEvent, commit: bool) ->
     )
     .bind(&event.aggregate_id)
     .bind(&event.event_type)
-    .bind(event.payload.get("total_cents").and_then(serde_json::Value::as_i64).unwrap_or(0))
+    .bind(
+        event
+            .payload
+            .get("total_cents")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0),
+    )
     .execute(&mut *tx)
     .await
     .expect("business write");

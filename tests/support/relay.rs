@@ -19,8 +19,8 @@ pub struct Settings {
     pub nats_url: String,
     /// `jetstream` or `core`.
     pub nats_mode: &'static str,
-    /// Extra lines for the `[relay]` table.
-    pub relay: String,
+    /// `[relay]` keys overriding the test defaults.
+    pub relay: Vec<(String, String)>,
 }
 
 impl Settings {
@@ -30,15 +30,14 @@ impl Settings {
             database_url: database_url.to_string(),
             nats_url: nats_url.to_string(),
             nats_mode: "jetstream",
-            relay: String::new(),
+            relay: Vec::new(),
         }
     }
 
-    /// Adds `[relay]` lines, e.g. `"max_attempts = 2"`.
+    /// Sets a `[relay]` key, e.g. `.relay("max_attempts", "2")`.
     #[must_use]
-    pub fn relay(mut self, lines: &str) -> Settings {
-        self.relay.push_str(lines);
-        self.relay.push('\n');
+    pub fn relay(mut self, key: &str, value: &str) -> Settings {
+        self.relay.push((key.to_string(), value.to_string()));
         self
     }
 }
@@ -50,6 +49,27 @@ impl Settings {
 pub fn example_config(settings: &Settings) -> String {
     let redact = plugin("redact_fields");
     let route = plugin("route_by_type");
+    let mut relay: Vec<(String, String)> = [
+        ("batch_size", "200"),
+        ("concurrency", "3"),
+        ("poll_interval_ms", "200"),
+        ("lease_duration_ms", "6000"),
+        ("publish_timeout_ms", "2000"),
+        ("max_attempts", "8"),
+        ("initial_backoff_ms", "100"),
+        ("max_backoff_ms", "1000"),
+        ("shutdown_timeout_ms", "5000"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for (key, value) in &settings.relay {
+        match relay.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value.clone(),
+            None => relay.push((key.clone(), value.clone())),
+        }
+    }
+    let relay: String = relay.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
     format!(
         r#"
 [database]
@@ -57,17 +77,7 @@ url = "{db}"
 max_connections = 8
 
 [relay]
-batch_size = 200
-concurrency = 3
-poll_interval_ms = 200
-lease_duration_ms = 6000
-publish_timeout_ms = 2000
-max_attempts = 8
-initial_backoff_ms = 100
-max_backoff_ms = 1000
-shutdown_timeout_ms = 5000
 {relay}
-
 [[plugins]]
 name = "redact"
 path = "{redact}"
@@ -96,7 +106,7 @@ mode = "{mode}"
         db = settings.database_url,
         nats = settings.nats_url,
         mode = settings.nats_mode,
-        relay = settings.relay,
+        relay = relay,
         redact = redact.display(),
         route = route.display(),
     )
@@ -158,7 +168,10 @@ impl Process {
         let child = Command::new(binary)
             .args(["run", "--config"])
             .arg(&path)
-            .env("SWITCHYARD_LOG", std::env::var("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "SWITCHYARD_LOG",
+                std::env::var("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn relay process");

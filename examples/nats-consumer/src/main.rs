@@ -27,7 +27,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let js = jetstream::new(async_nats::connect(&args.url).await?);
     let stream = js.get_stream(&args.stream).await?;
-    let consumer = stream.create_consumer(jetstream::consumer::pull::OrderedConfig::default()).await?;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .await?;
     let mut messages = consumer.messages().await?;
     // Stop once the stream has been quiet for a second.
     while let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(1), messages.next()).await {

@@ -35,7 +35,15 @@ async fn main() -> anyhow::Result<()> {
     for n in 0..args.orders {
         let order = format!("order-{}-{n}", &run[..6]);
         let total = 1999 + 100 * n as i64;
-        change(&pool, &order, "OrderCreated", total, json!({"order_id": order, "total_cents": total, "items": n + 1}), true).await?;
+        change(
+            &pool,
+            &order,
+            "OrderCreated",
+            total,
+            json!({"order_id": order, "total_cents": total, "items": n + 1}),
+            true,
+        )
+        .await?;
         change(
             &pool,
             &order,
@@ -48,8 +56,19 @@ async fn main() -> anyhow::Result<()> {
         // Every third shipment fails in the business logic and rolls back:
         // its event must never be published.
         let ok = n % 3 != 2;
-        change(&pool, &order, "OrderShipped", total, json!({"order_id": order, "carrier": "dhl"}), ok).await?;
-        println!("{order}: created, paid, {}", if ok { "shipped" } else { "shipping rolled back" });
+        change(
+            &pool,
+            &order,
+            "OrderShipped",
+            total,
+            json!({"order_id": order, "carrier": "dhl"}),
+            ok,
+        )
+        .await?;
+        println!(
+            "{order}: created, paid, {}",
+            if ok { "shipped" } else { "shipping rolled back" }
+        );
     }
     Ok(())
 }

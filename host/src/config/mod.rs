@@ -179,8 +179,7 @@ impl PluginConfig {
     /// Whether this plugin's filters accept an event.
     pub fn matches(&self, aggregate_type: &str, event_type: &str) -> bool {
         (self.event_types.is_empty() || self.event_types.iter().any(|t| t == event_type))
-            && (self.aggregate_types.is_empty()
-                || self.aggregate_types.iter().any(|t| t == aggregate_type))
+            && (self.aggregate_types.is_empty() || self.aggregate_types.iter().any(|t| t == aggregate_type))
     }
 }
 
@@ -277,8 +276,7 @@ impl Config {
         base: &Path,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, LoadError> {
-        let mut config: Config =
-            toml::from_str(text).map_err(|e| LoadError::Parse(e.to_string()))?;
+        let mut config: Config = toml::from_str(text).map_err(|e| LoadError::Parse(e.to_string()))?;
         config.apply_env(env);
         for plugin in &mut config.plugins {
             if plugin.path.is_relative() {

@@ -24,22 +24,49 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
     );
     check(
         db.url.is_empty() || db.url.starts_with("postgres://") || db.url.starts_with("postgresql://"),
-        format!("database.url must start with postgres:// (got {:?})", scheme(&db.url)),
+        format!(
+            "database.url must start with postgres:// (got {:?})",
+            scheme(&db.url)
+        ),
     );
-    check(db.max_connections >= 2, "database.max_connections must be at least 2".into());
+    check(
+        db.max_connections >= 2,
+        "database.max_connections must be at least 2".into(),
+    );
 
     let relay = &config.relay;
-    check(relay.batch_size >= 1, "relay.batch_size must be at least 1".into());
-    check(relay.batch_size <= 10_000, "relay.batch_size must be at most 10000".into());
-    check(relay.concurrency >= 1, "relay.concurrency must be at least 1".into());
-    check(relay.poll_interval_ms >= 10, "relay.poll_interval_ms must be at least 10".into());
-    check(relay.max_attempts >= 1, "relay.max_attempts must be at least 1".into());
-    check(relay.initial_backoff_ms >= 1, "relay.initial_backoff_ms must be at least 1".into());
+    check(
+        relay.batch_size >= 1,
+        "relay.batch_size must be at least 1".into(),
+    );
+    check(
+        relay.batch_size <= 10_000,
+        "relay.batch_size must be at most 10000".into(),
+    );
+    check(
+        relay.concurrency >= 1,
+        "relay.concurrency must be at least 1".into(),
+    );
+    check(
+        relay.poll_interval_ms >= 10,
+        "relay.poll_interval_ms must be at least 10".into(),
+    );
+    check(
+        relay.max_attempts >= 1,
+        "relay.max_attempts must be at least 1".into(),
+    );
+    check(
+        relay.initial_backoff_ms >= 1,
+        "relay.initial_backoff_ms must be at least 1".into(),
+    );
     check(
         relay.max_backoff_ms >= relay.initial_backoff_ms,
         "relay.max_backoff_ms must not be below relay.initial_backoff_ms".into(),
     );
-    check(relay.publish_timeout_ms >= 1, "relay.publish_timeout_ms must be at least 1".into());
+    check(
+        relay.publish_timeout_ms >= 1,
+        "relay.publish_timeout_ms must be at least 1".into(),
+    );
     // A batch must be able to finish (plugin calls plus publish) well inside its
     // lease, or another instance could re-claim rows that are still being sent.
     check(
@@ -55,15 +82,27 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
             > usize::try_from(relay.concurrency).unwrap_or(usize::MAX),
         "database.max_connections must exceed relay.concurrency (one is kept for LISTEN)".into(),
     );
-    check(relay.max_payload_bytes >= 1, "relay.max_payload_bytes must be at least 1".into());
-    check(relay.max_message_bytes >= 1, "relay.max_message_bytes must be at least 1".into());
+    check(
+        relay.max_payload_bytes >= 1,
+        "relay.max_payload_bytes must be at least 1".into(),
+    );
+    check(
+        relay.max_message_bytes >= 1,
+        "relay.max_message_bytes must be at least 1".into(),
+    );
 
-    check(!config.plugins.is_empty(), "no [[plugins]] configured: nothing would route events".into());
+    check(
+        !config.plugins.is_empty(),
+        "no [[plugins]] configured: nothing would route events".into(),
+    );
     let mut plugin_names = HashSet::new();
     for (index, plugin) in config.plugins.iter().enumerate() {
         let at = format!("plugins[{index}] ({:?})", plugin.name);
         check(!plugin.name.is_empty(), format!("{at}: name is empty"));
-        check(plugin_names.insert(&plugin.name), format!("{at}: duplicate plugin name"));
+        check(
+            plugin_names.insert(&plugin.name),
+            format!("{at}: duplicate plugin name"),
+        );
         check(
             plugin.path.is_file(),
             format!("{at}: path {} is not a file", plugin.path.display()),
@@ -78,10 +117,16 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         );
     }
 
-    check(!config.targets.is_empty(), "no [targets.*] configured: nothing to publish to".into());
+    check(
+        !config.targets.is_empty(),
+        "no [targets.*] configured: nothing to publish to".into(),
+    );
     for (name, target) in &config.targets {
         check(
-            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
             format!("targets.{name}: a target name may use letters, digits, '-' and '_' only"),
         );
         match target {
@@ -93,7 +138,11 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         }
     }
 
-    if problems.is_empty() { Ok(()) } else { Err(problems) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
 }
 
 fn problems_push(check: &mut impl FnMut(bool, String), message: String) {

@@ -127,8 +127,7 @@ impl PluginEngine {
         };
         let instance_pre = self.linker.instantiate_pre(&component).map_err(contract)?;
         let pre = RouterPre::new(instance_pre).map_err(contract)?;
-        let config_json =
-            serde_json::to_string(&config.config).unwrap_or_else(|_| "{}".to_string());
+        let config_json = serde_json::to_string(&config.config).unwrap_or_else(|_| "{}".to_string());
         let plugin = PluginVersion {
             name: Arc::from(config.name.as_str()),
             version: Arc::from(version.as_str()),
@@ -265,14 +264,22 @@ impl PluginVersion {
 
     /// Calls `route` for one event on `instance`. After a `Crashed` failure the
     /// instance is gone (its memory may be corrupt); otherwise it is handed back.
-    pub fn route(&self, mut instance: Instance, event: &Event) -> (Result<Vec<Message>, CallFailure>, Option<Instance>) {
+    pub fn route(
+        &self,
+        mut instance: Instance,
+        event: &Event,
+    ) -> (Result<Vec<Message>, CallFailure>, Option<Instance>) {
         instance.store.set_epoch_deadline(self.deadline_ticks());
         match instance.router.call_route(&mut instance.store, event) {
             Ok(Ok(messages)) => (Ok(messages), Some(instance)),
             Ok(Err(Refusal::Transient(reason))) => (Err(CallFailure::Transient(reason)), Some(instance)),
             Ok(Err(Refusal::Permanent(reason))) => (Err(CallFailure::Permanent(reason)), Some(instance)),
             Err(e) => (
-                Err(CallFailure::Crashed(describe_trap(&e, self.timeout, self.max_memory_bytes))),
+                Err(CallFailure::Crashed(describe_trap(
+                    &e,
+                    self.timeout,
+                    self.max_memory_bytes,
+                ))),
                 None,
             ),
         }

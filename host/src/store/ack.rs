@@ -94,9 +94,10 @@ impl OutboxStore {
             statuses.push(row.outcome.status());
             let (backoff, error) = match &row.outcome {
                 Outcome::Published => (0, None),
-                Outcome::Retry { after, error } => {
-                    (i64::try_from(after.as_millis()).unwrap_or(i64::MAX), Some(error.clone()))
-                }
+                Outcome::Retry { after, error } => (
+                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                    Some(error.clone()),
+                ),
                 Outcome::Dead { error } => (0, Some(error.clone())),
             };
             backoffs.push(backoff);

@@ -129,7 +129,11 @@ mod tests {
 
     #[test]
     fn rejects_unknown_placeholder_and_unclosed_brace() {
-        assert!(Template::parse("{aggregate}").unwrap_err().contains("unknown placeholder"));
+        assert!(
+            Template::parse("{aggregate}")
+                .unwrap_err()
+                .contains("unknown placeholder")
+        );
         assert!(Template::parse("a.{event_type").unwrap_err().contains("unclosed"));
     }
 

@@ -85,7 +85,11 @@ fn parse_config(json: &str) -> Result<Config, String> {
     Ok(Config {
         target: raw.target,
         topic: Template::parse(&raw.topic)?,
-        key: if raw.key.is_empty() { None } else { Some(Template::parse(&raw.key)?) },
+        key: if raw.key.is_empty() {
+            None
+        } else {
+            Some(Template::parse(&raw.key)?)
+        },
         mask: raw.mask,
         mask_with: raw.mask_with,
         remove: raw.remove,

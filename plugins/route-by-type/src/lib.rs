@@ -21,7 +21,6 @@ wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
 use switchyard::plugin::host::{Level, log};
 
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -68,7 +67,11 @@ fn parse_config(json: &str) -> Result<Config, String> {
         target: raw.target,
         topic: Template::parse(&raw.topic)?,
         routes,
-        key: if raw.key.is_empty() { None } else { Some(Template::parse(&raw.key)?) },
+        key: if raw.key.is_empty() {
+            None
+        } else {
+            Some(Template::parse(&raw.key)?)
+        },
         drop: raw.drop,
     })
 }

@@ -99,7 +99,10 @@ impl NatsSinkConfig {
                 problems.push("stream is only meaningful with mode = \"jetstream\"".to_string());
             }
             if stream.name.is_empty() || stream.name.contains(['.', '*', '>', ' ']) {
-                problems.push(format!("stream.name {:?} is not a valid stream name", stream.name));
+                problems.push(format!(
+                    "stream.name {:?} is not a valid stream name",
+                    stream.name
+                ));
             }
             if stream.subjects.is_empty() {
                 problems.push("stream.subjects is empty".to_string());

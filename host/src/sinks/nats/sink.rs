@@ -53,7 +53,9 @@ impl NatsSink {
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| SinkError::retryable(format!("cannot create JetStream stream {:?}: {e}", stream.name)))?;
+                .map_err(|e| {
+                    SinkError::retryable(format!("cannot create JetStream stream {:?}: {e}", stream.name))
+                })?;
         }
         Ok(NatsSink {
             name: name.to_string(),
@@ -61,6 +63,30 @@ impl NatsSink {
             jetstream,
             publish_timeout,
         })
+    }
+
+    /// Asks the JetStream API for account info. A raw request rather than the
+    /// client's typed call, whose schema follows the newest servers and fails
+    /// to parse older ones (2.9) even when JetStream works.
+    async fn jetstream_info(&self) -> Result<(), SinkError> {
+        let reply = self
+            .client
+            .request("$JS.API.INFO", bytes::Bytes::new())
+            .await
+            .map_err(|e| SinkError::retryable(format!("{}: JetStream is not available: {e}", self.name)))?;
+        let info: serde_json::Value = serde_json::from_slice(&reply.payload)
+            .map_err(|e| SinkError::retryable(format!("{}: JetStream answered garbage: {e}", self.name)))?;
+        match info.get("error") {
+            None => Ok(()),
+            Some(error) => Err(SinkError::retryable(format!(
+                "{}: JetStream is not available: {}",
+                self.name,
+                error
+                    .get("description")
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("unknown error")
+            ))),
+        }
     }
 
     async fn publish_jetstream(
@@ -201,13 +227,9 @@ impl Sink for NatsSink {
     fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
             match &self.jetstream {
-                Some(context) => tokio::time::timeout(self.publish_timeout, context.query_account())
+                Some(_) => tokio::time::timeout(self.publish_timeout, self.jetstream_info())
                     .await
-                    .map_err(|_| SinkError::retryable(format!("{}: JetStream did not answer", self.name)))?
-                    .map(|_| ())
-                    .map_err(|e| {
-                        SinkError::retryable(format!("{}: JetStream is not available: {e}", self.name))
-                    }),
+                    .map_err(|_| SinkError::retryable(format!("{}: JetStream did not answer", self.name)))?,
                 None => tokio::time::timeout(self.publish_timeout, self.client.flush())
                     .await
                     .map_err(|_| SinkError::retryable(format!("{}: NATS did not answer", self.name)))?
