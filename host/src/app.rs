@@ -1,10 +1,12 @@
 //! Wiring: turns a config into a running relay, and waits for a shutdown signal.
 
+use std::time::Duration;
+
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::plugin::{PluginEngine, Plugins};
+use crate::plugin::{PluginEngine, Plugins, watch};
 use crate::relay::Relay;
 use crate::sinks::Sinks;
 use crate::store::OutboxStore;
@@ -20,7 +22,8 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         .context("cannot connect to the database")?
         .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate);
     check_schema(&store).await?;
-    let engine = PluginEngine::new().context("cannot start the WebAssembly engine")?;
+    let cache_dir = config.plugin_runtime.cache_dir();
+    let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;
     let plugins = Plugins::load(engine, &config.plugins).map_err(|errors| {
         let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
         anyhow::anyhow!(
@@ -29,8 +32,14 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
             list.join("\n  - ")
         )
     })?;
+    let watcher = if config.plugin_runtime.watch {
+        let debounce = Duration::from_millis(config.plugin_runtime.reload_debounce_ms);
+        Some(watch::watch(plugins.clone(), debounce).context("cannot watch the plugin directories")?)
+    } else {
+        None
+    };
     let sinks = Sinks::connect(&config.targets, config.relay.publish_timeout()).await?;
-    Ok(Relay::new(store, plugins, sinks, config.relay.clone()))
+    Ok(Relay::new(store, plugins, sinks, config.relay.clone()).with_watcher(watcher))
 }
 
 async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {

@@ -33,6 +33,7 @@ pub struct Relay {
 }
 
 struct Inner {
+    watcher: Option<std::sync::Mutex<crate::plugin::watch::PluginWatcher>>,
     store: OutboxStore,
     plugins: Plugins,
     sinks: Sinks,
@@ -69,6 +70,7 @@ impl Relay {
         };
         Relay {
             inner: Arc::new(Inner {
+                watcher: None,
                 store,
                 plugins,
                 sinks,
@@ -77,6 +79,25 @@ impl Relay {
                 limits,
             }),
         }
+    }
+
+    /// Keeps a plugin watcher alive as long as the relay (hot reload).
+    #[must_use]
+    pub fn with_watcher(self, watcher: Option<crate::plugin::watch::PluginWatcher>) -> Relay {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.watcher = watcher.map(std::sync::Mutex::new);
+                Relay {
+                    inner: Arc::new(inner),
+                }
+            }
+            Err(inner) => Relay { inner },
+        }
+    }
+
+    /// The plugins this relay routes with (for status and tests).
+    pub fn plugins(&self) -> &Plugins {
+        &self.inner.plugins
     }
 
     /// The lease owner name of this instance.
@@ -310,10 +331,13 @@ impl Relay {
             };
             match &outcome {
                 Outcome::Published => report.published += 1,
-                Outcome::Retry { .. } => report.retried += 1,
+                Outcome::Retry { .. } | Outcome::Defer { .. } => report.retried += 1,
                 Outcome::Dead { .. } => report.dead += 1,
             }
-            if let Outcome::Dead { error } | Outcome::Retry { error, .. } = &outcome {
+            if let Outcome::Dead { error }
+            | Outcome::Retry { error, .. }
+            | Outcome::Defer { reason: error, .. } = &outcome
+            {
                 debug!(outbox.row_id = %row.row.id, outbox.attempt = attempts, %error, "Row not published.");
             }
             outcomes.push(RowOutcome {
@@ -428,10 +452,25 @@ impl Relay {
                 out.push(RoutedRow::failed(row, outcome, None));
                 continue;
             }
-            let version = versions
-                .entry(slot_index)
-                .or_insert_with(|| slots[slot_index].current())
-                .clone();
+            let version = match versions.get(&slot_index) {
+                Some(version) => version.clone(),
+                None => match slots[slot_index].current() {
+                    Some(version) => {
+                        versions.insert(slot_index, version.clone());
+                        version
+                    }
+                    None => {
+                        let reason = format!(
+                            "plugin {} is unloaded (its file {} was deleted); waiting for it to return",
+                            slots[slot_index].config().name,
+                            slots[slot_index].config().path.display()
+                        );
+                        let after = Duration::from_millis(inner.config.poll_interval_ms.max(1000));
+                        out.push(RoutedRow::failed(row, Outcome::Defer { after, reason }, None));
+                        continue;
+                    }
+                },
+            };
             let label = version.label();
             let instance = match instances.remove(&slot_index) {
                 Some(instance) => instance,

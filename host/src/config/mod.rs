@@ -56,6 +56,49 @@ pub struct Config {
     /// Named brokers that plugins publish to.
     #[serde(default)]
     pub targets: BTreeMap<String, TargetConfig>,
+    /// Hot reload and the compiled-plugin cache.
+    #[serde(default)]
+    pub plugin_runtime: PluginRuntimeConfig,
+}
+
+/// Hot reload and compiled-component caching.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginRuntimeConfig {
+    /// Watch plugin directories and swap in changed files while running.
+    #[serde(default = "default_true")]
+    pub watch: bool,
+    /// Quiet time after the last change before a file is read, so a file
+    /// written in several steps is loaded once, whole.
+    #[serde(default = "default_reload_debounce_ms")]
+    pub reload_debounce_ms: u64,
+    /// Keep compiled plugins on disk so restarts skip compilation.
+    #[serde(default = "default_true")]
+    pub cache: bool,
+    /// Where; default `$XDG_CACHE_HOME/switchyard` or `~/.cache/switchyard`.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for PluginRuntimeConfig {
+    fn default() -> Self {
+        toml::from_str("").unwrap_or_else(|_| unreachable!("all plugin_runtime fields have defaults"))
+    }
+}
+
+impl PluginRuntimeConfig {
+    /// The cache directory in use, if caching is on and a location is known.
+    pub fn cache_dir(&self) -> Option<PathBuf> {
+        if !self.cache {
+            return None;
+        }
+        self.cache_dir.clone().or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+                .map(|base| base.join("switchyard"))
+        })
+    }
 }
 
 /// Database connection settings.
@@ -200,6 +243,12 @@ impl TargetConfig {
     }
 }
 
+const fn default_true() -> bool {
+    true
+}
+const fn default_reload_debounce_ms() -> u64 {
+    100
+}
 const fn default_max_connections() -> u32 {
     16
 }

@@ -4,8 +4,10 @@
 
 mod bindings;
 mod host;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -76,17 +78,30 @@ pub enum CallFailure {
 pub struct PluginEngine {
     engine: Engine,
     linker: Arc<Linker<State>>,
+    cache: Option<wasmtime::Cache>,
 }
 
 impl PluginEngine {
-    /// Builds the engine and starts its epoch ticker thread.
+    /// Builds the engine and starts its epoch ticker thread. With `cache_dir`,
+    /// compiled components are kept on disk (wasmtime's cache: keyed by the
+    /// file's hash, the wasmtime version and the compiler settings, and holding
+    /// only artifacts this engine wrote), so a restart does not recompile.
     ///
     /// # Errors
-    /// If wasmtime cannot be configured on this host.
-    pub fn new() -> anyhow::Result<PluginEngine> {
+    /// If wasmtime cannot be configured on this host or the cache directory is unusable.
+    pub fn new(cache_dir: Option<&Path>) -> anyhow::Result<PluginEngine> {
         let mut config = wasmtime::Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model(true);
+        let cache = match cache_dir {
+            Some(dir) => {
+                let mut cache_config = wasmtime::CacheConfig::new();
+                cache_config.with_directory(dir);
+                Some(wasmtime::Cache::new(cache_config)?)
+            }
+            None => None,
+        };
+        config.cache(cache.clone());
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
@@ -95,6 +110,54 @@ impl PluginEngine {
         Ok(PluginEngine {
             engine,
             linker: Arc::new(linker),
+            cache,
+        })
+    }
+
+    /// Compiled-component cache hits and misses since start, if caching is on.
+    pub fn cache_stats(&self) -> Option<(usize, usize)> {
+        self.cache
+            .as_ref()
+            .map(|cache| (cache.cache_hits(), cache.cache_misses()))
+    }
+
+    /// Compiles and type-checks a file against the router world without
+    /// running it: what `switchyard plugin check` reports.
+    ///
+    /// # Errors
+    /// A [`LoadError`] saying which stage failed.
+    pub fn inspect(&self, path: &Path) -> Result<Inspection, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let started = Instant::now();
+        let component = Component::new(&self.engine, &bytes).map_err(|e| LoadError::Compile {
+            path: path.to_path_buf(),
+            reason: format!("{e:#}"),
+        })?;
+        let compile_time = started.elapsed();
+        let component_type = component.component_type();
+        let exports = component_type
+            .exports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        let imports = component_type
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        let contract = |e: wasmtime::Error| LoadError::Contract {
+            path: path.to_path_buf(),
+            reason: format!("{e:#}"),
+        };
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(contract)?;
+        RouterPre::new(instance_pre).map_err(contract)?;
+        Ok(Inspection {
+            version: content_hash(&bytes),
+            size: bytes.len(),
+            compile_time,
+            exports,
+            imports,
         })
     }
 
@@ -145,6 +208,21 @@ impl PluginEngine {
         plugin.put_back(instance);
         Ok(plugin)
     }
+}
+
+/// What `inspect` found out about a component file.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    /// Content hash.
+    pub version: String,
+    /// File size in bytes.
+    pub size: usize,
+    /// Compile time (near zero on a cache hit).
+    pub compile_time: Duration,
+    /// Export names.
+    pub exports: Vec<String>,
+    /// Import names (WASI interfaces and `switchyard:plugin/host`).
+    pub imports: Vec<String>,
 }
 
 fn spawn_epoch_ticker(engine: wasmtime::EngineWeak) {
@@ -301,33 +379,88 @@ fn describe_trap(error: &wasmtime::Error, timeout: Duration, max_memory_bytes: u
     }
 }
 
+/// The result of the latest load attempt of a plugin file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadResult {
+    /// A version went live.
+    Loaded {
+        /// Its content hash.
+        version: String,
+    },
+    /// The file was refused; the previous version (if any) keeps serving.
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+    /// The file was deleted; its events wait until a file is back.
+    Unloaded,
+}
+
 /// A configured plugin and the version currently serving it.
 pub struct PluginSlot {
     config: PluginConfig,
-    current: RwLock<Arc<PluginVersion>>,
+    current: RwLock<Option<Arc<PluginVersion>>>,
+    last: Mutex<(chrono::DateTime<chrono::Utc>, ReloadResult)>,
+    reloads: AtomicU64,
+    rejected: AtomicU64,
 }
 
 impl PluginSlot {
+    fn new(config: PluginConfig, version: PluginVersion) -> PluginSlot {
+        let result = ReloadResult::Loaded {
+            version: version.version().to_string(),
+        };
+        PluginSlot {
+            config,
+            current: RwLock::new(Some(Arc::new(version))),
+            last: Mutex::new((chrono::Utc::now(), result)),
+            reloads: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+        }
+    }
+
     /// The plugin's config.
     pub fn config(&self) -> &PluginConfig {
         &self.config
     }
 
-    /// The version serving now.
-    pub fn current(&self) -> Arc<PluginVersion> {
+    /// The version serving now; `None` while the file is deleted.
+    pub fn current(&self) -> Option<Arc<PluginVersion>> {
         match self.current.read() {
             Ok(current) => current.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 
-    /// Makes `version` the one serving from now on; batches holding the old one finish with it.
-    pub fn replace(&self, version: PluginVersion) {
-        let version = Arc::new(version);
+    fn set(&self, version: Option<Arc<PluginVersion>>) {
         match self.current.write() {
             Ok(mut current) => *current = version,
             Err(poisoned) => *poisoned.into_inner() = version,
         }
+    }
+
+    fn record(&self, result: ReloadResult) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = (chrono::Utc::now(), result);
+        }
+    }
+
+    /// When the latest load attempt happened and how it ended.
+    pub fn last_result(&self) -> (chrono::DateTime<chrono::Utc>, ReloadResult) {
+        match self.last.lock() {
+            Ok(last) => last.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Versions that went live after startup.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+
+    /// Files refused since startup.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
     }
 }
 
@@ -355,10 +488,7 @@ impl Plugins {
                         compile_ms = version.compile_time().as_millis() as u64,
                         "Plugin loaded."
                     );
-                    slots.push(PluginSlot {
-                        config: config.clone(),
-                        current: RwLock::new(Arc::new(version)),
-                    });
+                    slots.push(PluginSlot::new(config.clone(), version));
                 }
                 Err(e) => errors.push(e),
             }
@@ -383,10 +513,93 @@ impl Plugins {
         &self.slots
     }
 
+    /// The plugin called `name`.
+    pub fn slot(&self, name: &str) -> Option<&PluginSlot> {
+        self.slots.iter().find(|slot| slot.config.name == name)
+    }
+
     /// Index of the first plugin whose filters accept the event.
     pub fn select(&self, aggregate_type: &str, event_type: &str) -> Option<usize> {
         self.slots
             .iter()
             .position(|slot| slot.config.matches(aggregate_type, event_type))
     }
+
+    /// Re-reads the file of every plugin whose path is in `changed` and makes
+    /// a good new version live. A file that fails any stage (read, compile,
+    /// type check, init) is refused and the serving version stays. A missing
+    /// file unloads the plugin: its events wait, no attempt is spent.
+    pub fn reload_paths(&self, changed: &[PathBuf]) {
+        for slot in self.slots.iter() {
+            if changed.iter().any(|path| same_file_path(path, &slot.config.path)) {
+                self.reload(slot);
+            }
+        }
+    }
+
+    fn reload(&self, slot: &PluginSlot) {
+        let name = &slot.config.name;
+        let bytes = match std::fs::read(&slot.config.path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                if slot.current().is_some() {
+                    slot.set(None);
+                    slot.record(ReloadResult::Unloaded);
+                    tracing::warn!(plugin.name = %name, path = %slot.config.path.display(), "Plugin file deleted; its events wait until it returns.");
+                }
+                return;
+            }
+            Err(error) => {
+                self.reject(
+                    slot,
+                    format!("cannot read {}: {error}", slot.config.path.display()),
+                );
+                return;
+            }
+        };
+        if slot
+            .current()
+            .is_some_and(|current| current.version() == content_hash(&bytes))
+        {
+            return;
+        }
+        match self.engine.load_bytes(&slot.config, &bytes) {
+            Ok(version) => {
+                let hash = version.version().to_string();
+                tracing::info!(
+                    plugin.name = %name,
+                    plugin.version = %hash,
+                    compile_ms = version.compile_time().as_millis() as u64,
+                    "Plugin reloaded."
+                );
+                slot.set(Some(Arc::new(version)));
+                slot.reloads.fetch_add(1, Ordering::Relaxed);
+                slot.record(ReloadResult::Loaded { version: hash });
+            }
+            Err(error) => self.reject(slot, error.to_string()),
+        }
+    }
+
+    fn reject(&self, slot: &PluginSlot, reason: String) {
+        tracing::warn!(plugin.name = %slot.config.name, %reason, "Plugin file refused; the previous version keeps serving.");
+        slot.rejected.fetch_add(1, Ordering::Relaxed);
+        slot.record(ReloadResult::Rejected { reason });
+    }
+}
+
+fn same_file_path(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    // Watchers report absolute paths; configs may hold relative ones.
+    let canonical_dir = |p: &Path| {
+        let dir = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::canonicalize(dir)
+            .ok()
+            .map(|d| (d, p.file_name().map(ToOwned::to_owned)))
+    };
+    matches!((canonical_dir(a), canonical_dir(b)), (Some(x), Some(y)) if x == y)
 }

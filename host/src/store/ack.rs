@@ -21,6 +21,14 @@ pub enum Outcome {
         /// Why, for `last_error`.
         error: String,
     },
+    /// Not this row's fault (its plugin is unloaded): try again later
+    /// without spending an attempt.
+    Defer {
+        /// Delay before the next look.
+        after: Duration,
+        /// Why, for `last_error`.
+        reason: String,
+    },
     /// Give up; keep the row for inspection and replay.
     Dead {
         /// Why, for `last_error`.
@@ -32,7 +40,7 @@ impl Outcome {
     fn status(&self) -> &'static str {
         match self {
             Outcome::Published => "published",
-            Outcome::Retry { .. } => "pending",
+            Outcome::Retry { .. } | Outcome::Defer { .. } => "pending",
             Outcome::Dead { .. } => "dead",
         }
     }
@@ -59,16 +67,17 @@ UPDATE switchyard_outbox o
                               THEN now() + d.backoff_ms * interval '1 millisecond'
                               ELSE o.next_attempt_at END,
        last_error = d.error,
+       attempts = o.attempts - CASE WHEN d.refund THEN 1 ELSE 0 END,
        deliveries = d.deliveries::jsonb,
        plugin_version = COALESCE(d.plugin_version, o.plugin_version),
        lease_owner = NULL,
        lease_id = NULL,
        lease_expires_at = NULL
-  FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
-       AS d(id, status, backoff_ms, error, deliveries, plugin_version)
+  FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bool[])
+       AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund)
  WHERE o.id = d.id
    AND o.status = 'in_flight'
-   AND o.lease_id = $7
+   AND o.lease_id = $8
 RETURNING o.id
 "#;
 
@@ -89,6 +98,7 @@ impl OutboxStore {
         let mut errors = Vec::with_capacity(outcomes.len());
         let mut deliveries = Vec::with_capacity(outcomes.len());
         let mut versions = Vec::with_capacity(outcomes.len());
+        let mut refunds = Vec::with_capacity(outcomes.len());
         for row in outcomes {
             ids.push(row.id.0);
             statuses.push(row.outcome.status());
@@ -98,8 +108,13 @@ impl OutboxStore {
                     i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
                     Some(error.clone()),
                 ),
+                Outcome::Defer { after, reason } => (
+                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                    Some(reason.clone()),
+                ),
                 Outcome::Dead { error } => (0, Some(error.clone())),
             };
+            refunds.push(matches!(row.outcome, Outcome::Defer { .. }));
             backoffs.push(backoff);
             // PostgreSQL text cannot hold NUL; plugin-supplied reasons might.
             errors.push(error.map(|e| e.replace('\0', "\u{FFFD}")));
@@ -113,6 +128,7 @@ impl OutboxStore {
             .bind(&errors)
             .bind(&deliveries)
             .bind(&versions)
+            .bind(&refunds)
             .bind(lease.0)
             .fetch_all(&self.pool)
             .await?;

@@ -23,6 +23,31 @@ pub struct Claim {
 // `$1` limit, `$2` owner, `$3` lease id, `$4` lease in ms.
 // The head-of-line test reads the aggregate index; its predicate
 // (`status <> 'published'`) appears verbatim so the planner can use it.
+/// The columns every row query returns, in the shape [`row_from_record`] reads.
+pub(crate) const ROW_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
+          o.payload::text AS payload_json, o.payload_bytes, o.headers::text AS headers_json,
+          o.tenant, (extract(epoch FROM o.created_at) * 1000)::bigint AS created_at_ms,
+          o.attempts, o.deliveries::text AS deliveries_json";
+
+pub(crate) fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Error> {
+    let deliveries_json: String = record.try_get("deliveries_json")?;
+    Ok(OutboxRow {
+        id: RowId(record.try_get("id")?),
+        event_id: record.try_get("event_id")?,
+        aggregate_type: record.try_get("aggregate_type")?,
+        aggregate_id: record.try_get("aggregate_id")?,
+        event_type: record.try_get("event_type")?,
+        payload_json: record.try_get("payload_json")?,
+        payload_bytes: record.try_get("payload_bytes")?,
+        headers_json: record.try_get("headers_json")?,
+        tenant: record.try_get("tenant")?,
+        created_at_ms: record.try_get("created_at_ms")?,
+        attempts: record.try_get("attempts")?,
+        // Written only by the relay; an unreadable value means "nothing acked yet".
+        deliveries: serde_json::from_str(&deliveries_json).unwrap_or_default(),
+    })
+}
+
 const CLAIM_SQL: &str = r#"
 WITH heads AS (
     SELECT o.id
@@ -50,13 +75,30 @@ UPDATE switchyard_outbox o
        attempts = o.attempts + 1
   FROM heads
  WHERE o.id = heads.id
-RETURNING o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-          o.payload::text AS payload_json, o.payload_bytes, o.headers::text AS headers_json,
-          o.tenant, (extract(epoch FROM o.created_at) * 1000)::bigint AS created_at_ms,
-          o.attempts, o.deliveries::text AS deliveries_json
+RETURNING __ROW_COLUMNS__
 "#;
 
 impl OutboxStore {
+    /// Reads up to `limit` unfinished rows in id order without claiming or
+    /// changing anything, in a read-only transaction (for dry runs).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION READ ONLY").execute(&mut *tx).await?;
+        let sql = format!(
+            "SELECT {ROW_COLUMNS} FROM switchyard_outbox o
+              WHERE o.status IN ('pending', 'in_flight') ORDER BY o.id LIMIT $1"
+        );
+        let records = sqlx::query(&sql)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        Ok(records.iter().map(row_from_record).collect::<Result<_, _>>()?)
+    }
+
     /// Claims up to `limit` rows for `owner`, leased for `lease`.
     ///
     /// # Errors
@@ -64,7 +106,7 @@ impl OutboxStore {
     pub async fn claim(&self, owner: &str, limit: u32, lease: Duration) -> Result<Claim, Error> {
         let started = Instant::now();
         let lease_id = LeaseId(uuid::Uuid::new_v4());
-        let sql = CLAIM_SQL.replace(
+        let sql = CLAIM_SQL.replace("__ROW_COLUMNS__", ROW_COLUMNS).replace(
             "__DEAD_FILTER__",
             if self.dead_letter_blocks_aggregate {
                 ""
@@ -80,25 +122,10 @@ impl OutboxStore {
             .bind(lease_ms)
             .fetch_all(&self.pool)
             .await?;
-        let mut rows = Vec::with_capacity(records.len());
-        for record in records {
-            let deliveries_json: String = record.try_get("deliveries_json")?;
-            rows.push(OutboxRow {
-                id: RowId(record.try_get("id")?),
-                event_id: record.try_get("event_id")?,
-                aggregate_type: record.try_get("aggregate_type")?,
-                aggregate_id: record.try_get("aggregate_id")?,
-                event_type: record.try_get("event_type")?,
-                payload_json: record.try_get("payload_json")?,
-                payload_bytes: record.try_get("payload_bytes")?,
-                headers_json: record.try_get("headers_json")?,
-                tenant: record.try_get("tenant")?,
-                created_at_ms: record.try_get("created_at_ms")?,
-                attempts: record.try_get("attempts")?,
-                // Written only by the relay; an unreadable value means "nothing acked yet".
-                deliveries: serde_json::from_str(&deliveries_json).unwrap_or_default(),
-            });
-        }
+        let mut rows = records
+            .iter()
+            .map(row_from_record)
+            .collect::<Result<Vec<_>, _>>()?;
         // UPDATE ... RETURNING gives no order guarantee.
         rows.sort_by_key(|row| row.id);
         Ok(Claim {

@@ -11,6 +11,8 @@ use crate::config::Config;
 use crate::store::OutboxStore;
 use crate::telemetry::LogFormat;
 
+mod plugin;
+
 /// Switchyard: relays outbox rows through WebAssembly routing plugins to NATS and Kafka.
 #[derive(Debug, Parser)]
 #[command(name = "switchyard", version, about)]
@@ -47,6 +49,48 @@ pub enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Check or dry-run a routing plugin.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+/// `switchyard plugin ...`
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Is FILE a valid component for the switchyard:plugin/router world?
+    /// Prints its version hash, exports, imports and compile time.
+    Check {
+        /// The `.wasm` component.
+        file: PathBuf,
+    },
+    /// Run FILE on an event (or on pending rows) and print what it would
+    /// publish. Publishes nothing and changes nothing.
+    Test {
+        /// The `.wasm` component.
+        file: PathBuf,
+        /// A JSON event: {"aggregate_type", "aggregate_id", "event_type",
+        /// "payload", optional "headers", "tenant", "event_id", "attempt"}.
+        #[arg(long, required_unless_present = "from_db")]
+        event: Option<PathBuf>,
+        /// Plugin config entries `key=value` (value parsed as JSON when it is JSON).
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+        /// Take the plugin config from this relay config's [[plugins]] entry...
+        #[arg(long, requires = "plugin")]
+        relay_config: Option<PathBuf>,
+        /// ...with this name.
+        #[arg(long)]
+        plugin: Option<String>,
+        /// Dry-run on the oldest pending rows of the outbox instead.
+        #[arg(long, conflicts_with = "event")]
+        from_db: bool,
+        /// How many rows with --from-db.
+        #[arg(long, default_value_t = 10)]
+        limit: u32,
+        /// Database for --from-db.
+        #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
+        database_url: Option<String>,
+    },
 }
 
 /// Parses the command line, runs the command, and maps the result to an exit code.
@@ -77,6 +121,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             println!("{}: ok", config.display());
             Ok(())
         }
+        Command::Plugin(command) => plugin::run(command).await,
         Command::Migrate { config, database_url } => {
             let url = match (config, database_url) {
                 (Some(path), _) => Config::load(&path)?.database.url,

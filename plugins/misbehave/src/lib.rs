@@ -1,0 +1,94 @@
+//! Test plugin that misbehaves on purpose, so tests can show that the relay's
+//! sandbox contains it. The `mode` config key picks the misbehaviour:
+//!
+//! | mode             | what `route` (or `init`) does                                   |
+//! |------------------|------------------------------------------------------------------|
+//! | `loop`           | spins forever                                                    |
+//! | `alloc`          | allocates until memory runs out                                  |
+//! | `trap`           | hits `unreachable`                                               |
+//! | `huge`           | returns a 50 MiB payload                                         |
+//! | `unknown-target` | names a target that is not configured                           |
+//! | `empty-topic`    | returns an empty topic                                           |
+//! | `probe`          | reports what the sandbox lets it see (env, files, clock)         |
+//! | `init-trap`      | traps in `init`                                                  |
+//! | `init-fail`      | returns an error from `init`                                     |
+//!
+//! Every message goes to the target named by the `target` key, topic `test.<mode>`.
+
+use std::sync::OnceLock;
+
+wit_bindgen::generate!({ path: "../../wit", world: "router" });
+
+struct Config {
+    mode: String,
+    target: String,
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+struct Misbehave;
+
+impl Guest for Misbehave {
+    fn init(config: String) -> Result<(), String> {
+        let value: serde_json::Value = serde_json::from_str(&config).map_err(|e| e.to_string())?;
+        let get = |key: &str| value.get(key).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let config = Config {
+            mode: get("mode"),
+            target: get("target"),
+        };
+        match config.mode.as_str() {
+            "init-trap" => core::arch::wasm32::unreachable(),
+            "init-fail" => return Err("init-fail mode refuses to start".to_string()),
+            _ => {}
+        }
+        let _ = CONFIG.set(config);
+        Ok(())
+    }
+
+    fn route(event: Event) -> Result<Vec<Message>, Refusal> {
+        let config = CONFIG.get().ok_or_else(|| Refusal::Permanent("no init".into()))?;
+        let mut message = Message {
+            target: config.target.clone(),
+            topic: format!("test.{}", config.mode),
+            key: Some(event.aggregate_id.clone()),
+            payload: event.payload,
+            headers: Vec::new(),
+        };
+        match config.mode.as_str() {
+            "loop" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "alloc" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "trap" => core::arch::wasm32::unreachable(),
+            "huge" => message.payload = vec![b'x'; 50 * 1024 * 1024],
+            "unknown-target" => message.target = "no-such-target".to_string(),
+            "empty-topic" => message.topic = String::new(),
+            "probe" => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(u64::MAX);
+                let report = serde_json::json!({
+                    "env_vars": std::env::vars().count(),
+                    "read_root": std::fs::read_dir("/").is_ok(),
+                    "read_tmp": std::fs::read("/etc/hostname").is_ok(),
+                    "clock_secs": now,
+                });
+                message.payload = report.to_string().into_bytes();
+            }
+            _ => {}
+        }
+        Ok(vec![message])
+    }
+}
+
+export!(Misbehave);
