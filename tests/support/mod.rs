@@ -44,3 +44,11 @@ pub fn workspace_root() -> std::path::PathBuf {
         .map(std::path::Path::to_path_buf)
         .unwrap_or_else(|| ".".into())
 }
+
+/// Serialises CPU-heavy tests within one test binary: on a 2-core machine,
+/// tests that measure latency or rely on time limits must not share the CPU
+/// with another load test.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}

@@ -39,3 +39,38 @@ fn build() -> Result<PathBuf, String> {
     }
     Ok(plugins.join("target/wasm32-wasip2/release"))
 }
+
+/// The same component with a custom section appended: behaves identically,
+/// hashes differently, so the relay sees a new version.
+pub fn with_custom_section(component: &[u8], tag: u32) -> Vec<u8> {
+    fn leb128(mut value: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (value & 0x7f) as u8;
+            value >>= 7;
+            if value == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"switchyard-test-version";
+    let data = tag.to_le_bytes();
+    let mut body = Vec::new();
+    leb128(name.len(), &mut body);
+    body.extend_from_slice(name);
+    body.extend_from_slice(&data);
+    let mut out = component.to_vec();
+    out.push(0); // custom section id
+    leb128(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Writes `bytes` to `path` the way deploy tools should: a temp file in the
+/// same directory, then an atomic rename over the target.
+pub fn replace_atomically(path: &std::path::Path, bytes: &[u8]) {
+    let tmp = path.with_extension("wasm.tmp");
+    std::fs::write(&tmp, bytes).expect("write temp plugin");
+    std::fs::rename(&tmp, path).expect("rename plugin");
+}

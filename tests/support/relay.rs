@@ -122,6 +122,8 @@ pub fn parse(text: &str) -> Config {
 
 /// A relay running as a task in this process.
 pub struct InProcess {
+    /// The relay, for its plugin registry and status.
+    pub relay: switchyard::Relay,
     shutdown: CancellationToken,
     handle: JoinHandle<anyhow::Result<()>>,
 }
@@ -135,8 +137,13 @@ impl InProcess {
         let relay = switchyard::app::build(config).await.expect("relay starts");
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
-        let handle = tokio::spawn(async move { relay.run(token).await });
-        InProcess { shutdown, handle }
+        let running = relay.clone();
+        let handle = tokio::spawn(async move { running.run(token).await });
+        InProcess {
+            relay,
+            shutdown,
+            handle,
+        }
     }
 
     /// Graceful stop.

@@ -111,6 +111,14 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
             (1..=60_000).contains(&plugin.timeout_ms),
             format!("{at}: timeout_ms must be between 1 and 60000"),
         );
+        // One slow call must not outlive the lease with the publish still to come.
+        check(
+            plugin.timeout_ms + relay.publish_timeout_ms + 1_000 <= relay.lease_duration_ms,
+            format!(
+                "{at}: timeout_ms + relay.publish_timeout_ms + 1000 must not exceed relay.lease_duration_ms ({})",
+                relay.lease_duration_ms
+            ),
+        );
         check(
             plugin.max_memory_bytes >= 1024 * 1024,
             format!("{at}: max_memory_bytes must be at least 1 MiB"),

@@ -20,6 +20,9 @@ pub use bindings::switchyard::plugin::types::{Event, Message, PayloadFormat, Ref
 use bindings::{Router, RouterPre};
 use host::State;
 
+/// Quiet time after a reload before the optimising compile starts.
+const OPTIMIZE_AFTER: Duration = Duration::from_secs(1);
+
 /// How often the engine's epoch advances; the unit of plugin time limits.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 
@@ -73,26 +76,72 @@ pub enum CallFailure {
     Crashed(String),
 }
 
-/// The shared engine and linker.
-#[derive(Clone)]
-pub struct PluginEngine {
+/// Which compiler produced a plugin version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Winch, wasmtime's baseline compiler: compiles several times faster,
+    /// runs slower. Used to make a reloaded file live quickly.
+    Baseline,
+    /// Cranelift: slower to compile, fast code. Every version ends up here.
+    Optimized,
+    /// Cranelift on a single thread, for the upgrade after a reload.
+    Background,
+}
+
+/// An engine and the linker for it.
+struct Compiler {
     engine: Engine,
     linker: Arc<Linker<State>>,
+}
+
+impl Compiler {
+    fn new(
+        strategy: wasmtime::Strategy,
+        cache: Option<wasmtime::Cache>,
+        background: bool,
+    ) -> anyhow::Result<Compiler> {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model(true);
+        config.strategy(strategy);
+        // The optimising tier compiles in the background after a reload; on
+        // its own thread it cannot hold up the rayon pool the baseline tier
+        // (or the relay) needs right now.
+        config.parallel_compilation(strategy != wasmtime::Strategy::Cranelift || !background);
+        config.cache(cache);
+        let engine = Engine::new(&config)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        Router::add_to_linker::<State, HasSelf<State>>(&mut linker, |state| state)?;
+        spawn_epoch_ticker(engine.weak());
+        Ok(Compiler {
+            engine,
+            linker: Arc::new(linker),
+        })
+    }
+}
+
+/// The shared engines and linkers: an optimising one for steady state and a
+/// baseline one so that a hot reload goes live fast.
+#[derive(Clone)]
+pub struct PluginEngine {
+    optimized: Arc<Compiler>,
+    /// Cranelift without parallel compilation, for upgrades after a reload.
+    background: Arc<Compiler>,
+    baseline: Arc<Compiler>,
     cache: Option<wasmtime::Cache>,
 }
 
 impl PluginEngine {
-    /// Builds the engine and starts its epoch ticker thread. With `cache_dir`,
-    /// compiled components are kept on disk (wasmtime's cache: keyed by the
-    /// file's hash, the wasmtime version and the compiler settings, and holding
-    /// only artifacts this engine wrote), so a restart does not recompile.
+    /// Builds the engines and starts their epoch ticker threads. With
+    /// `cache_dir`, compiled components are kept on disk (wasmtime's cache:
+    /// keyed by the file's hash, the wasmtime version and the compiler
+    /// settings, holding only artifacts this relay wrote), so a restart does
+    /// not recompile.
     ///
     /// # Errors
     /// If wasmtime cannot be configured on this host or the cache directory is unusable.
     pub fn new(cache_dir: Option<&Path>) -> anyhow::Result<PluginEngine> {
-        let mut config = wasmtime::Config::new();
-        config.epoch_interruption(true);
-        config.wasm_component_model(true);
         let cache = match cache_dir {
             Some(dir) => {
                 let mut cache_config = wasmtime::CacheConfig::new();
@@ -101,15 +150,14 @@ impl PluginEngine {
             }
             None => None,
         };
-        config.cache(cache.clone());
-        let engine = Engine::new(&config)?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-        Router::add_to_linker::<State, HasSelf<State>>(&mut linker, |state| state)?;
-        spawn_epoch_ticker(engine.weak());
         Ok(PluginEngine {
-            engine,
-            linker: Arc::new(linker),
+            optimized: Arc::new(Compiler::new(
+                wasmtime::Strategy::Cranelift,
+                cache.clone(),
+                false,
+            )?),
+            background: Arc::new(Compiler::new(wasmtime::Strategy::Cranelift, cache.clone(), true)?),
+            baseline: Arc::new(Compiler::new(wasmtime::Strategy::Winch, cache.clone(), false)?),
             cache,
         })
     }
@@ -132,25 +180,30 @@ impl PluginEngine {
             source,
         })?;
         let started = Instant::now();
-        let component = Component::new(&self.engine, &bytes).map_err(|e| LoadError::Compile {
+        let engine = &self.optimized.engine;
+        let component = Component::new(engine, &bytes).map_err(|e| LoadError::Compile {
             path: path.to_path_buf(),
             reason: format!("{e:#}"),
         })?;
         let compile_time = started.elapsed();
         let component_type = component.component_type();
         let exports = component_type
-            .exports(&self.engine)
+            .exports(engine)
             .map(|(name, _)| name.to_string())
             .collect();
         let imports = component_type
-            .imports(&self.engine)
+            .imports(engine)
             .map(|(name, _)| name.to_string())
             .collect();
         let contract = |e: wasmtime::Error| LoadError::Contract {
             path: path.to_path_buf(),
             reason: format!("{e:#}"),
         };
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(contract)?;
+        let instance_pre = self
+            .optimized
+            .linker
+            .instantiate_pre(&component)
+            .map_err(contract)?;
         RouterPre::new(instance_pre).map_err(contract)?;
         Ok(Inspection {
             version: content_hash(&bytes),
@@ -170,17 +223,27 @@ impl PluginEngine {
             path: config.path.clone(),
             source,
         })?;
-        self.load_bytes(config, &bytes)
+        self.load_bytes(config, &bytes, Tier::Optimized)
     }
 
-    /// Like [`PluginEngine::load`], from bytes already read.
+    /// Like [`PluginEngine::load`], from bytes already read, with the chosen compiler.
     ///
     /// # Errors
     /// A [`LoadError`] saying which stage failed.
-    pub fn load_bytes(&self, config: &PluginConfig, bytes: &[u8]) -> Result<PluginVersion, LoadError> {
+    pub fn load_bytes(
+        &self,
+        config: &PluginConfig,
+        bytes: &[u8],
+        tier: Tier,
+    ) -> Result<PluginVersion, LoadError> {
+        let compiler = match tier {
+            Tier::Optimized => &self.optimized,
+            Tier::Background => &self.background,
+            Tier::Baseline => &self.baseline,
+        };
         let started = Instant::now();
         let version = content_hash(bytes);
-        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
+        let component = Component::new(&compiler.engine, bytes).map_err(|e| LoadError::Compile {
             path: config.path.clone(),
             reason: format!("{e:#}"),
         })?;
@@ -188,7 +251,7 @@ impl PluginEngine {
             path: config.path.clone(),
             reason: format!("{e:#}"),
         };
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(contract)?;
+        let instance_pre = compiler.linker.instantiate_pre(&component).map_err(contract)?;
         let pre = RouterPre::new(instance_pre).map_err(contract)?;
         let config_json = serde_json::to_string(&config.config).unwrap_or_else(|_| "{}".to_string());
         let plugin = PluginVersion {
@@ -196,7 +259,8 @@ impl PluginEngine {
             version: Arc::from(version.as_str()),
             path: config.path.clone(),
             pre,
-            engine: self.engine.clone(),
+            engine: compiler.engine.clone(),
+            tier,
             config_json,
             timeout: Duration::from_millis(config.timeout_ms),
             max_memory_bytes: config.max_memory_bytes,
@@ -254,6 +318,7 @@ pub struct PluginVersion {
     path: PathBuf,
     pre: RouterPre<State>,
     engine: Engine,
+    tier: Tier,
     config_json: String,
     timeout: Duration,
     max_memory_bytes: usize,
@@ -281,6 +346,11 @@ impl PluginVersion {
     /// The file it was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Which compiler built this version.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 
     /// How long compiling, linking and the first init took.
@@ -367,7 +437,10 @@ impl PluginVersion {
 fn describe_trap(error: &wasmtime::Error, timeout: Duration, max_memory_bytes: usize) -> String {
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => format!("exceeded its time limit of {} ms", timeout.as_millis()),
-        Some(trap) => format!("trapped: {trap}"),
+        Some(trap) => {
+            let text = trap.to_string();
+            format!("trapped: {}", text.strip_prefix("wasm trap: ").unwrap_or(&text))
+        }
         None => {
             let text = format!("{error:#}");
             if text.contains("forcing trap when growing memory") || text.contains("memory minimum size") {
@@ -403,6 +476,8 @@ pub struct PluginSlot {
     last: Mutex<(chrono::DateTime<chrono::Utc>, ReloadResult)>,
     reloads: AtomicU64,
     rejected: AtomicU64,
+    /// Hash of the file content last judged, good or bad.
+    seen: Mutex<Option<String>>,
 }
 
 impl PluginSlot {
@@ -410,7 +485,9 @@ impl PluginSlot {
         let result = ReloadResult::Loaded {
             version: version.version().to_string(),
         };
+        let seen = Mutex::new(Some(version.version().to_string()));
         PluginSlot {
+            seen,
             config,
             current: RwLock::new(Some(Arc::new(version))),
             last: Mutex::new((chrono::Utc::now(), result)),
@@ -436,6 +513,22 @@ impl PluginSlot {
         match self.current.write() {
             Ok(mut current) => *current = version,
             Err(poisoned) => *poisoned.into_inner() = version,
+        }
+    }
+
+    /// Swaps in another build of the version serving now, if `hash` is still
+    /// the one serving (checked under the write lock, so a newer file that
+    /// went live meanwhile is never replaced by an older one).
+    fn upgrade(&self, hash: &str, version: PluginVersion) -> bool {
+        let mut current = match self.current.write() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if current.as_ref().is_some_and(|c| c.version() == hash) {
+            *current = Some(Arc::new(version));
+            true
+        } else {
+            false
         }
     }
 
@@ -542,6 +635,9 @@ impl Plugins {
         let bytes = match std::fs::read(&slot.config.path) {
             Ok(bytes) => bytes,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                if let Ok(mut seen) = slot.seen.lock() {
+                    *seen = None;
+                }
                 if slot.current().is_some() {
                     slot.set(None);
                     slot.record(ReloadResult::Unloaded);
@@ -557,15 +653,22 @@ impl Plugins {
                 return;
             }
         };
+        let hash = content_hash(&bytes);
         if slot
-            .current()
-            .is_some_and(|current| current.version() == content_hash(&bytes))
+            .seen
+            .lock()
+            .is_ok_and(|seen| seen.as_deref() == Some(hash.as_str()))
         {
+            // Watchers report one write several times; judge each content once.
             return;
         }
-        match self.engine.load_bytes(&slot.config, &bytes) {
+        if let Ok(mut seen) = slot.seen.lock() {
+            *seen = Some(hash.clone());
+        }
+        // Go live on the baseline compiler at once, then swap in the optimised
+        // build of the same file when it is ready: same bytes, same behaviour.
+        match self.engine.load_bytes(&slot.config, &bytes, Tier::Baseline) {
             Ok(version) => {
-                let hash = version.version().to_string();
                 tracing::info!(
                     plugin.name = %name,
                     plugin.version = %hash,
@@ -574,9 +677,37 @@ impl Plugins {
                 );
                 slot.set(Some(Arc::new(version)));
                 slot.reloads.fetch_add(1, Ordering::Relaxed);
-                slot.record(ReloadResult::Loaded { version: hash });
+                slot.record(ReloadResult::Loaded {
+                    version: hash.clone(),
+                });
+                self.optimize_later(&slot.config.name, bytes, hash);
             }
             Err(error) => self.reject(slot, error.to_string()),
+        }
+    }
+
+    fn optimize_later(&self, name: &str, bytes: Vec<u8>, hash: String) {
+        let plugins = self.clone();
+        let name = name.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("switchyard-optimize".into())
+            .spawn(move || {
+                // Deploys often write several versions in a row; only the one
+                // still serving after a quiet second is worth optimising.
+                std::thread::sleep(OPTIMIZE_AFTER);
+                let Some(slot) = plugins.slot(&name) else { return };
+                if slot.current().is_none_or(|current| current.version() != hash) {
+                    return;
+                }
+                let Ok(version) = plugins.engine.load_bytes(&slot.config, &bytes, Tier::Background) else {
+                    return;
+                };
+                if slot.upgrade(&hash, version) {
+                    tracing::debug!(plugin.name = %name, plugin.version = %hash, "Optimised build live.");
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "Cannot start the optimising compile; the baseline build keeps serving.");
         }
     }
 
