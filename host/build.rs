@@ -2,6 +2,7 @@
 //! embedded at compile time (`sqlx::migrate!`, `bindgen!`).
 
 fn main() {
-    println!("cargo:rerun-if-changed=../migrations");
+    println!("cargo:rerun-if-changed=../migrations/postgres");
+    println!("cargo:rerun-if-changed=../migrations/sqlite");
     println!("cargo:rerun-if-changed=../wit");
 }

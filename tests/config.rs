@@ -78,7 +78,9 @@ fn secrets_come_from_the_environment() {
     };
     let config = Config::from_toml(&text, Path::new("."), &env).unwrap_or_else(|e| panic!("{e:?}"));
     assert_eq!(config.database.url, "postgres://env/db");
-    let TargetConfig::Nats(nats) = &config.targets["main-bus"];
+    let TargetConfig::Nats(nats) = &config.targets["main-bus"] else {
+        panic!("main-bus is a NATS target");
+    };
     assert_eq!(nats.user.as_deref(), Some("relay"));
     assert_eq!(nats.password.as_deref(), Some("s3cret"));
 }

@@ -43,10 +43,7 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
 }
 
 async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('switchyard_outbox') IS NOT NULL")
-        .fetch_one(store.pool())
-        .await
-        .context("cannot query the database")?;
+    let exists = store.schema_exists().await.context("cannot query the database")?;
     anyhow::ensure!(
         exists,
         "table switchyard_outbox does not exist: run `switchyard migrate` first"

@@ -10,6 +10,7 @@
 //! - [`router`]: pure checks and message assembly around the plugin call.
 //! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
 //! - [`relay`]: the worker loop tying the above together.
+//! - [`demo`]: `switchyard demo`, the embedded default end to end.
 //! - [`app`], [`cli`], [`telemetry`]: process wiring.
 
 #![warn(missing_docs, clippy::all)]
@@ -18,6 +19,7 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod plugin;
 pub mod relay;
 pub mod router;

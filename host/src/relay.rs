@@ -588,9 +588,13 @@ fn default_owner() -> String {
 /// Bumps `wake` on every NOTIFY, and after a reconnect (notifications sent
 /// while disconnected are lost, so workers should look).
 async fn listen(store: OutboxStore, wake: watch::Sender<u64>, shutdown: CancellationToken) {
+    // SQLite has no NOTIFY: the embedded default relies on polling.
+    let Some(pool) = store.pg_pool().cloned() else {
+        return;
+    };
     let mut retry = Duration::from_millis(100);
     while !shutdown.is_cancelled() {
-        let mut listener = match PgListener::connect_with(store.pool()).await {
+        let mut listener = match PgListener::connect_with(&pool).await {
             Ok(listener) => listener,
             Err(error) => {
                 warn!(%error, retry_ms = retry.as_millis() as u64, "LISTEN connection failed; polling meanwhile.");

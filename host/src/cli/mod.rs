@@ -49,6 +49,17 @@ pub enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Run the whole path on this machine with nothing else installed: a
+    /// SQLite outbox, a sample order service, the example plugins, and the
+    /// stdout and file targets.
+    Demo {
+        /// Directory for the SQLite file and the archive (default: a temp dir).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Directory holding the built example plugins.
+        #[arg(long, env = "SWITCHYARD_PLUGINS_DIR")]
+        plugins: Option<PathBuf>,
+    },
     /// Check or dry-run a routing plugin.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -96,7 +107,13 @@ pub enum PluginCommand {
 /// Parses the command line, runs the command, and maps the result to an exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    crate::telemetry::init(cli.log_format);
+    // The demo's output is the point; keep lifecycle logs out of it.
+    let default_filter = if matches!(cli.command, Command::Demo { .. }) {
+        "warn"
+    } else {
+        "info"
+    };
+    crate::telemetry::init_with_default(cli.log_format, default_filter);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -122,6 +139,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Plugin(command) => plugin::run(command).await,
+        Command::Demo { dir, plugins } => crate::demo::run(dir, plugins).await,
         Command::Migrate { config, database_url } => {
             let url = match (config, database_url) {
                 (Some(path), _) => Config::load(&path)?.database.url,

@@ -232,6 +232,10 @@ impl PluginConfig {
 pub enum TargetConfig {
     /// A NATS server, core or JetStream.
     Nats(crate::sinks::nats::NatsSinkConfig),
+    /// Standard output, for demos and debugging.
+    Stdout(crate::sinks::stdout::StdoutSinkConfig),
+    /// A JSON-lines file, for demos, debugging and tests.
+    File(crate::sinks::file::FileSinkConfig),
 }
 
 impl TargetConfig {
@@ -239,6 +243,8 @@ impl TargetConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             TargetConfig::Nats(_) => "nats",
+            TargetConfig::Stdout(_) => "stdout",
+            TargetConfig::File(_) => "file",
         }
     }
 }
@@ -332,6 +338,13 @@ impl Config {
                 plugin.path = base.join(&plugin.path);
             }
         }
+        for target in config.targets.values_mut() {
+            if let TargetConfig::File(file) = target {
+                if file.path.is_relative() {
+                    file.path = base.join(&file.path);
+                }
+            }
+        }
         validate(&config).map_err(LoadError::Invalid)?;
         Ok(config)
     }
@@ -344,17 +357,20 @@ impl Config {
             let prefix = format!("SWITCHYARD_TARGET_{}_", env_name(name));
             match target {
                 TargetConfig::Nats(nats) => nats.apply_env(&prefix, env),
+                TargetConfig::Stdout(_) | TargetConfig::File(_) => {}
             }
         }
     }
 }
 
 /// Errors from [`Config::from_toml`].
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// Not TOML, or not the schema.
+    #[error("{0}")]
     Parse(String),
     /// Every validation problem.
+    #[error("{} problem(s):\n  - {}", .0.len(), .0.join("\n  - "))]
     Invalid(Vec<String>),
 }
 

@@ -23,9 +23,12 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         "database.url is empty (set it or SWITCHYARD_DATABASE_URL)".into(),
     );
     check(
-        db.url.is_empty() || db.url.starts_with("postgres://") || db.url.starts_with("postgresql://"),
+        db.url.is_empty()
+            || db.url.starts_with("postgres://")
+            || db.url.starts_with("postgresql://")
+            || db.url.starts_with("sqlite:"),
         format!(
-            "database.url must start with postgres:// (got {:?})",
+            "database.url must start with postgres:// or sqlite: (got {:?})",
             scheme(&db.url)
         ),
     );
@@ -143,6 +146,11 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
                     problems_push(&mut check, format!("targets.{name}: {problem}"));
                 }
             }
+            TargetConfig::Stdout(_) => {}
+            TargetConfig::File(file) => check(
+                !file.path.as_os_str().is_empty(),
+                format!("targets.{name}: path is empty"),
+            ),
         }
     }
 

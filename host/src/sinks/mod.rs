@@ -3,7 +3,9 @@
 //! decide the fate of its neighbours, and classifies failures as retryable or
 //! permanent.
 
+pub mod file;
 pub mod nats;
+pub mod stdout;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -92,6 +94,12 @@ impl Sinks {
                         .await
                         .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
                 ),
+                TargetConfig::Stdout(config) => Arc::new(stdout::StdoutSink::new(name, config)),
+                TargetConfig::File(config) => Arc::new(
+                    file::FileSink::open(name, config)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
+                ),
             };
             sink.healthcheck()
                 .await
@@ -123,4 +131,34 @@ impl Sinks {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.by_name.keys().map(String::as_str)
     }
+}
+
+/// One message as a JSON object (the `file` target's line format): target,
+/// topic, key, event id, headers, and the payload as JSON when it is JSON,
+/// else as text, else as hex.
+pub fn render_json_line(target: &str, message: &OutgoingMessage) -> String {
+    let headers: serde_json::Map<String, serde_json::Value> = message
+        .headers
+        .iter()
+        .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone())))
+        .collect();
+    let mut line = serde_json::json!({
+        "target": target,
+        "topic": message.topic,
+        "key": message.key,
+        "event_id": message.event_id,
+        "headers": headers,
+    });
+    let payload = match serde_json::from_slice::<serde_json::Value>(&message.payload) {
+        Ok(json) => ("payload", json),
+        Err(_) => match std::str::from_utf8(&message.payload) {
+            Ok(text) => ("payload_text", serde_json::Value::String(text.to_string())),
+            Err(_) => (
+                "payload_hex",
+                serde_json::Value::String(message.payload.iter().map(|b| format!("{b:02x}")).collect()),
+            ),
+        },
+    };
+    line[payload.0] = payload.1;
+    line.to_string()
 }

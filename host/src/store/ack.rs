@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sqlx::Row;
+use sqlx::{PgPool, Row};
 
 use super::row::{Delivery, DeliveryKey, LeaseId, RowId};
 use super::{Error, OutboxStore};
@@ -37,7 +37,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn status(&self) -> &'static str {
+    pub(super) fn status(&self) -> &'static str {
         match self {
             Outcome::Published => "published",
             Outcome::Retry { .. } | Outcome::Defer { .. } => "pending",
@@ -88,7 +88,11 @@ impl OutboxStore {
     ///
     /// # Errors
     /// [`Error::Database`].
-    pub async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
+    pub(super) async fn ack_pg(
+        pool: &PgPool,
+        lease: LeaseId,
+        outcomes: &[RowOutcome],
+    ) -> Result<Vec<RowId>, Error> {
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
@@ -130,7 +134,7 @@ impl OutboxStore {
             .bind(&versions)
             .bind(&refunds)
             .bind(lease.0)
-            .fetch_all(&self.pool)
+            .fetch_all(pool)
             .await?;
         updated
             .iter()

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use sqlx::Row;
+use sqlx::{PgPool, Row};
 
 use super::row::{LeaseId, OutboxRow, RowId};
 use super::{Error, OutboxStore};
@@ -84,8 +84,8 @@ impl OutboxStore {
     ///
     /// # Errors
     /// [`Error::Database`].
-    pub async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {
-        let mut tx = self.pool.begin().await?;
+    pub(super) async fn peek_pending_pg(pool: &PgPool, limit: u32) -> Result<Vec<OutboxRow>, Error> {
+        let mut tx = pool.begin().await?;
         sqlx::query("SET TRANSACTION READ ONLY").execute(&mut *tx).await?;
         let sql = format!(
             "SELECT {ROW_COLUMNS} FROM switchyard_outbox o
@@ -103,12 +103,18 @@ impl OutboxStore {
     ///
     /// # Errors
     /// [`Error::Database`].
-    pub async fn claim(&self, owner: &str, limit: u32, lease: Duration) -> Result<Claim, Error> {
+    pub(super) async fn claim_pg(
+        pool: &PgPool,
+        dead_letter_blocks_aggregate: bool,
+        owner: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
         let started = Instant::now();
         let lease_id = LeaseId(uuid::Uuid::new_v4());
         let sql = CLAIM_SQL.replace("__ROW_COLUMNS__", ROW_COLUMNS).replace(
             "__DEAD_FILTER__",
-            if self.dead_letter_blocks_aggregate {
+            if dead_letter_blocks_aggregate {
                 ""
             } else {
                 "AND e.status <> 'dead'"
@@ -120,7 +126,7 @@ impl OutboxStore {
             .bind(owner)
             .bind(lease_id.0)
             .bind(lease_ms)
-            .fetch_all(&self.pool)
+            .fetch_all(pool)
             .await?;
         let mut rows = records
             .iter()

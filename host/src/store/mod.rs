@@ -1,4 +1,5 @@
-//! The PostgreSQL outbox: migrations, claiming batches under a lease, and
+//! The outbox store: PostgreSQL (shared by many relays) or SQLite (the
+//! embedded default), migrations, claiming batches under a lease, and
 //! recording each row's outcome.
 //!
 //! # Ordering
@@ -16,18 +17,27 @@
 mod ack;
 mod claim;
 mod row;
+mod sqlite;
 
 use std::time::Duration;
 
+use std::str::FromStr;
+
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 pub use ack::{Outcome, RowOutcome};
 pub use claim::Claim;
 pub use row::{Delivery, DeliveryKey, LeaseId, OutboxRow, RowId};
 
-/// The outbox migrations, embedded in the binary.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// The PostgreSQL outbox migrations, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// The SQLite outbox migrations (embedded default), embedded in the binary.
+pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
 /// The channel the insert trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "switchyard_outbox";
@@ -43,19 +53,39 @@ pub enum Error {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
-/// Handle to the outbox table.
+#[derive(Clone, Debug)]
+enum Backend {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+/// Handle to the outbox table, on PostgreSQL (production: many relays share
+/// it) or SQLite (the embedded default: one relay, one file).
 #[derive(Clone, Debug)]
 pub struct OutboxStore {
-    pool: PgPool,
+    backend: Backend,
     dead_letter_blocks_aggregate: bool,
 }
 
 impl OutboxStore {
-    /// Connects a pool.
+    /// Connects a pool; the URL scheme picks the backend (`postgres://`,
+    /// `postgresql://` or `sqlite:`). A SQLite file is created if missing.
     ///
     /// # Errors
-    /// [`Error::Database`] when the database is unreachable.
+    /// [`Error::Database`] when the database is unreachable or the URL is bad.
     pub async fn connect(url: &str, max_connections: u32) -> Result<OutboxStore, Error> {
+        if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(10));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(max_connections.clamp(1, 8))
+                .connect_with(options)
+                .await?;
+            return Ok(OutboxStore::new_sqlite(pool));
+        }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
@@ -64,10 +94,18 @@ impl OutboxStore {
         Ok(OutboxStore::new(pool))
     }
 
-    /// Wraps an existing pool.
+    /// Wraps an existing PostgreSQL pool.
     pub fn new(pool: PgPool) -> OutboxStore {
         OutboxStore {
-            pool,
+            backend: Backend::Postgres(pool),
+            dead_letter_blocks_aggregate: false,
+        }
+    }
+
+    /// Wraps an existing SQLite pool.
+    pub fn new_sqlite(pool: SqlitePool) -> OutboxStore {
+        OutboxStore {
+            backend: Backend::Sqlite(pool),
             dead_letter_blocks_aggregate: false,
         }
     }
@@ -79,9 +117,20 @@ impl OutboxStore {
         self
     }
 
-    /// The pool, for LISTEN and ad-hoc queries.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// The PostgreSQL pool, when this is a PostgreSQL store (LISTEN, ad-hoc queries).
+    pub fn pg_pool(&self) -> Option<&PgPool> {
+        match &self.backend {
+            Backend::Postgres(pool) => Some(pool),
+            Backend::Sqlite(_) => None,
+        }
+    }
+
+    /// `"postgres"` or `"sqlite"`.
+    pub fn kind(&self) -> &'static str {
+        match &self.backend {
+            Backend::Postgres(_) => "postgres",
+            Backend::Sqlite(_) => "sqlite",
+        }
     }
 
     /// Applies pending migrations.
@@ -89,8 +138,77 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Migrate`] when a migration fails or the history diverged.
     pub async fn migrate(&self) -> Result<(), Error> {
-        MIGRATOR.run(&self.pool).await?;
+        match &self.backend {
+            Backend::Postgres(pool) => MIGRATOR.run(pool).await?,
+            Backend::Sqlite(pool) => SQLITE_MIGRATOR.run(pool).await?,
+        }
         Ok(())
+    }
+
+    /// Whether the outbox table exists (i.e. `migrate` ran).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn schema_exists(&self) -> Result<bool, Error> {
+        Ok(match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query_scalar("SELECT to_regclass('switchyard_outbox') IS NOT NULL")
+                    .fetch_one(pool)
+                    .await?
+            }
+            Backend::Sqlite(pool) => {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'switchyard_outbox'",
+                )
+                .fetch_one(pool)
+                .await?
+                    > 0
+            }
+        })
+    }
+
+    /// Claims up to `limit` rows for `owner`, leased for `lease`: at most one
+    /// per aggregate, each the oldest unfinished row of its aggregate.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn claim(&self, owner: &str, limit: u32, lease: Duration) -> Result<Claim, Error> {
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                OutboxStore::claim_pg(pool, self.dead_letter_blocks_aggregate, owner, limit, lease).await
+            }
+            Backend::Sqlite(pool) => {
+                sqlite::claim(pool, self.dead_letter_blocks_aggregate, owner, limit, lease).await
+            }
+        }
+    }
+
+    /// Records the outcomes of a batch claimed under `lease`. Rows whose lease
+    /// was lost (expired and re-claimed elsewhere) are left alone; the
+    /// returned list holds the ids that were actually updated.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
+        if outcomes.is_empty() {
+            return Ok(Vec::new());
+        }
+        match &self.backend {
+            Backend::Postgres(pool) => OutboxStore::ack_pg(pool, lease, outcomes).await,
+            Backend::Sqlite(pool) => sqlite::ack(pool, lease, outcomes).await,
+        }
+    }
+
+    /// Reads up to `limit` unfinished rows in id order without claiming or
+    /// changing anything (for dry runs).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {
+        match &self.backend {
+            Backend::Postgres(pool) => OutboxStore::peek_pending_pg(pool, limit).await,
+            Backend::Sqlite(pool) => sqlite::peek_pending(pool, limit).await,
+        }
     }
 
     /// Releases every lease this owner still holds, making those rows
@@ -99,15 +217,17 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn release_owner(&self, owner: &str) -> Result<u64, Error> {
-        let done = sqlx::query(
-            "UPDATE switchyard_outbox
-                SET status = 'pending', lease_owner = NULL, lease_id = NULL,
-                    lease_expires_at = NULL, attempts = GREATEST(attempts - 1, 0)
-              WHERE status = 'in_flight' AND lease_owner = $1",
-        )
-        .bind(owner)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        let sql = "UPDATE switchyard_outbox
+                      SET status = 'pending', lease_owner = NULL, lease_id = NULL,
+                          lease_expires_at = NULL, attempts = MAX(attempts - 1, 0)
+                    WHERE status = 'in_flight' AND lease_owner = $1";
+        Ok(match &self.backend {
+            Backend::Postgres(pool) => sqlx::query(&sql.replace("MAX(", "GREATEST("))
+                .bind(owner)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Backend::Sqlite(pool) => sqlx::query(sql).bind(owner).execute(pool).await?.rows_affected(),
+        })
     }
 }
