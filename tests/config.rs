@@ -8,13 +8,23 @@ use switchyard_tests::plugins::plugin;
 use switchyard_tests::workspace_root;
 
 #[test]
-fn the_example_config_is_valid() {
+fn every_example_config_is_valid() {
     // Validation checks that plugin files exist: build them first.
     plugin("route_by_type");
-    let path = workspace_root().join("examples/relay.toml");
-    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(config.plugins.len(), 2);
-    assert!(config.targets.contains_key("nats"));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(workspace_root().join("examples")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let config = Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                !config.plugins.is_empty() && !config.targets.is_empty(),
+                "{}",
+                path.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "examples/*.toml found: {checked}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 pub mod nats;
 pub mod orders;
+pub mod outbox;
 pub mod plugins;
 pub mod postgres;
 pub mod relay;

@@ -146,6 +146,11 @@ impl InProcess {
         }
     }
 
+    /// A crash: the task is dropped mid-batch, nothing is finished or released.
+    pub fn abort(self) {
+        self.handle.abort();
+    }
+
     /// Graceful stop.
     ///
     /// # Panics

@@ -1,17 +1,17 @@
-//! A sample consumer: prints every message of a JetStream stream with its
-//! subject, key, event id and payload, then exits when the stream is drained.
+//! Sample consumer: applies every event of a JetStream stream once (inbox
+//! table keyed by event id) and prints what it did.
 //!
 //! ```text
-//! cargo run -p nats-consumer -- --url nats://127.0.0.1:54222 --stream ORDERS
+//! cargo run -p nats-consumer -- --url nats://127.0.0.1:54222 --stream ORDERS --inbox sqlite:///tmp/inbox.db
 //! ```
 
 use std::time::Duration;
 
 use async_nats::jetstream;
 use clap::Parser;
-use futures::StreamExt;
+use nats_consumer::{Inbox, consume};
 
-/// Reads a stream from the start.
+/// Reads a stream from where this consumer left off.
 #[derive(Parser)]
 struct Args {
     /// NATS URL.
@@ -20,36 +20,52 @@ struct Args {
     /// Stream name.
     #[arg(long, default_value = "ORDERS")]
     stream: String,
+    /// Durable consumer name (its position survives restarts).
+    #[arg(long, default_value = "order-view")]
+    durable: String,
+    /// The consumer's own database (PostgreSQL or SQLite URL).
+    #[arg(long, default_value = "sqlite:///tmp/switchyard-inbox.db")]
+    inbox: String,
+    /// Stop after the stream has been quiet this long.
+    #[arg(long, default_value_t = 1000)]
+    idle_ms: u64,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let js = jetstream::new(async_nats::connect(&args.url).await?);
-    let stream = js.get_stream(&args.stream).await?;
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
-        .await?;
-    let mut messages = consumer.messages().await?;
-    // Stop once the stream has been quiet for a second.
-    while let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(1), messages.next()).await {
-        let message = message?;
-        let header = |name: &str| {
-            message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(name))
-                .map(ToString::to_string)
-                .unwrap_or_default()
-        };
-        println!(
-            "{subject}  key={key}  event={id}  plugin={plugin}\n    {payload}",
-            subject = message.subject,
-            key = header("Switchyard-Key"),
-            id = header("Switchyard-Event-Id"),
-            plugin = header("Switchyard-Plugin"),
-            payload = String::from_utf8_lossy(&message.payload),
-        );
-    }
+    let inbox = Inbox::open(&args.inbox).await?;
+    let tally = consume(
+        &js,
+        &args.stream,
+        &args.durable,
+        &inbox,
+        Duration::from_millis(args.idle_ms),
+        |message, applied| {
+            let header = |name: &str| {
+                message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(name))
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            };
+            println!(
+                "{subject}  key={key}  event={id}  plugin={plugin}  {verdict}\n    {payload}",
+                subject = message.subject,
+                key = header("Switchyard-Key"),
+                id = header("Switchyard-Event-Id"),
+                plugin = header("Switchyard-Plugin"),
+                verdict = if applied { "applied" } else { "duplicate, skipped" },
+                payload = String::from_utf8_lossy(&message.payload),
+            );
+        },
+    )
+    .await?;
+    println!(
+        "applied {}, skipped {} redeliveries",
+        tally.applied, tally.skipped
+    );
     Ok(())
 }

@@ -339,10 +339,10 @@ impl Config {
             }
         }
         for target in config.targets.values_mut() {
-            if let TargetConfig::File(file) = target {
-                if file.path.is_relative() {
-                    file.path = base.join(&file.path);
-                }
+            if let TargetConfig::File(file) = target
+                && file.path.is_relative()
+            {
+                file.path = base.join(&file.path);
             }
         }
         validate(&config).map_err(LoadError::Invalid)?;

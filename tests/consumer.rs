@@ -1,0 +1,70 @@
+//! The example idempotent consumer applies a redelivered event once.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use nats_consumer::{Inbox, consume};
+use switchyard_tests::init_logging;
+use switchyard_tests::nats::NatsServer;
+
+async fn publish(js: &jetstream::Context, event_id: &str, event_type: &str) {
+    let mut headers = HeaderMap::new();
+    headers.insert("Switchyard-Event-Id", event_id);
+    headers.insert("Switchyard-Event-Type", event_type);
+    headers.insert("Switchyard-Aggregate-Id", "order-1");
+    // No Nats-Msg-Id: a redelivery outside JetStream's dedup window looks like this.
+    js.publish_with_headers("orders.x", headers, "{}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_event_is_applied_once() {
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream("ORDERS", &["orders.>"]).await;
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    publish(&js, "11111111-1111-4111-8111-111111111111", "OrderCreated").await;
+    publish(&js, "11111111-1111-4111-8111-111111111111", "OrderCreated").await;
+    publish(&js, "22222222-2222-4222-8222-222222222222", "OrderPaid").await;
+
+    let path = std::env::temp_dir().join(format!("sy-inbox-{}.db", uuid::Uuid::new_v4().simple()));
+    let inbox = Inbox::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let mut verdicts = Vec::new();
+    let tally = consume(
+        &js,
+        "ORDERS",
+        "view",
+        &inbox,
+        Duration::from_millis(500),
+        |_, applied| verdicts.push(applied),
+    )
+    .await
+    .unwrap();
+    assert_eq!(verdicts, vec![true, false, true]);
+    assert_eq!((tally.applied, tally.skipped), (2, 1));
+    assert_eq!(
+        inbox.events_applied("order-1").await.unwrap(),
+        2,
+        "the duplicate changed nothing"
+    );
+
+    // A second run resumes after the acked messages: nothing is applied again.
+    let again = consume(
+        &js,
+        "ORDERS",
+        "view",
+        &inbox,
+        Duration::from_millis(300),
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!((again.applied, again.skipped), (0, 0));
+    let _ = std::fs::remove_file(path);
+}

@@ -1,0 +1,110 @@
+//! One outbox per test on either backend, so a test body about claiming and
+//! acking runs unchanged on PostgreSQL and on SQLite.
+
+use switchyard::store::OutboxStore;
+
+use super::postgres::fresh_db;
+
+/// An empty, migrated outbox and a way to write rows into it.
+pub struct TestOutbox {
+    /// The store under test.
+    pub store: OutboxStore,
+    pg: Option<sqlx::PgPool>,
+    sqlite: Option<sqlx::SqlitePool>,
+    /// `"postgres"` or `"sqlite"`.
+    pub kind: &'static str,
+}
+
+impl TestOutbox {
+    /// A fresh PostgreSQL database.
+    pub async fn postgres() -> TestOutbox {
+        let db = fresh_db().await;
+        TestOutbox {
+            store: OutboxStore::new(db.pool.clone()),
+            pg: Some(db.pool),
+            sqlite: None,
+            kind: "postgres",
+        }
+    }
+
+    /// A fresh SQLite file.
+    pub async fn sqlite() -> TestOutbox {
+        let path = std::env::temp_dir().join(format!("sy-{}.db", uuid::Uuid::new_v4().simple()));
+        let url = format!("sqlite://{}", path.display());
+        let store = OutboxStore::connect(&url, 4).await.expect("open sqlite");
+        store.migrate().await.expect("migrate sqlite");
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("sqlite pool");
+        TestOutbox {
+            store,
+            pg: None,
+            sqlite: Some(pool),
+            kind: "sqlite",
+        }
+    }
+
+    /// Writes an event with payload `{"seq": seq}` for aggregate `o-<aggregate>`,
+    /// delayed by `delay_ms` when given.
+    pub async fn insert(&self, aggregate: usize, seq: usize, delay_ms: Option<i64>) {
+        let id = format!("o-{aggregate}");
+        let payload = serde_json::json!({ "seq": seq });
+        if let Some(pool) = &self.pg {
+            sqlx::query(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, not_before)
+                 VALUES ('order', $1, 'OrderUpdated', $2, now() + $3 * interval '1 millisecond')",
+            )
+            .bind(&id)
+            .bind(&payload)
+            .bind(delay_ms)
+            .execute(pool)
+            .await
+            .expect("insert");
+        } else if let Some(pool) = &self.sqlite {
+            sqlx::query(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, not_before)
+                 VALUES ('order', ?1, 'OrderUpdated', ?2, CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3)",
+            )
+            .bind(&id)
+            .bind(payload.to_string())
+            .bind(delay_ms)
+            .execute(pool)
+            .await
+            .expect("insert");
+        }
+    }
+
+    /// A row's status and last error.
+    pub async fn status_of(&self, id: i64) -> (String, Option<String>) {
+        let sql = "SELECT status, last_error FROM switchyard_outbox WHERE id = $1";
+        match (&self.pg, &self.sqlite) {
+            (Some(pool), _) => sqlx::query_as(sql)
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .expect("status"),
+            (_, Some(pool)) => sqlx::query_as(sql)
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .expect("status"),
+            _ => unreachable!("one backend is set"),
+        }
+    }
+
+    /// Rows in a status.
+    pub async fn count(&self, status: &str) -> i64 {
+        let sql = "SELECT count(*) FROM switchyard_outbox WHERE status = $1";
+        match (&self.pg, &self.sqlite) {
+            (Some(pool), _) => sqlx::query_scalar(sql)
+                .bind(status)
+                .fetch_one(pool)
+                .await
+                .expect("count"),
+            (_, Some(pool)) => sqlx::query_scalar(sql)
+                .bind(status)
+                .fetch_one(pool)
+                .await
+                .expect("count"),
+            _ => unreachable!("one backend is set"),
+        }
+    }
+}
