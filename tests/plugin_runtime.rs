@@ -296,6 +296,7 @@ async fn misbehaving_plugins_fail_only_their_own_events() {
         ("huge", 160),
         ("unknown-target", 16),
         ("empty-topic", 16),
+        ("transient", 16),
     ] {
         extra.push_str(&format!(
             "[[plugins]]\nname = \"{mode}\"\npath = \"{}\"\nevent_types = [\"{mode}\"]\ntimeout_ms = {}\nmax_memory_bytes = {}\n[plugins.config]\nmode = \"{mode}\"\ntarget = \"events\"\n",
@@ -314,7 +315,15 @@ async fn misbehaving_plugins_fail_only_their_own_events() {
     );
     let running = InProcess::start(&parse(&text)).await;
 
-    for mode in ["loop", "alloc", "trap", "huge", "unknown-target", "empty-topic"] {
+    for mode in [
+        "loop",
+        "alloc",
+        "trap",
+        "huge",
+        "unknown-target",
+        "empty-topic",
+        "transient",
+    ] {
         sqlx::query("INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, $1, '{}')")
             .bind(mode)
             .execute(&db.pool)
@@ -323,7 +332,7 @@ async fn misbehaving_plugins_fail_only_their_own_events() {
     }
     write_orders(&db.pool, 50, 4, 2).await;
     eventually("bad events dead", Duration::from_secs(60), || async {
-        (count_status(&db.pool, "dead").await == 6).then_some(())
+        (count_status(&db.pool, "dead").await == 7).then_some(())
     })
     .await;
     // The relay is not stalled: later events still flow.
@@ -358,6 +367,10 @@ async fn misbehaving_plugins_fail_only_their_own_events() {
         ),
         ("unknown-target", "unknown target \"no-such-target\"".to_string()),
         ("empty-topic", "empty topic".to_string()),
+        (
+            "transient",
+            "refused for now: downstream lookup unavailable".to_string(),
+        ),
     ] {
         let error = &errors[mode];
         assert!(

@@ -10,6 +10,7 @@
 //! | `unknown-target` | names a target that is not configured                           |
 //! | `empty-topic`    | returns an empty topic                                           |
 //! | `probe`          | reports what the sandbox lets it see (env, files, clock)         |
+//! | `transient`      | refuses with a transient error (retry later)                     |
 //! | `init-trap`      | traps in `init`                                                  |
 //! | `init-fail`      | returns an error from `init`                                     |
 //!
@@ -72,6 +73,7 @@ impl Guest for Misbehave {
             "huge" => message.payload = vec![b'x'; 50 * 1024 * 1024],
             "unknown-target" => message.target = "no-such-target".to_string(),
             "empty-topic" => message.topic = String::new(),
+            "transient" => return Err(Refusal::Transient("downstream lookup unavailable".to_string())),
             "probe" => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
