@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use rand::Rng;
 use sqlx::postgres::PgListener;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -112,12 +112,12 @@ impl Relay {
     /// Only if the leases could not be released at the end; transient database
     /// and broker errors are retried inside.
     pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let (wake_tx, wake_rx) = watch::channel(0u64);
-        let listener = tokio::spawn(listen(self.inner.store.clone(), wake_tx, shutdown.clone()));
+        let wake = Arc::new(Notify::new());
+        let listener = tokio::spawn(listen(self.inner.store.clone(), wake.clone(), shutdown.clone()));
         let mut workers = JoinSet::new();
         for worker in 0..self.inner.config.concurrency {
             let relay = self.clone();
-            let wake = wake_rx.clone();
+            let wake = wake.clone();
             let shutdown = shutdown.clone();
             workers.spawn(async move { relay.work(worker, wake, shutdown).await });
         }
@@ -150,22 +150,28 @@ impl Relay {
         Ok(())
     }
 
-    async fn work(&self, worker: u32, mut wake: watch::Receiver<u64>, shutdown: CancellationToken) {
+    /// One worker. Wake-ups are handed to one idle worker at a time (a
+    /// commit wakes one; a worker that claimed a full batch wakes the next),
+    /// so a burst of commits does not send every idle worker into a claim
+    /// scan that finds nothing.
+    async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
         let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
+        let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
         let mut db_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
-            // Mark the current wake-up as seen *before* claiming, so a commit that
-            // lands during the claim still wakes us for the next round.
-            wake.borrow_and_update();
             match self.run_once().await {
                 Ok(report) if report.claimed > 0 => {
                     db_backoff = Duration::from_millis(100);
+                    if report.claimed >= full {
+                        wake.notify_one();
+                    }
+                    // The ack just freed the next event of each aggregate: look again now.
                     continue;
                 }
                 Ok(_) => {
                     db_backoff = Duration::from_millis(100);
                     tokio::select! {
-                        _ = wake.changed() => {}
+                        () = wake.notified() => {}
                         () = tokio::time::sleep(poll) => {}
                         () = shutdown.cancelled() => {}
                     }
@@ -585,9 +591,9 @@ fn default_owner() -> String {
     format!("{host}-{}-{suffix}", std::process::id())
 }
 
-/// Bumps `wake` on every NOTIFY, and after a reconnect (notifications sent
-/// while disconnected are lost, so workers should look).
-async fn listen(store: OutboxStore, wake: watch::Sender<u64>, shutdown: CancellationToken) {
+/// Wakes a worker on every NOTIFY, and all of them after a reconnect
+/// (notifications sent while disconnected are lost, so workers should look).
+async fn listen(store: OutboxStore, wake: Arc<Notify>, shutdown: CancellationToken) {
     // SQLite has no NOTIFY: the embedded default relies on polling.
     let Some(pool) = store.pg_pool().cloned() else {
         return;
@@ -616,16 +622,16 @@ async fn listen(store: OutboxStore, wake: watch::Sender<u64>, shutdown: Cancella
             continue;
         }
         retry = Duration::from_millis(100);
-        wake.send_modify(|generation| *generation += 1);
+        wake.notify_waiters();
         loop {
             let received = tokio::select! {
                 received = listener.try_recv() => received,
                 () = shutdown.cancelled() => return,
             };
             match received {
-                Ok(Some(_)) => wake.send_modify(|generation| *generation += 1),
+                Ok(Some(_)) => wake.notify_one(),
                 // Connection lost; the next try_recv reconnects.
-                Ok(None) => wake.send_modify(|generation| *generation += 1),
+                Ok(None) => wake.notify_waiters(),
                 Err(error) => {
                     warn!(%error, "LISTEN connection broke; reconnecting.");
                     break;
