@@ -57,6 +57,38 @@ url = "{nats}"
     )
 }
 
+/// A relay whose only plugin, "router", is a copy of route-by-type in a
+/// fresh directory the test may rewrite.
+struct Setup {
+    db: switchyard_tests::postgres::TestDb,
+    nats: NatsServer,
+    dir: PathBuf,
+    path: PathBuf,
+    plugin: Vec<u8>,
+    running: InProcess,
+}
+
+impl Setup {
+    async fn start() -> Setup {
+        let db = fresh_db().await;
+        let nats = NatsServer::start().await;
+        nats.create_stream(STREAM, &["orders.>"]).await;
+        let dir = temp_dir();
+        let path = dir.join("router.wasm");
+        let plugin = std::fs::read(plugin("route_by_type")).unwrap();
+        std::fs::write(&path, &plugin).unwrap();
+        let running = InProcess::start(&parse(&config(&db.url, &nats.url(), &path, "", ""))).await;
+        Setup {
+            db,
+            nats,
+            dir,
+            path,
+            plugin,
+            running,
+        }
+    }
+}
+
 fn version_of(relay: &switchyard::Relay, name: &str) -> Option<String> {
     relay
         .plugins()
@@ -69,14 +101,14 @@ fn version_of(relay: &switchyard::Relay, name: &str) -> Option<String> {
 async fn fifty_reloads_under_load_lose_nothing_and_each_event_has_one_version() {
     init_logging();
     let _heavy = exclusive().await;
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let dir = temp_dir();
-    let path = dir.join("router.wasm");
-    let base = std::fs::read(plugin("route_by_type")).unwrap();
-    std::fs::write(&path, &base).unwrap();
-    let running = InProcess::start(&parse(&config(&db.url, &nats.url(), &path, "", ""))).await;
+    let Setup {
+        db,
+        nats,
+        dir,
+        path,
+        plugin: base,
+        running,
+    } = Setup::start().await;
     let mut versions = HashSet::from([switchyard::plugin::content_hash(&base)]);
 
     let writer = {
@@ -171,14 +203,14 @@ async fn fifty_reloads_under_load_lose_nothing_and_each_event_has_one_version() 
 async fn broken_files_never_replace_a_working_plugin_and_deletion_parks_events() {
     init_logging();
     let _heavy = exclusive().await;
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let dir = temp_dir();
-    let path = dir.join("router.wasm");
-    let good = std::fs::read(plugin("route_by_type")).unwrap();
-    std::fs::write(&path, &good).unwrap();
-    let running = InProcess::start(&parse(&config(&db.url, &nats.url(), &path, "", ""))).await;
+    let Setup {
+        db,
+        nats: _nats,
+        dir,
+        path,
+        plugin: good,
+        running,
+    } = Setup::start().await;
     let serving = version_of(&running.relay, "router").unwrap();
     let slot = || running.relay.plugins().slot("router").unwrap();
 
