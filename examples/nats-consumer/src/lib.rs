@@ -91,6 +91,16 @@ impl Inbox {
     }
 }
 
+/// A header's value, or an empty string.
+pub fn header(message: &async_nats::Message, name: &str) -> String {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(ToString::to_string)
+        .unwrap_or_default()
+}
+
 /// What one consumer run did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
@@ -129,14 +139,7 @@ pub async fn consume(
     let mut tally = Tally::default();
     while let Ok(Some(message)) = tokio::time::timeout(idle, messages.next()).await {
         let message = message.map_err(|e| anyhow::anyhow!("{e}"))?;
-        let header = |name: &str| {
-            message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(name))
-                .map(ToString::to_string)
-                .unwrap_or_default()
-        };
+        let header = |name: &str| header(&message, name);
         let event_id = header("Switchyard-Event-Id");
         anyhow::ensure!(
             !event_id.is_empty(),

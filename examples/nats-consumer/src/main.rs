@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use clap::Parser;
-use nats_consumer::{Inbox, consume};
+use nats_consumer::{Inbox, consume, header};
 
 /// Reads a stream from where this consumer left off.
 #[derive(Parser)]
@@ -43,14 +43,7 @@ async fn main() -> anyhow::Result<()> {
         &inbox,
         Duration::from_millis(args.idle_ms),
         |message, applied| {
-            let header = |name: &str| {
-                message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(name))
-                    .map(ToString::to_string)
-                    .unwrap_or_default()
-            };
+            let header = |name: &str| header(message, name);
             println!(
                 "{subject}  key={key}  event={id}  plugin={plugin}  {verdict}\n    {payload}",
                 subject = message.subject,
