@@ -93,9 +93,6 @@ impl OutboxStore {
         lease: LeaseId,
         outcomes: &[RowOutcome],
     ) -> Result<Vec<RowId>, Error> {
-        if outcomes.is_empty() {
-            return Ok(Vec::new());
-        }
         let mut ids = Vec::with_capacity(outcomes.len());
         let mut statuses = Vec::with_capacity(outcomes.len());
         let mut backoffs = Vec::with_capacity(outcomes.len());

@@ -48,6 +48,16 @@ pub(crate) fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRo
     })
 }
 
+/// The claim statement, assembled once: index 0 lets later events of an
+/// aggregate pass a dead-lettered one, index 1 keeps them waiting.
+static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    let base = CLAIM_SQL.replace("__ROW_COLUMNS__", ROW_COLUMNS);
+    [
+        base.replace("__DEAD_FILTER__", "AND e.status <> 'dead'"),
+        base.replace("__DEAD_FILTER__", ""),
+    ]
+});
+
 const CLAIM_SQL: &str = r#"
 WITH heads AS (
     SELECT o.id
@@ -112,16 +122,9 @@ impl OutboxStore {
     ) -> Result<Claim, Error> {
         let started = Instant::now();
         let lease_id = LeaseId(uuid::Uuid::new_v4());
-        let sql = CLAIM_SQL.replace("__ROW_COLUMNS__", ROW_COLUMNS).replace(
-            "__DEAD_FILTER__",
-            if dead_letter_blocks_aggregate {
-                ""
-            } else {
-                "AND e.status <> 'dead'"
-            },
-        );
+        let sql = &CLAIM_STATEMENTS[usize::from(dead_letter_blocks_aggregate)];
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let records = sqlx::query(&sql)
+        let records = sqlx::query(sql)
             .bind(i64::from(limit))
             .bind(owner)
             .bind(lease_id.0)

@@ -219,14 +219,11 @@ impl OutboxStore {
     pub async fn release_owner(&self, owner: &str) -> Result<u64, Error> {
         let sql = "UPDATE switchyard_outbox
                       SET status = 'pending', lease_owner = NULL, lease_id = NULL,
-                          lease_expires_at = NULL, attempts = MAX(attempts - 1, 0)
+                          lease_expires_at = NULL, attempts = attempts - 1
                     WHERE status = 'in_flight' AND lease_owner = $1";
+        // An in-flight row was claimed at least once, so the refund never goes below zero.
         Ok(match &self.backend {
-            Backend::Postgres(pool) => sqlx::query(&sql.replace("MAX(", "GREATEST("))
-                .bind(owner)
-                .execute(pool)
-                .await?
-                .rows_affected(),
+            Backend::Postgres(pool) => sqlx::query(sql).bind(owner).execute(pool).await?.rows_affected(),
             Backend::Sqlite(pool) => sqlx::query(sql).bind(owner).execute(pool).await?.rows_affected(),
         })
     }
