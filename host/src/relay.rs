@@ -276,6 +276,18 @@ impl Relay {
             }
         });
         for (target, outcome) in join_all(sends).await {
+            let failed: Vec<&SinkError> = outcome.iter().filter_map(|r| r.as_ref().err()).collect();
+            if let Some(first) = failed.first() {
+                // One line per target and batch: the per-row state is in `deliveries`.
+                warn!(
+                    sink.name = %target,
+                    failed = failed.len(),
+                    sent = outcome.len(),
+                    retryable = first.retryable,
+                    error = %first.message,
+                    "Deliveries to this target failed; only they will be retried."
+                );
+            }
             let slots = by_target.remove(&target).unwrap_or_default();
             for ((row_index, message_index), result) in slots.into_iter().zip(outcome) {
                 results[row_index][message_index] = Some(result);

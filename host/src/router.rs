@@ -148,8 +148,16 @@ pub fn assemble(
         ));
     }
     let mut ordinals: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut per_target: BTreeMap<&str, usize> = BTreeMap::new();
+    for message in &messages {
+        *per_target.entry(message.target.as_str()).or_default() += 1;
+    }
+    let shared_target: Vec<bool> = messages
+        .iter()
+        .map(|m| per_target.get(m.target.as_str()).is_some_and(|&n| n > 1))
+        .collect();
     let mut routed = Vec::with_capacity(messages.len());
-    for (index, message) in messages.into_iter().enumerate() {
+    for ((index, message), shared_target) in messages.into_iter().enumerate().zip(shared_target) {
         let at = format!("plugin {plugin_label} message {index}");
         if !known_target(&message.target) {
             return Err(format!("{at}: unknown target {:?}", message.target));
@@ -174,6 +182,13 @@ pub fn assemble(
             .entry((message.target.clone(), message.topic.clone()))
             .or_default();
         let delivery_key = format!("{}:{}#{}", message.target, message.topic, ordinal);
+        // The broker-side dedup id is the event id, unless the event sends
+        // several messages to one target, which must not dedup each other.
+        let dedup_id = if shared_target {
+            format!("{}:{}#{}", event.event_id, message.topic, ordinal)
+        } else {
+            event.event_id.clone()
+        };
         *ordinal += 1;
         routed.push(Routed {
             target: message.target,
@@ -184,6 +199,7 @@ pub fn assemble(
                 key: message.key,
                 payload: Bytes::from(message.payload),
                 event_id: event.event_id.clone(),
+                dedup_id,
             },
         });
     }

@@ -232,6 +232,8 @@ impl PluginConfig {
 pub enum TargetConfig {
     /// A NATS server, core or JetStream.
     Nats(crate::sinks::nats::NatsSinkConfig),
+    /// A Kafka cluster.
+    Kafka(crate::sinks::kafka::KafkaSinkConfig),
     /// Standard output, for demos and debugging.
     Stdout(crate::sinks::stdout::StdoutSinkConfig),
     /// A JSON-lines file, for demos, debugging and tests.
@@ -243,6 +245,7 @@ impl TargetConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             TargetConfig::Nats(_) => "nats",
+            TargetConfig::Kafka(_) => "kafka",
             TargetConfig::Stdout(_) => "stdout",
             TargetConfig::File(_) => "file",
         }
@@ -357,6 +360,7 @@ impl Config {
             let prefix = format!("SWITCHYARD_TARGET_{}_", env_name(name));
             match target {
                 TargetConfig::Nats(nats) => nats.apply_env(&prefix, env),
+                TargetConfig::Kafka(kafka) => kafka.apply_env(&prefix, env),
                 TargetConfig::Stdout(_) | TargetConfig::File(_) => {}
             }
         }

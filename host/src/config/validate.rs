@@ -146,6 +146,11 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
                     problems_push(&mut check, format!("targets.{name}: {problem}"));
                 }
             }
+            TargetConfig::Kafka(kafka) => {
+                for problem in kafka.validate() {
+                    problems_push(&mut check, format!("targets.{name}: {problem}"));
+                }
+            }
             TargetConfig::Stdout(_) => {}
             TargetConfig::File(file) => check(
                 !file.path.as_os_str().is_empty(),

@@ -4,6 +4,7 @@
 //! permanent.
 
 pub mod file;
+pub mod kafka;
 pub mod nats;
 pub mod stdout;
 
@@ -26,8 +27,11 @@ pub struct OutgoingMessage {
     pub payload: Bytes,
     /// Every header, relay and plugin ones merged.
     pub headers: Vec<(String, String)>,
-    /// The event id, the broker-side deduplication id.
+    /// The event this message came from.
     pub event_id: String,
+    /// Broker-side deduplication id (`Nats-Msg-Id`): the event id, suffixed
+    /// with topic and ordinal when one event sends several messages to one target.
+    pub dedup_id: String,
 }
 
 /// A failed delivery, classified.
@@ -92,6 +96,10 @@ impl Sinks {
                 TargetConfig::Nats(config) => Arc::new(
                     nats::NatsSink::connect(name, config, publish_timeout)
                         .await
+                        .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
+                ),
+                TargetConfig::Kafka(config) => Arc::new(
+                    kafka::KafkaSink::new(name, config, publish_timeout)
                         .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
                 ),
                 TargetConfig::Stdout(config) => Arc::new(stdout::StdoutSink::new(name, config)),

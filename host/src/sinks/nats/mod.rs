@@ -1,5 +1,5 @@
 //! NATS target: core publish (acknowledged by a flush) or JetStream publish
-//! (acknowledged by the stream, deduplicated on `Nats-Msg-Id` = event id).
+//! (acknowledged by the stream, deduplicated on `Nats-Msg-Id`, the event id).
 
 mod config;
 mod sink;

@@ -108,7 +108,7 @@ impl NatsSink {
             let publish = jetstream::message::PublishMessage::build()
                 .payload(message.payload)
                 .headers(headers)
-                .message_id(message.event_id.as_str());
+                .message_id(message.dedup_id.as_str());
             pending.push(
                 context
                     .send_publish(message.topic, publish)

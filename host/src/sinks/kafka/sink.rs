@@ -1,0 +1,304 @@
+//! Publishing to Kafka and classifying its failures.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::future::{BoxFuture, join_all};
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+
+use super::config::KafkaSinkConfig;
+use crate::sinks::{OutgoingMessage, Sink, SinkError};
+
+/// Sends librdkafka's log lines and client errors to `tracing`, tagged with the target.
+struct LogContext {
+    target: String,
+}
+
+impl ClientContext for LogContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        let target = self.target.as_str();
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(sink.name = target, kafka.facility = facility, "{message}");
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(sink.name = target, kafka.facility = facility, "{message}")
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(sink.name = target, kafka.facility = facility, "{message}");
+            }
+            RDKafkaLogLevel::Debug => {
+                tracing::debug!(sink.name = target, kafka.facility = facility, "{message}")
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Connection trouble is reported here too, and repeats while a broker
+        // is down: the deliveries' own errors carry the consequence.
+        tracing::warn!(sink.name = %self.target, %error, "Kafka client error: {reason}");
+    }
+}
+
+type Client = FutureProducer<LogContext>;
+
+/// A Kafka cluster as a target.
+pub struct KafkaSink {
+    name: String,
+    client_config: ClientConfig,
+    producer: RwLock<Arc<Client>>,
+    publish_timeout: Duration,
+}
+
+impl KafkaSink {
+    /// Builds the producer. librdkafka connects lazily, so an unreachable
+    /// cluster shows in the health check, not here.
+    ///
+    /// # Errors
+    /// A property librdkafka rejects.
+    pub fn new(
+        name: &str,
+        config: &KafkaSinkConfig,
+        publish_timeout: Duration,
+    ) -> Result<KafkaSink, SinkError> {
+        let client_config = config.client_config(publish_timeout);
+        let producer = create(name, &client_config)?;
+        Ok(KafkaSink {
+            name: name.to_string(),
+            client_config,
+            producer: RwLock::new(Arc::new(producer)),
+            publish_timeout,
+        })
+    }
+
+    fn producer(&self) -> Arc<Client> {
+        match self.producer.read() {
+            Ok(producer) => Arc::clone(&producer),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// An idempotent producer that hit a fatal error (fenced, sequence lost)
+    /// refuses everything from then on: replace it so the next attempt can go.
+    fn replace_if_fatal(&self, producer: &Arc<Client>) {
+        let Some((code, reason)) = producer.client().fatal_error() else {
+            return;
+        };
+        tracing::error!(sink.name = %self.name, ?code, %reason, "Kafka producer failed fatally; creating a new one.");
+        match create(&self.name, &self.client_config) {
+            Ok(fresh) => {
+                let mut slot = match self.producer.write() {
+                    Ok(slot) => slot,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                if Arc::ptr_eq(&slot, producer) {
+                    *slot = Arc::new(fresh);
+                }
+            }
+            Err(e) => {
+                tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.")
+            }
+        }
+    }
+
+    /// Queues one message, waiting out a full local queue until `deadline`.
+    async fn enqueue(
+        &self,
+        producer: &Client,
+        message: &OutgoingMessage,
+        deadline: Instant,
+    ) -> Result<DeliveryFuture, SinkError> {
+        check_topic(&message.topic)?;
+        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
+        for (key, value) in &message.headers {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value.as_bytes()),
+            });
+        }
+        let mut record = FutureRecord::to(&message.topic)
+            .payload(&message.payload[..])
+            .headers(headers);
+        if let Some(key) = &message.key {
+            record = record.key(key.as_bytes());
+        }
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => return Ok(delivery),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned))
+                    if Instant::now() < deadline =>
+                {
+                    record = returned;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((error, _)) => return Err(classify(&error)),
+            }
+        }
+    }
+}
+
+fn create(name: &str, config: &ClientConfig) -> Result<Client, SinkError> {
+    config
+        .create_with_context(LogContext {
+            target: name.to_string(),
+        })
+        .map_err(|e| SinkError::permanent(format!("cannot create a Kafka producer: {e}")))
+}
+
+/// Kafka topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+fn check_topic(topic: &str) -> Result<(), SinkError> {
+    let valid = !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(SinkError::permanent(format!(
+            "invalid Kafka topic name {topic:?} (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')"
+        )))
+    }
+}
+
+/// Sorts a producer error into retryable or permanent, with a message for `last_error`.
+pub fn classify(error: &KafkaError) -> SinkError {
+    use RDKafkaErrorCode as C;
+    let code = error.rdkafka_error_code();
+    let permanent = matches!(
+        code,
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::InvalidMessage
+                | C::InvalidRecord
+                | C::MessageBatchTooLarge
+                | C::UnknownTopic
+                | C::UnknownTopicOrPartition
+                | C::InvalidTopic
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::UnsupportedForMessageFormat
+                | C::UnsupportedCompressionType
+                | C::InvalidRequiredAcks
+                | C::UnknownPartition
+        )
+    );
+    let text = match code {
+        Some(code) => format!("Kafka refused the message: {code} ({code:?})"),
+        None => format!("Kafka refused the message: {error}"),
+    };
+    if permanent {
+        SinkError::permanent(text)
+    } else {
+        SinkError::retryable(text)
+    }
+}
+
+impl Sink for KafkaSink {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn publish(&self, messages: Vec<OutgoingMessage>) -> BoxFuture<'_, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            let producer = self.producer();
+            let deadline = Instant::now() + self.publish_timeout;
+            // Queue everything, then await the delivery reports together:
+            // librdkafka batches per partition, and the relay acks rows only
+            // after the reports arrive.
+            let mut pending = Vec::with_capacity(messages.len());
+            for message in &messages {
+                pending.push(self.enqueue(&producer, message, deadline).await);
+            }
+            let results = join_all(pending.into_iter().map(|queued| async move {
+                match queued?.await {
+                    Ok(Ok(_delivery)) => Ok(()),
+                    Ok(Err((error, _message))) => Err(classify(&error)),
+                    Err(_canceled) => Err(SinkError::retryable(
+                        "Kafka producer closed before the delivery report",
+                    )),
+                }
+            }))
+            .await;
+            if results.iter().any(Result::is_err) {
+                self.replace_if_fatal(&producer);
+            }
+            results
+        })
+    }
+
+    fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let producer = self.producer();
+            let timeout = self.publish_timeout;
+            let name = self.name.clone();
+            // Metadata requests block: keep them off the runtime's threads.
+            tokio::task::spawn_blocking(move || {
+                let metadata = producer.client().fetch_metadata(None, timeout).map_err(|e| {
+                    SinkError::retryable(format!("{name}: Kafka cluster is not reachable: {e}"))
+                })?;
+                if metadata.brokers().is_empty() {
+                    return Err(SinkError::retryable(format!(
+                        "{name}: Kafka cluster reports no brokers"
+                    )));
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| SinkError::retryable(format!("Kafka health check failed: {e}")))?
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_and_topic_errors_are_permanent_transport_errors_retryable() {
+        let too_large = classify(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageSizeTooLarge,
+        ));
+        assert!(!too_large.retryable);
+        assert!(too_large.message.contains("too large"), "{}", too_large.message);
+        assert!(
+            !classify(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::UnknownTopicOrPartition
+            ))
+            .retryable
+        );
+        for code in [
+            RDKafkaErrorCode::QueueFull,
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::LeaderNotAvailable,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::NotEnoughReplicas,
+        ] {
+            assert!(
+                classify(&KafkaError::MessageProduction(code)).retryable,
+                "{code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn topic_names_follow_kafka_rules() {
+        assert!(check_topic("orders.created-v1_x").is_ok());
+        for bad in ["", ".", "..", "orders created", "orders/x", &"t".repeat(250)] {
+            assert!(check_topic(bad).is_err(), "{bad:?}");
+        }
+    }
+}
