@@ -11,7 +11,7 @@ use switchyard_tests::workspace_root;
 fn every_example_config_is_valid() {
     // Validation checks that plugin files exist: build them first.
     plugin("route_by_type");
-    let mut checked = 0;
+    let mut checked = Vec::new();
     for entry in std::fs::read_dir(workspace_root().join("examples")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
@@ -21,10 +21,24 @@ fn every_example_config_is_valid() {
                 "{}",
                 path.display()
             );
-            checked += 1;
+            let kinds: Vec<&str> = config.targets.values().map(TargetConfig::kind).collect();
+            let store = config
+                .database
+                .url
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            checked.push((store, kinds.join("+")));
         }
     }
-    assert!(checked >= 2, "examples/*.toml found: {checked}");
+    // PostgreSQL + NATS, PostgreSQL + Kafka, SQLite + stdout at least.
+    for (store, kind) in [("postgres", "nats"), ("postgres", "kafka"), ("sqlite", "stdout")] {
+        assert!(
+            checked.iter().any(|(s, k)| s == store && k.contains(kind)),
+            "no {store} + {kind} example among {checked:?}"
+        );
+    }
 }
 
 #[test]
@@ -46,6 +60,14 @@ timeout_ms = 0
 [targets.n]
 type = "nats"
 url = ""
+[targets.k]
+type = "kafka"
+bootstrap_servers = "127.0.0.1:9092"
+properties = { "bootstrap.servers" = "elsewhere:9092" }
+[targets.k2]
+type = "kafka"
+bootstrap_servers = "127.0.0.1:9092"
+properties = { "acks" = "all", "linger.milliseconds" = "5" }
 "#;
     let Err(LoadError::Invalid(problems)) = Config::from_toml(text, Path::new("."), &|_| None) else {
         panic!("expected validation problems");
@@ -59,6 +81,9 @@ url = ""
         "plugins[1] (\"a\"): duplicate plugin name",
         "plugins[1] (\"a\"): timeout_ms must be between",
         "targets.n: url is empty",
+        "targets.k: properties may not set \"bootstrap.servers\"",
+        "targets.k2: properties: ",
+        "linger.milliseconds",
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
@@ -93,4 +118,27 @@ fn secrets_come_from_the_environment() {
     };
     assert_eq!(nats.user.as_deref(), Some("relay"));
     assert_eq!(nats.password.as_deref(), Some("s3cret"));
+}
+
+#[test]
+fn kafka_servers_and_credentials_come_from_the_environment() {
+    let wasm = plugin("route_by_type");
+    let text = format!(
+        "[database]\nurl = \"postgres://file/db\"\n[[plugins]]\nname = \"r\"\npath = \"{}\"\n[targets.events]\ntype = \"kafka\"\nbootstrap_servers = \"file:9092\"\nproperties = {{ \"sasl.mechanisms\" = \"PLAIN\" }}\n",
+        wasm.display()
+    );
+    let env = |name: &str| match name {
+        "SWITCHYARD_TARGET_EVENTS_URL" => Some("broker-1:9093,broker-2:9093".to_string()),
+        "SWITCHYARD_TARGET_EVENTS_USER" => Some("relay".to_string()),
+        "SWITCHYARD_TARGET_EVENTS_PASSWORD" => Some("s3cret".to_string()),
+        _ => None,
+    };
+    let config = Config::from_toml(&text, Path::new("."), &env).unwrap_or_else(|e| panic!("{e:?}"));
+    let TargetConfig::Kafka(kafka) = &config.targets["events"] else {
+        panic!("events is a Kafka target");
+    };
+    assert_eq!(kafka.bootstrap_servers, "broker-1:9093,broker-2:9093");
+    assert_eq!(kafka.properties["sasl.username"], "relay");
+    assert_eq!(kafka.properties["sasl.password"], "s3cret");
+    assert_eq!(kafka.properties["sasl.mechanisms"], "PLAIN");
 }

@@ -1,0 +1,349 @@
+//! Kafka and fan-out end to end: application transactions write the outbox,
+//! the fan-out plugin sends each event to two Kafka clusters (tansu brokers)
+//! and a NATS server, and consumers on each check what arrived.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use switchyard_tests::kafka::{KafkaReceived, KafkaServer};
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::{Expected, order_event, write_orders};
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::postgres::{NewEvent, count_status, fresh_db, place_order_event};
+use switchyard_tests::relay::{InProcess, parse};
+use switchyard_tests::{eventually, exclusive, init_logging};
+
+const AUDIT_STREAM: &str = "AUDIT";
+
+/// Relay tuning for these tests plus `extra` `[relay]` lines.
+fn relay_section(extra: &str) -> String {
+    format!(
+        "[relay]
+batch_size = 200
+concurrency = 3
+poll_interval_ms = 200
+lease_duration_ms = 6000
+publish_timeout_ms = 2000
+max_attempts = 100
+initial_backoff_ms = 100
+max_backoff_ms = 500
+shutdown_timeout_ms = 5000
+{extra}"
+    )
+}
+
+/// Every event goes to Kafka `orders` (keyed by order id), to the second
+/// cluster's `orders-analytics`, and to NATS `audit.orders.<EventType>`.
+fn fan_out_config(db: &str, kafka: &str, analytics: &str, nats: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{db}"
+max_connections = 8
+
+{relay}
+
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+[plugins.config]
+default = [
+  {{ target = "kafka", topic = "orders", key = "{{aggregate_id}}" }},
+  {{ target = "analytics", topic = "orders-analytics" }},
+  {{ target = "audit", topic = "audit.orders.{{event_type}}" }},
+]
+
+[targets.kafka]
+type = "kafka"
+bootstrap_servers = "{kafka}"
+[targets.kafka.properties]
+"linger.ms" = "2"
+
+[targets.analytics]
+type = "kafka"
+bootstrap_servers = "{analytics}"
+
+[targets.audit]
+type = "nats"
+url = "{nats}"
+"#,
+        relay = relay_section(""),
+        plugin = plugin("fan_out").display(),
+    )
+}
+
+async fn all_published(pool: &sqlx::PgPool, total: i64, limit: Duration) {
+    eventually("every row published", limit, || async {
+        (count_status(pool, "published").await == total).then_some(())
+    })
+    .await;
+}
+
+/// Checks one Kafka topic: every event exactly once, each aggregate in a
+/// single partition in offset order, key and headers as the row had them.
+fn verify_kafka(received: &[KafkaReceived], expected: &HashMap<String, Expected>) {
+    let mut seen = HashSet::new();
+    let mut by_aggregate: HashMap<&str, Vec<&KafkaReceived>> = HashMap::new();
+    for message in received {
+        let id = message.header("Switchyard-Event-Id").expect("event id header");
+        let want = expected
+            .get(id)
+            .unwrap_or_else(|| panic!("unexpected event {id}"));
+        assert!(seen.insert(id), "event {id} arrived twice on Kafka");
+        assert_eq!(
+            message.header("Switchyard-Event-Type"),
+            Some(want.event_type.as_str())
+        );
+        let trace = message.header("traceparent").expect("row headers travel");
+        assert!(
+            trace.ends_with(&format!("{:016x}-01", want.seq + 1)),
+            "traceparent {trace}"
+        );
+        assert_eq!(message.json()["seq"], want.seq);
+        assert_eq!(message.key.as_deref(), Some(want.aggregate_id.as_str()));
+        by_aggregate
+            .entry(want.aggregate_id.as_str())
+            .or_default()
+            .push(message);
+    }
+    assert_eq!(seen.len(), expected.len(), "every event on Kafka");
+    for (aggregate, mut messages) in by_aggregate {
+        let partitions: HashSet<i32> = messages.iter().map(|m| m.partition).collect();
+        assert_eq!(
+            partitions.len(),
+            1,
+            "{aggregate} spread over partitions {partitions:?}"
+        );
+        messages.sort_by_key(|m| m.offset);
+        let seqs: Vec<u64> = messages
+            .iter()
+            .map(|m| m.json()["seq"].as_u64().unwrap())
+            .collect();
+        let ordered: Vec<u64> = (0..seqs.len() as u64).collect();
+        assert_eq!(seqs, ordered, "{aggregate} out of offset order");
+    }
+}
+
+/// Checks the NATS audit stream: every event once, per aggregate in stream order.
+fn verify_nats(received: &[switchyard_tests::nats::Received], expected: &HashMap<String, Expected>) {
+    let mut seen = HashSet::new();
+    let mut next: HashMap<&str, u64> = HashMap::new();
+    for message in received {
+        let id = message.header("Switchyard-Event-Id").expect("event id header");
+        let want = expected
+            .get(id)
+            .unwrap_or_else(|| panic!("unexpected event {id}"));
+        assert!(seen.insert(id), "event {id} arrived twice on NATS");
+        assert_eq!(message.subject, format!("audit.orders.{}", want.event_type));
+        assert_eq!(message.header("Nats-Msg-Id"), Some(id));
+        assert!(message.header("traceparent").is_some(), "row headers travel");
+        let slot = next.entry(want.aggregate_id.as_str()).or_insert(0);
+        assert_eq!(
+            message.json()["seq"],
+            *slot,
+            "{} out of order on NATS",
+            want.aggregate_id
+        );
+        *slot += 1;
+    }
+    assert_eq!(seen.len(), expected.len(), "every event on NATS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_events_fan_out_to_two_kafka_clusters_and_nats() {
+    init_logging();
+    let _heavy = exclusive().await;
+    let db = fresh_db().await;
+    let kafka = KafkaServer::start().await;
+    let analytics = KafkaServer::start().await;
+    let nats = NatsServer::start().await;
+    kafka.create_topic("orders", 8).await;
+    analytics.create_topic("orders-analytics", 3).await;
+    nats.create_stream(AUDIT_STREAM, &["audit.>"]).await;
+    let config = fan_out_config(&db.url, &kafka.bootstrap(), &analytics.bootstrap(), &nats.url());
+    let relay = InProcess::start(&parse(&config)).await;
+
+    let expected = write_orders(&db.pool, 500, 20, 8).await;
+    assert_eq!(expected.len(), 10_000);
+    all_published(&db.pool, 10_000, Duration::from_secs(240)).await;
+    relay.stop().await;
+
+    let orders = kafka.read_topic("orders", 10_000, Duration::from_secs(60)).await;
+    verify_kafka(&orders, &expected);
+    let partitions: HashSet<i32> = orders.iter().map(|m| m.partition).collect();
+    assert!(
+        partitions.len() > 4,
+        "keys spread over the partitions: {partitions:?}"
+    );
+    let copies = analytics
+        .read_topic("orders-analytics", 10_000, Duration::from_secs(60))
+        .await;
+    verify_kafka(&copies, &expected);
+    verify_nats(&nats.read_stream(AUDIT_STREAM).await, &expected);
+
+    // Every row records one acknowledged delivery per target.
+    let incomplete: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox
+          WHERE (SELECT count(*) FROM jsonb_each(deliveries) d WHERE d.value ->> 'acked_at' IS NOT NULL) <> 3",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(incomplete, 0, "three acknowledged deliveries per row");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_down_is_retried_alone_and_the_healthy_ones_get_no_duplicates() {
+    init_logging();
+    let _heavy = exclusive().await;
+    let db = fresh_db().await;
+    let kafka = KafkaServer::start().await;
+    let analytics = KafkaServer::start().await;
+    let mut nats = NatsServer::start().await;
+    kafka.create_topic("orders", 4).await;
+    analytics.create_topic("orders-analytics", 2).await;
+    nats.create_stream(AUDIT_STREAM, &["audit.>"]).await;
+    let config = fan_out_config(&db.url, &kafka.bootstrap(), &analytics.bootstrap(), &nats.url());
+    let relay = InProcess::start(&parse(&config)).await;
+
+    nats.stop();
+    let expected = write_orders(&db.pool, 100, 5, 4).await;
+    // Each aggregate's first event reaches both Kafka clusters, then waits
+    // for NATS; the rest queue behind it to keep the order.
+    let heads: i64 = eventually(
+        "first events on Kafka and retried for NATS",
+        Duration::from_secs(60),
+        || async {
+            let rows: Vec<(i32, Option<String>, serde_json::Value)> = sqlx::query_as(
+                "SELECT attempts, last_error, deliveries FROM switchyard_outbox
+              WHERE status <> 'published' AND attempts >= 3",
+            )
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+            (rows.len() == 100).then_some(rows.len() as i64)
+        },
+    )
+    .await;
+    assert_eq!(count_status(&db.pool, "published").await, 0);
+    let (last_error, deliveries): (String, serde_json::Value) = sqlx::query_as(
+        "SELECT last_error, deliveries FROM switchyard_outbox WHERE attempts >= 3 ORDER BY id LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        last_error.contains("\"audit\""),
+        "last_error names the target: {last_error}"
+    );
+    let deliveries = deliveries.as_object().expect("deliveries object");
+    let state: BTreeMap<&str, bool> = deliveries
+        .values()
+        .map(|d| (d["target"].as_str().unwrap(), !d["acked_at"].is_null()))
+        .collect();
+    assert_eq!(
+        state,
+        BTreeMap::from([("analytics", true), ("audit", false), ("kafka", true)]),
+        "per-target state in {deliveries:?}"
+    );
+    assert!(
+        deliveries
+            .values()
+            .any(|d| d["target"] == "audit" && d["error"].is_string())
+    );
+    // Several attempts later, Kafka still holds one copy of each head.
+    let limit = Duration::from_secs(30);
+    let heads = usize::try_from(heads).unwrap();
+    let on_kafka = kafka.read_topic("orders", heads, limit).await;
+    assert_eq!(on_kafka.len(), heads, "one copy of each head on Kafka");
+    let on_analytics = analytics.read_topic("orders-analytics", heads, limit).await;
+    assert_eq!(on_analytics.len(), heads);
+
+    nats.resume().await;
+    all_published(&db.pool, 500, Duration::from_secs(120)).await;
+    relay.stop().await;
+    // verify_kafka fails on any event seen twice.
+    verify_kafka(&kafka.read_topic("orders", 500, limit).await, &expected);
+    verify_kafka(
+        &analytics.read_topic("orders-analytics", 500, limit).await,
+        &expected,
+    );
+    verify_nats(&nats.read_stream(AUDIT_STREAM).await, &expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_limit_is_dead_lettered_while_others_flow() {
+    init_logging();
+    let db = fresh_db().await;
+    let kafka = KafkaServer::start().await;
+    kafka.create_topic("orders", 2).await;
+    let config = format!(
+        r#"
+[database]
+url = "{db}"
+
+{relay}
+
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+[plugins.config]
+default = [{{ target = "kafka", topic = "orders" }}]
+
+[targets.kafka]
+type = "kafka"
+bootstrap_servers = "{kafka}"
+"#,
+        db = db.url,
+        relay = relay_section("max_payload_bytes = 4194304\nmax_message_bytes = 4194304\n"),
+        plugin = plugin("fan_out").display(),
+        kafka = kafka.bootstrap(),
+    );
+    let relay = InProcess::start(&parse(&config)).await;
+
+    let big = NewEvent {
+        payload: serde_json::json!({ "seq": 0, "blob": "x".repeat(1_500_000) }),
+        ..order_event(0, 0)
+    };
+    let big_id = place_order_event(&db.pool, &big, true).await;
+    let mut expected = HashMap::new();
+    for aggregate in 1..=20 {
+        let event = order_event(aggregate, 0);
+        let id = place_order_event(&db.pool, &event, true).await;
+        expected.insert(
+            id.to_string(),
+            Expected {
+                aggregate_id: event.aggregate_id,
+                seq: 0,
+                event_type: event.event_type,
+            },
+        );
+    }
+    all_published(&db.pool, 20, Duration::from_secs(60)).await;
+    let (status, attempts, last_error): (String, i32, String) = eventually(
+        "the oversized row dead-lettered",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_as(
+                "SELECT status, attempts, last_error FROM switchyard_outbox
+                  WHERE event_id = $1 AND status = 'dead'",
+            )
+            .bind(big_id)
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    relay.stop().await;
+    assert_eq!(status, "dead");
+    assert_eq!(attempts, 1, "a permanent error is not retried");
+    assert!(
+        last_error.contains("\"kafka\"") && last_error.contains("too large"),
+        "specific error: {last_error}"
+    );
+    verify_kafka(
+        &kafka.read_topic("orders", 20, Duration::from_secs(30)).await,
+        &expected,
+    );
+}
