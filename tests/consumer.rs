@@ -1,10 +1,11 @@
-//! The example idempotent consumer applies a redelivered event once.
+//! The example idempotent consumer applies a redelivered event once, on NATS and on Kafka.
 
 use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
-use nats_consumer::{Inbox, consume};
+use consumer::Inbox;
+use consumer::nats::consume;
 use switchyard_tests::init_logging;
 use switchyard_tests::nats::NatsServer;
 
@@ -65,6 +66,64 @@ async fn a_redelivered_event_is_applied_once() {
     )
     .await
     .unwrap();
+    assert_eq!((again.applied, again.skipped), (0, 0));
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_kafka_event_is_applied_once() {
+    use rdkafka::ClientConfig;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use switchyard_tests::kafka::KafkaServer;
+
+    init_logging();
+    let kafka = KafkaServer::start().await;
+    kafka.create_topic("orders", 1).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .create()
+        .unwrap();
+    for (id, event_type) in [
+        ("11111111-1111-4111-8111-111111111111", "OrderCreated"),
+        ("11111111-1111-4111-8111-111111111111", "OrderCreated"),
+        ("22222222-2222-4222-8222-222222222222", "OrderPaid"),
+    ] {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "Switchyard-Event-Id",
+                value: Some(id),
+            })
+            .insert(Header {
+                key: "Switchyard-Event-Type",
+                value: Some(event_type),
+            })
+            .insert(Header {
+                key: "Switchyard-Aggregate-Id",
+                value: Some("order-1"),
+            });
+        let record = FutureRecord::to("orders")
+            .key("order-1")
+            .payload("{}")
+            .headers(headers);
+        producer.send(record, Duration::from_secs(10)).await.unwrap();
+    }
+
+    let path = std::env::temp_dir().join(format!("sy-inbox-{}.db", uuid::Uuid::new_v4().simple()));
+    let inbox = Inbox::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let bootstrap = kafka.bootstrap();
+    let consume = |idle| consumer::kafka::consume(&bootstrap, "orders", "view", &inbox, idle, |_, _| {});
+    let tally = consume(Duration::from_secs(3)).await.unwrap();
+    assert_eq!((tally.applied, tally.skipped), (2, 1));
+    assert_eq!(
+        inbox.events_applied("order-1").await.unwrap(),
+        2,
+        "the duplicate changed nothing"
+    );
+    // The group's committed offsets: a second run finds nothing new.
+    let again = consume(Duration::from_secs(3)).await.unwrap();
     assert_eq!((again.applied, again.skipped), (0, 0));
     let _ = std::fs::remove_file(path);
 }

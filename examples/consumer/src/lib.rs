@@ -1,13 +1,15 @@
 //! An idempotent consumer, as a service receiving Switchyard's events should
-//! be written. Delivery is at-least-once, so the consumer keeps an inbox
-//! table keyed by the event id (`Switchyard-Event-Id`) and applies an event
-//! only if inserting its id into the inbox succeeds, in the same transaction
-//! as the change it makes. A redelivered event finds its id and is skipped.
+//! be written, for NATS JetStream and for Kafka. Delivery is at-least-once,
+//! so the consumer keeps an inbox table keyed by the event id
+//! (`Switchyard-Event-Id`) and applies an event only if inserting its id into
+//! the inbox succeeds, in the same transaction as the change it makes. A
+//! redelivered event finds its id and is skipped.
 
-use std::time::Duration;
+pub mod kafka;
+pub mod nats;
 
-use async_nats::jetstream;
-use futures::StreamExt;
+use std::collections::HashMap;
+
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 
@@ -91,16 +93,6 @@ impl Inbox {
     }
 }
 
-/// A header's value, or an empty string.
-pub fn header(message: &async_nats::Message, name: &str) -> String {
-    message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(name))
-        .map(ToString::to_string)
-        .unwrap_or_default()
-}
-
 /// What one consumer run did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
@@ -110,57 +102,65 @@ pub struct Tally {
     pub skipped: usize,
 }
 
-/// Reads `stream` through a durable consumer named `durable`, applying each
-/// message via `inbox` and acking it after the commit, until the stream has
-/// been quiet for `idle`. `print` is called with each message and whether it
-/// was applied.
-///
-/// # Errors
-/// NATS or database errors.
-pub async fn consume(
-    js: &jetstream::Context,
-    stream: &str,
-    durable: &str,
-    inbox: &Inbox,
-    idle: Duration,
-    mut print: impl FnMut(&jetstream::Message, bool),
-) -> anyhow::Result<Tally> {
-    let stream = js.get_stream(stream).await?;
-    let consumer = stream
-        .get_or_create_consumer(
-            durable,
-            jetstream::consumer::pull::Config {
-                durable_name: Some(durable.to_string()),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let mut messages = consumer.messages().await?;
-    let mut tally = Tally::default();
-    while let Ok(Some(message)) = tokio::time::timeout(idle, messages.next()).await {
-        let message = message.map_err(|e| anyhow::anyhow!("{e}"))?;
-        let header = |name: &str| header(&message, name);
-        let event_id = header("Switchyard-Event-Id");
+/// One received message, whichever broker it came from.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// Where it was read: a NATS subject, or `topic/partition@offset` on Kafka.
+    pub source: String,
+    /// Message key (`Switchyard-Key` on NATS).
+    pub key: Option<String>,
+    /// Headers, first value of each.
+    pub headers: HashMap<String, String>,
+    /// Payload bytes.
+    pub payload: Vec<u8>,
+}
+
+impl Delivered {
+    /// A header's value, or an empty string.
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", String::as_str)
+    }
+
+    /// Applies the message through `inbox`, refusing one without an event id.
+    ///
+    /// # Errors
+    /// A missing event id or a database error; nothing is applied then.
+    pub async fn apply(&self, inbox: &Inbox) -> anyhow::Result<bool> {
+        let event_id = self.header("Switchyard-Event-Id");
         anyhow::ensure!(
             !event_id.is_empty(),
             "message on {} has no Switchyard-Event-Id",
-            message.subject
+            self.source
         );
-        let applied = inbox
+        inbox
             .apply(
-                &event_id,
-                &header("Switchyard-Event-Type"),
-                &header("Switchyard-Aggregate-Id"),
+                event_id,
+                self.header("Switchyard-Event-Type"),
+                self.header("Switchyard-Aggregate-Id"),
             )
-            .await?;
-        // Ack only after the inbox commit: a crash in between means a redelivery, which the inbox absorbs.
-        message.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-        print(&message, applied);
+            .await
+    }
+
+    /// One readable line plus the payload.
+    pub fn describe(&self, applied: bool) -> String {
+        format!(
+            "{source}  key={key}  event={id}  plugin={plugin}  {verdict}\n    {payload}",
+            source = self.source,
+            key = self.key.as_deref().unwrap_or(""),
+            id = self.header("Switchyard-Event-Id"),
+            plugin = self.header("Switchyard-Plugin"),
+            verdict = if applied { "applied" } else { "duplicate, skipped" },
+            payload = String::from_utf8_lossy(&self.payload),
+        )
+    }
+}
+
+impl Tally {
+    fn count(&mut self, applied: bool) {
         if applied {
-            tally.applied += 1
+            self.applied += 1;
         } else {
-            tally.skipped += 1
+            self.skipped += 1;
         }
     }
-    Ok(tally)
 }
