@@ -1,25 +1,43 @@
 #!/usr/bin/env bash
 # One command from a fresh machine with Rust to a relay publishing sample
-# order events: installs and starts PostgreSQL and NATS on loopback, builds
-# the plugins, creates the outbox, lets the sample order service write a few
-# orders, relays them to NATS JetStream and prints what a consumer received.
+# order events: installs and starts PostgreSQL, NATS and tansu (Kafka
+# protocol) on loopback, builds the plugins, creates the outbox, lets the
+# sample order service write a few orders, relays them and prints what the
+# example consumer received.
+#
+#   scripts/quickstart.sh          # examples/relay.toml: NATS JetStream
+#   scripts/quickstart.sh kafka    # examples/relay-kafka.toml: Kafka, plus new orders to a NATS audit stream
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+broker="${1:-nats}"
+case "$broker" in
+    nats) config=examples/relay.toml ;;
+    kafka) config=examples/relay-kafka.toml ;;
+    *) echo "usage: $0 [nats|kafka]" >&2; exit 2 ;;
+esac
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2
 fi
-eval "$(scripts/services.sh start)"
+# Assigned first so that a failed start stops this script (set -e).
+services_env="$(scripts/services.sh start)"
+eval "$services_env"
 export SWITCHYARD_DATABASE_URL="$DATABASE_URL"
 
 (cd plugins && cargo build --release --quiet)
-cargo build --quiet -p switchyard -p order-service -p nats-consumer
+cargo build --quiet -p switchyard -p order-service -p consumer
 bin=target/debug
 
-"$bin/switchyard" migrate --config examples/relay.toml
+if [ "$broker" = kafka ]; then
+    # The cluster does not create topics on use; a second create is refused, harmlessly.
+    "$SWITCHYARD_TANSU_BIN" topic create --broker "tcp://$SWITCHYARD_KAFKA_BOOTSTRAP" --partitions 3 orders \
+        >/dev/null 2>&1 || true
+fi
+"$bin/switchyard" migrate --config "$config"
 "$bin/order-service" --orders "${ORDERS:-5}"
 
-"$bin/switchyard" run --config examples/relay.toml &
+"$bin/switchyard" run --config "$config" &
 relay=$!
 trap 'kill $relay 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
@@ -30,7 +48,16 @@ done
 kill -TERM $relay && wait $relay || true
 trap - EXIT
 
-echo "== published to NATS stream ORDERS"
-"$bin/nats-consumer" --url "$SWITCHYARD_NATS_URL" --stream ORDERS | tail -n 30
+inbox="sqlite:///tmp/switchyard-inbox-$broker.db"
+if [ "$broker" = kafka ]; then
+    echo "== published to Kafka topic orders"
+    "$bin/consumer" kafka --bootstrap-servers "$SWITCHYARD_KAFKA_BOOTSTRAP" --topic orders --inbox "$inbox" \
+        --idle-ms 3000 | tail -n 30
+    echo "== published to NATS stream AUDIT"
+    "$bin/consumer" nats --url "$SWITCHYARD_NATS_URL" --stream AUDIT --inbox "$inbox-audit" | tail -n 12
+else
+    echo "== published to NATS stream ORDERS"
+    "$bin/consumer" nats --url "$SWITCHYARD_NATS_URL" --stream ORDERS --inbox "$inbox" | tail -n 30
+fi
 echo "== outbox"
 psql "$DATABASE_URL" -c "SELECT status, count(*) FROM switchyard_outbox GROUP BY status"

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Installs (if missing) and starts or stops the local services the tests and
-# the relay use: PostgreSQL 15 and nats-server with JetStream, as plain
-# processes on loopback. Idempotent: `start` on a running set is a no-op.
+# the relay use: PostgreSQL 15, nats-server with JetStream and tansu (a
+# Kafka-protocol broker), as plain processes on loopback. Idempotent: `start`
+# on a running set is a no-op.
 #
-#   scripts/services.sh start|stop|status|env
+#   scripts/services.sh install|start|stop|status|env
 #
-# Ports and the state directory can be moved with SWITCHYARD_PG_PORT,
-# SWITCHYARD_NATS_PORT and SWITCHYARD_STATE_DIR.
+# Ports and directories can be moved with SWITCHYARD_PG_PORT,
+# SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_STATE_DIR and
+# SWITCHYARD_TOOLS_DIR (where tansu is installed).
 set -euo pipefail
 
 STATE_DIR="${SWITCHYARD_STATE_DIR:-/tmp/switchyard-services}"
 PG_PORT="${SWITCHYARD_PG_PORT:-55432}"
 NATS_PORT="${SWITCHYARD_NATS_PORT:-54222}"
+KAFKA_PORT="${SWITCHYARD_KAFKA_PORT:-59092}"
+TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
+TANSU_BIN="$TOOLS_DIR/bin/tansu"
+TANSU_VERSION=0.6.0
 PG_BIN="${SWITCHYARD_PG_BIN:-/usr/lib/postgresql/15/bin}"
 PG_DATA="$STATE_DIR/pg"
 NATS_DIR="$STATE_DIR/nats"
+KAFKA_DIR="$STATE_DIR/kafka"
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -30,9 +37,26 @@ install_missing() {
     command -v psql >/dev/null || pkgs+=(postgresql-client-15)
     command -v nats-server >/dev/null || pkgs+=(nats-server)
     if [ ${#pkgs[@]} -gt 0 ]; then
-        echo "services: installing ${pkgs[*]}"
+        echo "services: installing ${pkgs[*]}" >&2
         apt_install "${pkgs[@]}"
     fi
+    install_tansu
+}
+
+# tansu has no Debian package: it is built from the crate registry once
+# (tens of minutes on 2 cores) and reused from $TOOLS_DIR afterwards. Its
+# default features have no storage engine; `dynostore` brings memory://.
+# opt-level 1 halves the build and is plenty for a test broker.
+install_tansu() {
+    if [ -x "$TANSU_BIN" ] && "$TANSU_BIN" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+        return 0
+    fi
+    echo "services: building tansu $TANSU_VERSION into $TOOLS_DIR (once; this takes a while)" >&2
+    local started=$SECONDS
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=0 \
+        cargo install --quiet --root "$TOOLS_DIR" tansu --version "$TANSU_VERSION" \
+        --features dynostore --locked >&2
+    echo "services: tansu built in $((SECONDS - started)) s" >&2
 }
 
 # PostgreSQL refuses to run as root: run it as the `postgres` user when root.
@@ -93,31 +117,66 @@ nats_stop() {
     rm -f "$NATS_DIR/nats.pid"
 }
 
+kafka_running() {
+    [ -f "$KAFKA_DIR/tansu.pid" ] && kill -0 "$(cat "$KAFKA_DIR/tansu.pid")" 2>/dev/null
+}
+
+kafka_start() {
+    mkdir -p "$KAFKA_DIR"
+    kafka_running && return 0
+    local url="tcp://127.0.0.1:$KAFKA_PORT"
+    RUST_LOG=warn nohup "$TANSU_BIN" broker --listener-url "$url" --advertised-listener-url "$url" \
+        --storage-engine memory://tansu/ >"$KAFKA_DIR/tansu.log" 2>&1 &
+    echo $! >"$KAFKA_DIR/tansu.pid"
+    for _ in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "services: tansu did not start, see $KAFKA_DIR/tansu.log" >&2
+    return 1
+}
+
+kafka_stop() {
+    if kafka_running; then
+        kill "$(cat "$KAFKA_DIR/tansu.pid")"
+        for _ in $(seq 1 50); do kafka_running || break; sleep 0.1; done
+    fi
+    rm -f "$KAFKA_DIR/tansu.pid"
+}
+
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     echo "export SWITCHYARD_NATS_URL=nats://127.0.0.1:$NATS_PORT"
+    echo "export SWITCHYARD_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT"
+    echo "export SWITCHYARD_TANSU_BIN=$TANSU_BIN"
 }
 
 case "${1:-}" in
+    install)
+        install_missing
+        ;;
     start)
         install_missing
         pg_start
         nats_start
+        kafka_start
         print_env
         ;;
     stop)
+        kafka_stop
         nats_stop
         pg_stop
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
         if nats_running; then echo "nats-server running (pid $(cat "$NATS_DIR/nats.pid"))"; else echo "nats-server stopped"; fi
+        if kafka_running; then echo "tansu running (pid $(cat "$KAFKA_DIR/tansu.pid"))"; else echo "tansu stopped"; fi
         ;;
     env)
         print_env
         ;;
     *)
-        echo "usage: $0 start|stop|status|env" >&2
+        echo "usage: $0 install|start|stop|status|env" >&2
         exit 2
         ;;
 esac

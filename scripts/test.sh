@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine with Rust: installs what is
-# missing (apt packages, the wasm32-wasip2 target), starts PostgreSQL and
-# nats-server on loopback, builds the example plugins and runs every test.
+# missing (apt packages, the wasm32-wasip2 target, the tansu broker), starts
+# PostgreSQL, nats-server and tansu on loopback, builds the example plugins
+# and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,7 +10,9 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2
 fi
 
-eval "$(scripts/services.sh start)"
+# Assigned first so that a failed start stops this script (set -e).
+services_env="$(scripts/services.sh start)"
+eval "$services_env"
 
 echo "== plugins (wasm32-wasip2)"
 (cd plugins && cargo build --release --quiet)
