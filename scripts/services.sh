@@ -92,56 +92,44 @@ pg_stop() {
     fi
 }
 
-nats_running() {
-    [ -f "$NATS_DIR/nats.pid" ] && kill -0 "$(cat "$NATS_DIR/nats.pid")" 2>/dev/null
+# Processes tracked by a pid file: running?, wait for the port, stop.
+pid_running() {
+    [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+wait_port() { # port name log
+    for _ in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "services: $2 did not start, see $3" >&2
+    return 1
+}
+
+pid_stop() {
+    if pid_running "$1"; then
+        kill "$(cat "$1")"
+        for _ in $(seq 1 50); do pid_running "$1" || break; sleep 0.1; done
+    fi
+    rm -f "$1"
 }
 
 nats_start() {
     mkdir -p "$NATS_DIR"
-    nats_running && return 0
+    pid_running "$NATS_DIR/nats.pid" && return 0
     nohup nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$NATS_DIR/js" \
         -P "$NATS_DIR/nats.pid" -l "$NATS_DIR/nats.log" >/dev/null 2>&1 &
-    for _ in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$NATS_PORT") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "services: nats-server did not start, see $NATS_DIR/nats.log" >&2
-    return 1
-}
-
-nats_stop() {
-    if nats_running; then
-        kill "$(cat "$NATS_DIR/nats.pid")"
-        for _ in $(seq 1 50); do nats_running || break; sleep 0.1; done
-    fi
-    rm -f "$NATS_DIR/nats.pid"
-}
-
-kafka_running() {
-    [ -f "$KAFKA_DIR/tansu.pid" ] && kill -0 "$(cat "$KAFKA_DIR/tansu.pid")" 2>/dev/null
+    wait_port "$NATS_PORT" nats-server "$NATS_DIR/nats.log"
 }
 
 kafka_start() {
     mkdir -p "$KAFKA_DIR"
-    kafka_running && return 0
+    pid_running "$KAFKA_DIR/tansu.pid" && return 0
     local url="tcp://127.0.0.1:$KAFKA_PORT"
     RUST_LOG=warn nohup "$TANSU_BIN" broker --listener-url "$url" --advertised-listener-url "$url" \
         --storage-engine memory://tansu/ >"$KAFKA_DIR/tansu.log" 2>&1 &
     echo $! >"$KAFKA_DIR/tansu.pid"
-    for _ in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "services: tansu did not start, see $KAFKA_DIR/tansu.log" >&2
-    return 1
-}
-
-kafka_stop() {
-    if kafka_running; then
-        kill "$(cat "$KAFKA_DIR/tansu.pid")"
-        for _ in $(seq 1 50); do kafka_running || break; sleep 0.1; done
-    fi
-    rm -f "$KAFKA_DIR/tansu.pid"
+    wait_port "$KAFKA_PORT" tansu "$KAFKA_DIR/tansu.log"
 }
 
 print_env() {
@@ -163,14 +151,16 @@ case "${1:-}" in
         print_env
         ;;
     stop)
-        kafka_stop
-        nats_stop
+        pid_stop "$KAFKA_DIR/tansu.pid"
+        pid_stop "$NATS_DIR/nats.pid"
         pg_stop
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        if nats_running; then echo "nats-server running (pid $(cat "$NATS_DIR/nats.pid"))"; else echo "nats-server stopped"; fi
-        if kafka_running; then echo "tansu running (pid $(cat "$KAFKA_DIR/tansu.pid"))"; else echo "tansu stopped"; fi
+        for service in "nats-server:$NATS_DIR/nats.pid" "tansu:$KAFKA_DIR/tansu.pid"; do
+            pidfile="${service#*:}"
+            if pid_running "$pidfile"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
+        done
         ;;
     env)
         print_env

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 /// Where `scripts/services.sh` installs tansu, unless `SWITCHYARD_TANSU_BIN` says otherwise.
@@ -191,26 +191,16 @@ fn read_blocking(bootstrap: &str, topic: &str, expected: usize, limit: Duration)
             break;
         }
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(message)) => out.push(KafkaReceived {
-                partition: message.partition(),
-                offset: message.offset(),
-                key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                headers: message
-                    .headers()
-                    .map(|headers| {
-                        headers
-                            .iter()
-                            .map(|h| {
-                                (
-                                    h.key.to_string(),
-                                    String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                payload: message.payload().unwrap_or_default().to_vec(),
-            }),
+            Some(Ok(message)) => {
+                let view = consumer::kafka::delivered(&message);
+                out.push(KafkaReceived {
+                    partition: message.partition(),
+                    offset: message.offset(),
+                    key: view.key,
+                    headers: view.headers,
+                    payload: view.payload,
+                });
+            }
             Some(Err(e)) => panic!("consume {topic}: {e}"),
             None => {}
         }
