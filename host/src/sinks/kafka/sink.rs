@@ -22,15 +22,15 @@ struct LogContext {
 impl ClientContext for LogContext {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         let target = self.target.as_str();
+        // librdkafka's own "error" lines (connection refused, broker down)
+        // are recovered from by retrying: WARN. ERROR is kept for what it
+        // cannot recover from.
         match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical => {
                 tracing::error!(sink.name = target, kafka.facility = facility, "{message}");
             }
-            RDKafkaLogLevel::Warning => {
-                tracing::warn!(sink.name = target, kafka.facility = facility, "{message}")
+            RDKafkaLogLevel::Error | RDKafkaLogLevel::Warning => {
+                tracing::warn!(sink.name = target, kafka.facility = facility, "{message}");
             }
             RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 tracing::info!(sink.name = target, kafka.facility = facility, "{message}");
@@ -195,7 +195,7 @@ pub fn classify(error: &KafkaError) -> SinkError {
         )
     );
     let text = match code {
-        Some(code) => format!("Kafka refused the message: {code} ({code:?})"),
+        Some(code) => format!("Kafka refused the message: {code}"),
         None => format!("Kafka refused the message: {error}"),
     };
     if permanent {
