@@ -58,13 +58,22 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let relay = build(&config).await?;
     let shutdown = CancellationToken::new();
+    let admin = if config.admin.listen.is_empty() {
+        None
+    } else {
+        Some(crate::admin::serve(&config.admin.listen, relay.clone(), shutdown.clone()).await?)
+    };
     let signal = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("Shutdown requested; no new batches will be claimed.");
         signal.cancel();
     });
-    relay.run(shutdown).await
+    let result = relay.run(shutdown).await;
+    if let Some(admin) = admin {
+        admin.stopped().await;
+    }
+    result
 }
 
 async fn wait_for_signal() {

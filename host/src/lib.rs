@@ -16,10 +16,12 @@
 #![warn(missing_docs, clippy::all)]
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod metrics;
 pub mod plugin;
 pub mod relay;
 pub mod router;

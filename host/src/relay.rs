@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::{RelayConfig, UnmatchedPolicy};
+use crate::metrics::{FailureLabels, Metrics, PluginLabel, TargetLabel};
 use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins};
 use crate::router::{self, Limits, Routed};
 use crate::sinks::{SinkError, Sinks};
@@ -40,6 +41,7 @@ struct Inner {
     config: RelayConfig,
     owner: String,
     limits: Limits,
+    metrics: Metrics,
 }
 
 /// What one batch did, for logs and tests.
@@ -68,9 +70,11 @@ impl Relay {
             max_message_bytes: config.max_message_bytes,
             max_messages_per_event: MAX_MESSAGES_PER_EVENT,
         };
+        let metrics = Metrics::new(Some(plugins.clone()));
         Relay {
             inner: Arc::new(Inner {
                 watcher: None,
+                metrics,
                 store,
                 plugins,
                 sinks,
@@ -98,6 +102,21 @@ impl Relay {
     /// The plugins this relay routes with (for status and tests).
     pub fn plugins(&self) -> &Plugins {
         &self.inner.plugins
+    }
+
+    /// This relay's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The outbox store.
+    pub fn store(&self) -> &OutboxStore {
+        &self.inner.store
+    }
+
+    /// The targets.
+    pub fn sinks(&self) -> &Sinks {
+        &self.inner.sinks
     }
 
     /// The lease owner name of this instance.
@@ -215,6 +234,7 @@ impl Relay {
             claimed: claim.rows.len(),
             ..BatchReport::default()
         };
+        inner.metrics.batch_size.observe(claim.rows.len() as f64);
         let lease = claim.lease;
         let deadline = claim.deadline;
         let routed = self.route_all(claim.rows, deadline).await;
@@ -277,6 +297,24 @@ impl Relay {
         });
         for (target, outcome) in join_all(sends).await {
             let failed: Vec<&SinkError> = outcome.iter().filter_map(|r| r.as_ref().err()).collect();
+            let metrics = &inner.metrics;
+            let label = TargetLabel {
+                target: target.clone(),
+            };
+            metrics
+                .published
+                .get_or_create(&label)
+                .inc_by((outcome.len() - failed.len()) as u64);
+            for error in &failed {
+                let error = if error.retryable { "retryable" } else { "permanent" };
+                metrics
+                    .failed
+                    .get_or_create(&FailureLabels {
+                        target: target.clone(),
+                        error,
+                    })
+                    .inc();
+            }
             if let Some(first) = failed.first() {
                 // One line per target and batch: the per-row state is in `deliveries`.
                 warn!(
@@ -347,10 +385,35 @@ impl Relay {
                     (outcome, version)
                 }
             };
+            let plugin = inner
+                .plugins
+                .select(&row.row.aggregate_type, &row.row.event_type)
+                .map_or("none", |index| {
+                    inner.plugins.slots()[index].config().name.as_str()
+                });
+            let metrics = &inner.metrics;
+            metrics
+                .claimed
+                .get_or_create(&PluginLabel {
+                    plugin: plugin.to_string(),
+                })
+                .inc();
             match &outcome {
-                Outcome::Published => report.published += 1,
-                Outcome::Retry { .. } | Outcome::Defer { .. } => report.retried += 1,
-                Outcome::Dead { .. } => report.dead += 1,
+                Outcome::Published => {
+                    report.published += 1;
+                    let dropped = deliveries.is_empty();
+                    metrics.event(if dropped { "dropped" } else { "published" }, plugin);
+                    let age_ms = chrono::Utc::now().timestamp_millis() - row.row.created_at_ms;
+                    metrics.commit_to_publish.observe(age_ms.max(0) as f64 / 1000.0);
+                }
+                Outcome::Retry { .. } | Outcome::Defer { .. } => {
+                    report.retried += 1;
+                    metrics.event("retried", plugin);
+                }
+                Outcome::Dead { .. } => {
+                    report.dead += 1;
+                    metrics.event("dead_lettered", plugin);
+                }
             }
             if let Outcome::Dead { error }
             | Outcome::Retry { error, .. }
@@ -505,7 +568,15 @@ impl Relay {
                     }
                 },
             };
+            let started = Instant::now();
             let (result, instance) = version.route(instance, &event);
+            inner
+                .metrics
+                .plugin_call
+                .get_or_create(&PluginLabel {
+                    plugin: version.name().to_string(),
+                })
+                .observe(started.elapsed().as_secs_f64());
             if let Some(instance) = instance {
                 instances.insert(slot_index, instance);
             }

@@ -10,6 +10,21 @@ pub fn server_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:55432/postgres".to_string())
 }
 
+/// A one-connection pool on the server's default database, for admin statements.
+///
+/// # Panics
+/// When PostgreSQL is not reachable: start it with `scripts/services.sh start`.
+pub async fn server_pool() -> PgPool {
+    let server = server_url();
+    PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("PostgreSQL at {server} is not reachable ({e}); run scripts/services.sh start")
+        })
+}
+
 /// A database created for one test.
 pub struct TestDb {
     /// Pool on the new database.
@@ -27,13 +42,7 @@ pub struct TestDb {
 /// When PostgreSQL is not reachable: start it with `scripts/services.sh start`.
 pub async fn fresh_db() -> TestDb {
     let server = server_url();
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&server)
-        .await
-        .unwrap_or_else(|e| {
-            panic!("PostgreSQL at {server} is not reachable ({e}); run scripts/services.sh start")
-        });
+    let admin = server_pool().await;
     let name = format!("sy_{}", uuid::Uuid::new_v4().simple());
     admin
         .execute(format!("CREATE DATABASE {name}").as_str())

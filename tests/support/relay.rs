@@ -176,6 +176,12 @@ impl Process {
     pub fn spawn(binary: &str, config: &str, instance_id: &str) -> Process {
         let path = std::env::temp_dir().join(format!("sy-relay-{}.toml", uuid::Uuid::new_v4().simple()));
         let config = config.replacen("[relay]", &format!("[relay]\ninstance_id = \"{instance_id}\""), 1);
+        // Several processes run at once: each takes a free admin port.
+        let config = if config.contains("[admin]") {
+            config
+        } else {
+            format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\n")
+        };
         std::fs::write(&path, config).expect("write config");
         let child = Command::new(binary)
             .args(["run", "--config"])

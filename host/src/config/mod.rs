@@ -59,6 +59,31 @@ pub struct Config {
     /// Hot reload and the compiled-plugin cache.
     #[serde(default)]
     pub plugin_runtime: PluginRuntimeConfig,
+    /// The admin HTTP endpoint (metrics, health, readiness).
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// `[admin]`: where `/metrics`, `/healthz` and `/readyz` are served.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `host:port`; loopback by default. Empty turns the endpoint off; port 0
+    /// picks a free port (logged at startup).
+    #[serde(default = "default_admin_listen")]
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: default_admin_listen(),
+        }
+    }
+}
+
+fn default_admin_listen() -> String {
+    "127.0.0.1:9187".to_string()
 }
 
 /// Hot reload and compiled-component caching.

@@ -159,6 +159,12 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         }
     }
 
+    let listen = &config.admin.listen;
+    check(
+        listen.is_empty() || listen.parse::<std::net::SocketAddr>().is_ok(),
+        format!("admin.listen {listen:?} must be ip:port (e.g. 127.0.0.1:9187) or empty to turn it off"),
+    );
+
     if problems.is_empty() {
         Ok(())
     } else {

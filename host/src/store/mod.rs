@@ -167,6 +167,44 @@ impl OutboxStore {
         })
     }
 
+    /// Rows pending or in flight, and the age in seconds of the oldest of them.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn backlog(&self) -> Result<(i64, Option<f64>), Error> {
+        Ok(match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT count(*), EXTRACT(EPOCH FROM now() - min(created_at))::float8
+                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')",
+                )
+                .fetch_one(pool)
+                .await?
+            }
+            Backend::Sqlite(pool) => {
+                sqlx::query_as(
+                    "SELECT count(*),
+                            (CAST(unixepoch('subsec') * 1000 AS INTEGER) - min(created_at)) / 1000.0
+                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')",
+                )
+                .fetch_one(pool)
+                .await?
+            }
+        })
+    }
+
+    /// Whether the database answers a trivial query.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn ping(&self) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
+            Backend::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
+        }
+        Ok(())
+    }
+
     /// Claims up to `limit` rows for `owner`, leased for `lease`: at most one
     /// per aggregate, each the oldest unfinished row of its aggregate.
     ///
