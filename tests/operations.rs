@@ -18,17 +18,26 @@ fn sample(metrics: &str, series: &str) -> f64 {
         .map_or(0.0, |value| value.trim().parse().expect("sample value"))
 }
 
+/// The example relay, with its admin endpoint on a free port.
+async fn start_with_admin(
+    db: &str,
+    nats: &str,
+) -> (InProcess, switchyard::admin::AdminServer, CancellationToken) {
+    let relay = InProcess::start(&parse(&example_config(&Settings::new(db, nats)))).await;
+    let stop = CancellationToken::new();
+    let admin = switchyard::admin::serve("127.0.0.1:0", relay.relay.clone(), stop.clone())
+        .await
+        .unwrap();
+    (relay, admin, stop)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_what_was_published() {
     init_logging();
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream("ORDERS", &["orders.>"]).await;
-    let relay = InProcess::start(&parse(&example_config(&Settings::new(&db.url, &nats.url())))).await;
-    let stop = CancellationToken::new();
-    let admin = switchyard::admin::serve("127.0.0.1:0", relay.relay.clone(), stop.clone())
-        .await
-        .unwrap();
+    let (relay, admin, stop) = start_with_admin(&db.url, &nats.url()).await;
 
     write_orders(&db.pool, 30, 10, 3).await;
     sqlx::query("INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('invoice', 'i-1', 'InvoiceSent', '{}')")
@@ -109,11 +118,7 @@ async fn readyz_follows_the_database_and_the_targets() {
     let db = fresh_db().await;
     let mut nats = NatsServer::start().await;
     nats.create_stream("ORDERS", &["orders.>"]).await;
-    let relay = InProcess::start(&parse(&example_config(&Settings::new(&db.url, &nats.url())))).await;
-    let stop = CancellationToken::new();
-    let admin = switchyard::admin::serve("127.0.0.1:0", relay.relay.clone(), stop.clone())
-        .await
-        .unwrap();
+    let (relay, admin, stop) = start_with_admin(&db.url, &nats.url()).await;
     let readyz = || async {
         let (status, body) = http_get(admin.local_addr, "/readyz").await;
         (
