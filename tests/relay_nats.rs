@@ -153,12 +153,17 @@ async fn two_relay_processes_share_a_table_and_survive_a_kill() {
     let config = example_config(&settings);
     let expected = write_orders(&db.pool, 200, 50, 8).await;
 
-    let mut b = Process::spawn(RELAY_BIN, &config, "relay-b");
+    // A starts first so that it meets a full backlog: started after B, it
+    // could find B had drained most of it and never be caught holding leases.
+    let mut b = None;
     // Kill A while it holds leases mid-stream. If A happens to hold none at
     // the instant of the kill, start another A and try again.
     let mut orphaned = 0;
     for _ in 0..5 {
         let mut a = Process::spawn(RELAY_BIN, &config, "relay-a");
+        if b.is_none() {
+            b = Some(Process::spawn(RELAY_BIN, &config, "relay-b"));
+        }
         let held_by_a = || async {
             sqlx::query_scalar::<_, i64>(
                 "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
@@ -181,7 +186,9 @@ async fn two_relay_processes_share_a_table_and_survive_a_kill() {
     }
     assert!(orphaned > 0, "relay-a was never killed holding leases");
     all_published(&db.pool, 10_000, Duration::from_secs(180)).await;
-    b.terminate();
+    if let Some(mut b) = b {
+        b.terminate();
+    }
 
     let taken_over: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
         .fetch_one(&db.pool)
