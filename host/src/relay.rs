@@ -334,11 +334,21 @@ impl Relay {
 
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let mut outcomes = Vec::with_capacity(routed.len());
+        // Failures before any target was tried (plugin trap, time limit, refusal).
+        let mut unrouted = 0usize;
+        let mut first_unrouted: Option<String> = None;
+        let mut first_dead: Option<String> = None;
         for (row, row_results) in routed.into_iter().zip(results) {
             let attempts = u32::try_from(row.row.attempts).unwrap_or(u32::MAX);
             let mut deliveries = row.row.deliveries.clone();
             let (outcome, version) = match row.state {
-                RowState::Failed { outcome, version } => (outcome, version),
+                RowState::Failed { outcome, version } => {
+                    if let Outcome::Retry { error, .. } = &outcome {
+                        unrouted += 1;
+                        first_unrouted.get_or_insert_with(|| error.clone());
+                    }
+                    (outcome, version)
+                }
                 RowState::Routed { messages, version } => {
                     let mut permanent = None;
                     let mut retryable = None;
@@ -410,8 +420,9 @@ impl Relay {
                     report.retried += 1;
                     metrics.event("retried", plugin);
                 }
-                Outcome::Dead { .. } => {
+                Outcome::Dead { error } => {
                     report.dead += 1;
+                    first_dead.get_or_insert_with(|| error.clone());
                     metrics.event("dead_lettered", plugin);
                 }
             }
@@ -436,8 +447,11 @@ impl Relay {
                 "Leases expired before the ack; those rows will be delivered again."
             );
         }
-        if report.dead > 0 {
-            warn!(dead = report.dead, "Rows dead-lettered.");
+        if let Some(error) = first_unrouted {
+            warn!(rows = unrouted, %error, "Rows failed before publishing; they will be retried.");
+        }
+        if let Some(error) = first_dead {
+            warn!(dead = report.dead, %error, "Rows dead-lettered.");
         }
         debug!(
             batch.size = report.claimed,
