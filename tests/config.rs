@@ -68,6 +68,9 @@ properties = { "bootstrap.servers" = "elsewhere:9092" }
 type = "kafka"
 bootstrap_servers = "127.0.0.1:9092"
 properties = { "acks" = "all", "linger.milliseconds" = "5" }
+[retention]
+published_max_age_seconds = 0
+batch_size = 0
 "#;
     let Err(LoadError::Invalid(problems)) = Config::from_toml(text, Path::new("."), &|_| None) else {
         panic!("expected validation problems");
@@ -84,8 +87,21 @@ properties = { "acks" = "all", "linger.milliseconds" = "5" }
         "targets.k: properties may not set \"bootstrap.servers\"",
         "targets.k2: properties: ",
         "linger.milliseconds",
+        "retention.published_max_age_seconds must be at least 1",
+        "retention.batch_size must be between 1 and 100000",
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn an_unknown_retention_mode_is_named() {
+    let text = "[database]\nurl = \"postgres://x/y\"\n[retention]\npublished_max_age_seconds = 60\nmode = \"shred\"\n";
+    match Config::from_toml(text, Path::new("."), &|_| None) {
+        Err(LoadError::Parse(message)) => {
+            assert!(message.contains("shred") && message.contains("archive"), "{message}")
+        }
+        other => panic!("expected a parse error, got {other:?}"),
     }
 }
 

@@ -69,7 +69,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!("Shutdown requested; no new batches will be claimed.");
         signal.cancel();
     });
+    let retention = config.retention.clone().map(|retention| {
+        tokio::spawn(crate::retention::run(
+            relay.store().clone(),
+            retention,
+            relay.metrics().clone(),
+            shutdown.clone(),
+        ))
+    });
     let result = relay.run(shutdown).await;
+    if let Some(retention) = retention {
+        let _ = retention.await;
+    }
     if let Some(admin) = admin {
         admin.stopped().await;
     }

@@ -38,6 +38,15 @@ pub mod names {
     pub const PLUGIN_RELOADS: &str = "switchyard_plugin_reloads";
     /// Plugin files refused on reload.
     pub const PLUGIN_RELOADS_REJECTED: &str = "switchyard_plugin_reloads_rejected";
+    /// Published rows removed by retention, by mode (`delete` or `archive`).
+    pub const RETENTION_ROWS: &str = "switchyard_retention_rows";
+}
+
+/// `mode` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    /// `delete` or `archive`.
+    pub mode: &'static str,
 }
 
 /// `plugin` label.
@@ -104,6 +113,8 @@ pub struct Metrics {
     pub plugin_call: HistogramFamily<PluginLabel>,
     /// Backlog rows (set at scrape).
     pub backlog: Gauge,
+    /// Rows removed by retention, by mode.
+    pub retention: Family<ModeLabel, Counter>,
     /// Oldest unfinished row's age in seconds (set at scrape).
     pub oldest_pending_age: Gauge<f64, AtomicU64>,
 }
@@ -123,6 +134,7 @@ impl Metrics {
             plugin_call: Family::new_with_constructor(call_histogram),
             backlog: Gauge::default(),
             oldest_pending_age: Gauge::default(),
+            retention: Family::default(),
         };
         use names::*;
         registry.register(
@@ -165,6 +177,11 @@ impl Metrics {
             OLDEST_PENDING_AGE,
             "Age of the oldest pending or in-flight row",
             metrics.oldest_pending_age.clone(),
+        );
+        registry.register(
+            RETENTION_ROWS,
+            "Published rows removed by retention, by mode",
+            metrics.retention.clone(),
         );
         if let Some(plugins) = plugins {
             registry.register_collector(Box::new(ReloadCollector { plugins }));

@@ -62,6 +62,38 @@ pub struct Config {
     /// The admin HTTP endpoint (metrics, health, readiness).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// What happens to published rows after a while. Without this section
+    /// they stay in the outbox for ever.
+    #[serde(default)]
+    pub retention: Option<RetentionConfig>,
+}
+
+/// `[retention]`: published rows older than `published_max_age_seconds` are
+/// deleted or archived by every running relay, a bounded batch at a time.
+/// Dead letters are never touched (they wait for `dlq replay` or `dlq purge`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Age after publication, in seconds, at which a row goes.
+    pub published_max_age_seconds: u64,
+    /// `delete`, or `archive` to move rows to `switchyard_outbox_archive`.
+    #[serde(default)]
+    pub mode: crate::store::RetentionMode,
+    /// Seconds between retention passes.
+    #[serde(default = "default_retention_interval_seconds")]
+    pub interval_seconds: u64,
+    /// Rows per statement: each batch is its own short transaction, so
+    /// retention never holds many locks or long ones.
+    #[serde(default = "default_retention_batch_size")]
+    pub batch_size: u32,
+}
+
+const fn default_retention_interval_seconds() -> u64 {
+    60
+}
+
+const fn default_retention_batch_size() -> u32 {
+    1000
 }
 
 /// `[admin]`: where `/metrics`, `/healthz` and `/readyz` are served.

@@ -37,6 +37,21 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         "database.max_connections must be at least 2".into(),
     );
 
+    if let Some(retention) = &config.retention {
+        check(
+            retention.published_max_age_seconds >= 1,
+            "retention.published_max_age_seconds must be at least 1".into(),
+        );
+        check(
+            retention.interval_seconds >= 1,
+            "retention.interval_seconds must be at least 1".into(),
+        );
+        check(
+            (1..=100_000).contains(&retention.batch_size),
+            "retention.batch_size must be between 1 and 100000".into(),
+        );
+    }
+
     let relay = &config.relay;
     check(
         relay.batch_size >= 1,

@@ -16,6 +16,7 @@
 
 mod ack;
 mod claim;
+mod ops;
 mod row;
 mod sqlite;
 
@@ -31,6 +32,7 @@ use sqlx::sqlite::{
 
 pub use ack::{Outcome, RowOutcome};
 pub use claim::Claim;
+pub use ops::{DeadLetterFilter, OutboxEntry, OutboxStats, RetentionMode};
 pub use row::{Delivery, DeliveryKey, LeaseId, OutboxRow, RowId};
 
 /// The PostgreSQL outbox migrations, embedded in the binary.
