@@ -1,6 +1,8 @@
 //! The admin HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the
-//! process answers) and `/readyz` (database reachable, every target's health
-//! check passing, every plugin loaded).
+//! process answers), `/readyz` (database reachable, every target's health
+//! check passing, every plugin loaded) and `/status` (plugins with their
+//! versions and last reload, targets with their health: what `switchyard
+//! status` shows next to the outbox counts).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,7 +13,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::relay::Relay;
@@ -47,6 +49,7 @@ pub async fn serve(listen: &str, relay: Relay, shutdown: CancellationToken) -> a
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/status", get(status))
         .with_state(relay);
     let handle = tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -56,7 +59,7 @@ pub async fn serve(listen: &str, relay: Relay, shutdown: CancellationToken) -> a
             tracing::warn!(error = %e, "Admin endpoint stopped.");
         }
     });
-    tracing::info!(%local_addr, "Admin endpoint listening (/metrics, /healthz, /readyz).");
+    tracing::info!(%local_addr, "Admin endpoint listening (/metrics, /healthz, /readyz, /status).");
     Ok(AdminServer { local_addr, handle })
 }
 
@@ -145,4 +148,149 @@ async fn readyz(State(relay): State<Relay>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, axum::Json(readiness)).into_response()
+}
+
+/// The `/status` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RelayStatus {
+    /// This relay's lease owner name.
+    pub owner: String,
+    /// Same as `/readyz`.
+    pub ready: bool,
+    /// `ok` or the database error.
+    pub database: String,
+    /// Every configured plugin, in match order.
+    pub plugins: Vec<PluginStatus>,
+    /// Every configured target.
+    pub targets: Vec<TargetStatus>,
+}
+
+/// One plugin in [`RelayStatus`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PluginStatus {
+    /// Name from the config.
+    pub name: String,
+    /// The component file.
+    pub path: String,
+    /// Content hash of the version serving now; `None` while unloaded.
+    pub version: Option<String>,
+    /// Versions that went live after startup.
+    pub reloads: u64,
+    /// Files refused since startup.
+    pub rejected: u64,
+    /// The latest load attempt.
+    pub last_reload: LastReload,
+}
+
+/// How the latest load attempt of a plugin file ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LastReload {
+    /// When (RFC 3339).
+    pub at: String,
+    /// `loaded`, `rejected` or `unloaded`.
+    pub result: String,
+    /// The version that went live, for `loaded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Why the file was refused, for `rejected`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One target in [`RelayStatus`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TargetStatus {
+    /// Name from the config.
+    pub name: String,
+    /// `nats`, `kafka`, `stdout` or `file`.
+    pub kind: String,
+    /// The health check passed.
+    pub healthy: bool,
+    /// The health check's error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Collects [`RelayStatus`] (runs the same checks as `/readyz`).
+pub async fn relay_status(relay: &Relay) -> RelayStatus {
+    let readiness = readiness(relay).await;
+    let plugins = relay
+        .plugins()
+        .slots()
+        .iter()
+        .map(|slot| {
+            let (at, result) = slot.last_result();
+            let (result, version, reason) = match result {
+                crate::plugin::ReloadResult::Loaded { version } => ("loaded", Some(version), None),
+                crate::plugin::ReloadResult::Rejected { reason } => ("rejected", None, Some(reason)),
+                crate::plugin::ReloadResult::Unloaded => ("unloaded", None, None),
+            };
+            PluginStatus {
+                name: slot.config().name.clone(),
+                path: slot.config().path.display().to_string(),
+                version: slot.current().map(|v| v.version().to_string()),
+                reloads: slot.reloads(),
+                rejected: slot.rejected(),
+                last_reload: LastReload {
+                    at: at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    result: result.to_string(),
+                    version,
+                    reason,
+                },
+            }
+        })
+        .collect();
+    let targets = readiness
+        .targets
+        .iter()
+        .map(|(name, state)| TargetStatus {
+            name: name.clone(),
+            kind: relay
+                .sinks()
+                .get(name)
+                .map_or("unknown", |s| s.kind())
+                .to_string(),
+            healthy: state == "ok",
+            error: (state != "ok").then(|| state.trim_start_matches("error: ").to_string()),
+        })
+        .collect();
+    RelayStatus {
+        owner: relay.owner().to_string(),
+        ready: readiness.ready,
+        database: readiness.database,
+        plugins,
+        targets,
+    }
+}
+
+async fn status(State(relay): State<Relay>) -> Response {
+    axum::Json(relay_status(&relay).await).into_response()
+}
+
+/// Fetches `/status` from a relay's admin endpoint at `addr` (`host:port`).
+///
+/// # Errors
+/// Nothing listens there, the answer is not a status, or it took over 10 s.
+pub async fn fetch_status(addr: &str) -> anyhow::Result<RelayStatus> {
+    use http_body_util::BodyExt;
+    let fetch = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let request = axum::http::Request::get("/status")
+            .header(header::HOST, addr)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let response = sender.send_request(request).await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "the admin endpoint answered {}",
+            response.status()
+        );
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok::<_, anyhow::Error>(serde_json::from_slice(&body)?)
+    };
+    tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer in 10 s"))?
 }

@@ -11,7 +11,10 @@ use crate::config::Config;
 use crate::store::OutboxStore;
 use crate::telemetry::LogFormat;
 
+mod ops;
 mod plugin;
+
+pub use ops::DlqCommand;
 
 /// Switchyard: relays outbox rows through WebAssembly routing plugins to NATS and Kafka.
 #[derive(Debug, Parser)]
@@ -63,6 +66,22 @@ pub enum Command {
     /// Check or dry-run a routing plugin.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Backlog, retries and dead letters from the database; plugins and
+    /// target health from the running relay's admin endpoint.
+    Status {
+        /// Where the outbox is.
+        #[command(flatten)]
+        database: ops::Database,
+        /// The relay's admin address (default: `[admin] listen` from --config).
+        #[arg(long, value_name = "HOST:PORT")]
+        admin: Option<String>,
+        /// JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect, replay and purge dead letters.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
 }
 
 /// `switchyard plugin ...`
@@ -122,7 +141,7 @@ pub fn main() -> ExitCode {
         }
     };
     match runtime.block_on(dispatch(cli.command)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
@@ -130,8 +149,21 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<()> {
+async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
+        Command::Status {
+            database,
+            admin,
+            json,
+        } => ops::status(database, admin, json).await,
+        Command::Dlq(command) => ops::dlq(command).await,
+        command => dispatch_unit(command).await.map(|()| ExitCode::SUCCESS),
+    }
+}
+
+async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Status { .. } | Command::Dlq(_) => unreachable!("dispatched above"),
         Command::Run { config } => crate::app::run(Config::load(&config)?).await,
         Command::Validate { config } => {
             Config::load(&config)?;

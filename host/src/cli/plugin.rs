@@ -188,7 +188,7 @@ fn test(config: &PluginConfig, events: Vec<Result<Event, String>>) -> anyhow::Re
         let took = started.elapsed();
         match result {
             Ok(messages) if messages.is_empty() => println!("  dropped on purpose (no messages) [{took:?}]"),
-            Ok(messages) => match router::assemble(&event, messages, &label, &limits, &|_| true) {
+            Ok(messages) => match router::assemble(&event, messages, &label, &limits, &|_| true, None) {
                 Ok(routed) => {
                     for message in routed {
                         let m = &message.message;

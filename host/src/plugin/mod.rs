@@ -183,7 +183,7 @@ impl PluginEngine {
         let engine = &self.optimized.engine;
         let component = Component::new(engine, &bytes).map_err(|e| LoadError::Compile {
             path: path.to_path_buf(),
-            reason: format!("{e:#}"),
+            reason: one_line(&format!("{e:#}")),
         })?;
         let compile_time = started.elapsed();
         let component_type = component.component_type();
@@ -197,7 +197,7 @@ impl PluginEngine {
             .collect();
         let contract = |e: wasmtime::Error| LoadError::Contract {
             path: path.to_path_buf(),
-            reason: format!("{e:#}"),
+            reason: one_line(&format!("{e:#}")),
         };
         let instance_pre = self
             .optimized
@@ -245,11 +245,11 @@ impl PluginEngine {
         let version = content_hash(bytes);
         let component = Component::new(&compiler.engine, bytes).map_err(|e| LoadError::Compile {
             path: config.path.clone(),
-            reason: format!("{e:#}"),
+            reason: one_line(&format!("{e:#}")),
         })?;
         let contract = |e: wasmtime::Error| LoadError::Contract {
             path: config.path.clone(),
-            reason: format!("{e:#}"),
+            reason: one_line(&format!("{e:#}")),
         };
         let instance_pre = compiler.linker.instantiate_pre(&component).map_err(contract)?;
         let pre = RouterPre::new(instance_pre).map_err(contract)?;
@@ -432,6 +432,12 @@ impl PluginVersion {
             ),
         }
     }
+}
+
+/// wasmtime's parse errors embed pretty-printed byte arrays over many lines;
+/// logs, `status` and `last_error` want one line.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn describe_trap(error: &wasmtime::Error, timeout: Duration, max_memory_bytes: usize) -> String {

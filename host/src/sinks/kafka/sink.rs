@@ -92,7 +92,7 @@ impl KafkaSink {
         let Some((code, reason)) = producer.client().fatal_error() else {
             return;
         };
-        tracing::error!(sink.name = %self.name, ?code, %reason, "Kafka producer failed fatally; creating a new one.");
+        tracing::warn!(sink.name = %self.name, ?code, %reason, "Kafka producer failed fatally; creating a new one.");
         match create(&self.name, &self.client_config) {
             Ok(fresh) => {
                 let mut slot = match self.producer.write() {

@@ -1,0 +1,615 @@
+//! `switchyard status` and `switchyard dlq ...`: what an operator runs
+//! against the outbox (and the running relay's admin endpoint).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use crate::admin::RelayStatus;
+use crate::config::Config;
+use crate::store::{DeadLetterFilter, OutboxEntry, OutboxStats, OutboxStore};
+
+/// Where the outbox is: a config file or a database URL.
+#[derive(Debug, Args)]
+pub struct Database {
+    /// The relay config (TOML): database URL and admin address.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// The database URL (instead of --config).
+    #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
+    database_url: Option<String>,
+}
+
+impl Database {
+    async fn open(&self) -> anyhow::Result<(OutboxStore, Option<Config>)> {
+        let config = self.config.as_deref().map(Config::load).transpose()?;
+        let url = match (&config, &self.database_url) {
+            (Some(config), _) => config.database.url.clone(),
+            (None, Some(url)) => url.clone(),
+            (None, None) => {
+                anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
+            }
+        };
+        let store = OutboxStore::connect(&url, 2)
+            .await
+            .context("cannot connect to the database")?;
+        anyhow::ensure!(
+            store.schema_exists().await.context("cannot query the database")?,
+            "table switchyard_outbox does not exist: run `switchyard migrate` first"
+        );
+        Ok((store, config))
+    }
+}
+
+/// Which dead letters: every given filter must match.
+#[derive(Debug, Args)]
+pub struct Filter {
+    /// Only this row id (repeatable).
+    #[arg(long = "id", value_name = "ID")]
+    ids: Vec<i64>,
+    /// Only this event type.
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Only this aggregate type.
+    #[arg(long)]
+    aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    #[arg(long)]
+    aggregate_id: Option<String>,
+    /// Only events created at or after this time: RFC 3339
+    /// (2026-11-22T10:00:00Z) or a duration ago (90m, 2h, 1d).
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Only events created before this time (same forms as --since).
+    #[arg(long, value_name = "TIME")]
+    until: Option<String>,
+    /// Only rows whose last error contains this text (case-insensitive).
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+}
+
+impl Filter {
+    fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+            && self.event_type.is_none()
+            && self.aggregate_type.is_none()
+            && self.aggregate_id.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.error.is_none()
+    }
+
+    fn resolve(&self) -> anyhow::Result<DeadLetterFilter> {
+        Ok(DeadLetterFilter {
+            ids: self.ids.clone(),
+            event_type: self.event_type.clone(),
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            created_since_ms: self
+                .since
+                .as_deref()
+                .map(parse_time)
+                .transpose()
+                .context("--since")?,
+            created_before_ms: self
+                .until
+                .as_deref()
+                .map(parse_time)
+                .transpose()
+                .context("--until")?,
+            error_contains: self.error.clone(),
+        })
+    }
+}
+
+/// RFC 3339, or a duration before now.
+fn parse_time(text: &str) -> anyhow::Result<i64> {
+    if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(time.timestamp_millis());
+    }
+    let ago = humantime::parse_duration(text).map_err(|_| {
+        anyhow::anyhow!(
+            "{text:?} is neither an RFC 3339 time (2026-11-22T10:00:00Z) nor a duration (90m, 2h, 1d)"
+        )
+    })?;
+    let ago = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
+    Ok(chrono::Utc::now().timestamp_millis().saturating_sub(ago))
+}
+
+/// `switchyard dlq ...`
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// List dead letters, oldest first.
+    List {
+        /// Where the outbox is.
+        #[command(flatten)]
+        database: Database,
+        /// Which dead letters.
+        #[command(flatten)]
+        filter: Filter,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One row in full: payload, headers, attempts, last error, per-target state.
+    Show {
+        /// Row id.
+        id: i64,
+        /// Where the outbox is.
+        #[command(flatten)]
+        database: Database,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send dead letters back through the relay: they become pending again
+    /// and the next claim routes them with the plugin version current then.
+    /// Targets that already acknowledged an event do not get it again.
+    Replay {
+        /// Where the outbox is.
+        #[command(flatten)]
+        database: Database,
+        /// Which dead letters.
+        #[command(flatten)]
+        filter: Filter,
+        /// Replay every dead letter (required when no filter is given).
+        #[arg(long)]
+        all: bool,
+        /// Return once the rows are pending instead of following them until
+        /// they are published or dead again.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to follow the replayed rows.
+        #[arg(long, default_value_t = 300)]
+        wait_seconds: u64,
+    },
+    /// Delete dead letters for good.
+    Purge {
+        /// Where the outbox is.
+        #[command(flatten)]
+        database: Database,
+        /// Which dead letters.
+        #[command(flatten)]
+        filter: Filter,
+        /// Purge every dead letter (required when no filter is given).
+        #[arg(long)]
+        all: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// What `status --json` prints.
+#[derive(Debug, Serialize)]
+struct StatusReport {
+    database: &'static str,
+    outbox: OutboxStats,
+    /// The admin address asked, if any.
+    admin: Option<String>,
+    relay: Option<RelayStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    relay_error: Option<String>,
+}
+
+/// `switchyard status`.
+///
+/// # Errors
+/// The database cannot be read. An unreachable relay is reported, not an error.
+pub async fn status(database: Database, admin: Option<String>, json: bool) -> anyhow::Result<ExitCode> {
+    let (store, config) = database.open().await?;
+    let outbox = store.stats().await.context("cannot read the outbox")?;
+    let admin = admin.or_else(|| {
+        config
+            .map(|c| c.admin.listen)
+            .filter(|listen| !listen.is_empty() && !listen.ends_with(":0"))
+    });
+    let (relay, relay_error) = match &admin {
+        Some(addr) => match crate::admin::fetch_status(addr).await {
+            Ok(status) => (Some(status), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        },
+        None => (None, None),
+    };
+    let report = StatusReport {
+        database: store.kind(),
+        outbox,
+        admin,
+        relay,
+        relay_error,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render_status(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render_status(report: &StatusReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let o = &report.outbox;
+    let _ = writeln!(out, "Outbox ({})", report.database);
+    let _ = writeln!(
+        out,
+        "  backlog         {} rows ({} pending, {} in flight)",
+        o.backlog, o.pending, o.in_flight
+    );
+    let oldest = o
+        .oldest_pending_age_seconds
+        .map_or_else(|| "-".to_string(), |s| format!("{s:.1} s"));
+    let _ = writeln!(out, "  oldest pending  {oldest}");
+    let _ = writeln!(out, "  in retry        {}", o.retrying);
+    let _ = writeln!(out, "  dead letters    {}", o.dead);
+    for (event_type, n) in &o.dead_by_event_type {
+        let _ = writeln!(out, "    {event_type:<28} {n}");
+    }
+    match (&report.admin, &report.relay, &report.relay_error) {
+        (None, _, _) => {
+            let _ = writeln!(out, "Relay: no admin address (give --admin HOST:PORT)");
+        }
+        (Some(addr), _, Some(error)) => {
+            let _ = writeln!(out, "Relay at {addr}: not reachable ({error})");
+        }
+        (Some(addr), Some(relay), None) => {
+            let ready = if relay.ready { "ready" } else { "NOT READY" };
+            let _ = writeln!(out, "Relay at {addr} ({}): {ready}", relay.owner);
+            let _ = writeln!(out, "  database        {}", relay.database);
+            let _ = writeln!(out, "  plugins");
+            for p in &relay.plugins {
+                let version = p.version.as_deref().unwrap_or("(not loaded)");
+                let last = &p.last_reload;
+                let detail = match (&last.version, &last.reason) {
+                    (_, Some(reason)) => format!("{} {}: {reason}", last.result, last.at),
+                    (Some(v), None) => format!("{} {} at {}", last.result, v, last.at),
+                    (None, None) => format!("{} at {}", last.result, last.at),
+                };
+                let _ = writeln!(
+                    out,
+                    "    {:<20} {version:<14} last reload: {detail} (reloads {}, rejected {})",
+                    p.name, p.reloads, p.rejected
+                );
+            }
+            let _ = writeln!(out, "  targets");
+            for t in &relay.targets {
+                let health = t
+                    .error
+                    .as_deref()
+                    .map_or_else(|| "ok".to_string(), |e| format!("error: {e}"));
+                let _ = writeln!(out, "    {:<20} {:<8} {health}", t.name, t.kind);
+            }
+        }
+        (Some(addr), None, None) => {
+            let _ = writeln!(out, "Relay at {addr}: no answer");
+        }
+    }
+    out
+}
+
+/// `switchyard dlq ...`
+///
+/// # Errors
+/// Database failures, bad filters, a refused confirmation.
+pub async fn dlq(command: DlqCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        DlqCommand::List {
+            database,
+            filter,
+            limit,
+            json,
+        } => {
+            let (store, _) = database.open().await?;
+            let filter = filter.resolve()?;
+            let rows = store.dead_letters(&filter, 0, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let total = store.count_dead_letters(&filter).await?;
+            print!("{}", render_list(&rows));
+            if total > rows.len() as i64 {
+                println!(
+                    "({} of {total} shown; raise --limit or narrow the filter)",
+                    rows.len()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DlqCommand::Show { id, database, json } => {
+            let (store, _) = database.open().await?;
+            let entry = store
+                .entry(id)
+                .await?
+                .with_context(|| format!("no outbox row with id {id}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&entry)?);
+            } else {
+                print!("{}", render_entry(&entry));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DlqCommand::Replay {
+            database,
+            filter,
+            all,
+            no_wait,
+            wait_seconds,
+        } => {
+            let (store, _) = database.open().await?;
+            let filter = selection(&filter, all)?;
+            replay(&store, &filter, !no_wait, Duration::from_secs(wait_seconds)).await
+        }
+        DlqCommand::Purge {
+            database,
+            filter,
+            all,
+            yes,
+        } => {
+            let (store, _) = database.open().await?;
+            let filter = selection(&filter, all)?;
+            purge(&store, &filter, yes).await
+        }
+    }
+}
+
+fn selection(filter: &Filter, all: bool) -> anyhow::Result<DeadLetterFilter> {
+    anyhow::ensure!(
+        all || !filter.is_empty(),
+        "say which dead letters: --id, --event-type, --aggregate-type, --aggregate-id, --since, --until, --error, or --all"
+    );
+    anyhow::ensure!(
+        !all || filter.is_empty(),
+        "--all cannot be combined with filters"
+    );
+    filter.resolve()
+}
+
+fn one_line(text: &str, width: usize) -> String {
+    let flat: String = text.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
+    if flat.chars().count() <= width {
+        flat
+    } else {
+        let cut: String = flat.chars().take(width.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+fn render_list(rows: &[OutboxEntry]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("no dead letters match\n");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:>8}  {:<24}  {:<20}  {:<24}  {:>8}  ERROR",
+        "ID", "CREATED", "EVENT TYPE", "AGGREGATE", "ATTEMPTS"
+    );
+    for row in rows {
+        let aggregate = format!("{}/{}", row.aggregate_type, row.aggregate_id);
+        let _ = writeln!(
+            out,
+            "{:>8}  {:<24}  {:<20}  {:<24}  {:>8}  {}",
+            row.id,
+            row.created_at,
+            one_line(&row.event_type, 20),
+            one_line(&aggregate, 24),
+            row.attempts,
+            one_line(row.last_error.as_deref().unwrap_or(""), 100)
+        );
+    }
+    out
+}
+
+fn render_entry(entry: &OutboxEntry) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "row {}  ({})", entry.id, entry.status);
+    let _ = writeln!(out, "  event id        {}", entry.event_id);
+    let _ = writeln!(out, "  event type      {}", entry.event_type);
+    let _ = writeln!(
+        out,
+        "  aggregate       {}/{}",
+        entry.aggregate_type, entry.aggregate_id
+    );
+    if let Some(tenant) = &entry.tenant {
+        let _ = writeln!(out, "  tenant          {tenant}");
+    }
+    let _ = writeln!(out, "  created at      {}", entry.created_at);
+    let _ = writeln!(out, "  attempts        {}", entry.attempts);
+    let _ = writeln!(
+        out,
+        "  plugin version  {}",
+        entry.plugin_version.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(
+        out,
+        "  last error      {}",
+        entry.last_error.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(out, "  deliveries");
+    if entry.deliveries.is_empty() {
+        let _ = writeln!(out, "    (none yet)");
+    }
+    for delivery in entry.deliveries.values() {
+        let state = match (&delivery.acked_at, &delivery.error) {
+            (Some(at), _) => format!("acknowledged {at}"),
+            (None, Some(error)) => format!("failed: {error}"),
+            (None, None) => "not acknowledged".to_string(),
+        };
+        let _ = writeln!(out, "    {:<16} {:<28} {state}", delivery.target, delivery.topic);
+    }
+    let _ = writeln!(out, "  headers         {}", entry.headers);
+    match (&entry.payload, entry.payload_bytes_len) {
+        (Some(payload), _) => {
+            let pretty = serde_json::to_string_pretty(payload).unwrap_or_default();
+            let _ = writeln!(out, "  payload\n{}", indent(&pretty, 4));
+        }
+        (None, Some(len)) => {
+            let _ = writeln!(out, "  payload         {len} bytes (binary)");
+        }
+        (None, None) => {
+            let _ = writeln!(out, "  payload         (none)");
+        }
+    }
+    out
+}
+
+fn indent(text: &str, by: usize) -> String {
+    let pad = " ".repeat(by);
+    text.lines().map(|line| format!("{pad}{line}\n")).collect()
+}
+
+const REPLAY_BATCH: u32 = 500;
+
+async fn replay(
+    store: &OutboxStore,
+    filter: &DeadLetterFilter,
+    wait: bool,
+    wait_for: Duration,
+) -> anyhow::Result<ExitCode> {
+    let total = store.count_dead_letters(filter).await?;
+    if total == 0 {
+        println!("No dead letters match; nothing replayed.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    // The cursor keeps a row that dies again during the replay from being
+    // picked up a second time.
+    let mut ids = Vec::new();
+    let mut after = 0;
+    loop {
+        let batch = store.replay_dead_letters(filter, after, REPLAY_BATCH).await?;
+        let Some(&last) = batch.last() else { break };
+        after = last;
+        ids.extend(batch);
+        eprintln!("replay: {}/{total} back to pending", ids.len());
+    }
+    if ids.is_empty() {
+        println!("No dead letters match any more; nothing replayed.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !wait {
+        println!(
+            "Replayed {} dead letter(s); they are pending and go through the current plugin version.",
+            ids.len()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let started = Instant::now();
+    let mut last_line = String::new();
+    let counts = loop {
+        let counts = store.status_counts(&ids).await?;
+        let get = |status: &str| counts.get(status).copied().unwrap_or(0);
+        let waiting = get("pending") + get("in_flight");
+        let line = format!(
+            "replay: {} published, {} dead again, {waiting} waiting",
+            get("published"),
+            get("dead")
+        );
+        if line != last_line {
+            eprintln!("{line}");
+            last_line = line;
+        }
+        if waiting == 0 || started.elapsed() >= wait_for {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let get = |status: &str| counts.get(status).copied().unwrap_or(0);
+    let (published, dead) = (get("published"), get("dead"));
+    let waiting = get("pending") + get("in_flight");
+    let gone = ids.len() as i64 - published - dead - waiting;
+    let mut summary = format!(
+        "Replayed {} dead letter(s): {published} published, {dead} dead again",
+        ids.len()
+    );
+    if waiting > 0 {
+        summary.push_str(&format!(
+            ", {waiting} still waiting after {} s (is a relay running?)",
+            wait_for.as_secs()
+        ));
+    }
+    if gone > 0 {
+        summary.push_str(&format!(", {gone} no longer in the outbox"));
+    }
+    println!("{summary}.");
+    if dead > 0 {
+        println!("See them with `switchyard dlq list`.");
+    }
+    Ok(if dead > 0 || waiting > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+const PURGE_BATCH: u32 = 1000;
+
+async fn purge(store: &OutboxStore, filter: &DeadLetterFilter, yes: bool) -> anyhow::Result<ExitCode> {
+    let total = store.count_dead_letters(filter).await?;
+    if total == 0 {
+        println!("No dead letters match; nothing deleted.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !yes {
+        anyhow::ensure!(
+            std::io::stdin().is_terminal(),
+            "refusing to delete {total} dead letter(s) without --yes (no terminal to ask on)"
+        );
+        print!("Delete {total} dead letter(s) for good? [y/N] ");
+        std::io::stdout().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            println!("Nothing deleted.");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    let mut deleted = 0;
+    loop {
+        let n = store.purge_dead_letters(filter, PURGE_BATCH).await?;
+        deleted += n;
+        if n > 0 {
+            eprintln!("purge: {deleted}/{total} deleted");
+        }
+        if n < u64::from(PURGE_BATCH) {
+            break;
+        }
+    }
+    println!("Deleted {deleted} dead letter(s).");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_or_a_duration_ago() {
+        assert_eq!(parse_time("2026-11-22T10:00:00Z").ok(), Some(1_795_341_600_000));
+        let two_hours_ago = parse_time("2h").unwrap_or_default();
+        let expected = chrono::Utc::now().timestamp_millis() - 7_200_000;
+        assert!((two_hours_ago - expected).abs() < 5_000);
+        let error = parse_time("yesterday-ish")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("neither an RFC 3339 time"), "{error}");
+    }
+
+    #[test]
+    fn long_errors_are_cut_on_one_line() {
+        assert_eq!(one_line("a\nb", 10), "a b");
+        assert_eq!(one_line("abcdefghij", 5), "abcd…");
+    }
+}
