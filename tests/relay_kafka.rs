@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use switchyard_tests::kafka::{KafkaReceived, KafkaServer};
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, order_event, write_orders};
+use switchyard_tests::orders::{Expected, assert_trace_continued, order_event, write_orders};
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{NewEvent, count_status, fresh_db, place_order_event};
 use switchyard_tests::relay::{InProcess, parse};
@@ -94,11 +94,7 @@ fn verify_kafka(received: &[KafkaReceived], expected: &HashMap<String, Expected>
             message.header("Switchyard-Event-Type"),
             Some(want.event_type.as_str())
         );
-        let trace = message.header("traceparent").expect("row headers travel");
-        assert!(
-            trace.ends_with(&format!("{:016x}-01", want.seq + 1)),
-            "traceparent {trace}"
-        );
+        assert_trace_continued(message.header("traceparent"), want);
         assert_eq!(message.json()["seq"], want.seq);
         assert_eq!(message.key.as_deref(), Some(want.aggregate_id.as_str()));
         by_aggregate
@@ -136,7 +132,7 @@ fn verify_nats(received: &[switchyard_tests::nats::Received], expected: &HashMap
         assert!(seen.insert(id), "event {id} arrived twice on NATS");
         assert_eq!(message.subject, format!("audit.orders.{}", want.event_type));
         assert_eq!(message.header("Nats-Msg-Id"), Some(id));
-        assert!(message.header("traceparent").is_some(), "row headers travel");
+        assert_trace_continued(message.header("traceparent"), want);
         let slot = next.entry(want.aggregate_id.as_str()).or_insert(0);
         assert_eq!(
             message.json()["seq"],

@@ -5,11 +5,15 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML config, environment overrides and validation.
-//! - [`store`]: the PostgreSQL outbox: migrations, claims under a lease, acks.
+//! - [`store`]: the outbox (PostgreSQL or SQLite): migrations, claims under a
+//!   lease, acks, and the operator queries behind `status` and `dlq`.
 //! - [`plugin`]: the wasmtime component runtime for routing plugins.
 //! - [`router`]: pure checks and message assembly around the plugin call.
 //! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
 //! - [`relay`]: the worker loop tying the above together.
+//! - [`retention`]: removing published rows past their age.
+//! - [`trace`]: continuing the writer's W3C `traceparent` through the relay.
+//! - [`admin`], [`metrics`]: the HTTP endpoint, Prometheus metrics, status.
 //! - [`demo`]: `switchyard demo`, the embedded default end to end.
 //! - [`app`], [`cli`], [`telemetry`]: process wiring.
 
@@ -24,10 +28,12 @@ pub mod demo;
 pub mod metrics;
 pub mod plugin;
 pub mod relay;
+pub mod retention;
 pub mod router;
 pub mod sinks;
 pub mod store;
 pub mod telemetry;
+pub mod trace;
 
 pub use config::Config;
 pub use relay::{BatchReport, Relay};

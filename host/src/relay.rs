@@ -12,7 +12,7 @@ use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, debug_span, info, warn};
 
 use crate::config::{RelayConfig, UnmatchedPolicy};
 use crate::metrics::{FailureLabels, Metrics, PluginLabel, TargetLabel};
@@ -20,6 +20,7 @@ use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins};
 use crate::router::{self, Limits, Routed};
 use crate::sinks::{SinkError, Sinks};
 use crate::store::{self, Claim, Delivery, OutboxRow, OutboxStore, Outcome, RowOutcome};
+use crate::trace::TraceParent;
 
 /// Most messages one event may fan out to.
 const MAX_MESSAGES_PER_EVENT: usize = 64;
@@ -426,12 +427,12 @@ impl Relay {
                     metrics.event("dead_lettered", plugin);
                 }
             }
-            if let Outcome::Dead { error }
-            | Outcome::Retry { error, .. }
-            | Outcome::Defer { reason: error, .. } = &outcome
-            {
-                debug!(outbox.row_id = %row.row.id, outbox.attempt = attempts, %error, "Row not published.");
-            }
+            row.span.in_scope(|| match &outcome {
+                Outcome::Published => debug!(deliveries = deliveries.len(), "Row published."),
+                Outcome::Dead { error } | Outcome::Retry { error, .. } | Outcome::Defer { reason: error, .. } => {
+                    debug!(outbox.row_id = %row.row.id, outbox.attempt = attempts, %error, "Row not published.");
+                }
+            });
             outcomes.push(RowOutcome {
                 id: row.row.id,
                 outcome,
@@ -518,6 +519,19 @@ impl Relay {
                     continue;
                 }
             };
+            // The row's span continues the writer's trace; its id is what
+            // the broker message carries as `traceparent`.
+            let parent = TraceParent::from_headers(&event.headers);
+            let child = parent.map(|p| p.child());
+            let span = debug_span!(
+                "outbox.row",
+                outbox.row_id = %row.id,
+                outbox.event_id = %event.event_id,
+                outbox.attempt = attempts,
+                trace.id = parent.map(|p| p.trace_hex()),
+                span.id = child.map(|c| c.span_hex()),
+                parent.id = parent.map(|p| p.span_hex()),
+            );
             let Some(slot_index) = inner.plugins.select(&event.aggregate_type, &event.event_type) else {
                 let outcome = match inner.config.unmatched {
                     UnmatchedPolicy::DeadLetter => Outcome::Dead {
@@ -533,18 +547,19 @@ impl Relay {
                                 messages: Vec::new(),
                                 version: None,
                             },
+                            span: span.clone(),
                         });
                         continue;
                     }
                 };
-                out.push(RoutedRow::failed(row, outcome, None));
+                out.push(RoutedRow::failed(row, outcome, None).in_span(&span));
                 continue;
             };
             if Instant::now() >= route_until {
                 let error =
                     "lease nearly expired before routing (plugins too slow for the lease)".to_string();
                 let outcome = self.retry_or_dead(attempts, error);
-                out.push(RoutedRow::failed(row, outcome, None));
+                out.push(RoutedRow::failed(row, outcome, None).in_span(&span));
                 continue;
             }
             let version = match versions.get(&slot_index) {
@@ -561,7 +576,9 @@ impl Relay {
                             slots[slot_index].config().path.display()
                         );
                         let after = Duration::from_millis(inner.config.poll_interval_ms.max(1000));
-                        out.push(RoutedRow::failed(row, Outcome::Defer { after, reason }, None));
+                        out.push(
+                            RoutedRow::failed(row, Outcome::Defer { after, reason }, None).in_span(&span),
+                        );
                         continue;
                     }
                 },
@@ -573,17 +590,16 @@ impl Relay {
                     Ok(instance) => instance,
                     Err(error) => {
                         let outcome = self.retry_or_dead(attempts, error.to_string());
-                        out.push(RoutedRow::failed(
-                            row,
-                            outcome,
-                            Some(version.version().to_string()),
-                        ));
+                        out.push(
+                            RoutedRow::failed(row, outcome, Some(version.version().to_string()))
+                                .in_span(&span),
+                        );
                         continue;
                     }
                 },
             };
             let started = Instant::now();
-            let (result, instance) = version.route(instance, &event);
+            let (result, instance) = span.in_scope(|| version.route(instance, &event));
             inner
                 .metrics
                 .plugin_call
@@ -596,7 +612,9 @@ impl Relay {
             }
             let version_id = Some(version.version().to_string());
             let state = match result {
-                Ok(messages) => self.assemble(&event, messages, &label, version_id),
+                Ok(messages) => {
+                    span.in_scope(|| self.assemble(&event, messages, &label, version_id, child.as_ref()))
+                }
                 Err(CallFailure::Permanent(reason)) => RowState::Failed {
                     outcome: Outcome::Dead {
                         error: format!("plugin {label} refused permanently: {reason}"),
@@ -613,7 +631,7 @@ impl Relay {
                     version: version_id,
                 },
             };
-            out.push(RoutedRow { row, state });
+            out.push(RoutedRow { row, state, span });
         }
         for (slot_index, instance) in instances {
             if let Some(version) = versions.get(&slot_index) {
@@ -629,11 +647,17 @@ impl Relay {
         messages: Vec<Message>,
         label: &str,
         version: Option<String>,
+        trace: Option<&TraceParent>,
     ) -> RowState {
         let sinks = &self.inner.sinks;
-        match router::assemble(event, messages, label, &self.inner.limits, &|name| {
-            sinks.contains(name)
-        }) {
+        match router::assemble(
+            event,
+            messages,
+            label,
+            &self.inner.limits,
+            &|name| sinks.contains(name),
+            trace,
+        ) {
             Ok(messages) => {
                 debug!(outbox.event_id = %event.event_id, plugin.label = label, messages = messages.len(), "Routed.");
                 RowState::Routed { messages, version }
@@ -649,6 +673,9 @@ impl Relay {
 struct RoutedRow {
     row: OutboxRow,
     state: RowState,
+    /// The row's `outbox.row` span (disabled when the row failed before
+    /// its event could be read).
+    span: tracing::Span,
 }
 
 enum RowState {
@@ -667,6 +694,14 @@ impl RoutedRow {
         RoutedRow {
             row,
             state: RowState::Failed { outcome, version },
+            span: tracing::Span::none(),
+        }
+    }
+
+    fn in_span(self, span: &tracing::Span) -> RoutedRow {
+        RoutedRow {
+            span: span.clone(),
+            ..self
         }
     }
 }

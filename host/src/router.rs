@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::plugin::{Event, Message, PayloadFormat};
 use crate::sinks::OutgoingMessage;
 use crate::store::{DeliveryKey, OutboxRow};
+use crate::trace::TraceParent;
 
 /// Header with the event id, on every message and every broker.
 pub const EVENT_ID_HEADER: &str = "Switchyard-Event-Id";
@@ -139,7 +140,9 @@ pub fn assemble(
     plugin_label: &str,
     limits: &Limits,
     known_target: &dyn Fn(&str) -> bool,
+    trace: Option<&TraceParent>,
 ) -> Result<Vec<Routed>, String> {
+    let traceparent = trace.map(ToString::to_string);
     if messages.len() > limits.max_messages_per_event {
         return Err(format!(
             "plugin {plugin_label} returned {} messages, more than the {} allowed per event",
@@ -194,7 +197,7 @@ pub fn assemble(
             target: message.target,
             delivery_key,
             message: OutgoingMessage {
-                headers: merge_headers(event, message.headers, plugin_label),
+                headers: merge_headers(event, message.headers, plugin_label, traceparent.as_deref()),
                 topic: message.topic,
                 key: message.key,
                 payload: Bytes::from(message.payload),
@@ -207,8 +210,14 @@ pub fn assemble(
 }
 
 /// Row headers, then the plugin's (which win on a name clash), then the
-/// relay's own, which always win: consumers rely on the event id being true.
-fn merge_headers(event: &Event, plugin: Vec<(String, String)>, plugin_label: &str) -> Vec<(String, String)> {
+/// relay's own, which always win: consumers rely on the event id being true,
+/// and on `traceparent` naming the relay's span when the row carried one.
+fn merge_headers(
+    event: &Event,
+    plugin: Vec<(String, String)>,
+    plugin_label: &str,
+    traceparent: Option<&str>,
+) -> Vec<(String, String)> {
     let relay = [
         (EVENT_ID_HEADER, event.event_id.as_str()),
         (EVENT_TYPE_HEADER, event.event_type.as_str()),
@@ -231,6 +240,9 @@ fn merge_headers(event: &Event, plugin: Vec<(String, String)>, plugin_label: &st
     }
     for (name, value) in relay {
         put(name, value);
+    }
+    if let Some(traceparent) = traceparent {
+        put(TraceParent::HEADER, traceparent);
     }
     merged
 }
@@ -338,6 +350,7 @@ mod tests {
             "p@abc",
             &LIMITS,
             &|_| true,
+            None,
         )
         .unwrap();
         let keys: Vec<_> = routed.iter().map(|r| r.delivery_key.as_str()).collect();
@@ -351,10 +364,40 @@ mod tests {
     }
 
     #[test]
+    fn the_relay_span_replaces_the_writers_traceparent() {
+        let event = event_from_row(&row(), &LIMITS).unwrap();
+        let relay_span = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        let mut plugin_says = message("nats", "orders");
+        plugin_says
+            .headers
+            .push(("traceparent".into(), "00-from-the-plugin-01".into()));
+        let routed = assemble(
+            &event,
+            vec![plugin_says],
+            "p@abc",
+            &LIMITS,
+            &|_| true,
+            relay_span.as_ref(),
+        )
+        .unwrap();
+        let values: Vec<_> = routed[0]
+            .message
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("traceparent"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(
+            values,
+            ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]
+        );
+    }
+
+    #[test]
     fn refuses_bad_plugin_output_with_specific_errors() {
         let event = event_from_row(&row(), &LIMITS).unwrap();
         let known = |t: &str| t == "nats";
-        let err = |m: Message| assemble(&event, vec![m], "p@abc", &LIMITS, &known).unwrap_err();
+        let err = |m: Message| assemble(&event, vec![m], "p@abc", &LIMITS, &known, None).unwrap_err();
 
         assert!(err(message("nope", "t")).contains("unknown target \"nope\""));
         assert!(err(message("nats", " ")).contains("empty topic"));
@@ -366,7 +409,7 @@ mod tests {
         assert!(err(header).contains("invalid"));
         let many = vec![message("nats", "t"); 5];
         assert!(
-            assemble(&event, many, "p@abc", &LIMITS, &known)
+            assemble(&event, many, "p@abc", &LIMITS, &known, None)
                 .unwrap_err()
                 .contains("5 messages")
         );

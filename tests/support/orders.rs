@@ -19,6 +19,31 @@ pub struct Expected {
     pub event_type: String,
 }
 
+/// A broker message's `traceparent` continues the writer's trace (the row
+/// carries trace id `aggregate + 1`, span id `seq + 1`, sampled) from the
+/// relay's own span.
+pub fn assert_trace_continued(traceparent: Option<&str>, want: &Expected) {
+    let trace = traceparent.expect("a row with a traceparent gives its messages one");
+    let parsed = switchyard::trace::TraceParent::parse(trace)
+        .unwrap_or_else(|| panic!("malformed traceparent {trace:?}"));
+    let aggregate: u128 = want
+        .aggregate_id
+        .trim_start_matches("order-")
+        .parse()
+        .unwrap_or_else(|_| panic!("unexpected aggregate id {}", want.aggregate_id));
+    assert_eq!(
+        parsed.trace_id,
+        aggregate + 1,
+        "same trace as the writer: {trace}"
+    );
+    assert_eq!(parsed.flags, 1, "sampled flag kept: {trace}");
+    assert_ne!(
+        u128::from(parsed.span_id),
+        u128::from(want.seq) + 1,
+        "the relay's span, not the writer's: {trace}"
+    );
+}
+
 /// The `seq`-th event of order `aggregate`: created, then alternately paid
 /// (carries a card number that must be masked) and shipped.
 pub fn order_event(aggregate: usize, seq: usize) -> NewEvent {
@@ -131,11 +156,7 @@ pub fn verify(received: &[Received], expected: &HashMap<String, Expected>) -> Ve
             message.header("Switchyard-Event-Type"),
             Some(want.event_type.as_str())
         );
-        let trace = message.header("traceparent").expect("row headers travel");
-        assert!(
-            trace.ends_with(&format!("{:016x}-01", want.seq + 1)),
-            "traceparent {trace}"
-        );
+        assert_trace_continued(message.header("traceparent"), want);
         let plugin = message
             .header("Switchyard-Plugin")
             .expect("plugin version header");
