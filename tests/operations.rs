@@ -1,13 +1,19 @@
-//! Operations: the admin endpoint's metrics agree with the outbox, and
-//! readiness follows the database and the targets.
+//! Operations: the admin endpoint's metrics agree with the outbox, readiness
+//! follows the database and the targets, `status --json` agrees with the
+//! database, dead letters replay exactly once after a plugin fix, and
+//! retention removes only old published rows.
 
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::write_orders;
+use switchyard_tests::plugins::{plugin, replace_atomically};
 use switchyard_tests::postgres::{count_status, fresh_db};
 use switchyard_tests::relay::{InProcess, Settings, example_config, parse};
-use switchyard_tests::{eventually, http_get, init_logging};
+use switchyard_tests::{cli, eventually, free_port, http_get, init_logging};
+
+const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 use tokio_util::sync::CancellationToken;
 
 /// The value of one sample line `name{labels} value` (labels as written), or 0.
@@ -187,4 +193,513 @@ async fn readyz_follows_the_database_and_the_targets() {
     stop.cancel();
     admin.stopped().await;
     relay.stop().await;
+}
+
+/// A relay whose "router" plugin is the file at `plugin_path`, with `plugin_config`
+/// as its config table, publishing to NATS target "events".
+fn router_config(
+    db: &str,
+    nats: &str,
+    plugin_path: &std::path::Path,
+    plugin_config: &str,
+    extra: &str,
+) -> String {
+    format!(
+        r#"
+[database]
+url = "{db}"
+max_connections = 8
+[relay]
+batch_size = 100
+concurrency = 2
+poll_interval_ms = 100
+lease_duration_ms = 6000
+publish_timeout_ms = 2000
+max_attempts = 5
+initial_backoff_ms = 100
+max_backoff_ms = 500
+[plugin_runtime]
+reload_debounce_ms = 20
+cache = false
+{extra}
+[[plugins]]
+name = "router"
+path = "{path}"
+aggregate_types = ["order"]
+[plugins.config]
+{plugin_config}
+[targets.events]
+type = "nats"
+url = "{nats}"
+"#,
+        path = plugin_path.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_after_a_plugin_fix_publishes_each_dead_letter_exactly_once() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream("ORDERS", &["orders.>"]).await;
+    let env = [("SWITCHYARD_DATABASE_URL", db.url.as_str())];
+
+    // A broken plugin: every message names a target that does not exist.
+    let broken = router_config(
+        &db.url,
+        &nats.url(),
+        &plugin("misbehave"),
+        "mode = \"unknown-target\"\ntarget = \"events\"",
+        "",
+    );
+    let relay = InProcess::start(&parse(&broken)).await;
+    let expected = write_orders(&db.pool, 20, 3, 2).await;
+    eventually("all 60 dead-lettered", Duration::from_secs(60), || async {
+        (count_status(&db.pool, "dead").await == 60).then_some(())
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(nats.stream_len("ORDERS").await, 0);
+
+    let (code, out, err) = cli(SWITCHYARD, &["dlq", "list", "--json", "--limit", "100"], &env).await;
+    assert_eq!(code, 0, "{err}");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out).expect("dlq list --json");
+    assert_eq!(listed.len(), 60);
+    assert!(
+        listed
+            .iter()
+            .all(|row| row["last_error"].as_str().unwrap().contains("no-such-target")),
+        "{out}"
+    );
+    let (code, out, _) = cli(
+        SWITCHYARD,
+        &[
+            "dlq",
+            "list",
+            "--error",
+            "NO-SUCH",
+            "--event-type",
+            "OrderCreated",
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.lines().filter(|l| l.contains("OrderCreated")).count(),
+        20,
+        "{out}"
+    );
+
+    // The fix ships: the relay restarts on route-by-type.
+    let fixed = router_config(
+        &db.url,
+        &nats.url(),
+        &plugin("route_by_type"),
+        "target = \"events\"\ntopic = \"orders.{event_type}\"",
+        "",
+    );
+    let relay = InProcess::start(&parse(&fixed)).await;
+    let fixed_version = relay
+        .relay
+        .plugins()
+        .slot("router")
+        .unwrap()
+        .current()
+        .unwrap()
+        .version()
+        .to_string();
+
+    // One event type first, then the rest; each replay waits for the outcome.
+    let (code, out, err) = cli(
+        SWITCHYARD,
+        &[
+            "dlq",
+            "replay",
+            "--event-type",
+            "OrderCreated",
+            "--wait-seconds",
+            "60",
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("Replayed 20 dead letter(s): 20 published, 0 dead again"),
+        "{out}"
+    );
+    assert!(
+        err.contains("replay: 20/20 back to pending"),
+        "progress on stderr: {err}"
+    );
+    let (code, out, err) = cli(
+        SWITCHYARD,
+        &["dlq", "replay", "--all", "--wait-seconds", "60"],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("Replayed 40 dead letter(s): 40 published, 0 dead again"),
+        "{out}"
+    );
+    let (code, out, _) = cli(SWITCHYARD, &["dlq", "replay", "--all"], &env).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("No dead letters match"), "{out}");
+    let (code, _, err) = cli(SWITCHYARD, &["dlq", "replay"], &env).await;
+    assert_ne!(code, 0, "a replay without a selection is refused");
+    assert!(err.contains("say which dead letters"), "{err}");
+    relay.stop().await;
+
+    let received = nats.read_stream("ORDERS").await;
+    let mut seen = HashSet::new();
+    for message in &received {
+        let id = message.header("Switchyard-Event-Id").expect("event id header");
+        assert!(seen.insert(id.to_string()), "event {id} published twice");
+        assert!(expected.contains_key(id), "unexpected event {id}");
+        assert_eq!(
+            message.header("Switchyard-Plugin"),
+            Some(format!("router@{fixed_version}").as_str()),
+            "replayed through the current plugin version"
+        );
+    }
+    assert_eq!(seen.len(), 60, "every dead letter published once");
+    let versions: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT plugin_version, count(*) FROM switchyard_outbox WHERE status = 'published' GROUP BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(versions, [(fixed_version, 60)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_matches_the_database_and_the_running_relay() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream("ORDERS", &["orders.>"]).await;
+    let dir = std::env::temp_dir().join(format!("sy-status-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plugin_path = dir.join("router.wasm");
+    let good = std::fs::read(plugin("route_by_type")).unwrap();
+    std::fs::write(&plugin_path, &good).unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config = router_config(
+        &db.url,
+        &nats.url(),
+        &plugin_path,
+        "target = \"events\"\ntopic = \"orders.{event_type}\"",
+        &format!("[admin]\nlisten = \"{admin}\"\n"),
+    );
+    let config_path = dir.join("relay.toml");
+    std::fs::write(&config_path, &config).unwrap();
+
+    // Rows in every state the relay leaves alone while the test reads them.
+    let insert = |event_type: &'static str, status: &'static str, extra: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(&format!(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status {extra_cols})
+                 VALUES ('order', gen_random_uuid()::text, $1, '{{}}', $2 {extra_vals})",
+                extra_cols = if extra.is_empty() { "" } else { ", attempts, next_attempt_at, not_before, created_at, last_error" },
+                extra_vals = extra,
+            ))
+            .bind(event_type)
+            .bind(status)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let future = ", 0, '-infinity', now() + interval '1 hour', now() - interval '90 seconds', NULL";
+    let retrying =
+        ", 2, now() + interval '1 hour', NULL, now() - interval '30 seconds', 'target \"events\": timed out'";
+    let dead =
+        ", 1, '-infinity', NULL, now() - interval '10 minutes', 'plugin refused permanently: bad order'";
+    for _ in 0..5 {
+        insert("OrderCreated", "pending", future).await;
+    }
+    for _ in 0..4 {
+        insert("OrderPaid", "pending", retrying).await;
+    }
+    for _ in 0..3 {
+        insert("OrderCreated", "dead", dead).await;
+    }
+    for _ in 0..2 {
+        insert("OrderShipped", "dead", dead).await;
+    }
+    let _relay = switchyard_tests::relay::Process::spawn(SWITCHYARD, &config, "status-test");
+    let addr: std::net::SocketAddr = admin.parse().unwrap();
+    eventually("the admin endpoint", Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(addr).await.ok()
+    })
+    .await;
+
+    let status = || async {
+        let (code, out, err) = cli(
+            SWITCHYARD,
+            &["status", "--json", "--config", config_path.to_str().unwrap()],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let report = status().await;
+    let outbox = &report["outbox"];
+    let count = |sql: &'static str| {
+        let pool = db.pool.clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.unwrap() }
+    };
+    assert_eq!(
+        outbox["pending"],
+        count("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending'").await
+    );
+    assert_eq!(
+        outbox["in_flight"],
+        count("SELECT count(*) FROM switchyard_outbox WHERE status = 'in_flight'").await
+    );
+    assert_eq!(
+        outbox["backlog"],
+        count("SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')").await
+    );
+    assert_eq!(
+        outbox["retrying"],
+        count("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending' AND attempts > 0").await
+    );
+    assert_eq!(outbox["backlog"], 9, "{report}");
+    assert_eq!(outbox["retrying"], 4, "{report}");
+    assert_eq!(
+        outbox["dead"],
+        count("SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'").await
+    );
+    let by_type: BTreeMap<String, i64> =
+        sqlx::query_as("SELECT event_type, count(*) FROM switchyard_outbox WHERE status = 'dead' GROUP BY 1")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert_eq!(outbox["dead_by_event_type"], serde_json::json!(by_type));
+    assert_eq!(by_type.get("OrderCreated"), Some(&3));
+    let oldest: f64 = sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let reported = outbox["oldest_pending_age_seconds"].as_f64().unwrap();
+    assert!(
+        (reported - oldest).abs() < 10.0 && reported >= 90.0,
+        "{reported} vs {oldest}"
+    );
+
+    let relay = &report["relay"];
+    assert_eq!(relay["ready"], true, "{report}");
+    let plugin_status = &relay["plugins"][0];
+    let hash = switchyard::plugin::content_hash(&good);
+    assert_eq!(plugin_status["name"], "router");
+    assert_eq!(plugin_status["version"], hash.as_str());
+    assert_eq!(plugin_status["last_reload"]["result"], "loaded");
+    assert_eq!(relay["targets"][0]["name"], "events");
+    assert_eq!(relay["targets"][0]["kind"], "nats");
+    assert_eq!(relay["targets"][0]["healthy"], true);
+
+    // A broken file is refused: the old version keeps serving, and status says why.
+    replace_atomically(&plugin_path, b"not a component");
+    let report = eventually(
+        "the rejected reload in status",
+        Duration::from_secs(30),
+        || async {
+            let report = status().await;
+            (report["relay"]["plugins"][0]["last_reload"]["result"] == "rejected").then_some(report)
+        },
+    )
+    .await;
+    let plugin_status = &report["relay"]["plugins"][0];
+    assert_eq!(plugin_status["version"], hash.as_str());
+    assert_eq!(plugin_status["rejected"], 1);
+    assert!(
+        !plugin_status["last_reload"]["reason"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{report}"
+    );
+
+    // The human form carries the same facts.
+    let (code, text, _) = cli(
+        SWITCHYARD,
+        &["status", "--config", config_path.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("backlog         9 rows (9 pending, 0 in flight)"),
+        "{text}"
+    );
+    assert!(text.contains("in retry        4"), "{text}");
+    assert!(text.contains("rejected"), "{text}");
+
+    // Dead-letter tooling on the same rows: show, then purge (which asks first).
+    let env = [("SWITCHYARD_DATABASE_URL", db.url.as_str())];
+    let (_, out, _) = cli(
+        SWITCHYARD,
+        &["dlq", "list", "--json", "--event-type", "OrderShipped"],
+        &env,
+    )
+    .await;
+    let shipped: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(shipped.len(), 2);
+    let id = shipped[0]["id"].to_string();
+    let (code, out, _) = cli(SWITCHYARD, &["dlq", "show", &id], &env).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(&format!("row {id}  (dead)")) && out.contains("plugin refused permanently: bad order"),
+        "{out}"
+    );
+    let (code, _, err) = cli(
+        SWITCHYARD,
+        &["dlq", "purge", "--event-type", "OrderCreated"],
+        &env,
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("refusing to delete 3 dead letter(s) without --yes"),
+        "{err}"
+    );
+    assert_eq!(
+        count_status(&db.pool, "dead").await,
+        5,
+        "nothing deleted without --yes"
+    );
+    let (code, out, _) = cli(
+        SWITCHYARD,
+        &["dlq", "purge", "--event-type", "OrderCreated", "--yes"],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.contains("Deleted 3 dead letter(s)."), "{out}");
+    let report = status().await;
+    assert_eq!(
+        report["outbox"]["dead_by_event_type"],
+        serde_json::json!({ "OrderShipped": 2 })
+    );
+    assert_eq!(report["outbox"]["backlog"], 9, "purge touches dead letters only");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Rows for retention: `old` published two hours ago, `recent` published
+/// just now, and old rows in every other status.
+async fn retention_rows(pg: Option<&sqlx::PgPool>, sqlite: Option<&sqlx::SqlitePool>) {
+    let statements_pg = [
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at, created_at)
+         SELECT 'order', 'old-' || n, 'OrderCreated', '{}', 'published', now() - interval '2 hours', now() - interval '3 hours'
+           FROM generate_series(1, 25) n",
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at)
+         SELECT 'order', 'recent-' || n, 'OrderCreated', '{}', 'published', now() - interval '10 minutes'
+           FROM generate_series(1, 6) n",
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, created_at, not_before)
+         SELECT 'order', 'other-' || n, 'OrderCreated', '{}', s, now() - interval '3 hours', now() + interval '1 hour'
+           FROM generate_series(1, 2) n, unnest(ARRAY['dead', 'pending']) s",
+    ];
+    let now = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+    let statements_sqlite = [
+        format!("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 25)
+         INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at, created_at)
+         SELECT 'order', 'old-' || i, 'OrderCreated', '{{}}', 'published', {now} - 7200000, {now} - 10800000 FROM n"),
+        format!("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 6)
+         INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at)
+         SELECT 'order', 'recent-' || i, 'OrderCreated', '{{}}', 'published', {now} - 600000 FROM n"),
+        format!("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2)
+         INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, created_at, not_before)
+         SELECT 'order', 'other-' || i || s, 'OrderCreated', '{{}}', s, {now} - 10800000, {now} + 3600000
+           FROM n, (SELECT 'dead' AS s UNION ALL SELECT 'pending')"),
+    ];
+    if let Some(pool) = pg {
+        for sql in statements_pg {
+            sqlx::query(sql).execute(pool).await.unwrap();
+        }
+    }
+    if let Some(pool) = sqlite {
+        for sql in &statements_sqlite {
+            sqlx::query(sql).execute(pool).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_removes_only_published_rows_older_than_the_limit() {
+    init_logging();
+    let retention: switchyard::config::RetentionConfig =
+        toml::from_str("published_max_age_seconds = 3600\nmode = \"archive\"\nbatch_size = 7").unwrap();
+    let never = CancellationToken::new();
+
+    // PostgreSQL, archive mode, in batches of 7.
+    let db = fresh_db().await;
+    let store = switchyard::OutboxStore::new(db.pool.clone());
+    retention_rows(Some(&db.pool), None).await;
+    let removed = switchyard::retention::pass(&store, &retention, None, &never)
+        .await
+        .unwrap();
+    assert_eq!(removed, 25);
+    let left: Vec<(String, String)> =
+        sqlx::query_as("SELECT status, aggregate_id FROM switchyard_outbox ORDER BY status, aggregate_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(left.len(), 10, "{left:?}");
+    assert!(left.iter().all(|(_, id)| !id.starts_with("old-")), "{left:?}");
+    assert_eq!(
+        left.iter().filter(|(s, _)| s == "dead").count(),
+        2,
+        "dead letters stay"
+    );
+    assert_eq!(left.iter().filter(|(s, _)| s == "pending").count(), 2);
+    let archived: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT aggregate_id, published_at < now() - interval '1 hour' FROM switchyard_outbox_archive ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(archived.len(), 25);
+    assert!(
+        archived.iter().all(|(id, old)| id.starts_with("old-") && *old),
+        "{archived:?}"
+    );
+    assert_eq!(
+        switchyard::retention::pass(&store, &retention, None, &never)
+            .await
+            .unwrap(),
+        0
+    );
+
+    // SQLite, delete mode.
+    let retention = switchyard::config::RetentionConfig {
+        mode: switchyard::store::RetentionMode::Delete,
+        ..retention
+    };
+    let sqlite = switchyard_tests::outbox::TestOutbox::sqlite().await;
+    let pool = sqlite.sqlite_pool();
+    retention_rows(None, Some(&pool)).await;
+    let removed = switchyard::retention::pass(&sqlite.store, &retention, None, &never)
+        .await
+        .unwrap();
+    assert_eq!(removed, 25);
+    let left: Vec<(String, String)> = sqlx::query_as("SELECT status, aggregate_id FROM switchyard_outbox")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 10, "{left:?}");
+    assert!(left.iter().all(|(_, id)| !id.starts_with("old-")), "{left:?}");
+    let archived: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox_archive")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(archived, 0, "delete mode archives nothing");
 }

@@ -77,3 +77,35 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// Runs the `switchyard` command line to completion: exit code, stdout,
+/// stderr. `binary` is the test's `env!("CARGO_BIN_EXE_relay-process")`.
+///
+/// # Panics
+/// When the binary cannot be started.
+pub async fn cli(binary: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let output = tokio::process::Command::new(binary)
+        .args(args)
+        .envs(env.iter().copied())
+        .env("SWITCHYARD_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run the switchyard binary");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A TCP port nothing listens on right now (for configs that need a fixed one).
+///
+/// # Panics
+/// When no loopback port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free loopback port")
+}

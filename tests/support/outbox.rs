@@ -42,6 +42,14 @@ impl TestOutbox {
         }
     }
 
+    /// The SQLite pool, for a SQLite outbox.
+    ///
+    /// # Panics
+    /// On a PostgreSQL outbox.
+    pub fn sqlite_pool(&self) -> sqlx::SqlitePool {
+        self.sqlite.clone().expect("a SQLite outbox")
+    }
+
     /// Writes an event with payload `{"seq": seq}` for aggregate `o-<aggregate>`,
     /// delayed by `delay_ms` when given.
     pub async fn insert(&self, aggregate: usize, seq: usize, delay_ms: Option<i64>) {
