@@ -99,7 +99,10 @@ fn an_unknown_retention_mode_is_named() {
     let text = "[database]\nurl = \"postgres://x/y\"\n[retention]\npublished_max_age_seconds = 60\nmode = \"shred\"\n";
     match Config::from_toml(text, Path::new("."), &|_| None) {
         Err(LoadError::Parse(message)) => {
-            assert!(message.contains("shred") && message.contains("archive"), "{message}")
+            assert!(
+                message.contains("shred") && message.contains("archive"),
+                "{message}"
+            )
         }
         other => panic!("expected a parse error, got {other:?}"),
     }

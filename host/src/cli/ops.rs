@@ -366,10 +366,7 @@ fn selection(filter: &Filter, all: bool) -> anyhow::Result<DeadLetterFilter> {
         all || !filter.is_empty(),
         "say which dead letters: --id, --event-type, --aggregate-type, --aggregate-id, --since, --until, --error, or --all"
     );
-    anyhow::ensure!(
-        !all || filter.is_empty(),
-        "--all cannot be combined with filters"
-    );
+    anyhow::ensure!(!all || filter.is_empty(), "--all cannot be combined with filters");
     filter.resolve()
 }
 
