@@ -16,7 +16,7 @@ use tracing::{debug, debug_span, info, warn};
 
 use crate::config::{RelayConfig, UnmatchedPolicy};
 use crate::metrics::{FailureLabels, Metrics, PluginLabel, TargetLabel};
-use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins};
+use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins, Refusal};
 use crate::router::{self, Limits, Routed};
 use crate::sinks::{SinkError, Sinks};
 use crate::store::{self, Claim, Delivery, OutboxRow, OutboxStore, Outcome, RowOutcome};
@@ -34,8 +34,14 @@ pub struct Relay {
     inner: Arc<Inner>,
 }
 
+/// A router compiled into the host instead of a plugin: same input, same
+/// output, no sandbox. For embedding the relay as a library, and for the
+/// benchmark that prices the sandbox against it.
+pub type NativeRouter = Arc<dyn Fn(&Event) -> Result<Vec<Message>, Refusal> + Send + Sync>;
+
 struct Inner {
     watcher: Option<std::sync::Mutex<crate::plugin::watch::PluginWatcher>>,
+    native_router: Option<NativeRouter>,
     store: OutboxStore,
     plugins: Plugins,
     sinks: Sinks,
@@ -75,6 +81,7 @@ impl Relay {
         Relay {
             inner: Arc::new(Inner {
                 watcher: None,
+                native_router: None,
                 metrics,
                 store,
                 plugins,
@@ -92,6 +99,20 @@ impl Relay {
         match Arc::try_unwrap(self.inner) {
             Ok(mut inner) => {
                 inner.watcher = watcher.map(std::sync::Mutex::new);
+                Relay {
+                    inner: Arc::new(inner),
+                }
+            }
+            Err(inner) => Relay { inner },
+        }
+    }
+
+    /// Routes every event with `router` instead of the configured plugins.
+    #[must_use]
+    pub fn with_native_router(self, router: NativeRouter) -> Relay {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.native_router = Some(router);
                 Relay {
                     inner: Arc::new(inner),
                 }
@@ -532,6 +553,35 @@ impl Relay {
                 span.id = child.map(|c| c.span_hex()),
                 parent.id = parent.map(|p| p.span_hex()),
             );
+            if let Some(native) = &inner.native_router {
+                let started = Instant::now();
+                let result = span.in_scope(|| native(&event));
+                inner
+                    .metrics
+                    .plugin_call
+                    .get_or_create(&PluginLabel {
+                        plugin: "native".to_string(),
+                    })
+                    .observe(started.elapsed().as_secs_f64());
+                let state = match result {
+                    Ok(messages) => {
+                        span.in_scope(|| self.assemble(&event, messages, "native", None, child.as_ref()))
+                    }
+                    Err(Refusal::Permanent(reason)) => RowState::Failed {
+                        outcome: Outcome::Dead {
+                            error: format!("native router refused permanently: {reason}"),
+                        },
+                        version: None,
+                    },
+                    Err(Refusal::Transient(reason)) => RowState::Failed {
+                        outcome: self
+                            .retry_or_dead(attempts, format!("native router refused for now: {reason}")),
+                        version: None,
+                    },
+                };
+                out.push(RoutedRow { row, state, span });
+                continue;
+            }
             let Some(slot_index) = inner.plugins.select(&event.aggregate_type, &event.event_type) else {
                 let outcome = match inner.config.unmatched {
                     UnmatchedPolicy::DeadLetter => Outcome::Dead {
