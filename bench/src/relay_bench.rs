@@ -1,0 +1,761 @@
+//! The relay benchmark, run by hand: drain throughput to NATS JetStream and
+//! to Kafka against the raw SQL claim/ack ceiling measured in the same run,
+//! the wasm plugin against a native router, commit-to-consumer latency at
+//! steady rates, hot reload under load, and peak memory. Prints one table
+//! and writes a latency plot (SVG).
+//!
+//! ```text
+//! scripts/services.sh start && eval "$(scripts/services.sh env)"
+//! (cd plugins && cargo build --release)
+//! cargo run --release -p switchyard-bench --bin relay-bench [-- --rows 1000000]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use futures::StreamExt;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use sqlx::PgPool;
+use switchyard::plugin::{Event, Message};
+use switchyard::store::{OutboxStore, Outcome, RowOutcome};
+use switchyard::{Config, Relay};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(about = "Relay throughput, latency, plugin overhead and memory against the SQL ceiling")]
+struct Args {
+    /// Backlog size for the drain measurements.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: u64,
+    /// Distinct aggregates in the backlog.
+    #[arg(long, default_value_t = 10_000)]
+    aggregates: u64,
+    /// Rows per claim (relay and ceiling alike).
+    #[arg(long, default_value_t = 500)]
+    batch_size: u32,
+    /// Concurrent batches (relay and ceiling alike).
+    #[arg(long, default_value_t = 4)]
+    concurrency: u32,
+    /// Seconds of steady load per latency rate.
+    #[arg(long, default_value_t = 15)]
+    latency_seconds: u64,
+    /// Skip the Kafka drain.
+    #[arg(long)]
+    no_kafka: bool,
+    /// Only the latency and hot-reload runs (and the plot).
+    #[arg(long)]
+    latency_only: bool,
+    /// Where to write the latency plot.
+    #[arg(long, default_value = "docs/latency.svg")]
+    plot: PathBuf,
+}
+
+struct Services {
+    server_url: String,
+    nats_url: String,
+    kafka: String,
+}
+
+impl Services {
+    fn from_env() -> Services {
+        let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
+        Services {
+            server_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:55432/postgres"),
+            nats_url: var("SWITCHYARD_NATS_URL", "nats://127.0.0.1:54222"),
+            kafka: var("SWITCHYARD_KAFKA_BOOTSTRAP", "127.0.0.1:59092"),
+        }
+    }
+
+    fn db_url(&self, name: &str) -> String {
+        match self.server_url.rsplit_once('/') {
+            Some((base, _)) => format!("{base}/{name}"),
+            None => format!("{}/{name}", self.server_url),
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| ".".into())
+}
+
+fn plugin_file() -> PathBuf {
+    workspace_root().join("plugins/target/wasm32-wasip2/release/route_by_type.wasm")
+}
+
+/// Peak resident set of this process since the last reset, in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Starts a new peak-RSS window (Linux: "5" to clear_refs resets VmHWM).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+async fn admin_pool(services: &Services) -> anyhow::Result<PgPool> {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&services.server_url)
+        .await
+        .with_context(|| {
+            format!(
+                "PostgreSQL at {} (run scripts/services.sh start)",
+                services.server_url
+            )
+        })
+}
+
+async fn recreate_db(admin: &PgPool, name: &str, template: Option<&str>) -> anyhow::Result<()> {
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(admin)
+        .await?;
+    let from = template.map(|t| format!(" TEMPLATE {t}")).unwrap_or_default();
+    sqlx::query(&format!("CREATE DATABASE {name}{from}"))
+        .execute(admin)
+        .await?;
+    Ok(())
+}
+
+/// A migrated database holding `rows` ~200-byte order documents over
+/// `aggregates` orders, written in id order like real traffic.
+async fn build_template(services: &Services, args: &Args) -> anyhow::Result<Duration> {
+    let admin = admin_pool(services).await?;
+    let started = Instant::now();
+    recreate_db(&admin, "sy_bench_template", None).await?;
+    let url = services.db_url("sy_bench_template");
+    let store = OutboxStore::connect(&url, 2).await?;
+    store.migrate().await?;
+    let pool = store.pg_pool().context("PostgreSQL store")?.clone();
+    let chunk = 100_000u64;
+    let mut from = 0;
+    while from < args.rows {
+        let to = (from + chunk).min(args.rows);
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+             SELECT 'order', 'order-' || lpad((n % $3)::text, 6, '0'),
+                    (ARRAY['OrderCreated', 'OrderPaid', 'OrderShipped'])[1 + (n / $3) % 3],
+                    jsonb_build_object(
+                        'order_id', 'order-' || lpad((n % $3)::text, 6, '0'),
+                        'customer_id', 'cust-' || (n % 997),
+                        'status', 'created', 'currency', 'EUR',
+                        'total_cents', 1000 + n % 90000,
+                        'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (n % 50), 'qty', 1 + n % 3)),
+                        'created_at', '2026-11-22T10:00:00Z'),
+                    jsonb_build_object('traceparent',
+                        '00-' || lpad(to_hex(n), 32, '0') || '-' || lpad(to_hex(n + 1), 16, '0') || '-01')
+               FROM generate_series($1::bigint, $2::bigint - 1) n",
+        )
+        .bind(i64::try_from(from)?)
+        .bind(i64::try_from(to)?)
+        .bind(i64::try_from(args.aggregates)?)
+        .execute(&pool)
+        .await?;
+        from = to;
+    }
+    sqlx::query("VACUUM ANALYZE switchyard_outbox")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    Ok(started.elapsed())
+}
+
+/// A fresh copy of the template (a file copy: seconds, not a reload).
+async fn clone_db(services: &Services, name: &str) -> anyhow::Result<String> {
+    let admin = admin_pool(services).await?;
+    recreate_db(&admin, name, Some("sy_bench_template")).await?;
+    Ok(services.db_url(name))
+}
+
+/// The same claim and mark-published statements the relay runs, with no
+/// plugin and no broker: what the database allows.
+async fn ceiling(url: &str, args: &Args) -> anyhow::Result<f64> {
+    let store = OutboxStore::connect(url, args.concurrency * 2 + 2).await?;
+    let started = Instant::now();
+    let done = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for worker in 0..args.concurrency {
+        let store = store.clone();
+        let done = done.clone();
+        let batch = args.batch_size;
+        workers.push(tokio::spawn(async move {
+            let owner = format!("ceiling-{worker}");
+            loop {
+                let claim = store.claim(&owner, batch, Duration::from_secs(30)).await?;
+                if claim.rows.is_empty() {
+                    if store.backlog().await?.0 == 0 {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                let outcomes: Vec<RowOutcome> = claim
+                    .rows
+                    .iter()
+                    .map(|row| RowOutcome {
+                        id: row.id,
+                        outcome: Outcome::Published,
+                        deliveries: BTreeMap::new(),
+                        plugin_version: None,
+                    })
+                    .collect();
+                let acked = store.ack(claim.lease, &outcomes).await?;
+                done.fetch_add(acked.len() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Nats,
+    Kafka,
+}
+
+fn relay_config(
+    url: &str,
+    services: &Services,
+    args: &Args,
+    target: Target,
+    plugin: &Path,
+) -> anyhow::Result<Config> {
+    let (plugin_config, target_config) = match target {
+        Target::Nats => (
+            "target = \"out\"\ntopic = \"bench.{event_type}\"",
+            format!(
+                "type = \"nats\"\nurl = \"{}\"\nstream = {{ name = \"BENCH\", subjects = [\"bench.>\"] }}",
+                services.nats_url
+            ),
+        ),
+        Target::Kafka => (
+            "target = \"out\"\ntopic = \"bench\"",
+            format!("type = \"kafka\"\nbootstrap_servers = \"{}\"", services.kafka),
+        ),
+    };
+    let text = format!(
+        r#"
+[database]
+url = "{url}"
+max_connections = {max_connections}
+[relay]
+batch_size = {batch}
+concurrency = {concurrency}
+[plugin_runtime]
+cache = false
+[admin]
+listen = ""
+[[plugins]]
+name = "router"
+path = "{plugin}"
+[plugins.config]
+{plugin_config}
+[targets.out]
+{target_config}
+"#,
+        max_connections = args.concurrency * 2 + 4,
+        batch = args.batch_size,
+        concurrency = args.concurrency,
+        plugin = plugin.display(),
+    );
+    Config::from_toml(&text, Path::new("."), &|_| None).map_err(|e| anyhow::anyhow!("bench config: {e:?}"))
+}
+
+/// The native equivalent of route-by-type with this bench's config.
+fn native_router(target: Target) -> switchyard::relay::NativeRouter {
+    Arc::new(move |event: &Event| {
+        let topic = match target {
+            Target::Nats => format!("bench.{}", event.event_type),
+            Target::Kafka => "bench".to_string(),
+        };
+        Ok(vec![Message {
+            target: "out".to_string(),
+            topic,
+            key: Some(event.aggregate_id.clone()),
+            payload: event.payload.clone(),
+            headers: vec![("content-type".to_string(), "application/json".to_string())],
+        }])
+    })
+}
+
+async fn reset_brokers(services: &Services, target: Target) -> anyhow::Result<()> {
+    match target {
+        Target::Nats => {
+            let client = async_nats::connect(&services.nats_url).await?;
+            let js = async_nats::jetstream::new(client);
+            let _ = js.delete_stream("BENCH").await;
+            let _ = js.delete_stream("LATENCY").await;
+        }
+        Target::Kafka => {
+            let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &services.kafka)
+                .create()?;
+            let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+            let _ = admin.delete_topics(&["bench"], &options).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            admin
+                .create_topics(&[NewTopic::new("bench", 8, TopicReplication::Fixed(1))], &options)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+struct Drain {
+    rate: f64,
+    peak_rss: u64,
+}
+
+/// Runs a relay on a copy of the backlog until it is empty.
+async fn drain(services: &Services, args: &Args, target: Target, native: bool) -> anyhow::Result<Drain> {
+    let name = format!(
+        "sy_bench_{}_{}",
+        if target == Target::Nats { "nats" } else { "kafka" },
+        if native { "native" } else { "wasm" }
+    );
+    let url = clone_db(services, &name).await?;
+    reset_brokers(services, target).await?;
+    let config = relay_config(&url, services, args, target, &plugin_file())?;
+    reset_peak_rss();
+    let mut relay = switchyard::app::build(&config).await?;
+    if native {
+        relay = relay.with_native_router(native_router(target));
+    }
+    let rate = run_until_drained(&relay, args.rows).await?;
+    Ok(Drain {
+        rate,
+        peak_rss: peak_rss(),
+    })
+}
+
+async fn run_until_drained(relay: &Relay, rows: u64) -> anyhow::Result<f64> {
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let task = tokio::spawn({
+        let relay = relay.clone();
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (backlog, _) = relay.store().backlog().await?;
+        if backlog == 0 {
+            break;
+        }
+        if task.is_finished() {
+            anyhow::bail!("the relay stopped early");
+        }
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    task.await??;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'")
+        .fetch_one(relay.store().pg_pool().context("PostgreSQL")?)
+        .await?;
+    anyhow::ensure!(dead == 0, "{dead} rows dead-lettered during the drain");
+    Ok(rows as f64 / elapsed.as_secs_f64())
+}
+
+/// What one latency run saw.
+struct Latency {
+    rate: u64,
+    sorted_us: Vec<u64>,
+    sent: u64,
+    reload_ms: Option<f64>,
+    peak_rss: u64,
+}
+
+impl Latency {
+    fn percentile_ms(&self, p: f64) -> f64 {
+        if self.sorted_us.is_empty() {
+            return f64::NAN;
+        }
+        let index = ((self.sorted_us.len() - 1) as f64 * p).round() as usize;
+        self.sorted_us[index] as f64 / 1000.0
+    }
+}
+
+fn now_us() -> u64 {
+    u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0)
+}
+
+/// Steady writes at `rate` events/s for `seconds`; each event's payload
+/// carries its send time, and a core NATS subscriber on the relay's subjects
+/// measures arrival. With `reload`, swaps the plugin file mid-run and times
+/// the first event routed by the new version.
+async fn latency(
+    services: &Services,
+    args: &Args,
+    rate: u64,
+    seconds: u64,
+    reload: bool,
+) -> anyhow::Result<Latency> {
+    let admin = admin_pool(services).await?;
+    let name = format!("sy_bench_latency_{rate}");
+    recreate_db(&admin, &name, None).await?;
+    let url = services.db_url(&name);
+    let store = OutboxStore::connect(&url, 4).await?;
+    store.migrate().await?;
+    let pool = store.pg_pool().context("PostgreSQL")?.clone();
+    reset_brokers(services, Target::Nats).await?;
+
+    let dir = std::env::temp_dir().join(format!("sy-bench-{rate}"));
+    std::fs::create_dir_all(&dir)?;
+    let plugin_path = dir.join("router.wasm");
+    let original = std::fs::read(plugin_file())?;
+    std::fs::write(&plugin_path, &original)?;
+    let config = relay_config(&url, services, args, Target::Nats, &plugin_path)?;
+    reset_peak_rss();
+    let relay = switchyard::app::build(&config).await?;
+    let stop = CancellationToken::new();
+    let relay_task = tokio::spawn({
+        let relay = relay.clone();
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+
+    let client = async_nats::connect(&services.nats_url).await?;
+    let mut subscription = client.subscribe("bench.>").await?;
+    client.flush().await?;
+    let new_version = Arc::new(std::sync::Mutex::new(None::<String>));
+    let reload_seen = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let total = rate * seconds;
+    let consumer = tokio::spawn({
+        let new_version = new_version.clone();
+        let reload_seen = reload_seen.clone();
+        async move {
+            let mut latencies = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+            while let Ok(Some(message)) =
+                tokio::time::timeout(Duration::from_secs(5), subscription.next()).await
+            {
+                let arrived = now_us();
+                let sent = serde_json::from_slice::<serde_json::Value>(&message.payload)
+                    .ok()
+                    .and_then(|v| v["sent_us"].as_u64());
+                if let Some(sent) = sent {
+                    latencies.push(arrived.saturating_sub(sent));
+                }
+                let want = new_version.lock().ok().and_then(|v| v.clone());
+                if let (Some(want), Some(headers)) = (want, message.headers.as_ref())
+                    && headers
+                        .get("Switchyard-Plugin")
+                        .is_some_and(|v| v.as_str().ends_with(want.as_str()))
+                    && let Ok(mut seen) = reload_seen.lock()
+                {
+                    seen.get_or_insert_with(Instant::now);
+                }
+                if latencies.len() as u64 >= total {
+                    break;
+                }
+            }
+            latencies
+        }
+    });
+
+    // Writes every 10 ms; a late tick writes its share at once, so the mean rate holds.
+    let per_tick = (rate / 100).max(1);
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut sent = 0u64;
+    let mut reload_started = None;
+    let started = Instant::now();
+    while sent < total {
+        tick.tick().await;
+        if reload && reload_started.is_none() && started.elapsed() >= Duration::from_secs(seconds / 2) {
+            let variant = switchyard_tests::plugins::with_custom_section(&original, 7);
+            if let Ok(mut v) = new_version.lock() {
+                *v = Some(switchyard::plugin::content_hash(&variant));
+            }
+            reload_started = Some(Instant::now());
+            switchyard_tests::plugins::replace_atomically(&plugin_path, &variant);
+        }
+        let n = per_tick.min(total - sent);
+        let sent_us = now_us();
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'order-' || ((($1::bigint + n) * 7919) % 10000), 'OrderCreated',
+                    jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint + n, 'currency', 'EUR',
+                                       'total_cents', 12900, 'customer_id', 'cust-42')
+               FROM generate_series(0, $3::bigint - 1) n",
+        )
+        .bind(i64::try_from(sent)?)
+        .bind(i64::try_from(sent_us)?)
+        .bind(i64::try_from(n)?)
+        .execute(&pool)
+        .await?;
+        sent += n;
+    }
+    let mut sorted_us = consumer.await?;
+    stop.cancel();
+    relay_task.await??;
+    sorted_us.sort_unstable();
+    let reload_ms = match (reload_started, reload_seen.lock().ok().and_then(|s| *s)) {
+        (Some(from), Some(to)) => Some(to.saturating_duration_since(from).as_secs_f64() * 1000.0),
+        _ => None,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Latency {
+        rate,
+        sorted_us,
+        sent,
+        reload_ms,
+        peak_rss: peak_rss(),
+    })
+}
+
+/// A cumulative latency plot, one line per rate.
+fn write_plot(path: &Path, runs: &[&Latency]) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    let (width, height, margin) = (720.0, 420.0, 60.0);
+    // Log scale: a rate above the drain rate measures seconds, the others milliseconds.
+    let max_ms = runs.iter().map(|r| r.percentile_ms(1.0)).fold(10.0_f64, f64::max);
+    let decades = max_ms.log10().ceil().max(1.0);
+    let x = |ms: f64| margin + (ms.max(1.0).log10() / decades).min(1.0) * (width - 2.0 * margin);
+    let y = |fraction: f64| height - margin - fraction * (height - 2.0 * margin);
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{cx}" y="24" text-anchor="middle" font-size="14">Commit-to-consumer latency (relay wasm to NATS JetStream)</text>
+<line x1="{margin}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>
+<line x1="{margin}" y1="{y0}" x2="{margin}" y2="{margin}" stroke="black"/>
+<text x="{cx}" y="{xl}" text-anchor="middle">latency (ms, log scale)</text>
+<text x="16" y="{cy}" transform="rotate(-90 16 {cy})" text-anchor="middle">fraction of events</text>
+"##,
+        cx = width / 2.0,
+        cy = height / 2.0,
+        y0 = height - margin,
+        x1 = width - margin,
+        xl = height - 20.0,
+    );
+    for decade in 0..=(decades as i32) {
+        let ms = 10f64.powi(decade);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{ms}</text>"#,
+            x(ms),
+            height - margin + 16.0
+        );
+    }
+    for i in 0..=5 {
+        let fraction = f64::from(i) / 5.0;
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{fraction:.1}</text><line x1="{margin}" y1="{yy:.1}" x2="{x1}" y2="{yy:.1}" stroke="#ddd"/>"##,
+            margin - 6.0,
+            y(fraction) + 4.0,
+            yy = y(fraction),
+            x1 = width - margin,
+        );
+    }
+    for (run, color) in runs.iter().zip(["#1f77b4", "#d62728", "#2ca02c"]) {
+        let n = run.sorted_us.len().max(1);
+        let step = (n / 400).max(1);
+        let points: Vec<String> = run
+            .sorted_us
+            .iter()
+            .enumerate()
+            .step_by(step)
+            .map(|(i, us)| format!("{:.1},{:.1}", x(*us as f64 / 1000.0), y(i as f64 / n as f64)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            points.join(" ")
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" fill="{color}">{} events/s: p50 {:.1} ms, p99 {:.1} ms</text>"#,
+            width - margin - 250.0,
+            height
+                - margin
+                - 30.0
+                - 18.0
+                    * (runs.len() as f64
+                        - 1.0
+                        - runs.iter().position(|r| std::ptr::eq(*r, *run)).unwrap_or(0) as f64),
+            run.rate,
+            run.percentile_ms(0.5),
+            run.percentile_ms(0.99)
+        );
+    }
+    svg.push_str("</svg>\n");
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, svg)?;
+    Ok(())
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / 1024.0 / 1024.0)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // sqlx flags the bulk load as slow statements; that is the point of it.
+    switchyard::telemetry::init_with_default(switchyard::telemetry::LogFormat::Text, "warn,sqlx=error");
+    anyhow::ensure!(
+        plugin_file().is_file(),
+        "{} is missing: run (cd plugins && cargo build --release)",
+        plugin_file().display()
+    );
+    let services = Services::from_env();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    if args.latency_only {
+        let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;
+        let fast = latency(&services, &args, 10_000, args.latency_seconds, false).await?;
+        write_plot(&args.plot, &[&slow, &fast])?;
+        for run in [&slow, &fast] {
+            println!(
+                "latency at {} events/s: p50 {:.1} / p95 {:.1} / p99 {:.1} / max {:.1} ms",
+                run.rate,
+                run.percentile_ms(0.5),
+                run.percentile_ms(0.95),
+                run.percentile_ms(0.99),
+                run.percentile_ms(1.0)
+            );
+        }
+        println!(
+            "hot reload: {:?} ms; plot: {}",
+            slow.reload_ms,
+            args.plot.display()
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "building the backlog: {} rows over {} aggregates ...",
+        args.rows, args.aggregates
+    );
+    let load = build_template(&services, &args).await?;
+    eprintln!("  loaded in {:.1} s", load.as_secs_f64());
+
+    eprintln!("SQL ceiling ...");
+    let url = clone_db(&services, "sy_bench_ceiling").await?;
+    let ceiling = ceiling(&url, &args).await?;
+    eprintln!("relay, wasm plugin, NATS JetStream ...");
+    let nats_wasm = drain(&services, &args, Target::Nats, false).await?;
+    eprintln!("relay, native router, NATS JetStream ...");
+    let nats_native = drain(&services, &args, Target::Nats, true).await?;
+    let kafka = if args.no_kafka {
+        None
+    } else {
+        eprintln!("relay, wasm plugin, Kafka ...");
+        let wasm = drain(&services, &args, Target::Kafka, false).await?;
+        eprintln!("relay, native router, Kafka ...");
+        let native = drain(&services, &args, Target::Kafka, true).await?;
+        Some((wasm, native))
+    };
+    eprintln!("latency at 1,000 events/s, with a plugin reload halfway ...");
+    let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;
+    eprintln!("latency at 10,000 events/s ...");
+    let fast = latency(&services, &args, 10_000, args.latency_seconds, false).await?;
+    write_plot(&args.plot, &[&slow, &fast])?;
+
+    let today = chrono::Utc::now().format("%Y-%m-%d");
+    println!(
+        "Switchyard relay benchmark, {today}, {} ({cores} cores)",
+        cpu_model()
+    );
+    println!(
+        "backlog {} rows / {} aggregates, batch_size {}, concurrency {}",
+        args.rows, args.aggregates, args.batch_size, args.concurrency
+    );
+    println!();
+    println!("{:<48} {:>14}  against", "measurement", "figure");
+    println!(
+        "{:<48} {:>11.0} /s  1.00",
+        "SQL claim + mark-published ceiling", ceiling
+    );
+    let row = |label: &str, d: &Drain, native: Option<&Drain>| {
+        let vs_native = native.map_or(String::new(), |n| format!(", {:.2} of native", d.rate / n.rate));
+        println!(
+            "{label:<48} {:>11.0} /s  {:.2} of ceiling{vs_native}",
+            d.rate,
+            d.rate / ceiling
+        );
+    };
+    row(
+        "drain, wasm plugin -> NATS JetStream (acked)",
+        &nats_wasm,
+        Some(&nats_native),
+    );
+    row(
+        "drain, native router -> NATS JetStream (acked)",
+        &nats_native,
+        None,
+    );
+    if let Some((wasm, native)) = &kafka {
+        row("drain, wasm plugin -> Kafka (acks=all)", wasm, Some(native));
+        row("drain, native router -> Kafka (acks=all)", native, None);
+    }
+    for run in [&slow, &fast] {
+        println!(
+            "{:<48} {:>14}  p50 {:.1} / p95 {:.1} / p99 {:.1} / max {:.1} ms ({} of {} events)",
+            format!("latency at {} events/s", run.rate),
+            "",
+            run.percentile_ms(0.5),
+            run.percentile_ms(0.95),
+            run.percentile_ms(0.99),
+            run.percentile_ms(1.0),
+            run.sorted_us.len(),
+            run.sent
+        );
+    }
+    match slow.reload_ms {
+        Some(ms) => println!(
+            "{:<48} {:>11.0} ms  rename to first event on the new version",
+            "hot reload under load", ms
+        ),
+        None => println!(
+            "{:<48} {:>14}  no event reached the new version",
+            "hot reload under load", "-"
+        ),
+    }
+    let mut peaks = vec![
+        ("NATS wasm drain", nats_wasm.peak_rss),
+        ("NATS native drain", nats_native.peak_rss),
+        ("latency 1k/s", slow.peak_rss),
+        ("latency 10k/s", fast.peak_rss),
+    ];
+    if let Some((wasm, native)) = &kafka {
+        peaks.push(("Kafka wasm drain", wasm.peak_rss));
+        peaks.push(("Kafka native drain", native.peak_rss));
+    }
+    let (worst, peak) = peaks.iter().max_by_key(|(_, p)| *p).copied().unwrap_or(("-", 0));
+    println!(
+        "{:<48} {:>14}  during the {worst} (whole process: relay and bench harness)",
+        "peak resident memory",
+        mib(peak)
+    );
+    println!();
+    println!("latency plot: {}", args.plot.display());
+    Ok(())
+}
