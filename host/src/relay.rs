@@ -555,30 +555,13 @@ impl Relay {
             );
             if let Some(native) = &inner.native_router {
                 let started = Instant::now();
-                let result = span.in_scope(|| native(&event));
-                inner
-                    .metrics
-                    .plugin_call
-                    .get_or_create(&PluginLabel {
-                        plugin: "native".to_string(),
-                    })
-                    .observe(started.elapsed().as_secs_f64());
-                let state = match result {
-                    Ok(messages) => {
-                        span.in_scope(|| self.assemble(&event, messages, "native", None, child.as_ref()))
-                    }
-                    Err(Refusal::Permanent(reason)) => RowState::Failed {
-                        outcome: Outcome::Dead {
-                            error: format!("native router refused permanently: {reason}"),
-                        },
-                        version: None,
-                    },
-                    Err(Refusal::Transient(reason)) => RowState::Failed {
-                        outcome: self
-                            .retry_or_dead(attempts, format!("native router refused for now: {reason}")),
-                        version: None,
-                    },
-                };
+                let result = span.in_scope(|| native(&event)).map_err(|refusal| match refusal {
+                    Refusal::Transient(reason) => CallFailure::Transient(reason),
+                    Refusal::Permanent(reason) => CallFailure::Permanent(reason),
+                });
+                self.observe_call("native", started);
+                let state = span
+                    .in_scope(|| self.call_outcome(result, &event, "native", None, attempts, child.as_ref()));
                 out.push(RoutedRow { row, state, span });
                 continue;
             }
@@ -650,37 +633,13 @@ impl Relay {
             };
             let started = Instant::now();
             let (result, instance) = span.in_scope(|| version.route(instance, &event));
-            inner
-                .metrics
-                .plugin_call
-                .get_or_create(&PluginLabel {
-                    plugin: version.name().to_string(),
-                })
-                .observe(started.elapsed().as_secs_f64());
+            self.observe_call(version.name(), started);
             if let Some(instance) = instance {
                 instances.insert(slot_index, instance);
             }
             let version_id = Some(version.version().to_string());
-            let state = match result {
-                Ok(messages) => {
-                    span.in_scope(|| self.assemble(&event, messages, &label, version_id, child.as_ref()))
-                }
-                Err(CallFailure::Permanent(reason)) => RowState::Failed {
-                    outcome: Outcome::Dead {
-                        error: format!("plugin {label} refused permanently: {reason}"),
-                    },
-                    version: version_id,
-                },
-                Err(CallFailure::Transient(reason)) => RowState::Failed {
-                    outcome: self
-                        .retry_or_dead(attempts, format!("plugin {label} refused for now: {reason}")),
-                    version: version_id,
-                },
-                Err(CallFailure::Crashed(reason)) => RowState::Failed {
-                    outcome: self.retry_or_dead(attempts, format!("plugin {label} {reason}")),
-                    version: version_id,
-                },
-            };
+            let state = span
+                .in_scope(|| self.call_outcome(result, &event, &label, version_id, attempts, child.as_ref()));
             out.push(RoutedRow { row, state, span });
         }
         for (slot_index, instance) in instances {
@@ -689,6 +648,42 @@ impl Relay {
             }
         }
         out
+    }
+
+    fn observe_call(&self, plugin: &str, started: Instant) {
+        self.inner
+            .metrics
+            .plugin_call
+            .get_or_create(&PluginLabel {
+                plugin: plugin.to_string(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// A routing call's result as the row's state: messages to publish, or
+    /// dead-lettered (permanent refusal) or retried (transient, crash).
+    fn call_outcome(
+        &self,
+        result: Result<Vec<Message>, CallFailure>,
+        event: &Event,
+        label: &str,
+        version: Option<String>,
+        attempts: u32,
+        trace: Option<&TraceParent>,
+    ) -> RowState {
+        let outcome = match result {
+            Ok(messages) => return self.assemble(event, messages, label, version, trace),
+            Err(CallFailure::Permanent(reason)) => Outcome::Dead {
+                error: format!("plugin {label} refused permanently: {reason}"),
+            },
+            Err(CallFailure::Transient(reason)) => {
+                self.retry_or_dead(attempts, format!("plugin {label} refused for now: {reason}"))
+            }
+            Err(CallFailure::Crashed(reason)) => {
+                self.retry_or_dead(attempts, format!("plugin {label} {reason}"))
+            }
+        };
+        RowState::Failed { outcome, version }
     }
 
     fn assemble(
