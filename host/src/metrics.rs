@@ -200,14 +200,14 @@ impl Metrics {
         out
     }
 
-    /// Counts one finished row.
-    pub fn event(&self, outcome: &'static str, plugin: &str) {
+    /// Counts `count` finished rows with one outcome.
+    pub fn event(&self, outcome: &'static str, plugin: &str, count: u64) {
         self.events
             .get_or_create(&OutcomeLabels {
                 outcome,
                 plugin: plugin.to_string(),
             })
-            .inc();
+            .inc_by(count);
     }
 }
 

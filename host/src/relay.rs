@@ -259,17 +259,17 @@ impl Relay {
         inner.metrics.batch_size.observe(claim.rows.len() as f64);
         let lease = claim.lease;
         let deadline = claim.deadline;
-        let routed = self.route_all(claim.rows, deadline).await;
+        let mut routed = self.route_all(claim.rows, deadline).await;
 
         // Publish everything not yet acknowledged, grouped by target.
         let mut by_target: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
         let mut outgoing: BTreeMap<String, Vec<crate::sinks::OutgoingMessage>> = BTreeMap::new();
         let mut results: Vec<Vec<Option<Result<(), SinkError>>>> = Vec::with_capacity(routed.len());
         let publish_allowed = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < deadline;
-        for (row_index, row) in routed.iter().enumerate() {
+        for (row_index, row) in routed.iter_mut().enumerate() {
             let mut row_results = Vec::new();
-            if let RowState::Routed { messages, .. } = &row.state {
-                for (message_index, message) in messages.iter().enumerate() {
+            if let RowState::Routed { messages, .. } = &mut row.state {
+                for (message_index, message) in messages.iter_mut().enumerate() {
                     let acked = row
                         .row
                         .deliveries
@@ -283,10 +283,16 @@ impl Relay {
                             .entry(message.target.clone())
                             .or_default()
                             .push((row_index, message_index));
-                        outgoing
-                            .entry(message.target.clone())
-                            .or_default()
-                            .push(message.message.clone());
+                        // Moved, not copied: only the topic is read again, for the delivery record.
+                        let topic = message.message.topic.clone();
+                        let taken = std::mem::replace(
+                            &mut message.message,
+                            crate::sinks::OutgoingMessage {
+                                topic,
+                                ..Default::default()
+                            },
+                        );
+                        outgoing.entry(message.target.clone()).or_default().push(taken);
                     } else {
                         row_results.push(Some(Err(SinkError::retryable(
                             "lease nearly expired before publishing (plugins too slow for the lease)",
@@ -360,9 +366,13 @@ impl Relay {
         let mut unrouted = 0usize;
         let mut first_unrouted: Option<String> = None;
         let mut first_dead: Option<String> = None;
-        for (row, row_results) in routed.into_iter().zip(results) {
+        // Counted per batch: a labelled counter lookup per row costs more than the row's ack.
+        let mut tally: BTreeMap<(&str, &'static str), u64> = BTreeMap::new();
+        let metrics = &inner.metrics;
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        for (mut row, row_results) in routed.into_iter().zip(results) {
             let attempts = u32::try_from(row.row.attempts).unwrap_or(u32::MAX);
-            let mut deliveries = row.row.deliveries.clone();
+            let mut deliveries = std::mem::take(&mut row.row.deliveries);
             let (outcome, version) = match row.state {
                 RowState::Failed { outcome, version } => {
                     if let Outcome::Retry { error, .. } = &outcome {
@@ -423,31 +433,28 @@ impl Relay {
                 .map_or("none", |index| {
                     inner.plugins.slots()[index].config().name.as_str()
                 });
-            let metrics = &inner.metrics;
-            metrics
-                .claimed
-                .get_or_create(&PluginLabel {
-                    plugin: plugin.to_string(),
-                })
-                .inc();
-            match &outcome {
+            let kind = match &outcome {
                 Outcome::Published => {
                     report.published += 1;
-                    let dropped = deliveries.is_empty();
-                    metrics.event(if dropped { "dropped" } else { "published" }, plugin);
-                    let age_ms = chrono::Utc::now().timestamp_millis() - row.row.created_at_ms;
+                    let age_ms = now_ms - row.row.created_at_ms;
                     metrics.commit_to_publish.observe(age_ms.max(0) as f64 / 1000.0);
+                    if deliveries.is_empty() {
+                        "dropped"
+                    } else {
+                        "published"
+                    }
                 }
                 Outcome::Retry { .. } | Outcome::Defer { .. } => {
                     report.retried += 1;
-                    metrics.event("retried", plugin);
+                    "retried"
                 }
                 Outcome::Dead { error } => {
                     report.dead += 1;
                     first_dead.get_or_insert_with(|| error.clone());
-                    metrics.event("dead_lettered", plugin);
+                    "dead_lettered"
                 }
-            }
+            };
+            *tally.entry((plugin, kind)).or_default() += 1;
             row.span.in_scope(|| match &outcome {
                 Outcome::Published => debug!(deliveries = deliveries.len(), "Row published."),
                 Outcome::Dead { error } | Outcome::Retry { error, .. } | Outcome::Defer { reason: error, .. } => {
@@ -460,6 +467,19 @@ impl Relay {
                 deliveries,
                 plugin_version: version,
             });
+        }
+        let mut claimed: BTreeMap<&str, u64> = BTreeMap::new();
+        for ((plugin, kind), count) in tally {
+            metrics.event(kind, plugin, count);
+            *claimed.entry(plugin).or_default() += count;
+        }
+        for (plugin, count) in claimed {
+            metrics
+                .claimed
+                .get_or_create(&PluginLabel {
+                    plugin: plugin.to_string(),
+                })
+                .inc_by(count);
         }
         let acked = inner.store.ack(lease, &outcomes).await?;
         report.lost = outcomes.len() - acked.len();

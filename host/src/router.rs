@@ -3,8 +3,6 @@
 //! assembling broker messages with the relay's headers. No I/O here, so every
 //! rule is unit-tested directly.
 
-use std::collections::BTreeMap;
-
 use bytes::Bytes;
 
 use crate::plugin::{Event, Message, PayloadFormat};
@@ -150,40 +148,46 @@ pub fn assemble(
             limits.max_messages_per_event
         ));
     }
-    let mut ordinals: BTreeMap<(String, String), usize> = BTreeMap::new();
-    let mut per_target: BTreeMap<&str, usize> = BTreeMap::new();
-    for message in &messages {
-        *per_target.entry(message.target.as_str()).or_default() += 1;
-    }
+    // Plugins return a handful of messages; counting by scanning beats maps.
     let shared_target: Vec<bool> = messages
         .iter()
-        .map(|m| per_target.get(m.target.as_str()).is_some_and(|&n| n > 1))
+        .map(|m| messages.iter().filter(|other| other.target == m.target).count() > 1)
+        .collect();
+    let ordinals: Vec<usize> = messages
+        .iter()
+        .enumerate()
+        .map(|(index, m)| {
+            messages[..index]
+                .iter()
+                .filter(|earlier| earlier.target == m.target && earlier.topic == m.topic)
+                .count()
+        })
         .collect();
     let mut routed = Vec::with_capacity(messages.len());
-    for ((index, message), shared_target) in messages.into_iter().enumerate().zip(shared_target) {
-        let at = format!("plugin {plugin_label} message {index}");
+    for (((index, message), shared_target), ordinal) in
+        messages.into_iter().enumerate().zip(shared_target).zip(ordinals)
+    {
+        let at = || format!("plugin {plugin_label} message {index}");
         if !known_target(&message.target) {
-            return Err(format!("{at}: unknown target {:?}", message.target));
+            return Err(format!("{}: unknown target {:?}", at(), message.target));
         }
         if message.topic.trim().is_empty() {
-            return Err(format!("{at}: empty topic for target {:?}", message.target));
+            return Err(format!("{}: empty topic for target {:?}", at(), message.target));
         }
         if message.payload.len() > limits.max_message_bytes {
             return Err(format!(
-                "{at}: payload is {} bytes, over relay.max_message_bytes ({})",
+                "{}: payload is {} bytes, over relay.max_message_bytes ({})",
+                at(),
                 message.payload.len(),
                 limits.max_message_bytes
             ));
         }
         for (name, value) in &message.headers {
-            check_header(name, value).map_err(|e| format!("{at}: {e}"))?;
+            check_header(name, value).map_err(|e| format!("{}: {e}", at()))?;
         }
         if let Some(key) = &message.key {
-            check_header("key", key).map_err(|e| format!("{at}: {e}"))?;
+            check_header("key", key).map_err(|e| format!("{}: {e}", at()))?;
         }
-        let ordinal = ordinals
-            .entry((message.target.clone(), message.topic.clone()))
-            .or_default();
         let delivery_key = format!("{}:{}#{}", message.target, message.topic, ordinal);
         // The broker-side dedup id is the event id, unless the event sends
         // several messages to one target, which must not dedup each other.
@@ -192,7 +196,6 @@ pub fn assemble(
         } else {
             event.event_id.clone()
         };
-        *ordinal += 1;
         routed.push(Routed {
             target: message.target,
             delivery_key,
@@ -251,6 +254,7 @@ fn merge_headers(
 mod tests {
     use super::*;
     use crate::store::RowId;
+    use std::collections::BTreeMap;
 
     const LIMITS: Limits = Limits {
         max_payload_bytes: 64,

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use crate::config::TargetConfig;
 
 /// One message, ready for a broker.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct OutgoingMessage {
     /// Topic or subject.
     pub topic: String,

@@ -20,29 +20,28 @@ pub struct Claim {
     pub deadline: Instant,
 }
 
-// `$1` limit, `$2` owner, `$3` lease id, `$4` lease in ms.
-// The head-of-line test reads the aggregate index; its predicate
-// (`status <> 'published'`) appears verbatim so the planner can use it.
-/// The columns every row query returns, in the shape [`row_from_record`] reads.
+/// The columns every row query returns, in the order [`row_from_record`] reads.
 pub(crate) const ROW_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
           o.payload::text AS payload_json, o.payload_bytes, o.headers::text AS headers_json,
           o.tenant, (extract(epoch FROM o.created_at) * 1000)::bigint AS created_at_ms,
           o.attempts, o.deliveries::text AS deliveries_json";
 
+/// Reads a row selected with [`ROW_COLUMNS`] first. By position: a lookup by
+/// name hashes the column name, per column and row, on the claim path.
 pub(crate) fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Error> {
-    let deliveries_json: String = record.try_get("deliveries_json")?;
+    let deliveries_json: String = record.try_get(11)?;
     Ok(OutboxRow {
-        id: RowId(record.try_get("id")?),
-        event_id: record.try_get("event_id")?,
-        aggregate_type: record.try_get("aggregate_type")?,
-        aggregate_id: record.try_get("aggregate_id")?,
-        event_type: record.try_get("event_type")?,
-        payload_json: record.try_get("payload_json")?,
-        payload_bytes: record.try_get("payload_bytes")?,
-        headers_json: record.try_get("headers_json")?,
-        tenant: record.try_get("tenant")?,
-        created_at_ms: record.try_get("created_at_ms")?,
-        attempts: record.try_get("attempts")?,
+        id: RowId(record.try_get(0)?),
+        event_id: record.try_get(1)?,
+        aggregate_type: record.try_get(2)?,
+        aggregate_id: record.try_get(3)?,
+        event_type: record.try_get(4)?,
+        payload_json: record.try_get(5)?,
+        payload_bytes: record.try_get(6)?,
+        headers_json: record.try_get(7)?,
+        tenant: record.try_get(8)?,
+        created_at_ms: record.try_get(9)?,
+        attempts: record.try_get(10)?,
         // Written only by the relay; an unreadable value means "nothing acked yet".
         deliveries: serde_json::from_str(&deliveries_json).unwrap_or_default(),
     })
@@ -58,6 +57,9 @@ static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock:
     ]
 });
 
+// `$1` limit, `$2` owner, `$3` lease id, `$4` lease in ms.
+// The head-of-line test reads the aggregate index; its predicate
+// (`status <> 'published'`) appears verbatim so the planner can use it.
 const CLAIM_SQL: &str = r#"
 WITH heads AS (
     SELECT o.id
