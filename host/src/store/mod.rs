@@ -176,9 +176,14 @@ impl OutboxStore {
     pub async fn backlog(&self) -> Result<(i64, Option<f64>), Error> {
         Ok(match &self.backend {
             Backend::Postgres(pool) => {
+                // The oldest row is the lowest id: one index probe, where
+                // min(created_at) would visit every backlog row in the heap.
                 sqlx::query_as(
-                    "SELECT count(*), EXTRACT(EPOCH FROM now() - min(created_at))::float8
-                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')",
+                    "SELECT (SELECT count(*) FROM switchyard_outbox
+                              WHERE status IN ('pending', 'in_flight')),
+                            (SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
+                               FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
+                              ORDER BY id LIMIT 1)",
                 )
                 .fetch_one(pool)
                 .await?
