@@ -51,6 +51,13 @@ struct Args {
     /// Only the latency and hot-reload runs (and the plot).
     #[arg(long)]
     latency_only: bool,
+    /// Rounds of ceiling and drains; each figure is the median over the
+    /// rounds, and wasm and native alternate which runs first.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Only the ceiling and the drains (no latency, reload or plot).
+    #[arg(long, conflicts_with = "latency_only")]
+    drains_only: bool,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -93,12 +100,64 @@ fn plugin_file() -> PathBuf {
 
 /// Peak resident set of this process since the last reset, in bytes.
 fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    procfs::process::Process::myself()
+        .and_then(|me| me.status())
+        .ok()
+        .and_then(|status| status.vmhwm)
         .map_or(0, |kb| kb * 1024)
+}
+
+/// CPU seconds used so far, by process: where a drain's time goes.
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuTimes {
+    postgres: f64,
+    nats: f64,
+    tansu: f64,
+    /// This process: the relay, plus the bench's own progress checks.
+    relay: f64,
+}
+
+impl CpuTimes {
+    fn now() -> CpuTimes {
+        let ticks = procfs::ticks_per_second() as f64;
+        let me = i32::try_from(std::process::id()).unwrap_or(0);
+        let mut times = CpuTimes::default();
+        let Ok(processes) = procfs::process::all_processes() else {
+            return times;
+        };
+        for stat in processes.flatten().filter_map(|p| p.stat().ok()) {
+            let own = (stat.utime + stat.stime) as f64 / ticks;
+            match stat.comm.as_str() {
+                // The postmaster's children times hold the backends that have exited.
+                "postgres" => times.postgres += own + (stat.cutime + stat.cstime).max(0) as f64 / ticks,
+                "nats-server" => times.nats += own,
+                "tansu" => times.tansu += own,
+                _ if stat.pid == me => times.relay += own,
+                _ => {}
+            }
+        }
+        times
+    }
+
+    fn since(self, earlier: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            postgres: self.postgres - earlier.postgres,
+            nats: self.nats - earlier.nats,
+            tansu: self.tansu - earlier.tansu,
+            relay: self.relay - earlier.relay,
+        }
+    }
+
+    /// "postgres 72 / broker 9 / relay 20 ms per 1,000 events".
+    fn per_thousand(&self, events: u64) -> String {
+        let ms = |seconds: f64| seconds * 1e6 / events.max(1) as f64;
+        format!(
+            "postgres {:.0} / broker {:.0} / relay {:.0} ms",
+            ms(self.postgres),
+            ms(self.nats + self.tansu),
+            ms(self.relay)
+        )
+    }
 }
 
 /// Starts a new peak-RSS window (Linux: "5" to clear_refs resets VmHWM).
@@ -173,6 +232,16 @@ async fn build_template(services: &Services, args: &Args) -> anyhow::Result<Dura
     Ok(started.elapsed())
 }
 
+/// Drops a finished run's database: its dead rows would otherwise keep
+/// autovacuum busy during the next measurement (and fill the disk).
+async fn drop_db(services: &Services, name: &str) -> anyhow::Result<()> {
+    let admin = admin_pool(services).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&admin)
+        .await?;
+    Ok(())
+}
+
 /// A fresh copy of the template (a file copy: seconds, not a reload).
 async fn clone_db(services: &Services, name: &str) -> anyhow::Result<String> {
     let admin = admin_pool(services).await?;
@@ -182,8 +251,9 @@ async fn clone_db(services: &Services, name: &str) -> anyhow::Result<String> {
 
 /// The same claim and mark-published statements the relay runs, with no
 /// plugin and no broker: what the database allows.
-async fn ceiling(url: &str, args: &Args) -> anyhow::Result<f64> {
+async fn ceiling(url: &str, args: &Args) -> anyhow::Result<Drain> {
     let store = OutboxStore::connect(url, args.concurrency * 2 + 2).await?;
+    let cpu = CpuTimes::now();
     let started = Instant::now();
     let done = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
@@ -196,7 +266,7 @@ async fn ceiling(url: &str, args: &Args) -> anyhow::Result<f64> {
             loop {
                 let claim = store.claim(&owner, batch, Duration::from_secs(30)).await?;
                 if claim.rows.is_empty() {
-                    if store.backlog().await?.0 == 0 {
+                    if drained(&store).await? {
                         return Ok::<_, anyhow::Error>(());
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -220,7 +290,23 @@ async fn ceiling(url: &str, args: &Args) -> anyhow::Result<f64> {
     for worker in workers {
         worker.await??;
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    Ok(Drain {
+        rate: done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64(),
+        cpu: CpuTimes::now().since(cpu),
+        peak_rss: peak_rss(),
+    })
+}
+
+/// Whether no unfinished row is left. An index probe, unlike `backlog()`
+/// (a count over the whole backlog), which would load the database it measures.
+async fn drained(store: &OutboxStore) -> anyhow::Result<bool> {
+    let pool = store.pg_pool().context("PostgreSQL store")?;
+    let any: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM switchyard_outbox WHERE status IN ('pending', 'in_flight'))",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(!any)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -319,6 +405,7 @@ async fn reset_brokers(services: &Services, target: Target) -> anyhow::Result<()
 
 struct Drain {
     rate: f64,
+    cpu: CpuTimes,
     peak_rss: u64,
 }
 
@@ -337,11 +424,16 @@ async fn drain(services: &Services, args: &Args, target: Target, native: bool) -
     if native {
         relay = relay.with_native_router(native_router(target));
     }
+    let cpu = CpuTimes::now();
     let rate = run_until_drained(&relay, args.rows).await?;
-    Ok(Drain {
+    let result = Drain {
         rate,
+        cpu: CpuTimes::now().since(cpu),
         peak_rss: peak_rss(),
-    })
+    };
+    drop(relay);
+    drop_db(services, &name).await?;
+    Ok(result)
 }
 
 async fn run_until_drained(relay: &Relay, rows: u64) -> anyhow::Result<f64> {
@@ -354,8 +446,7 @@ async fn run_until_drained(relay: &Relay, rows: u64) -> anyhow::Result<f64> {
     });
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let (backlog, _) = relay.store().backlog().await?;
-        if backlog == 0 {
+        if drained(relay.store()).await? {
             break;
         }
         if task.is_finished() {
@@ -510,12 +601,16 @@ async fn latency(
         _ => None,
     };
     let _ = std::fs::remove_dir_all(&dir);
+    let peak_rss = peak_rss();
+    drop(relay);
+    pool.close().await;
+    drop_db(services, &name).await?;
     Ok(Latency {
         rate,
         sorted_us,
         sent,
         reload_ms,
-        peak_rss: peak_rss(),
+        peak_rss,
     })
 }
 
@@ -657,27 +752,62 @@ async fn main() -> anyhow::Result<()> {
     let load = build_template(&services, &args).await?;
     eprintln!("  loaded in {:.1} s", load.as_secs_f64());
 
-    eprintln!("SQL ceiling ...");
-    let url = clone_db(&services, "sy_bench_ceiling").await?;
-    let ceiling = ceiling(&url, &args).await?;
-    eprintln!("relay, wasm plugin, NATS JetStream ...");
-    let nats_wasm = drain(&services, &args, Target::Nats, false).await?;
-    eprintln!("relay, native router, NATS JetStream ...");
-    let nats_native = drain(&services, &args, Target::Nats, true).await?;
-    let kafka = if args.no_kafka {
+    let mut runs: BTreeMap<&str, Vec<Drain>> = BTreeMap::new();
+    for round in 0..args.repeat {
+        eprintln!("round {} of {}: SQL ceiling ...", round + 1, args.repeat);
+        let url = clone_db(&services, "sy_bench_ceiling").await?;
+        runs.entry("ceiling")
+            .or_default()
+            .push(ceiling(&url, &args).await?);
+        drop_db(&services, "sy_bench_ceiling").await?;
+        let mut targets = vec![(Target::Nats, "nats")];
+        if !args.no_kafka {
+            targets.push((Target::Kafka, "kafka"));
+        }
+        for (target, name) in targets {
+            // Alternate the order so neither side always runs on the warmer broker.
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for native in order {
+                let kind = if native { "native" } else { "wasm" };
+                eprintln!("round {}: relay, {kind}, {name} ...", round + 1);
+                let result = drain(&services, &args, target, native).await?;
+                let key = match (target, native) {
+                    (Target::Nats, false) => "nats_wasm",
+                    (Target::Nats, true) => "nats_native",
+                    (Target::Kafka, false) => "kafka_wasm",
+                    (Target::Kafka, true) => "kafka_native",
+                };
+                runs.entry(key).or_default().push(result);
+            }
+        }
+    }
+    let mut median = |key: &str| {
+        let mut all = runs.remove(key)?;
+        all.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+        let middle = all.len() / 2;
+        Some((all.swap_remove(middle), all.len() + 1))
+    };
+    let (ceiling, rounds) = median("ceiling").context("no ceiling run")?;
+    let (nats_wasm, _) = median("nats_wasm").context("no NATS run")?;
+    let (nats_native, _) = median("nats_native").context("no NATS run")?;
+    let kafka = median("kafka_wasm")
+        .zip(median("kafka_native"))
+        .map(|((w, _), (n, _))| (w, n));
+    drop_db(&services, "sy_bench_template").await?;
+    let latencies = if args.drains_only {
         None
     } else {
-        eprintln!("relay, wasm plugin, Kafka ...");
-        let wasm = drain(&services, &args, Target::Kafka, false).await?;
-        eprintln!("relay, native router, Kafka ...");
-        let native = drain(&services, &args, Target::Kafka, true).await?;
-        Some((wasm, native))
+        eprintln!("latency at 1,000 events/s, with a plugin reload halfway ...");
+        let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;
+        eprintln!("latency at 10,000 events/s ...");
+        let fast = latency(&services, &args, 10_000, args.latency_seconds, false).await?;
+        write_plot(&args.plot, &[&slow, &fast])?;
+        Some((slow, fast))
     };
-    eprintln!("latency at 1,000 events/s, with a plugin reload halfway ...");
-    let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;
-    eprintln!("latency at 10,000 events/s ...");
-    let fast = latency(&services, &args, 10_000, args.latency_seconds, false).await?;
-    write_plot(&args.plot, &[&slow, &fast])?;
 
     let today = chrono::Utc::now().format("%Y-%m-%d");
     println!(
@@ -688,63 +818,74 @@ async fn main() -> anyhow::Result<()> {
         "backlog {} rows / {} aggregates, batch_size {}, concurrency {}",
         args.rows, args.aggregates, args.batch_size, args.concurrency
     );
+    if rounds > 1 {
+        println!("throughput figures: median of {rounds} rounds");
+    }
     println!();
     println!("{:<48} {:>14}  against", "measurement", "figure");
     println!(
         "{:<48} {:>11.0} /s  1.00",
-        "SQL claim + mark-published ceiling", ceiling
+        "SQL claim + mark-published ceiling", ceiling.rate
     );
-    let row = |label: &str, d: &Drain, native: Option<&Drain>| {
+    let drains: Vec<(&str, &Drain, Option<&Drain>)> = [
+        (
+            "drain, wasm plugin -> NATS JetStream (acked)",
+            &nats_wasm,
+            Some(&nats_native),
+        ),
+        (
+            "drain, native router -> NATS JetStream (acked)",
+            &nats_native,
+            None,
+        ),
+    ]
+    .into_iter()
+    .chain(kafka.iter().flat_map(|(wasm, native)| {
+        [
+            ("drain, wasm plugin -> Kafka (acks=all)", wasm, Some(native)),
+            ("drain, native router -> Kafka (acks=all)", native, None),
+        ]
+    }))
+    .collect();
+    for (label, d, native) in &drains {
         let vs_native = native.map_or(String::new(), |n| format!(", {:.2} of native", d.rate / n.rate));
         println!(
             "{label:<48} {:>11.0} /s  {:.2} of ceiling{vs_native}",
             d.rate,
-            d.rate / ceiling
+            d.rate / ceiling.rate
         );
-    };
-    row(
-        "drain, wasm plugin -> NATS JetStream (acked)",
-        &nats_wasm,
-        Some(&nats_native),
-    );
-    row(
-        "drain, native router -> NATS JetStream (acked)",
-        &nats_native,
-        None,
-    );
-    if let Some((wasm, native)) = &kafka {
-        row("drain, wasm plugin -> Kafka (acks=all)", wasm, Some(native));
-        row("drain, native router -> Kafka (acks=all)", native, None);
-    }
-    for run in [&slow, &fast] {
-        println!(
-            "{:<48} {:>14}  p50 {:.1} / p95 {:.1} / p99 {:.1} / max {:.1} ms ({} of {} events)",
-            format!("latency at {} events/s", run.rate),
-            "",
-            run.percentile_ms(0.5),
-            run.percentile_ms(0.95),
-            run.percentile_ms(0.99),
-            run.percentile_ms(1.0),
-            run.sorted_us.len(),
-            run.sent
-        );
-    }
-    match slow.reload_ms {
-        Some(ms) => println!(
-            "{:<48} {:>11.0} ms  rename to first event on the new version",
-            "hot reload under load", ms
-        ),
-        None => println!(
-            "{:<48} {:>14}  no event reached the new version",
-            "hot reload under load", "-"
-        ),
     }
     let mut peaks = vec![
         ("NATS wasm drain", nats_wasm.peak_rss),
         ("NATS native drain", nats_native.peak_rss),
-        ("latency 1k/s", slow.peak_rss),
-        ("latency 10k/s", fast.peak_rss),
     ];
+    if let Some((slow, fast)) = &latencies {
+        for run in [slow, fast] {
+            println!(
+                "{:<48} {:>14}  p50 {:.1} / p95 {:.1} / p99 {:.1} / max {:.1} ms ({} of {} events)",
+                format!("latency at {} events/s", run.rate),
+                "",
+                run.percentile_ms(0.5),
+                run.percentile_ms(0.95),
+                run.percentile_ms(0.99),
+                run.percentile_ms(1.0),
+                run.sorted_us.len(),
+                run.sent
+            );
+        }
+        match slow.reload_ms {
+            Some(ms) => println!(
+                "{:<48} {:>11.0} ms  rename to first event on the new version",
+                "hot reload under load", ms
+            ),
+            None => println!(
+                "{:<48} {:>14}  no event reached the new version",
+                "hot reload under load", "-"
+            ),
+        }
+        peaks.push(("latency 1k/s", slow.peak_rss));
+        peaks.push(("latency 10k/s", fast.peak_rss));
+    }
     if let Some((wasm, native)) = &kafka {
         peaks.push(("Kafka wasm drain", wasm.peak_rss));
         peaks.push(("Kafka native drain", native.peak_rss));
@@ -756,6 +897,18 @@ async fn main() -> anyhow::Result<()> {
         mib(peak)
     );
     println!();
-    println!("latency plot: {}", args.plot.display());
+    println!("CPU per 1,000 events, by process (2 cores = 2,000 ms per second)");
+    println!(
+        "{:<48} {}",
+        "SQL claim + mark-published ceiling",
+        ceiling.cpu.per_thousand(args.rows)
+    );
+    for (label, d, _) in &drains {
+        println!("{label:<48} {}", d.cpu.per_thousand(args.rows));
+    }
+    if latencies.is_some() {
+        println!();
+        println!("latency plot: {}", args.plot.display());
+    }
     Ok(())
 }
