@@ -90,12 +90,23 @@ async fn sqlite_relay_keeps_order_retries_dead_letters_and_survives_a_crash() {
     };
 
     let config = parse(&config(&url, &out));
-    let first = InProcess::start(&config).await;
-    eventually("some published", Duration::from_secs(30), || async {
-        (count("published").await >= 300).then_some(())
-    })
-    .await;
-    first.abort(); // crash: in-flight leases stay behind
+    // Crash mid-batch: an abort between batches leaves no lease behind, so
+    // crash again (further on) until one catches rows in flight.
+    let mut caught = 0;
+    for round in 1..=20 {
+        let first = InProcess::start(&config).await;
+        eventually("some published", Duration::from_secs(30), || async {
+            (count("published").await >= 100 * round).then_some(())
+        })
+        .await;
+        first.abort(); // crash: in-flight leases stay behind
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        caught = count("in_flight").await;
+        if caught > 0 {
+            break;
+        }
+    }
+    assert!(caught > 0, "no crash caught a batch in flight");
     let second = InProcess::start(&config).await;
     // Written after the crash: a crash during its plugin call would expire
     // its lease and spend an attempt, which is not what this part checks.
