@@ -174,27 +174,37 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn backlog(&self) -> Result<(i64, Option<f64>), Error> {
+        let count = "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')";
+        let rows = match &self.backend {
+            Backend::Postgres(pool) => sqlx::query_scalar(count).fetch_one(pool).await?,
+            Backend::Sqlite(pool) => sqlx::query_scalar(count).fetch_one(pool).await?,
+        };
+        Ok((rows, self.oldest_pending_age().await?))
+    }
+
+    /// Age in seconds of the oldest row pending or in flight: the lowest id,
+    /// one index probe (`min(created_at)` would read every backlog row).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn oldest_pending_age(&self) -> Result<Option<f64>, Error> {
         Ok(match &self.backend {
             Backend::Postgres(pool) => {
-                // The oldest row is the lowest id: one index probe, where
-                // min(created_at) would visit every backlog row in the heap.
-                sqlx::query_as(
-                    "SELECT (SELECT count(*) FROM switchyard_outbox
-                              WHERE status IN ('pending', 'in_flight')),
-                            (SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
-                               FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
-                              ORDER BY id LIMIT 1)",
+                sqlx::query_scalar(
+                    "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
+                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
+                      ORDER BY id LIMIT 1",
                 )
-                .fetch_one(pool)
+                .fetch_optional(pool)
                 .await?
             }
             Backend::Sqlite(pool) => {
-                sqlx::query_as(
-                    "SELECT count(*),
-                            (CAST(unixepoch('subsec') * 1000 AS INTEGER) - min(created_at)) / 1000.0
-                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')",
+                sqlx::query_scalar(
+                    "SELECT (CAST(unixepoch('subsec') * 1000 AS INTEGER) - created_at) / 1000.0
+                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
+                      ORDER BY id LIMIT 1",
                 )
-                .fetch_one(pool)
+                .fetch_optional(pool)
                 .await?
             }
         })

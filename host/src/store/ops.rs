@@ -230,7 +230,7 @@ impl OutboxStore {
                     sqlx::query_as(by_type).fetch_all(pool).await?,
                 ),
             };
-        let (_, oldest) = self.backlog().await?;
+        let oldest = self.oldest_pending_age().await?;
         Ok(OutboxStats {
             backlog: pending + in_flight,
             pending,
