@@ -53,7 +53,7 @@ install_tansu() {
     fi
     echo "services: building tansu $TANSU_VERSION into $TOOLS_DIR (once; this takes a while)" >&2
     local started=$SECONDS
-    CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=0 \
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_INCREMENTAL=false \
         cargo install --quiet --root "$TOOLS_DIR" tansu --version "$TANSU_VERSION" \
         --features dynostore --locked >&2
     echo "services: tansu built in $((SECONDS - started)) s" >&2

@@ -14,6 +14,10 @@ fi
 services_env="$(scripts/services.sh start)"
 eval "$services_env"
 
+# Test databases are dropped by the tests; a run killed midway leaves some.
+psql "$DATABASE_URL" -qAt -c "SELECT 'DROP DATABASE IF EXISTS ' || quote_ident(datname) || ' WITH (FORCE);' FROM pg_database WHERE datname LIKE 'sy\_%'" \
+    | psql "$DATABASE_URL" -q >/dev/null
+
 echo "== plugins (wasm32-wasip2)"
 (cd plugins && cargo build --release --quiet)
 host="$(rustc -vV | sed -n 's/^host: //p')"

@@ -9,6 +9,7 @@ use super::postgres::fresh_db;
 pub struct TestOutbox {
     /// The store under test.
     pub store: OutboxStore,
+    _database: Option<super::postgres::DropDatabase>,
     pg: Option<sqlx::PgPool>,
     sqlite: Option<sqlx::SqlitePool>,
     /// `"postgres"` or `"sqlite"`.
@@ -21,6 +22,7 @@ impl TestOutbox {
         let db = fresh_db().await;
         TestOutbox {
             store: OutboxStore::new(db.pool.clone()),
+            _database: Some(db.guard),
             pg: Some(db.pool),
             sqlite: None,
             kind: "postgres",
@@ -36,6 +38,7 @@ impl TestOutbox {
         let pool = sqlx::SqlitePool::connect(&url).await.expect("sqlite pool");
         TestOutbox {
             store,
+            _database: None,
             pg: None,
             sqlite: Some(pool),
             kind: "sqlite",
@@ -78,6 +81,41 @@ impl TestOutbox {
             .await
             .expect("insert");
         }
+    }
+
+    /// Inserts an event as a service would, returning the database's error
+    /// text if it refuses the row.
+    ///
+    /// # Errors
+    /// The database's message.
+    pub async fn try_insert(&self, aggregate_id: &str, event_id: Option<&str>) -> Result<(), String> {
+        let result = if let Some(pool) = &self.pg {
+            sqlx::query(
+                "INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+                 VALUES (coalesce($2::uuid, gen_random_uuid()), 'order', $1, 'OrderUpdated', '{}')",
+            )
+            .bind(aggregate_id)
+            .bind(event_id)
+            .execute(pool)
+            .await
+            .map(drop)
+        } else if let Some(pool) = &self.sqlite {
+            let query = match event_id {
+                Some(_) => "INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+                            VALUES (?2, 'order', ?1, 'OrderUpdated', '{}')",
+                None => "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+                         VALUES ('order', ?1, 'OrderUpdated', '{}')",
+            };
+            sqlx::query(query)
+                .bind(aggregate_id)
+                .bind(event_id)
+                .execute(pool)
+                .await
+                .map(drop)
+        } else {
+            unreachable!("one backend is set")
+        };
+        result.map_err(|e| e.to_string())
     }
 
     /// A row's status and last error.

@@ -25,7 +25,7 @@ pub async fn server_pool() -> PgPool {
         })
 }
 
-/// A database created for one test.
+/// A database created for one test; dropped when this goes away.
 pub struct TestDb {
     /// Pool on the new database.
     pub pool: PgPool,
@@ -33,6 +33,40 @@ pub struct TestDb {
     pub url: String,
     /// Its name.
     pub name: String,
+    /// Drops the database at the end of the test (passed or failed).
+    pub guard: DropDatabase,
+}
+
+/// Drops a test database when dropped, forcing out connections still open
+/// (pools, relay processes). `scripts/test.sh` also clears leftovers of
+/// test runs that were killed before their guards ran.
+pub struct DropDatabase {
+    name: String,
+}
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.name);
+        // Drop cannot await: a short-lived thread with a runtime of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                use sqlx::Connection;
+                let mut admin = sqlx::PgConnection::connect(&server_url()).await?;
+                admin
+                    .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+                    .await?;
+                admin.close().await?;
+                Ok::<(), anyhow::Error>(())
+            })
+        })
+        .join();
+        if let Ok(Err(error)) = dropped {
+            eprintln!("could not drop a test database: {error}");
+        }
+    }
 }
 
 /// Creates an empty database with the outbox schema and an `orders` table
@@ -64,7 +98,12 @@ pub async fn fresh_db() -> TestDb {
     )
     .await
     .expect("create orders");
-    TestDb { pool, url, name }
+    TestDb {
+        pool,
+        url,
+        guard: DropDatabase { name: name.clone() },
+        name,
+    }
 }
 
 /// One event as an application would write it.
