@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use switchyard::store::{OutboxRow, OutboxStore, Outcome, RowId, RowOutcome};
+use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, RowId, RowOutcome};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{NewEvent, fresh_db, place_order_event};
 
@@ -37,6 +37,8 @@ on_both_backends!(
     dead_letters_block_the_aggregate_only_in_strict_mode,
     delayed_rows_wait_for_not_before,
     shutdown_release_makes_rows_claimable_without_counting_an_attempt,
+    no_single_rows_content_can_fail_the_batch_ack,
+    writers_get_a_specific_error_for_oversized_keys,
 );
 
 fn event(aggregate: usize, seq: usize) -> NewEvent {
@@ -211,9 +213,33 @@ async fn dead_letters_block_the_aggregate_only_in_strict_mode(db: TestOutbox) {
 async fn delayed_rows_wait_for_not_before(db: TestOutbox) {
     db.insert(1, 0, Some(3_600_000)).await;
     db.insert(2, 0, Some(-1_000)).await;
+    // Written after the delayed one: held back by it, not delayed itself.
+    db.insert(1, 1, None).await;
     let claim = db.store.claim("a", 10, LEASE).await.unwrap();
     assert_eq!(claim.rows.len(), 1);
     assert_eq!(claim.rows[0].aggregate_id, "o-2");
+
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!(
+        (stats.backlog, stats.pending, stats.delayed, stats.in_flight),
+        (3, 1, 1, 1),
+        "status counts the delayed row apart: {stats:?}"
+    );
+    // The oldest pending row is the in-flight o-2, not the delayed one,
+    // whose age would otherwise grow until its time comes.
+    let oldest_id: i64 = claim.rows[0].id.0;
+    assert!(oldest_id > 1);
+    assert!(stats.oldest_pending_age_seconds.is_some());
+    db.store
+        .ack(claim.lease, &[outcome(claim.rows[0].id, Outcome::Published)])
+        .await
+        .unwrap();
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.delayed), (1, 1));
+    assert!(
+        stats.oldest_pending_age_seconds.is_some(),
+        "the row held behind the delayed one is pending"
+    );
 }
 
 async fn shutdown_release_makes_rows_claimable_without_counting_an_attempt(db: TestOutbox) {
@@ -254,4 +280,123 @@ async fn a_row_committed_after_a_later_id_is_still_claimed() {
     );
     assert_eq!(second.rows[0].aggregate_id, "late");
     assert!(second.rows[0].id < first.rows[0].id);
+}
+
+/// A NUL in a topic or a broker's error text (jsonb refuses `\u0000`), or
+/// any other value the database refuses, must not make the whole batch's ack
+/// fail: that batch would be claimed again every lease and its other rows
+/// published again each time.
+async fn no_single_rows_content_can_fail_the_batch_ack(db: TestOutbox) {
+    for aggregate in 0..3 {
+        db.insert(aggregate, 0, None).await;
+    }
+    let claim = db.store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(claim.rows.len(), 3);
+    let nul_topic = "orders\u{0}x".to_string();
+    let mut outcomes: Vec<_> = claim
+        .rows
+        .iter()
+        .map(|r| outcome(r.id, Outcome::Published))
+        .collect();
+    outcomes[0].deliveries.insert(
+        format!("nats:{nul_topic}#0"),
+        Delivery {
+            target: "nats".into(),
+            topic: nul_topic.clone(),
+            acked_at: None,
+            error: Some("server said \u{0}".into()),
+        },
+    );
+    outcomes[0].outcome = Outcome::Retry {
+        after: Duration::from_secs(3600),
+        error: "broker \u{0} down".into(),
+    };
+    // PostgreSQL text refuses NUL outright; SQLite stores it.
+    outcomes[1].plugin_version = Some("bad\u{0}version".into());
+
+    let acked = db.store.ack(claim.lease, &outcomes).await.unwrap();
+    assert_eq!(acked.len(), 3, "every row of the batch is recorded");
+    assert_eq!(db.status_of(claim.rows[2].id.0).await.0, "published");
+    let (status, error) = db.status_of(claim.rows[0].id.0).await;
+    assert_eq!(status, "pending", "{error:?}");
+    assert!(error.unwrap().contains("broker"));
+    let (status, error) = db.status_of(claim.rows[1].id.0).await;
+    match db.kind {
+        "postgres" => {
+            assert_eq!(status, "dead");
+            let error = error.unwrap();
+            assert!(error.contains("database refused this row's outcome"), "{error}");
+        }
+        _ => assert_eq!(status, "published"),
+    }
+    assert!(
+        db.store.claim("b", 10, LEASE).await.unwrap().rows.is_empty(),
+        "nothing comes back after the ack"
+    );
+}
+
+/// An aggregate id past the aggregate index's row limit used to fail the
+/// writer's INSERT with an index-row error naming no column.
+async fn writers_get_a_specific_error_for_oversized_keys(db: TestOutbox) {
+    db.try_insert(&"a".repeat(1024), None)
+        .await
+        .expect("1024 bytes are allowed");
+    let error = db.try_insert(&"a".repeat(3000), None).await.unwrap_err();
+    assert!(error.contains("aggregate_id"), "{error}");
+    assert!(error.contains("1024"), "{error}");
+}
+
+/// SQLite keeps event ids as text: one that is not a UUID is refused at the
+/// writer's INSERT, and one that got in anyway is dead-lettered, never
+/// relayed under a shared stand-in id (brokers deduplicate by it).
+#[tokio::test]
+async fn sqlite_event_ids_must_be_uuids() {
+    let db = TestOutbox::sqlite().await;
+    let error = db.try_insert("o-1", Some("order-42")).await.unwrap_err();
+    assert!(error.contains("event_id must be a UUID"), "{error}");
+    db.try_insert("o-1", Some("0b9e4a4e-5f6a-4c39-8f5e-2b1d2c3d4e5f"))
+        .await
+        .unwrap();
+
+    // Rows written before the check existed, or changed by hand.
+    db.insert(2, 0, None).await;
+    db.insert(3, 0, None).await;
+    let pool = db.sqlite_pool();
+    sqlx::query("UPDATE switchyard_outbox SET event_id = 'legacy-' || aggregate_id WHERE aggregate_id IN ('o-2', 'o-3')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let claim = db.store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(claim.rows.len(), 3);
+    let limits = switchyard::router::Limits::from_config(&switchyard::config::RelayConfig::default());
+    let mut refused = 0;
+    for row in &claim.rows {
+        match switchyard::router::event_from_row(row, &limits) {
+            Ok(event) => assert_eq!(event.event_id, "0b9e4a4e-5f6a-4c39-8f5e-2b1d2c3d4e5f"),
+            Err(error) => {
+                assert!(error.contains("is not a UUID"), "{error}");
+                assert!(error.contains("legacy-o-"), "names the id: {error}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(
+        refused, 2,
+        "both unreadable ids are refused, not mapped to one shared id"
+    );
+}
+
+/// Each test's database goes away with the test, instead of piling up.
+#[tokio::test]
+async fn test_databases_are_dropped_when_the_test_ends() {
+    let db = fresh_db().await;
+    let name = db.name.clone();
+    drop(db);
+    let admin = switchyard_tests::postgres::server_pool().await;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert!(!exists, "database {name} is still there");
 }

@@ -2,6 +2,7 @@
 //! with every problem listed at once.
 
 use std::path::Path;
+use std::time::Duration;
 
 use switchyard::config::{Config, LoadError, TargetConfig};
 use switchyard_tests::plugins::plugin;
@@ -160,4 +161,117 @@ fn kafka_servers_and_credentials_come_from_the_environment() {
     assert_eq!(kafka.properties["sasl.username"], "relay");
     assert_eq!(kafka.properties["sasl.password"], "s3cret");
     assert_eq!(kafka.properties["sasl.mechanisms"], "PLAIN");
+}
+
+#[test]
+fn schema_mistakes_in_several_sections_are_all_listed() {
+    let text = r#"
+[database]
+url = "postgres://x/y"
+max_conections = 3
+[relay]
+batch_size = "many"
+[[plugins]]
+name = "a"
+path = "a.wasm"
+timeout = 5
+[targets.n]
+type = "natz"
+url = "nats://127.0.0.1:4222"
+"#;
+    let Err(LoadError::Invalid(problems)) = Config::from_toml(text, Path::new("."), &|_| None) else {
+        panic!("expected every section's problem");
+    };
+    let all = problems.join("\n");
+    for expected in [
+        "database: ",
+        "max_conections",
+        "relay: ",
+        "\"many\"",
+        "plugins[0]: ",
+        "timeout",
+        "targets.n: ",
+        "natz",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn a_malformed_database_url_is_refused_without_its_password() {
+    let text = r#"
+[database]
+url = "postgres://app:hunter2@db:notaport/orders"
+"#;
+    let Err(LoadError::Invalid(problems)) = Config::from_toml(text, Path::new("."), &|_| None) else {
+        panic!("expected validation problems");
+    };
+    let all = problems.join("\n");
+    assert!(
+        all.contains("database.url") && all.contains("not a valid URL"),
+        "{all}"
+    );
+    assert!(all.contains("port"), "says what is wrong: {all}");
+    assert!(!all.contains("hunter2"), "the password is printed: {all}");
+}
+
+#[test]
+fn secrets_never_appear_in_debug_output() {
+    let text = r#"
+[database]
+url = "postgres://app:hunter2@db:5432/orders"
+[targets.n]
+type = "nats"
+url = "nats://relay:natspass@127.0.0.1:4222"
+[targets.k]
+type = "kafka"
+bootstrap_servers = "127.0.0.1:9092"
+properties = { "sasl.password" = "kafkapass", "sasl.username" = "relay" }
+"#;
+    // Parsing succeeds up to validation (no plugins): the parsed config is what gets logged.
+    let config: switchyard::Config = toml::from_str(text).unwrap();
+    let shown = format!("{config:?}");
+    for secret in ["hunter2", "natspass", "kafkapass"] {
+        assert!(!shown.contains(secret), "{secret} printed in {shown}");
+    }
+}
+
+#[test]
+fn the_jetstream_duplicate_window_must_cover_the_retry_horizon() {
+    let relay = switchyard::config::RelayConfig::default();
+    // 0.5+1+2+4+8+16+32+60+60 s of backoff and nine 30 s leases.
+    assert_eq!(relay.retry_horizon(), Duration::from_millis(183_500 + 270_000));
+
+    let config = |relay: &str, window: &str| {
+        format!(
+            "[database]\nurl = \"postgres://x/y\"\n[relay]\n{relay}\n[targets.n]\ntype = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n{window}\n"
+        )
+    };
+    let problems = |text: String| match Config::from_toml(&text, Path::new("."), &|_| None) {
+        Err(LoadError::Invalid(problems)) => problems,
+        other => panic!("expected problems, got {other:?}"),
+    };
+    // Defaults fit: only the missing plugin is reported.
+    let defaults = problems(config("", ""));
+    assert!(
+        !defaults.iter().any(|p| p.contains("duplicate_window")),
+        "{defaults:?}"
+    );
+
+    let long = problems(config("max_attempts = 30", ""));
+    let all = long.join("\n");
+    assert!(
+        all.contains("targets.n: duplicate_window_seconds (600) is shorter than the relay's retry horizon"),
+        "{all}"
+    );
+
+    let raised = problems(config("max_attempts = 30", "duplicate_window_seconds = 3600"));
+    assert!(
+        !raised.iter().any(|p| p.contains("duplicate_window")),
+        "{raised:?}"
+    );
+
+    // Core NATS does not deduplicate: nothing to cover.
+    let core = problems(config("max_attempts = 30", "mode = \"core\""));
+    assert!(!core.iter().any(|p| p.contains("duplicate_window")), "{core:?}");
 }

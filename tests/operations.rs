@@ -538,7 +538,7 @@ async fn status_json_matches_the_database_and_the_running_relay() {
     .await;
     assert_eq!(code, 0);
     assert!(
-        text.contains("backlog         9 rows (9 pending, 0 in flight)"),
+        text.contains("backlog         9 rows (9 pending, 0 delayed, 0 in flight)"),
         "{text}"
     );
     assert!(text.contains("in retry        4"), "{text}");

@@ -88,6 +88,8 @@ async fn metrics(State(relay): State<Relay>) -> Response {
 pub struct Readiness {
     /// All checks passed.
     pub ready: bool,
+    /// `ok`, or the latest batch panic within the last minute.
+    pub workers: String,
     /// `ok` or the error.
     pub database: String,
     /// Target name to `ok` or the error.
@@ -129,11 +131,17 @@ pub async fn readiness(relay: &Relay) -> Readiness {
             (slot.config().name.clone(), state)
         })
         .collect();
+    let workers = match relay.workers_health() {
+        Ok(()) => "ok".to_string(),
+        Err(problem) => format!("error: {problem}"),
+    };
     let ready = database == "ok"
+        && workers == "ok"
         && targets.iter().all(|(_, state)| state == "ok")
         && plugins.values().all(|state| state != "not loaded");
     Readiness {
         ready,
+        workers,
         database,
         targets: targets.into_iter().collect(),
         plugins,

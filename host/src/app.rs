@@ -17,14 +17,22 @@ use crate::store::OutboxStore;
 /// Any startup failure, with which part failed: unreachable database or
 /// target, missing migrations, plugins that do not load.
 pub async fn build(config: &Config) -> anyhow::Result<Relay> {
+    for warning in config.warnings() {
+        tracing::warn!(%warning, "Config weakens a delivery guarantee.");
+    }
     let store = OutboxStore::connect(&config.database.url, config.database.max_connections)
         .await
-        .context("cannot connect to the database")?
+        .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))?
         .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate);
     check_schema(&store).await?;
     let cache_dir = config.plugin_runtime.cache_dir();
     let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;
-    let plugins = Plugins::load(engine, &config.plugins).map_err(|errors| {
+    // Compiling and running `init` is blocking work: keep it off the runtime.
+    let configs = config.plugins.clone();
+    let loaded = tokio::task::spawn_blocking(move || Plugins::load(engine, &configs))
+        .await
+        .context("loading the plugins panicked")?;
+    let plugins = loaded.map_err(|errors| {
         let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
         anyhow::anyhow!(
             "{} plugin(s) failed to load:\n  - {}",
@@ -38,7 +46,7 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     } else {
         None
     };
-    let sinks = Sinks::connect(&config.targets, config.relay.publish_timeout()).await?;
+    let sinks = Sinks::connect(&config.targets, &config.relay).await?;
     Ok(Relay::new(store, plugins, sinks, config.relay.clone()).with_watcher(watcher))
 }
 

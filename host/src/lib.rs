@@ -9,6 +9,7 @@
 //!   lease, acks, and the operator queries behind `status` and `dlq`.
 //! - [`plugin`]: the wasmtime component runtime for routing plugins.
 //! - [`router`]: pure checks and message assembly around the plugin call.
+//! - [`redact`]: masking credentials wherever a URL is shown.
 //! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
 //! - [`relay`]: the worker loop tying the above together.
 //! - [`retention`]: removing published rows past their age.
@@ -27,6 +28,7 @@ pub mod config;
 pub mod demo;
 pub mod metrics;
 pub mod plugin;
+pub mod redact;
 pub mod relay;
 pub mod retention;
 pub mod router;

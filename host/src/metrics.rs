@@ -40,6 +40,8 @@ pub mod names {
     pub const PLUGIN_RELOADS_REJECTED: &str = "switchyard_plugin_reloads_rejected";
     /// Published rows removed by retention, by mode (`delete` or `archive`).
     pub const RETENTION_ROWS: &str = "switchyard_retention_rows";
+    /// Batches that panicked.
+    pub const WORKER_PANICS: &str = "switchyard_worker_panics";
 }
 
 /// `mode` label.
@@ -117,6 +119,8 @@ pub struct Metrics {
     pub retention: Family<ModeLabel, Counter>,
     /// Oldest unfinished row's age in seconds (set at scrape).
     pub oldest_pending_age: Gauge<f64, AtomicU64>,
+    /// Batches that panicked (a bug: the rows' leases expire and they are retried).
+    pub worker_panics: Counter,
 }
 
 impl Metrics {
@@ -135,6 +139,7 @@ impl Metrics {
             backlog: Gauge::default(),
             oldest_pending_age: Gauge::default(),
             retention: Family::default(),
+            worker_panics: Counter::default(),
         };
         use names::*;
         registry.register(
@@ -182,6 +187,11 @@ impl Metrics {
             RETENTION_ROWS,
             "Published rows removed by retention, by mode",
             metrics.retention.clone(),
+        );
+        registry.register(
+            WORKER_PANICS,
+            "Batches that panicked; their rows are retried when the leases expire",
+            metrics.worker_panics.clone(),
         );
         if let Some(plugins) = plugins {
             registry.register_collector(Box::new(ReloadCollector { plugins }));

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use futures::future::join_all;
 use rand::Rng;
 use sqlx::postgres::PgListener;
@@ -22,8 +23,8 @@ use crate::sinks::{SinkError, Sinks};
 use crate::store::{self, Claim, Delivery, OutboxRow, OutboxStore, Outcome, RowOutcome};
 use crate::trace::TraceParent;
 
-/// Most messages one event may fan out to.
-const MAX_MESSAGES_PER_EVENT: usize = 64;
+/// A claim statement slower than this is logged with its duration.
+const SLOW_CLAIM: Duration = Duration::from_secs(1);
 
 /// Time kept in reserve at the end of a lease for recording the outcome.
 const ACK_RESERVE: Duration = Duration::from_secs(1);
@@ -39,7 +40,31 @@ pub struct Relay {
 /// benchmark that prices the sandbox against it.
 pub type NativeRouter = Arc<dyn Fn(&Event) -> Result<Vec<Message>, Refusal> + Send + Sync>;
 
+/// Why a batch could not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// The claim statement failed; nothing was claimed.
+    #[error("claim failed: {0}")]
+    Claim(#[source] store::Error),
+    /// Recording the outcomes failed; the batch's leases expire and its rows
+    /// are claimed again (targets that acknowledged are not sent again only
+    /// if their state was recorded, so some messages may repeat).
+    #[error("recording the batch's outcomes failed: {0}")]
+    Ack(#[source] store::Error),
+}
+
+/// A batch that panicked: a bug, not the rows' fault. Its leases expire and
+/// the rows are retried; readiness reports it for [`PANIC_UNREADY_FOR`].
+#[derive(Default)]
+struct WorkerHealth {
+    last_panic: std::sync::Mutex<Option<(Instant, String)>>,
+}
+
+/// How long `/readyz` stays unready after a batch panicked.
+const PANIC_UNREADY_FOR: Duration = Duration::from_secs(60);
+
 struct Inner {
+    health: WorkerHealth,
     watcher: Option<std::sync::Mutex<crate::plugin::watch::PluginWatcher>>,
     native_router: Option<NativeRouter>,
     store: OutboxStore,
@@ -72,14 +97,11 @@ impl Relay {
     /// Assembles a relay.
     pub fn new(store: OutboxStore, plugins: Plugins, sinks: Sinks, config: RelayConfig) -> Relay {
         let owner = config.instance_id.clone().unwrap_or_else(default_owner);
-        let limits = Limits {
-            max_payload_bytes: config.max_payload_bytes,
-            max_message_bytes: config.max_message_bytes,
-            max_messages_per_event: MAX_MESSAGES_PER_EVENT,
-        };
+        let limits = Limits::from_config(&config);
         let metrics = Metrics::new(Some(plugins.clone()));
         Relay {
             inner: Arc::new(Inner {
+                health: WorkerHealth::default(),
                 watcher: None,
                 native_router: None,
                 metrics,
@@ -146,6 +168,42 @@ impl Relay {
         &self.inner.owner
     }
 
+    /// Whether the workers are sound: `Err` with the latest panic while one
+    /// happened within the last minute.
+    ///
+    /// # Errors
+    /// The panic's age and message.
+    pub fn workers_health(&self) -> Result<(), String> {
+        let last = match self.inner.health.last_panic.lock() {
+            Ok(last) => last.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        match last {
+            Some((at, message)) if at.elapsed() < PANIC_UNREADY_FOR => Err(format!(
+                "a batch panicked {} s ago: {message}",
+                at.elapsed().as_secs()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn record_panic(&self, worker: u32, panic: &(dyn std::any::Any + Send)) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_string());
+        tracing::error!(
+            worker,
+            panic = %message,
+            "A batch panicked; its rows are retried when their leases expire. This is a bug: please report it."
+        );
+        self.inner.metrics.worker_panics.inc();
+        if let Ok(mut last) = self.inner.health.last_panic.lock() {
+            *last = Some((Instant::now(), message));
+        }
+    }
+
     /// Relays until `shutdown` is cancelled, then stops claiming, lets running
     /// batches finish within `shutdown_timeout_ms` and releases what is left.
     ///
@@ -156,18 +214,44 @@ impl Relay {
         let wake = Arc::new(Notify::new());
         let listener = tokio::spawn(listen(self.inner.store.clone(), wake.clone(), shutdown.clone()));
         let mut workers = JoinSet::new();
-        for worker in 0..self.inner.config.concurrency {
+        let mut numbers = HashMap::new();
+        let spawn = |workers: &mut JoinSet<()>, numbers: &mut HashMap<tokio::task::Id, u32>, worker: u32| {
             let relay = self.clone();
             let wake = wake.clone();
             let shutdown = shutdown.clone();
-            workers.spawn(async move { relay.work(worker, wake, shutdown).await });
+            let task = workers.spawn(async move { relay.work(worker, wake, shutdown).await });
+            numbers.insert(task.id(), worker);
+        };
+        for worker in 0..self.inner.config.concurrency {
+            spawn(&mut workers, &mut numbers, worker);
         }
         info!(
             relay.owner = %self.inner.owner,
             relay.concurrency = self.inner.config.concurrency,
             "Relay started."
         );
-        shutdown.cancelled().await;
+        // Supervise: a worker ends only at shutdown; one that ends earlier
+        // (a panic that escaped its batch guard) is reported and replaced.
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(ended) = workers.join_next_with_id() => {
+                    if shutdown.is_cancelled() {
+                        break;
+                    }
+                    let (id, panic) = match ended {
+                        Ok((id, ())) => (id, None),
+                        Err(error) => (error.id(), error.try_into_panic().ok()),
+                    };
+                    let worker = numbers.remove(&id).unwrap_or_default();
+                    match panic {
+                        Some(panic) => self.record_panic(worker, panic.as_ref()),
+                        None => tracing::error!(worker, "A worker stopped unexpectedly; starting it again."),
+                    }
+                    spawn(&mut workers, &mut numbers, worker);
+                }
+            }
+        }
         let started = Instant::now();
         let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
         let drained = tokio::time::timeout(bound, async { while workers.join_next().await.is_some() {} })
@@ -200,7 +284,20 @@ impl Relay {
         let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
         let mut db_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
-            match self.run_once().await {
+            // A panicking batch must not take the worker with it.
+            let batch = std::panic::AssertUnwindSafe(self.run_once()).catch_unwind().await;
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(panic) => {
+                    self.record_panic(worker, panic.as_ref());
+                    tokio::select! {
+                        () = tokio::time::sleep(db_backoff) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            };
+            match batch {
                 Ok(report) if report.claimed > 0 => {
                     db_backoff = Duration::from_millis(100);
                     if report.claimed >= full {
@@ -218,7 +315,7 @@ impl Relay {
                     }
                 }
                 Err(error) => {
-                    warn!(%error, worker, retry_ms = db_backoff.as_millis() as u64, "Claim failed, will retry.");
+                    warn!(%error, worker, retry_ms = db_backoff.as_millis() as u64, "Batch failed, will retry.");
                     tokio::select! {
                         () = tokio::time::sleep(db_backoff) => {}
                         () = shutdown.cancelled() => {}
@@ -234,7 +331,7 @@ impl Relay {
     /// # Errors
     /// A database error while claiming or acking; the batch's leases then
     /// expire and the rows are claimed again.
-    pub async fn run_once(&self) -> Result<BatchReport, store::Error> {
+    pub async fn run_once(&self) -> Result<BatchReport, BatchError> {
         let inner = &self.inner;
         let claim = inner
             .store
@@ -243,14 +340,25 @@ impl Relay {
                 inner.config.batch_size,
                 inner.config.lease_duration(),
             )
-            .await?;
+            .await
+            .map_err(BatchError::Claim)?;
+        if claim.took >= SLOW_CLAIM {
+            // Usually a plan gone wrong (statistics taken while the outbox was
+            // empty) or a database under load; not the plugins' fault.
+            warn!(
+                claim_ms = claim.took.as_millis() as u64,
+                rows = claim.rows.len(),
+                lease_ms = inner.config.lease_duration_ms,
+                "Claim statement was slow."
+            );
+        }
         if claim.rows.is_empty() {
             return Ok(BatchReport::default());
         }
         self.process(claim).await
     }
 
-    async fn process(&self, claim: Claim) -> Result<BatchReport, store::Error> {
+    async fn process(&self, claim: Claim) -> Result<BatchReport, BatchError> {
         let inner = &self.inner;
         let mut report = BatchReport {
             claimed: claim.rows.len(),
@@ -259,7 +367,8 @@ impl Relay {
         inner.metrics.batch_size.observe(claim.rows.len() as f64);
         let lease = claim.lease;
         let deadline = claim.deadline;
-        let mut routed = self.route_all(claim.rows, deadline).await;
+        let claim_took = claim.took;
+        let mut routed = self.route_all(claim.rows, deadline, claim_took).await;
 
         // Publish everything not yet acknowledged, grouped by target.
         let mut by_target: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
@@ -294,9 +403,11 @@ impl Relay {
                         );
                         outgoing.entry(message.target.clone()).or_default().push(taken);
                     } else {
-                        row_results.push(Some(Err(SinkError::retryable(
-                            "lease nearly expired before publishing (plugins too slow for the lease)",
-                        ))));
+                        row_results.push(Some(Err(SinkError::retryable(lease_spent(
+                            claim_took,
+                            inner.config.lease_duration(),
+                            "publishing",
+                        )))));
                     }
                 }
             }
@@ -481,7 +592,7 @@ impl Relay {
                 })
                 .inc_by(count);
         }
-        let acked = inner.store.ack(lease, &outcomes).await?;
+        let acked = inner.store.ack(lease, &outcomes).await.map_err(BatchError::Ack)?;
         report.lost = outcomes.len() - acked.len();
         if report.lost > 0 {
             warn!(
@@ -521,10 +632,16 @@ impl Relay {
 
     /// Runs every row through its plugin on a blocking thread (wasm calls are
     /// synchronous CPU work), all with the versions current at batch start.
-    async fn route_all(&self, rows: Vec<OutboxRow>, deadline: Instant) -> Vec<RoutedRow> {
+    async fn route_all(
+        &self,
+        rows: Vec<OutboxRow>,
+        deadline: Instant,
+        claim_took: Duration,
+    ) -> Vec<RoutedRow> {
         let relay = self.clone();
         let fallback_ids: Vec<_> = rows.iter().map(|r| r.id).collect();
-        match tokio::task::spawn_blocking(move || relay.route_all_blocking(rows, deadline)).await {
+        match tokio::task::spawn_blocking(move || relay.route_all_blocking(rows, deadline, claim_took)).await
+        {
             Ok(routed) => routed,
             Err(join_error) => {
                 // Only reachable if routing panicked; keep the rows for a retry
@@ -535,7 +652,12 @@ impl Relay {
         }
     }
 
-    fn route_all_blocking(&self, rows: Vec<OutboxRow>, deadline: Instant) -> Vec<RoutedRow> {
+    fn route_all_blocking(
+        &self,
+        rows: Vec<OutboxRow>,
+        deadline: Instant,
+        claim_took: Duration,
+    ) -> Vec<RoutedRow> {
         let inner = &self.inner;
         let slots = inner.plugins.slots();
         let mut versions: HashMap<usize, Arc<PluginVersion>> = HashMap::new();
@@ -609,8 +731,7 @@ impl Relay {
                 continue;
             };
             if Instant::now() >= route_until {
-                let error =
-                    "lease nearly expired before routing (plugins too slow for the lease)".to_string();
+                let error = lease_spent(claim_took, inner.config.lease_duration(), "routing");
                 let outcome = self.retry_or_dead(attempts, error);
                 out.push(RoutedRow::failed(row, outcome, None).in_span(&span));
                 continue;
@@ -720,7 +841,7 @@ impl Relay {
             messages,
             label,
             &self.inner.limits,
-            &|name| sinks.contains(name),
+            &|name| sinks.get(name).map(|sink| sink.deduplicates_by_id()),
             trace,
         ) {
             Ok(messages) => {
@@ -768,6 +889,21 @@ impl RoutedRow {
             span: span.clone(),
             ..self
         }
+    }
+}
+
+/// Why a batch ran out of lease before `stage`: the claim statement itself
+/// (a slow database) or the plugin calls. Blaming the plugins for a slow
+/// claim sends operators to the wrong place.
+fn lease_spent(claim_took: Duration, lease: Duration, stage: &str) -> String {
+    if claim_took * 2 >= lease {
+        format!(
+            "lease nearly expired before {stage}: the claim statement took {} ms of the {} ms lease (database slow)",
+            claim_took.as_millis(),
+            lease.as_millis()
+        )
+    } else {
+        format!("lease nearly expired before {stage} (plugins too slow for the lease)")
     }
 }
 
@@ -835,5 +971,38 @@ async fn listen(store: OutboxStore, wake: Arc<Notify>, shutdown: CancellationTok
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_claim_is_not_blamed_on_the_plugins() {
+        let lease = Duration::from_secs(30);
+        let slow = lease_spent(Duration::from_secs(20), lease, "routing");
+        assert!(
+            slow.contains("claim statement took 20000 ms of the 30000 ms lease"),
+            "{slow}"
+        );
+        assert!(!slow.contains("plugins"), "{slow}");
+        let plugins = lease_spent(Duration::from_millis(5), lease, "publishing");
+        assert!(plugins.contains("plugins too slow"), "{plugins}");
+    }
+
+    #[test]
+    fn backoff_doubles_within_its_cap_with_jitter_in_the_upper_half() {
+        for attempt in 1..=12 {
+            let full = (100u64 << (attempt - 1)).min(5_000);
+            for _ in 0..50 {
+                let delay = backoff(100, 5_000, attempt).as_millis() as u64;
+                assert!(
+                    (full / 2..=full).contains(&delay),
+                    "attempt {attempt}: {delay} ms"
+                );
+            }
+        }
+        assert!(backoff(100, 5_000, u32::MAX).as_millis() <= 5_000);
     }
 }

@@ -30,6 +30,29 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Most messages a plugin may return for one event.
     pub max_messages_per_event: usize,
+    /// Longest topic or subject a plugin may return, in bytes. Brokers
+    /// refuse longer ones (NATS closes the connection on a control line
+    /// over 4 KiB, dropping whatever else it carried).
+    pub max_topic_bytes: usize,
+}
+
+impl Limits {
+    /// Most messages one event may fan out to.
+    pub const MAX_MESSAGES_PER_EVENT: usize = 64;
+    /// Longest topic or subject, in bytes.
+    pub const MAX_TOPIC_BYTES: usize = 1024;
+    /// Most headers a plugin may set on one message.
+    pub const MAX_HEADERS: usize = 256;
+
+    /// The limits a relay with `config` enforces.
+    pub fn from_config(config: &crate::config::RelayConfig) -> Limits {
+        Limits {
+            max_payload_bytes: config.max_payload_bytes,
+            max_message_bytes: config.max_message_bytes,
+            max_messages_per_event: Self::MAX_MESSAGES_PER_EVENT,
+            max_topic_bytes: Self::MAX_TOPIC_BYTES,
+        }
+    }
 }
 
 /// Builds the plugin's view of a row.
@@ -38,6 +61,9 @@ pub struct Limits {
 /// A specific reason when the row cannot be routed at all (NULL or oversized
 /// payload, malformed headers); such rows are dead-lettered.
 pub fn event_from_row(row: &OutboxRow, limits: &Limits) -> Result<Event, String> {
+    if let Some(reason) = &row.malformed {
+        return Err(reason.clone());
+    }
     let (payload, payload_format) = match (&row.payload_bytes, &row.payload_json) {
         (Some(bytes), _) => (bytes.clone(), PayloadFormat::Binary),
         (None, Some(json)) => (json.clone().into_bytes(), PayloadFormat::Json),
@@ -127,7 +153,9 @@ pub struct Routed {
 
 /// Checks a plugin's answer and assembles broker messages.
 ///
-/// `known_target` says whether a target name is configured; `plugin_label` is
+/// `target` answers for a target name: `None` when no such target is
+/// configured, else whether it deduplicates by message id (JetStream), so
+/// that messages sharing such a broker get distinct ids. `plugin_label` is
 /// `name@version`, used in errors and the plugin header.
 ///
 /// # Errors
@@ -137,7 +165,7 @@ pub fn assemble(
     messages: Vec<Message>,
     plugin_label: &str,
     limits: &Limits,
-    known_target: &dyn Fn(&str) -> bool,
+    target: &dyn Fn(&str) -> Option<bool>,
     trace: Option<&TraceParent>,
 ) -> Result<Vec<Routed>, String> {
     let traceparent = trace.map(ToString::to_string);
@@ -148,11 +176,16 @@ pub fn assemble(
             limits.max_messages_per_event
         ));
     }
-    // Plugins return a handful of messages; counting by scanning beats maps.
-    let shared_target: Vec<bool> = messages
+    // A message keeps the bare event id as its broker dedup id unless the
+    // event sends several messages to deduplicating targets: those may share
+    // one stream (two targets, or two subjects it captures), so each gets its
+    // delivery key appended.
+    let deduplicated = messages
         .iter()
-        .map(|m| messages.iter().filter(|other| other.target == m.target).count() > 1)
-        .collect();
+        .filter(|m| target(&m.target).unwrap_or(false))
+        .count();
+    let several = deduplicated > 1;
+    // Plugins return a handful of messages; counting by scanning beats maps.
     let ordinals: Vec<usize> = messages
         .iter()
         .enumerate()
@@ -164,21 +197,53 @@ pub fn assemble(
         })
         .collect();
     let mut routed = Vec::with_capacity(messages.len());
-    for (((index, message), shared_target), ordinal) in
-        messages.into_iter().enumerate().zip(shared_target).zip(ordinals)
-    {
+    for ((index, message), ordinal) in messages.into_iter().enumerate().zip(ordinals) {
         let at = || format!("plugin {plugin_label} message {index}");
-        if !known_target(&message.target) {
+        if target(&message.target).is_none() {
             return Err(format!("{}: unknown target {:?}", at(), message.target));
         }
         if message.topic.trim().is_empty() {
             return Err(format!("{}: empty topic for target {:?}", at(), message.target));
+        }
+        if message.topic.chars().any(char::is_control) {
+            return Err(format!(
+                "{}: topic {:?} for target {:?} contains a control character",
+                at(),
+                message.topic,
+                message.target
+            ));
+        }
+        if message.topic.len() > limits.max_topic_bytes {
+            return Err(format!(
+                "{}: topic for target {:?} is {} bytes, over the {} allowed",
+                at(),
+                message.target,
+                message.topic.len(),
+                limits.max_topic_bytes
+            ));
         }
         if message.payload.len() > limits.max_message_bytes {
             return Err(format!(
                 "{}: payload is {} bytes, over relay.max_message_bytes ({})",
                 at(),
                 message.payload.len(),
+                limits.max_message_bytes
+            ));
+        }
+        if message.headers.len() > Limits::MAX_HEADERS {
+            return Err(format!(
+                "{}: {} headers, more than the {} allowed",
+                at(),
+                message.headers.len(),
+                Limits::MAX_HEADERS
+            ));
+        }
+        let header_bytes: usize = message.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+        if message.payload.len() + header_bytes > limits.max_message_bytes {
+            return Err(format!(
+                "{}: payload and headers are {} bytes, over relay.max_message_bytes ({})",
+                at(),
+                message.payload.len() + header_bytes,
                 limits.max_message_bytes
             ));
         }
@@ -189,10 +254,8 @@ pub fn assemble(
             check_header("key", key).map_err(|e| format!("{}: {e}", at()))?;
         }
         let delivery_key = format!("{}:{}#{}", message.target, message.topic, ordinal);
-        // The broker-side dedup id is the event id, unless the event sends
-        // several messages to one target, which must not dedup each other.
-        let dedup_id = if shared_target {
-            format!("{}:{}#{}", event.event_id, message.topic, ordinal)
+        let dedup_id = if several {
+            format!("{}:{delivery_key}", event.event_id)
         } else {
             event.event_id.clone()
         };
@@ -258,8 +321,9 @@ mod tests {
 
     const LIMITS: Limits = Limits {
         max_payload_bytes: 64,
-        max_message_bytes: 32,
+        max_message_bytes: 64,
         max_messages_per_event: 4,
+        max_topic_bytes: 64,
     };
 
     fn row() -> OutboxRow {
@@ -276,6 +340,7 @@ mod tests {
             created_at_ms: 1,
             attempts: 2,
             deliveries: BTreeMap::new(),
+            malformed: None,
         }
     }
 
@@ -353,7 +418,7 @@ mod tests {
             ],
             "p@abc",
             &LIMITS,
-            &|_| true,
+            &|_| Some(true),
             None,
         )
         .unwrap();
@@ -365,6 +430,43 @@ mod tests {
         assert_eq!(get("traceparent"), Some("00-abc-def-01"));
         assert_eq!(get("x"), Some("1"));
         assert_eq!(get(PLUGIN_HEADER), Some("p@abc"));
+    }
+
+    #[test]
+    fn dedup_ids_differ_per_message_even_across_targets() {
+        let event = event_from_row(&row(), &LIMITS).unwrap();
+        let assembled =
+            |messages| assemble(&event, messages, "p@abc", &LIMITS, &|_| Some(true), None).unwrap();
+        let single = assembled(vec![message("nats", "orders")]);
+        assert_eq!(single[0].message.dedup_id, event.event_id);
+
+        // Two NATS targets may write into one stream: one id each.
+        let two = assembled(vec![message("nats-a", "orders"), message("nats-b", "orders")]);
+        let ids: Vec<_> = two.iter().map(|r| r.message.dedup_id.clone()).collect();
+        assert_eq!(
+            ids,
+            [
+                format!("{}:nats-a:orders#0", event.event_id),
+                format!("{}:nats-b:orders#0", event.event_id)
+            ]
+        );
+        // Stable across attempts: the same answer gives the same ids.
+        let again = assembled(vec![message("nats-a", "orders"), message("nats-b", "orders")]);
+        assert_eq!(again[1].message.dedup_id, ids[1]);
+
+        // Targets that ignore ids (Kafka) do not count: one JetStream
+        // message among them keeps the bare event id.
+        let only_nats_dedups = |t: &str| Some(t == "nats");
+        let fan_out = assemble(
+            &event,
+            vec![message("kafka", "orders"), message("nats", "audit")],
+            "p@abc",
+            &LIMITS,
+            &only_nats_dedups,
+            None,
+        )
+        .unwrap();
+        assert_eq!(fan_out[1].message.dedup_id, event.event_id);
     }
 
     #[test]
@@ -380,7 +482,7 @@ mod tests {
             vec![plugin_says],
             "p@abc",
             &LIMITS,
-            &|_| true,
+            &|_| Some(true),
             relay_span.as_ref(),
         )
         .unwrap();
@@ -400,17 +502,29 @@ mod tests {
     #[test]
     fn refuses_bad_plugin_output_with_specific_errors() {
         let event = event_from_row(&row(), &LIMITS).unwrap();
-        let known = |t: &str| t == "nats";
+        let known = |t: &str| (t == "nats").then_some(true);
         let err = |m: Message| assemble(&event, vec![m], "p@abc", &LIMITS, &known, None).unwrap_err();
 
         assert!(err(message("nope", "t")).contains("unknown target \"nope\""));
         assert!(err(message("nats", " ")).contains("empty topic"));
         let mut big = message("nats", "t");
-        big.payload = vec![0; 33];
+        big.payload = vec![0; 65];
         assert!(err(big).contains("max_message_bytes"));
         let mut header = message("nats", "t");
         header.headers.push(("bad name".into(), "v".into()));
         assert!(err(header).contains("invalid"));
+        for topic in ["orders\u{0}x", "orders\nx", "a\u{1b}[31m"] {
+            let error = err(message("nats", topic));
+            assert!(error.contains("control character"), "{topic:?}: {error}");
+        }
+        let error = err(message("nats", &"t".repeat(65)));
+        assert!(error.contains("65 bytes"), "{error}");
+        let mut many = message("nats", "t");
+        many.headers = (0..300).map(|i| (format!("h{i}"), String::new())).collect();
+        assert!(err(many).contains("300 headers"));
+        let mut huge = message("nats", "t");
+        huge.headers.push(("h".into(), "v".repeat(40)));
+        assert!(err(huge).contains("payload and headers are"));
         let many = vec![message("nats", "t"); 5];
         assert!(
             assemble(&event, many, "p@abc", &LIMITS, &known, None)

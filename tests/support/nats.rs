@@ -16,6 +16,8 @@ pub struct NatsServer {
     port: u16,
     store_dir: PathBuf,
     child: Option<Child>,
+    /// A server config file (`-c`), for limits the command line cannot set.
+    config_file: Option<PathBuf>,
 }
 
 impl NatsServer {
@@ -24,6 +26,20 @@ impl NatsServer {
     /// # Panics
     /// When nats-server is missing (run scripts/services.sh start) or does not start.
     pub async fn start() -> NatsServer {
+        NatsServer::start_with_config("").await
+    }
+
+    /// Like [`NatsServer::start`], with extra server config lines (e.g.
+    /// `max_control_line: 512`).
+    ///
+    /// # Panics
+    /// As [`NatsServer::start`].
+    pub async fn start_with_config(config: &str) -> NatsServer {
+        let config_file = (!config.is_empty()).then(|| {
+            let path = std::env::temp_dir().join(format!("sy-nats-{}.conf", uuid::Uuid::new_v4().simple()));
+            std::fs::write(&path, config).expect("write nats config");
+            path
+        });
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -33,6 +49,7 @@ impl NatsServer {
             port,
             store_dir,
             child: None,
+            config_file,
         };
         server.resume().await;
         server
@@ -54,7 +71,11 @@ impl NatsServer {
     /// Starts it again on the same port and data.
     pub async fn resume(&mut self) {
         let binary = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".to_string());
-        let child = Command::new(&binary)
+        let mut command = Command::new(&binary);
+        if let Some(config) = &self.config_file {
+            command.arg("-c").arg(config);
+        }
+        let child = command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
             .arg(&self.store_dir)
             .stdout(Stdio::null())

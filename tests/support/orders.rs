@@ -190,3 +190,53 @@ pub fn verify(received: &[Received], expected: &HashMap<String, Expected>) -> Ve
     assert_eq!(verdict.distinct, expected.len(), "every event arrives");
     verdict
 }
+
+/// What a consumer counted, without judging: for runs that report figures
+/// (the long fault run) rather than fail at the first violation.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    /// Messages received, copies included.
+    pub received: usize,
+    /// Expected events never received.
+    pub lost: usize,
+    /// Extra copies of events already received.
+    pub duplicates: usize,
+    /// First copies that arrived before an earlier event of their aggregate.
+    pub reordered: usize,
+    /// Messages for events nobody wrote.
+    pub unknown: usize,
+}
+
+/// Counts lost, duplicated, reordered and unknown events in what a consumer
+/// received, by event id and per-aggregate sequence alone: independent of
+/// what the relay believes it did.
+pub fn tally(received: &[Received], expected: &HashMap<String, Expected>) -> Tally {
+    let mut seen = HashSet::new();
+    let mut last_seq: HashMap<&str, u64> = HashMap::new();
+    let mut tally = Tally {
+        received: received.len(),
+        ..Tally::default()
+    };
+    for message in received {
+        let Some(want) = message
+            .header("Switchyard-Event-Id")
+            .and_then(|id| expected.get_key_value(id))
+        else {
+            tally.unknown += 1;
+            continue;
+        };
+        if !seen.insert(want.0.as_str()) {
+            tally.duplicates += 1;
+            continue;
+        }
+        let want = want.1;
+        // The next sequence number this aggregate should show.
+        let next = last_seq.entry(want.aggregate_id.as_str()).or_insert(0);
+        if want.seq != *next {
+            tally.reordered += 1;
+        }
+        *next = want.seq + 1;
+    }
+    tally.lost = expected.len() - seen.len();
+    tally
+}

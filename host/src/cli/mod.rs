@@ -166,7 +166,10 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
         Command::Status { .. } | Command::Dlq(_) => unreachable!("dispatched above"),
         Command::Run { config } => crate::app::run(Config::load(&config)?).await,
         Command::Validate { config } => {
-            Config::load(&config)?;
+            let loaded = Config::load(&config)?;
+            for warning in loaded.warnings() {
+                println!("warning: {warning}");
+            }
             println!("{}: ok", config.display());
             Ok(())
         }

@@ -241,8 +241,8 @@ fn render_status(report: &StatusReport) -> String {
     let _ = writeln!(out, "Outbox ({})", report.database);
     let _ = writeln!(
         out,
-        "  backlog         {} rows ({} pending, {} in flight)",
-        o.backlog, o.pending, o.in_flight
+        "  backlog         {} rows ({} pending, {} delayed, {} in flight)",
+        o.backlog, o.pending, o.delayed, o.in_flight
     );
     let oldest = o
         .oldest_pending_age_seconds

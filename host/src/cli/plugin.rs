@@ -46,18 +46,14 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                 }
                 (None, false) => bail!("give --event FILE or --from-db"),
             };
-            test(&plugin_config, events)
+            // Plugin calls block (WASI's host side): never on a runtime thread.
+            tokio::task::spawn_blocking(move || test(&plugin_config, events)).await?
         }
     }
 }
 
 fn limits() -> Limits {
-    let defaults = crate::config::RelayConfig::default();
-    Limits {
-        max_payload_bytes: defaults.max_payload_bytes,
-        max_message_bytes: defaults.max_message_bytes,
-        max_messages_per_event: 64,
-    }
+    Limits::from_config(&crate::config::RelayConfig::default())
 }
 
 fn check(file: &Path) -> anyhow::Result<()> {
@@ -188,7 +184,8 @@ fn test(config: &PluginConfig, events: Vec<Result<Event, String>>) -> anyhow::Re
         let took = started.elapsed();
         match result {
             Ok(messages) if messages.is_empty() => println!("  dropped on purpose (no messages) [{took:?}]"),
-            Ok(messages) => match router::assemble(&event, messages, &label, &limits, &|_| true, None) {
+            Ok(messages) => match router::assemble(&event, messages, &label, &limits, &|_| Some(false), None)
+            {
                 Ok(routed) => {
                     for message in routed {
                         let m = &message.message;

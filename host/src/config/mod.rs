@@ -159,7 +159,7 @@ impl PluginRuntimeConfig {
 }
 
 /// Database connection settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// Connection URL, e.g. `postgres://user@host/db`. Overridden by the
@@ -169,6 +169,16 @@ pub struct DatabaseConfig {
     /// Pool size. Each relay worker holds a connection only while it claims or acks.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+}
+
+/// The URL's password is never printed.
+impl std::fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &crate::redact::url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
 }
 
 /// What to do with an event that no plugin's filters match.
@@ -247,6 +257,23 @@ impl RelayConfig {
     /// Broker acknowledgement bound as a duration.
     pub fn publish_timeout(&self) -> Duration {
         Duration::from_millis(self.publish_timeout_ms)
+    }
+
+    /// The longest time from an event's first publish to its last retry:
+    /// every backoff at its longest, plus a whole lease per attempt (a relay
+    /// that crashed holding the row). A broker deduplicating by event id
+    /// must remember ids at least this long.
+    pub fn retry_horizon(&self) -> Duration {
+        let backoffs: u64 = (1..self.max_attempts)
+            .map(|attempt| {
+                let exponent = attempt.saturating_sub(1).min(32);
+                self.initial_backoff_ms
+                    .saturating_mul(1u64 << exponent)
+                    .min(self.max_backoff_ms)
+            })
+            .fold(0u64, u64::saturating_add);
+        let leases = u64::from(self.max_attempts.saturating_sub(1)).saturating_mul(self.lease_duration_ms);
+        Duration::from_millis(backoffs.saturating_add(leases))
     }
 }
 
@@ -391,7 +418,16 @@ impl Config {
         base: &Path,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, LoadError> {
-        let mut config: Config = toml::from_str(text).map_err(|e| LoadError::Parse(e.to_string()))?;
+        let mut config: Config = toml::from_str(text).map_err(|whole| {
+            // The parser stops at the first mistake; read each section on
+            // its own so that mistakes in several sections are all listed.
+            let sections = section_errors(text);
+            if sections.len() > 1 {
+                LoadError::Invalid(sections)
+            } else {
+                LoadError::Parse(whole.to_string())
+            }
+        })?;
         config.apply_env(env);
         for plugin in &mut config.plugins {
             if plugin.path.is_relative() {
@@ -409,6 +445,22 @@ impl Config {
         Ok(config)
     }
 
+    /// What the config weakens that it is allowed to (Kafka targets with
+    /// `allow_weaker_delivery`): said by `validate` and logged at start.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for (name, target) in &self.targets {
+            if let TargetConfig::Kafka(kafka) = target {
+                for weakened in kafka.weakened() {
+                    warnings.push(format!(
+                        "targets.{name}: {weakened} (allowed by allow_weaker_delivery)"
+                    ));
+                }
+            }
+        }
+        warnings
+    }
+
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
         if let Some(url) = env("SWITCHYARD_DATABASE_URL") {
             self.database.url = url;
@@ -422,6 +474,48 @@ impl Config {
             }
         }
     }
+}
+
+/// Each top-level section (and each plugin and target) deserialized alone,
+/// one message per section that fails. Empty when the text is not TOML.
+fn section_errors(text: &str) -> Vec<String> {
+    use serde::de::DeserializeOwned;
+    fn check<T: DeserializeOwned>(at: &str, value: &toml::Value, problems: &mut Vec<String>) {
+        if let Err(e) = value.clone().try_into::<T>() {
+            problems.push(format!("{at}: {}", e.message().trim()));
+        }
+    }
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    for (key, value) in &table {
+        match key.as_str() {
+            "database" => check::<DatabaseConfig>(key, value, &mut problems),
+            "relay" => check::<RelayConfig>(key, value, &mut problems),
+            "plugin_runtime" => check::<PluginRuntimeConfig>(key, value, &mut problems),
+            "admin" => check::<AdminConfig>(key, value, &mut problems),
+            "retention" => check::<RetentionConfig>(key, value, &mut problems),
+            "plugins" => match value.as_array() {
+                Some(plugins) => {
+                    for (index, plugin) in plugins.iter().enumerate() {
+                        check::<PluginConfig>(&format!("plugins[{index}]"), plugin, &mut problems);
+                    }
+                }
+                None => problems.push("plugins: must be an array of tables ([[plugins]])".into()),
+            },
+            "targets" => match value.as_table() {
+                Some(targets) => {
+                    for (name, target) in targets {
+                        check::<TargetConfig>(&format!("targets.{name}"), target, &mut problems);
+                    }
+                }
+                None => problems.push("targets: must be a table of targets ([targets.NAME])".into()),
+            },
+            other => problems.push(format!("unknown section {other:?}")),
+        }
+    }
+    problems
 }
 
 /// Errors from [`Config::from_toml`].

@@ -32,6 +32,9 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
             scheme(&db.url)
         ),
     );
+    if let Err(problem) = check_database_url(&db.url) {
+        check(false, problem);
+    }
     check(
         db.max_connections >= 2,
         "database.max_connections must be at least 2".into(),
@@ -160,6 +163,16 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
                 for problem in nats.validate() {
                     problems_push(&mut check, format!("targets.{name}: {problem}"));
                 }
+                let horizon = relay.retry_horizon();
+                check(
+                    nats.mode != crate::sinks::nats::NatsMode::Jetstream
+                        || nats.duplicate_window() >= horizon,
+                    format!(
+                        "targets.{name}: duplicate_window_seconds ({}) is shorter than the relay's retry horizon                          ({} s: relay.max_attempts backoffs at their longest plus a lease each), so a retry could                          store an event twice; raise it (and the streams' duplicate window) or lower                          relay.max_attempts, relay.max_backoff_ms or relay.lease_duration_ms",
+                        nats.duplicate_window_seconds,
+                        horizon.as_secs()
+                    ),
+                );
             }
             TargetConfig::Kafka(kafka) => {
                 for problem in kafka.validate() {
@@ -189,6 +202,25 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
 
 fn problems_push(check: &mut impl FnMut(bool, String), message: String) {
     check(false, message);
+}
+
+/// Parses the URL as the driver will, so a malformed one (`host:notaport`,
+/// a bad parameter) is reported with the others instead of at connect time.
+fn check_database_url(url: &str) -> Result<(), String> {
+    use std::str::FromStr;
+    let parsed = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        sqlx::postgres::PgConnectOptions::from_str(url).map(drop)
+    } else if url.starts_with("sqlite:") {
+        sqlx::sqlite::SqliteConnectOptions::from_str(url).map(drop)
+    } else {
+        return Ok(());
+    };
+    parsed.map_err(|e| {
+        crate::redact::url(&format!(
+            "database.url {:?} is not a valid URL: {e}",
+            crate::redact::url(url)
+        ))
+    })
 }
 
 fn scheme(url: &str) -> &str {

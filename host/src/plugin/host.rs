@@ -10,12 +10,17 @@ use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, 
 
 use super::bindings::switchyard::plugin::host::{Host, Level};
 use super::bindings::switchyard::plugin::types;
+use super::output::Capture;
 
 /// Longest plugin log line kept; the rest is cut so a chatty plugin cannot flood the log.
 const MAX_LOG_LINE: usize = 4096;
 
 /// Data owned by one plugin instance's store.
 pub struct State {
+    /// What the plugin printed to stdout during the current call.
+    pub(crate) stdout: Capture,
+    /// What the plugin printed to stderr (panic messages land here).
+    pub(crate) stderr: Capture,
     wasi: WasiCtx,
     table: ResourceTable,
     pub(crate) limits: StoreLimits,
@@ -25,14 +30,20 @@ pub struct State {
 
 impl State {
     pub(crate) fn new(plugin: Arc<str>, version: Arc<str>, max_memory_bytes: usize) -> State {
-        // No preopened dirs, no sockets, no env, no args, no stdio; clocks frozen
-        // at the epoch so a plugin cannot time anything or behave by the hour.
+        // No preopened dirs, no sockets, no env, no args, no stdin; clocks
+        // frozen at the epoch so a plugin cannot time anything or behave by
+        // the hour. stdout and stderr are captured for the relay's log.
+        let (stdout, stderr) = (Capture::default(), Capture::default());
         let wasi = WasiCtxBuilder::new()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
             .wall_clock(FrozenClock)
             .monotonic_clock(FrozenClock)
             .allow_blocking_current_thread(false)
             .build();
         State {
+            stdout,
+            stderr,
             wasi,
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new()
@@ -45,6 +56,37 @@ impl State {
             plugin,
             version,
         }
+    }
+}
+
+impl State {
+    /// Logs what the plugin printed during the call that just ended, tagged
+    /// `plugin@version`, and returns the stderr text (a panic's message).
+    pub(crate) fn flush_output(&self) -> String {
+        let (plugin, version) = (&*self.plugin, &*self.version);
+        let stdout = self.stdout.take();
+        if !stdout.text.is_empty() {
+            tracing::info!(
+                plugin.name = plugin,
+                plugin.version = version,
+                plugin.stream = "stdout",
+                dropped_bytes = stdout.dropped,
+                "{}",
+                stdout.text
+            );
+        }
+        let stderr = self.stderr.take();
+        if !stderr.text.is_empty() {
+            tracing::warn!(
+                plugin.name = plugin,
+                plugin.version = version,
+                plugin.stream = "stderr",
+                dropped_bytes = stderr.dropped,
+                "{}",
+                stderr.text
+            );
+        }
+        stderr.text
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod bindings;
 mod host;
+mod output;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
@@ -369,7 +370,35 @@ impl PluginVersion {
         u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1)
     }
 
+    /// A fresh instance that passed `init`. WASI's host calls block on a
+    /// tokio runtime, which panics on a runtime thread, so on one this runs
+    /// on a short-lived thread of its own (instances are made rarely: at
+    /// load, and after a trap).
     fn instantiate(&self) -> Result<Instance, LoadError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.instantiate_here();
+        }
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("switchyard-plugin-init".into())
+                .spawn_scoped(scope, || self.instantiate_here())
+                .map_err(|e| LoadError::Init {
+                    name: self.name.to_string(),
+                    version: self.version.to_string(),
+                    reason: format!("cannot start a thread for init: {e}"),
+                })?
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(LoadError::Init {
+                        name: self.name.to_string(),
+                        version: self.version.to_string(),
+                        reason: "init panicked in the host".to_string(),
+                    })
+                })
+        })
+    }
+
+    fn instantiate_here(&self) -> Result<Instance, LoadError> {
         let init_error = |reason: String| LoadError::Init {
             name: self.name.to_string(),
             version: self.version.to_string(),
@@ -384,10 +413,15 @@ impl PluginVersion {
             .instantiate(&mut store)
             .map_err(|e| init_error(describe_trap(&e, self.timeout, self.max_memory_bytes)))?;
         store.set_epoch_deadline(self.deadline_ticks());
-        match router.call_init(&mut store, &self.config_json) {
+        let result = router.call_init(&mut store, &self.config_json);
+        let stderr = store.data().flush_output();
+        match result {
             Ok(Ok(())) => Ok(Instance { store, router }),
             Ok(Err(reason)) => Err(init_error(reason)),
-            Err(e) => Err(init_error(describe_trap(&e, self.timeout, self.max_memory_bytes))),
+            Err(e) => Err(init_error(with_stderr(
+                describe_trap(&e, self.timeout, self.max_memory_bytes),
+                &stderr,
+            ))),
         }
     }
 
@@ -418,20 +452,39 @@ impl PluginVersion {
         event: &Event,
     ) -> (Result<Vec<Message>, CallFailure>, Option<Instance>) {
         instance.store.set_epoch_deadline(self.deadline_ticks());
-        match instance.router.call_route(&mut instance.store, event) {
+        let result = instance.router.call_route(&mut instance.store, event);
+        let stderr = instance.store.data().flush_output();
+        match result {
             Ok(Ok(messages)) => (Ok(messages), Some(instance)),
             Ok(Err(Refusal::Transient(reason))) => (Err(CallFailure::Transient(reason)), Some(instance)),
             Ok(Err(Refusal::Permanent(reason))) => (Err(CallFailure::Permanent(reason)), Some(instance)),
             Err(e) => (
-                Err(CallFailure::Crashed(describe_trap(
-                    &e,
-                    self.timeout,
-                    self.max_memory_bytes,
+                Err(CallFailure::Crashed(with_stderr(
+                    describe_trap(&e, self.timeout, self.max_memory_bytes),
+                    &stderr,
                 ))),
                 None,
             ),
         }
     }
+}
+
+/// Most of a plugin's stderr quoted in `last_error` after a trap.
+const STDERR_IN_ERROR: usize = 512;
+
+/// A trap's description with what the plugin wrote to stderr before it (a
+/// Rust panic's message, an uncaught exception), on one line.
+fn with_stderr(reason: String, stderr: &str) -> String {
+    let stderr = one_line(stderr);
+    if stderr.is_empty() {
+        return reason;
+    }
+    let mut cut = stderr.len().min(STDERR_IN_ERROR);
+    while !stderr.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let ellipsis = if cut < stderr.len() { "..." } else { "" };
+    format!("{reason}; stderr: {}{ellipsis}", &stderr[..cut])
 }
 
 /// wasmtime's parse errors embed pretty-printed byte arrays over many lines;

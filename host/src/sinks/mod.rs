@@ -73,6 +73,12 @@ pub trait Sink: Send + Sync {
 
     /// Checks that the broker is reachable and usable.
     fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>>;
+
+    /// Whether the broker drops a message whose dedup id it has seen
+    /// recently (JetStream's `Nats-Msg-Id`).
+    fn deduplicates_by_id(&self) -> bool {
+        false
+    }
 }
 
 /// All configured targets by name.
@@ -88,13 +94,14 @@ impl Sinks {
     /// The first target that cannot be built or fails its health check.
     pub async fn connect(
         targets: &BTreeMap<String, TargetConfig>,
-        publish_timeout: std::time::Duration,
+        relay: &crate::config::RelayConfig,
     ) -> anyhow::Result<Sinks> {
+        let publish_timeout = relay.publish_timeout();
         let mut by_name = BTreeMap::new();
         for (name, target) in targets {
             let sink: Arc<dyn Sink> = match target {
                 TargetConfig::Nats(config) => Arc::new(
-                    nats::NatsSink::connect(name, config, publish_timeout)
+                    nats::NatsSink::connect(name, config, publish_timeout, relay.retry_horizon())
                         .await
                         .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
                 ),

@@ -81,6 +81,17 @@ UPDATE switchyard_outbox o
 RETURNING o.id
 "#;
 
+/// The `deliveries` column as JSON text. jsonb refuses the NUL character
+/// (`\u0000`), which a topic or a broker's error text may carry.
+pub(super) fn deliveries_json(deliveries: &BTreeMap<DeliveryKey, Delivery>) -> String {
+    let json = serde_json::to_string(deliveries).unwrap_or_else(|_| "{}".into());
+    if json.contains("\\u0000") {
+        json.replace("\\u0000", "\\ufffd")
+    } else {
+        json
+    }
+}
+
 impl OutboxStore {
     /// Records the outcomes of a batch claimed under `lease`. Rows whose lease
     /// was lost (expired and re-claimed elsewhere) are left alone; the
@@ -119,7 +130,7 @@ impl OutboxStore {
             backoffs.push(backoff);
             // PostgreSQL text cannot hold NUL; plugin-supplied reasons might.
             errors.push(error.map(|e| e.replace('\0', "\u{FFFD}")));
-            deliveries.push(serde_json::to_string(&row.deliveries).unwrap_or_else(|_| "{}".into()));
+            deliveries.push(deliveries_json(&row.deliveries));
             versions.push(row.plugin_version.clone());
         }
         let updated = sqlx::query(ACK_SQL)

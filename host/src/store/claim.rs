@@ -18,6 +18,8 @@ pub struct Claim {
     /// Local time after which the lease may already have been taken over.
     /// Work that would finish later must not start.
     pub deadline: Instant,
+    /// How long the claim statement took (it eats into the lease).
+    pub took: Duration,
 }
 
 /// The columns every row query returns, in the order [`row_from_record`] reads.
@@ -31,6 +33,8 @@ pub(crate) const ROW_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggr
 pub(crate) fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Error> {
     let deliveries_json: String = record.try_get(11)?;
     Ok(OutboxRow {
+        // The column is a uuid: PostgreSQL refuses anything else at insert.
+        malformed: None,
         id: RowId(record.try_get(0)?),
         event_id: record.try_get(1)?,
         aggregate_type: record.try_get(2)?,
@@ -143,6 +147,7 @@ impl OutboxStore {
             lease: lease_id,
             rows,
             deadline: started + lease,
+            took: started.elapsed(),
         })
     }
 }

@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use std::str::FromStr;
 
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::{Connection, PgConnection, PgPool};
 
 pub use ack::{Outcome, RowOutcome};
 pub use claim::Claim;
@@ -40,6 +40,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/pos
 
 /// The SQLite outbox migrations (embedded default), embedded in the binary.
 pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+/// SQLite's clock in milliseconds since the epoch, as its times are stored.
+const SQLITE_NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// The channel the insert trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "switchyard_outbox";
@@ -53,6 +56,26 @@ pub enum Error {
     /// A migration failed.
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database could not be reached at startup.
+    #[error("cannot connect to {at}: {reason}")]
+    Connect {
+        /// Which server and database.
+        at: String,
+        /// Why, as the driver or server said.
+        reason: String,
+    },
+}
+
+/// Bound on connecting to the database.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The driver's error without its generic prefix.
+fn describe_connect_error(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(e) => e.message().to_string(),
+        sqlx::Error::Io(e) => e.to_string(),
+        other => other.to_string(),
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -88,11 +111,28 @@ impl OutboxStore {
                 .await?;
             return Ok(OutboxStore::new_sqlite(pool));
         }
+        let options = PgConnectOptions::from_str(url)?;
+        // One connection first, alone: a pool reports an unreachable server
+        // or a missing database only as "pool timed out".
+        let at = format!(
+            "PostgreSQL at {}:{} (database {:?})",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or(options.get_username())
+        );
+        let connect_error = |reason: String| Error::Connect {
+            at: at.clone(),
+            reason: crate::redact::url(&reason),
+        };
+        let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
+            .await
+            .map_err(|_| connect_error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())))?
+            .map_err(|e| connect_error(describe_connect_error(&e)))?;
+        let _ = probe.close().await;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
-            .await?;
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(options);
         Ok(OutboxStore::new(pool))
     }
 
@@ -182,8 +222,9 @@ impl OutboxStore {
         Ok((rows, self.oldest_pending_age().await?))
     }
 
-    /// Age in seconds of the oldest row pending or in flight: the lowest id,
-    /// one index probe (`min(created_at)` would read every backlog row).
+    /// Age in seconds of the oldest row pending or in flight, delayed rows
+    /// (`not_before` still ahead) aside: the lowest such id, an index probe
+    /// (`min(created_at)` would read every backlog row).
     ///
     /// # Errors
     /// [`Error::Database`].
@@ -193,17 +234,19 @@ impl OutboxStore {
                 sqlx::query_scalar(
                     "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
                        FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
+                        AND (not_before IS NULL OR not_before <= now())
                       ORDER BY id LIMIT 1",
                 )
                 .fetch_optional(pool)
                 .await?
             }
             Backend::Sqlite(pool) => {
-                sqlx::query_scalar(
-                    "SELECT (CAST(unixepoch('subsec') * 1000 AS INTEGER) - created_at) / 1000.0
+                sqlx::query_scalar(&format!(
+                    "SELECT ({SQLITE_NOW_MS} - created_at) / 1000.0
                        FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
-                      ORDER BY id LIMIT 1",
-                )
+                        AND (not_before IS NULL OR not_before <= {SQLITE_NOW_MS})
+                      ORDER BY id LIMIT 1"
+                ))
                 .fetch_optional(pool)
                 .await?
             }
@@ -244,13 +287,60 @@ impl OutboxStore {
     ///
     /// # Errors
     /// [`Error::Database`].
+    ///
+    /// No row's content can make the others' ack fail: when the database
+    /// refuses the batch statement itself (not a lost connection), the rows
+    /// are recorded one by one, and a row refused on its own is dead-lettered
+    /// with the database's reason and no delivery state.
     pub async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
+        match self.ack_batch(lease, outcomes).await {
+            Err(Error::Database(sqlx::Error::Database(refused))) if outcomes.len() > 1 => {
+                tracing::warn!(
+                    error = %refused,
+                    rows = outcomes.len(),
+                    "The database refused a batch's outcomes; recording them row by row."
+                );
+                let mut acked = Vec::with_capacity(outcomes.len());
+                for row in outcomes {
+                    acked.extend(self.ack_alone(lease, row).await?);
+                }
+                Ok(acked)
+            }
+            Err(Error::Database(sqlx::Error::Database(_))) => self.ack_alone(lease, &outcomes[0]).await,
+            other => other,
+        }
+    }
+
+    async fn ack_batch(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
         match &self.backend {
             Backend::Postgres(pool) => OutboxStore::ack_pg(pool, lease, outcomes).await,
             Backend::Sqlite(pool) => sqlite::ack(pool, lease, outcomes).await,
+        }
+    }
+
+    /// Records one row; if the database refuses its outcome, records it dead
+    /// with the reason instead, so that the row cannot come back every lease.
+    async fn ack_alone(&self, lease: LeaseId, row: &RowOutcome) -> Result<Vec<RowId>, Error> {
+        match self.ack_batch(lease, std::slice::from_ref(row)).await {
+            Err(Error::Database(sqlx::Error::Database(refused))) => {
+                let dead = RowOutcome {
+                    id: row.id,
+                    outcome: Outcome::Dead {
+                        error: format!(
+                            "the database refused this row's outcome ({}): {}",
+                            row.outcome.status(),
+                            refused.message().replace('\0', "\u{FFFD}")
+                        ),
+                    },
+                    deliveries: std::collections::BTreeMap::new(),
+                    plugin_version: None,
+                };
+                self.ack_batch(lease, std::slice::from_ref(&dead)).await
+            }
+            other => other,
         }
     }
 

@@ -16,10 +16,13 @@ use super::{Backend, Error, OutboxStore};
 /// What `switchyard status` reports from the database.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct OutboxStats {
-    /// Rows not yet finished: pending plus in flight.
+    /// Rows not yet finished: pending, delayed and in flight.
     pub backlog: i64,
-    /// Rows waiting for a claim (first try or a scheduled retry).
+    /// Rows waiting for a claim (first try or a scheduled retry), not delayed.
     pub pending: i64,
+    /// Rows whose writer set `not_before` in the future. Each holds back the
+    /// later events of its aggregate until then.
+    pub delayed: i64,
     /// Rows leased by a relay right now.
     pub in_flight: i64,
     /// Pending rows that already failed at least once.
@@ -213,27 +216,37 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn stats(&self) -> Result<OutboxStats, Error> {
-        let counts = "SELECT count(CASE WHEN status = 'pending' THEN 1 END),
-                             count(CASE WHEN status = 'in_flight' THEN 1 END),
-                             count(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 END)
-                        FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')";
+        let counts = |now: &str| {
+            format!(
+                "SELECT count(CASE WHEN status = 'pending' AND NOT {delayed} THEN 1 END),
+                        count(CASE WHEN status = 'pending' AND {delayed} THEN 1 END),
+                        count(CASE WHEN status = 'in_flight' THEN 1 END),
+                        count(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 END)
+                   FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')",
+                delayed = format!("coalesce(not_before > {now}, false)")
+            )
+        };
         let by_type = "SELECT event_type, count(*) FROM switchyard_outbox
                         WHERE status = 'dead' GROUP BY event_type ORDER BY event_type";
-        let ((pending, in_flight, retrying), dead_by_type): ((i64, i64, i64), Vec<(String, i64)>) =
+        type Counts = (i64, i64, i64, i64);
+        let ((pending, delayed, in_flight, retrying), dead_by_type): (Counts, Vec<(String, i64)>) =
             match &self.backend {
                 Backend::Postgres(pool) => (
-                    sqlx::query_as(counts).fetch_one(pool).await?,
+                    sqlx::query_as(&counts("now()")).fetch_one(pool).await?,
                     sqlx::query_as(by_type).fetch_all(pool).await?,
                 ),
                 Backend::Sqlite(pool) => (
-                    sqlx::query_as(counts).fetch_one(pool).await?,
+                    sqlx::query_as(&counts(super::SQLITE_NOW_MS))
+                        .fetch_one(pool)
+                        .await?,
                     sqlx::query_as(by_type).fetch_all(pool).await?,
                 ),
             };
         let oldest = self.oldest_pending_age().await?;
         Ok(OutboxStats {
-            backlog: pending + in_flight,
+            backlog: pending + delayed + in_flight,
             pending,
+            delayed,
             in_flight,
             retrying,
             oldest_pending_age_seconds: oldest,

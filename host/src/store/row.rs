@@ -64,4 +64,7 @@ pub struct OutboxRow {
     pub attempts: i32,
     /// Deliveries acknowledged by earlier attempts.
     pub deliveries: BTreeMap<DeliveryKey, Delivery>,
+    /// Why the row cannot be relayed whatever its plugin says (an event id
+    /// that is not a UUID): it is dead-lettered with this reason.
+    pub malformed: Option<String>,
 }

@@ -25,10 +25,23 @@ fn now_ms() -> i64 {
 fn row_from_record(record: &SqliteRow) -> Result<OutboxRow, sqlx::Error> {
     let event_id: String = record.try_get("event_id")?;
     let deliveries_json: String = record.try_get("deliveries_json")?;
+    // An id that is not a UUID must neither stop the relay nor be replaced by
+    // a shared value (brokers would deduplicate distinct events by it): the
+    // row is dead-lettered saying so.
+    let (event_id, malformed) = match uuid::Uuid::from_str(&event_id) {
+        Ok(id) => (id, None),
+        Err(_) => (
+            uuid::Uuid::nil(),
+            Some(format!(
+                "event_id {:?} is not a UUID; the event id is every broker's dedup id, so it must be unique",
+                event_id.chars().take(64).collect::<String>()
+            )),
+        ),
+    };
     Ok(OutboxRow {
+        malformed,
         id: RowId(record.try_get("id")?),
-        // A malformed id written by hand must not stop the relay; it routes with the nil id.
-        event_id: uuid::Uuid::from_str(&event_id).unwrap_or_default(),
+        event_id,
         aggregate_type: record.try_get("aggregate_type")?,
         aggregate_id: record.try_get("aggregate_id")?,
         event_type: record.try_get("event_type")?,
@@ -95,6 +108,7 @@ pub(super) async fn claim(
         lease: lease_id,
         rows,
         deadline: started + lease,
+        took: started.elapsed(),
     })
 }
 
@@ -133,7 +147,7 @@ pub(super) async fn ack(
         .bind(backoff_ms)
         .bind(error)
         .bind(i64::from(refund))
-        .bind(serde_json::to_string(&row.deliveries).unwrap_or_else(|_| "{}".into()))
+        .bind(super::ack::deliveries_json(&row.deliveries))
         .bind(row.plugin_version.as_deref())
         .bind(row.id.0)
         .bind(&lease)

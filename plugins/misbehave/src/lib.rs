@@ -11,8 +11,18 @@
 //! | `empty-topic`    | returns an empty topic                                           |
 //! | `probe`          | reports what the sandbox lets it see (env, files, clock)         |
 //! | `transient`      | refuses with a transient error (retry later)                     |
+//! | `print`          | prints to stdout and stderr, then routes normally                |
+//! | `panic`          | panics with a message                                            |
+//! | `unwrap`         | unwraps a `None` (a failed `unwrap` is a panic too)              |
+//! | `nul-topic`      | returns a topic with a NUL in it                                 |
+//! | `huge-topic`     | returns a 100 KB topic                                           |
+//! | `control-header` | returns a header whose name has a control character              |
+//! | `many-headers`   | returns 5,000 headers                                            |
+//! | `huge-header`    | returns a 4 MB header value                                      |
 //! | `init-trap`      | traps in `init`                                                  |
 //! | `init-fail`      | returns an error from `init`                                     |
+//! | `init-loop`      | spins forever in `init`                                          |
+//! | `init-print`     | prints in `init`, then routes normally                           |
 //!
 //! Every message goes to the target named by the `target` key, topic `test.<mode>`.
 
@@ -40,6 +50,16 @@ impl Guest for Misbehave {
         match config.mode.as_str() {
             "init-trap" => core::arch::wasm32::unreachable(),
             "init-fail" => return Err("init-fail mode refuses to start".to_string()),
+            "init-loop" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "init-print" => {
+                println!("init-print: hello from init on stdout");
+                eprintln!("init-print: hello from init on stderr");
+            }
             _ => {}
         }
         let _ = CONFIG.set(config);
@@ -74,6 +94,24 @@ impl Guest for Misbehave {
             "unknown-target" => message.target = "no-such-target".to_string(),
             "empty-topic" => message.topic = String::new(),
             "transient" => return Err(Refusal::Transient("downstream lookup unavailable".to_string())),
+            "print" => {
+                println!("print: routing {}", event.event_id);
+                eprintln!("print: a line on stderr for {}", event.event_id);
+            }
+            "panic" => panic!("misbehave panicked on purpose for {}", event.aggregate_id),
+            "unwrap" => {
+                let missing: Option<u32> = std::hint::black_box(None);
+                message.topic = missing.unwrap().to_string();
+            }
+            "nul-topic" => message.topic = "test.nul\u{0}topic".to_string(),
+            "huge-topic" => message.topic = format!("test.{}", "x".repeat(100 * 1024)),
+            "control-header" => message.headers.push(("x-bad\u{7}".to_string(), "v".to_string())),
+            "many-headers" => {
+                message.headers = (0..5000).map(|i| (format!("x-h{i}"), "v".to_string())).collect();
+            }
+            "huge-header" => message
+                .headers
+                .push(("x-huge".to_string(), "v".repeat(4 * 1024 * 1024))),
             "probe" => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)

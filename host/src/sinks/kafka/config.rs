@@ -20,15 +20,22 @@ const OWNED: &[(&str, &str)] = &[
 ];
 
 /// `[targets.NAME]` with `type = "kafka"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
     /// `host:port` list, comma-separated. Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
     pub bootstrap_servers: String,
     /// librdkafka producer properties, passed through as given (TLS, SASL,
-    /// compression, batching, ...). They override the relay's defaults.
+    /// compression, batching, ...). They override the relay's defaults,
+    /// except the delivery guarantees (see `allow_weaker_delivery`).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Lets `properties` weaken `acks = all` or turn the idempotent producer
+    /// off. Without it such a config is refused: with `acks = 1` a broker
+    /// failure can lose messages the relay already marked published, and
+    /// without idempotence librdkafka's own retries can duplicate or reorder.
+    #[serde(default)]
+    pub allow_weaker_delivery: bool,
 }
 
 impl KafkaSinkConfig {
@@ -62,6 +69,12 @@ impl KafkaSinkConfig {
                 problems.push(format!("properties may not set {name:?}: {reason}"));
             }
         }
+        let weakened = self.weakened();
+        if !self.allow_weaker_delivery {
+            for what in weakened {
+                problems.push(format!("{what}; set allow_weaker_delivery = true to accept this"));
+            }
+        }
         if problems.is_empty() {
             // librdkafka checks every name and value without connecting.
             if let Err(e) = self.client_config(Duration::from_secs(10)).create_native_config() {
@@ -69,6 +82,34 @@ impl KafkaSinkConfig {
             }
         }
         problems
+    }
+
+    /// What `properties` weakens of the relay's delivery guarantees, one line each.
+    #[must_use]
+    pub fn weakened(&self) -> Vec<String> {
+        let mut weakened = Vec::new();
+        let acks = self
+            .properties
+            .get("acks")
+            .or_else(|| self.properties.get("request.required.acks"));
+        if let Some(acks) = acks
+            && !matches!(acks.trim(), "all" | "-1")
+        {
+            weakened.push(format!(
+                "properties sets acks = {acks:?}: a message acknowledged by the leader alone is lost if that broker fails before replicating it"
+            ));
+        }
+        if self
+            .properties
+            .get("enable.idempotence")
+            .is_some_and(|value| matches!(value.trim(), "false" | "0"))
+        {
+            weakened.push(
+                "properties sets enable.idempotence = false: librdkafka's internal retries may duplicate or reorder messages of one key"
+                    .to_string(),
+            );
+        }
+        weakened
     }
 
     /// The producer config: the relay's safe defaults, then the user's
@@ -96,5 +137,73 @@ impl KafkaSinkConfig {
             config.set(name, value);
         }
         config
+    }
+}
+
+/// Properties are printed with secrets masked: `sasl.password` and anything
+/// else whose name says it holds a secret.
+impl std::fmt::Debug for KafkaSinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(name, value)| {
+                let secret = ["password", "secret", "token", "key.pem", "jaas"]
+                    .iter()
+                    .any(|s| name.contains(s));
+                (name.as_str(), if secret { "***" } else { value.as_str() })
+            })
+            .collect();
+        f.debug_struct("KafkaSinkConfig")
+            .field("bootstrap_servers", &crate::redact::url(&self.bootstrap_servers))
+            .field("properties", &properties)
+            .field("allow_weaker_delivery", &self.allow_weaker_delivery)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(properties: &[(&str, &str)], allow: bool) -> KafkaSinkConfig {
+        KafkaSinkConfig {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            properties: properties
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            allow_weaker_delivery: allow,
+        }
+    }
+
+    #[test]
+    fn weaker_acks_or_idempotence_are_refused_unless_allowed() {
+        let problems = config(&[("acks", "1"), ("enable.idempotence", "false")], false).validate();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("acks = \"1\"") && problems[0].contains("allow_weaker_delivery"));
+        assert!(problems[1].contains("enable.idempotence = false"));
+        assert!(config(&[("request.required.acks", "0")], false).validate()[0].contains("acks"));
+
+        let allowed = config(&[("acks", "1"), ("enable.idempotence", "false")], true);
+        assert!(allowed.validate().is_empty(), "{:?}", allowed.validate());
+        assert_eq!(allowed.weakened().len(), 2, "still reported as weakened");
+
+        assert!(
+            config(&[("acks", "all"), ("enable.idempotence", "true")], false)
+                .validate()
+                .is_empty()
+        );
+        assert!(config(&[("acks", "-1")], false).validate().is_empty());
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let shown = format!(
+            "{:?}",
+            config(&[("sasl.password", "hunter2"), ("sasl.username", "relay")], false)
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("relay"));
     }
 }

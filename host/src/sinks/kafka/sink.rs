@@ -50,12 +50,20 @@ impl ClientContext for LogContext {
 
 type Client = FutureProducer<LogContext>;
 
+/// Bound on one health probe (a metadata request): under `/readyz`'s own
+/// bound, so a probe never outlives the request that asked for it.
+const HEALTH_TIMEOUT: Duration = Duration::from_millis(2500);
+
 /// A Kafka cluster as a target.
 pub struct KafkaSink {
     name: String,
     client_config: ClientConfig,
-    producer: RwLock<Arc<Client>>,
+    /// Shared with the blocking thread that replaces a failed producer.
+    producer: Arc<RwLock<Arc<Client>>>,
     publish_timeout: Duration,
+    /// One metadata probe at a time: each holds a blocking thread while
+    /// Kafka is down, and readiness probes keep coming.
+    probe: tokio::sync::Mutex<()>,
 }
 
 impl KafkaSink {
@@ -74,8 +82,9 @@ impl KafkaSink {
         Ok(KafkaSink {
             name: name.to_string(),
             client_config,
-            producer: RwLock::new(Arc::new(producer)),
+            producer: Arc::new(RwLock::new(Arc::new(producer))),
             publish_timeout,
+            probe: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -87,24 +96,41 @@ impl KafkaSink {
     }
 
     /// An idempotent producer that hit a fatal error (fenced, sequence lost)
-    /// refuses everything from then on: replace it so the next attempt can go.
-    fn replace_if_fatal(&self, producer: &Arc<Client>) {
+    /// refuses everything from then on: replace it so the next attempt can
+    /// go. Creating one starts librdkafka's threads, and dropping the old
+    /// one flushes and joins them: both on a blocking thread.
+    async fn replace_if_fatal(&self, producer: &Arc<Client>) {
         let Some((code, reason)) = producer.client().fatal_error() else {
             return;
         };
         tracing::warn!(sink.name = %self.name, ?code, %reason, "Kafka producer failed fatally; creating a new one.");
-        match create(&self.name, &self.client_config) {
-            Ok(fresh) => {
-                let mut slot = match self.producer.write() {
-                    Ok(slot) => slot,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
-                if Arc::ptr_eq(&slot, producer) {
-                    *slot = Arc::new(fresh);
-                }
+        let (name, config, current) = (
+            self.name.clone(),
+            self.client_config.clone(),
+            Arc::clone(&self.producer),
+        );
+        let failed = Arc::clone(producer);
+        let replaced = tokio::task::spawn_blocking(move || {
+            let fresh = create(&name, &config)?;
+            let mut slot = match current.write() {
+                Ok(slot) => slot,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if Arc::ptr_eq(&slot, &failed) {
+                let old = std::mem::replace(&mut *slot, Arc::new(fresh));
+                drop(slot);
+                drop(old);
+            }
+            Ok::<(), SinkError>(())
+        })
+        .await;
+        match replaced {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.")
             }
             Err(e) => {
-                tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.")
+                tracing::error!(sink.name = %self.name, error = %e, "Replacing the Kafka producer failed.")
             }
         }
     }
@@ -151,6 +177,14 @@ fn create(name: &str, config: &ClientConfig) -> Result<Client, SinkError> {
             target: name.to_string(),
         })
         .map_err(|e| SinkError::permanent(format!("cannot create a Kafka producer: {e}")))
+}
+
+/// Lets go of a producer handle. The last handle of a replaced producer
+/// flushes and joins librdkafka's thread when dropped: never on a runtime thread.
+fn release(producer: Arc<Client>) {
+    if let Some(last) = Arc::into_inner(producer) {
+        tokio::task::spawn_blocking(move || drop(last));
+    }
 }
 
 /// Kafka topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -232,16 +266,18 @@ impl Sink for KafkaSink {
             }))
             .await;
             if results.iter().any(Result::is_err) {
-                self.replace_if_fatal(&producer);
+                self.replace_if_fatal(&producer).await;
             }
+            release(producer);
             results
         })
     }
 
     fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
+            let _one_at_a_time = self.probe.lock().await;
             let producer = self.producer();
-            let timeout = self.publish_timeout;
+            let timeout = HEALTH_TIMEOUT.min(self.publish_timeout);
             let name = self.name.clone();
             // Metadata requests block: keep them off the runtime's threads.
             tokio::task::spawn_blocking(move || {

@@ -14,7 +14,7 @@ pub enum NatsMode {
 }
 
 /// `[targets.NAME]` with `type = "nats"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSinkConfig {
     /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`.
@@ -42,6 +42,19 @@ pub struct NatsSinkConfig {
     /// Without it, streams are managed outside the relay.
     #[serde(default)]
     pub stream: Option<StreamSpec>,
+    /// JetStream's duplicate window the relay relies on: a retry of an
+    /// event whose first publish was stored but not acknowledged is dropped
+    /// by the stream only within this window. `validate` requires it to
+    /// cover the relay's retry horizon; the relay creates `stream` with it,
+    /// refuses to start on a configured stream with a shorter one, and warns
+    /// about any other stream it writes into whose window is shorter.
+    #[serde(default = "default_duplicate_window_seconds")]
+    pub duplicate_window_seconds: u64,
+}
+
+/// Ten minutes: covers the default retry settings' horizon (about 7.5 min).
+const fn default_duplicate_window_seconds() -> u64 {
+    600
 }
 
 /// A JetStream stream the relay makes sure exists.
@@ -85,7 +98,10 @@ impl NatsSinkConfig {
         }
         for url in self.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
             if !(url.starts_with("nats://") || url.starts_with("tls://") || !url.contains("://")) {
-                problems.push(format!("url {url:?} must use nats:// or tls://"));
+                problems.push(format!(
+                    "url {:?} must use nats:// or tls://",
+                    crate::redact::url(url)
+                ));
             }
         }
         if self.password.is_some() && self.user.is_none() {
@@ -114,11 +130,13 @@ impl NatsSinkConfig {
         problems
     }
 
+    /// The duplicate window as a duration.
+    pub fn duplicate_window(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.duplicate_window_seconds)
+    }
+
     pub(crate) fn connect_options(&self) -> async_nats::ConnectOptions {
-        let mut options = async_nats::ConnectOptions::new()
-            .name(&self.connection_name)
-            // Keep reconnecting forever: a broker outage must delay events, not stop the relay.
-            .max_reconnects(None);
+        let mut options = async_nats::ConnectOptions::new().name(&self.connection_name);
         if let (Some(user), Some(password)) = (&self.user, &self.password) {
             options = options.user_and_password(user.clone(), password.clone());
         }
@@ -126,5 +144,23 @@ impl NatsSinkConfig {
             options = options.token(token.clone());
         }
         options
+    }
+}
+
+/// Credentials are never printed.
+impl std::fmt::Debug for NatsSinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let masked = |secret: &Option<String>| secret.as_ref().map(|_| "***");
+        f.debug_struct("NatsSinkConfig")
+            .field("url", &crate::redact::url(&self.url))
+            .field("mode", &self.mode)
+            .field("user", &self.user)
+            .field("password", &masked(&self.password))
+            .field("token", &masked(&self.token))
+            .field("connection_name", &self.connection_name)
+            .field("max_ack_inflight", &self.max_ack_inflight)
+            .field("stream", &self.stream)
+            .field("duplicate_window_seconds", &self.duplicate_window_seconds)
+            .finish()
     }
 }

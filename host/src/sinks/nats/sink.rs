@@ -1,11 +1,30 @@
 //! Publishing to NATS and classifying its failures.
+//!
+//! Two rules keep "acknowledged" honest:
+//! - A publish is never handed to a client that is not connected. async-nats
+//!   buffers commands while it reconnects and sends them when the server is
+//!   back, long after the relay gave up on them and scheduled its own retry;
+//!   a retry that comes after JetStream's duplicate window then stores the
+//!   event twice. The client makes one reconnect attempt of its own (so a
+//!   publish caught in the moment the connection dropped goes out at once
+//!   or never); past that the sink connects a new client in the background,
+//!   and publishes fail fast (retryable) meanwhile.
+//! - Core NATS has no ack. A batch counts as taken only when a marker sent
+//!   after it comes back through the server on the same connection: the
+//!   server handles a connection's messages in order, so it read all of
+//!   them. A flush proves only that bytes left this process.
 
+use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use async_nats::HeaderMap;
+use async_nats::connection::State;
 use async_nats::header::{HeaderName, HeaderValue};
 use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::{HeaderMap, client::PublishErrorKind as CorePublishErrorKind};
+use futures::StreamExt;
 use futures::future::{BoxFuture, join_all};
 
 use super::config::{NatsMode, NatsSinkConfig};
@@ -14,63 +33,149 @@ use crate::sinks::{OutgoingMessage, Sink, SinkError};
 /// Header carrying the message key on NATS, which has no keys of its own.
 pub const KEY_HEADER: &str = "Switchyard-Key";
 
+/// The server's default `max_control_line`: a publish whose protocol line
+/// (subject, reply, sizes) is longer makes the server close the connection,
+/// taking every message still in flight on it along.
+const MAX_CONTROL_LINE: usize = 4096;
+
+/// Room kept in the control line for the verb, reply subject and sizes.
+const CONTROL_LINE_OVERHEAD: usize = 128;
+
+/// One client and what was built on it; replaced whole after it gives up.
+struct Connection {
+    client: async_nats::Client,
+    jetstream: Option<jetstream::Context>,
+}
+
 /// A connected NATS target.
 pub struct NatsSink {
     name: String,
-    client: async_nats::Client,
-    jetstream: Option<jetstream::Context>,
+    config: NatsSinkConfig,
     publish_timeout: Duration,
+    /// How long after a first attempt the relay may still retry an event:
+    /// the duplicate window every stream written to must cover.
+    retry_horizon: Duration,
+    connection: Arc<RwLock<Arc<Connection>>>,
+    /// Set while a background task is connecting a replacement client.
+    reconnecting: Arc<AtomicBool>,
+    /// Streams whose duplicate window was already checked.
+    checked_streams: Arc<Mutex<HashSet<String>>>,
 }
 
 impl NatsSink {
     /// Connects to the server(s) in `config`.
     ///
     /// # Errors
-    /// The connection error (unreachable server, bad credentials).
+    /// The connection error (unreachable server, bad credentials), or a
+    /// configured stream that cannot be created or deduplicates over less
+    /// than `duplicate_window_seconds`.
     pub async fn connect(
         name: &str,
         config: &NatsSinkConfig,
         publish_timeout: Duration,
+        retry_horizon: Duration,
     ) -> Result<NatsSink, SinkError> {
-        let client = config
-            .connect_options()
-            .connection_timeout(publish_timeout)
-            .connect(config.url.as_str())
-            .await
-            .map_err(|e| SinkError::retryable(format!("cannot connect to NATS at {}: {e}", config.url)))?;
-        let jetstream = (config.mode == NatsMode::Jetstream).then(|| {
-            jetstream::ContextBuilder::new()
-                .timeout(publish_timeout)
-                .max_ack_inflight(config.max_ack_inflight)
-                .backpressure_on_inflight(true)
-                .build(client.clone())
-        });
-        if let (Some(context), Some(stream)) = (&jetstream, &config.stream) {
-            context
+        let connection = open(config, publish_timeout).await?;
+        if let (Some(context), Some(stream)) = (&connection.jetstream, &config.stream) {
+            let window = config.duplicate_window();
+            let created = context
                 .get_or_create_stream(jetstream::stream::Config {
                     name: stream.name.clone(),
                     subjects: stream.subjects.clone(),
+                    duplicate_window: window,
                     ..Default::default()
                 })
                 .await
                 .map_err(|e| {
                     SinkError::retryable(format!("cannot create JetStream stream {:?}: {e}", stream.name))
                 })?;
+            let found = created.cached_info().config.duplicate_window;
+            if found < window {
+                return Err(SinkError::permanent(format!(
+                    "JetStream stream {:?} deduplicates over {} s, less than duplicate_window_seconds ({} s): \
+                     raise the stream's duplicate window (nats stream edit {} --dupe-window {}s)",
+                    stream.name,
+                    found.as_secs(),
+                    window.as_secs(),
+                    stream.name,
+                    window.as_secs()
+                )));
+            }
         }
         Ok(NatsSink {
             name: name.to_string(),
-            client,
-            jetstream,
+            config: config.clone(),
             publish_timeout,
+            retry_horizon,
+            connection: Arc::new(RwLock::new(Arc::new(connection))),
+            reconnecting: Arc::new(AtomicBool::new(false)),
+            checked_streams: Arc::new(Mutex::new(HashSet::new())),
         })
+    }
+
+    fn current(&self) -> Arc<Connection> {
+        match self.connection.read() {
+            Ok(connection) => Arc::clone(&connection),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// The current client if it is connected; otherwise starts connecting a
+    /// replacement (once) and says why nothing can be sent now.
+    fn connected(&self) -> Result<Arc<Connection>, SinkError> {
+        let connection = self.current();
+        if connection.client.connection_state() == State::Connected {
+            return Ok(connection);
+        }
+        self.replace_in_background(&connection);
+        Err(SinkError::retryable(format!(
+            "not connected to NATS ({}); reconnecting",
+            self.name
+        )))
+    }
+
+    fn replace_in_background(&self, stale: &Arc<Connection>) {
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (name, config, timeout) = (self.name.clone(), self.config.clone(), self.publish_timeout);
+        let (slot, flag, stale) = (
+            Arc::clone(&self.connection),
+            Arc::clone(&self.reconnecting),
+            Arc::clone(stale),
+        );
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                // The old client's own single attempt may have worked.
+                if stale.client.connection_state() == State::Connected {
+                    break;
+                }
+                match open(&config, timeout).await {
+                    Ok(fresh) => {
+                        tracing::info!(sink.name = %name, "Connected to NATS again.");
+                        match slot.write() {
+                            Ok(mut current) => *current = Arc::new(fresh),
+                            Err(poisoned) => *poisoned.into_inner() = Arc::new(fresh),
+                        }
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(sink.name = %name, %error, retry_ms = delay.as_millis() as u64, "NATS is still unreachable.");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+            flag.store(false, Ordering::Release);
+        });
     }
 
     /// Asks the JetStream API for account info. A raw request rather than the
     /// client's typed call, whose schema follows the newest servers and fails
     /// to parse older ones (2.9) even when JetStream works.
-    async fn jetstream_info(&self) -> Result<(), SinkError> {
-        let reply = self
-            .client
+    async fn jetstream_info(&self, client: &async_nats::Client) -> Result<(), SinkError> {
+        let reply = client
             .request("$JS.API.INFO", bytes::Bytes::new())
             .await
             .map_err(|e| SinkError::retryable(format!("{}: JetStream is not available: {e}", self.name)))?;
@@ -91,6 +196,7 @@ impl NatsSink {
 
     async fn publish_jetstream(
         &self,
+        connection: &Connection,
         context: &jetstream::Context,
         messages: Vec<OutgoingMessage>,
     ) -> Vec<Result<(), SinkError>> {
@@ -98,6 +204,11 @@ impl NatsSink {
         // per batch rather than per message.
         let mut pending = Vec::with_capacity(messages.len());
         for message in messages {
+            if connection.client.connection_state() != State::Connected {
+                // Dropped mid-batch: hand nothing more to a reconnecting client.
+                pending.push(Err(SinkError::retryable("NATS connection lost during the batch")));
+                continue;
+            }
             let headers = match check_subject(&message.topic).and_then(|()| headers(&message)) {
                 Ok(headers) => headers,
                 Err(e) => {
@@ -116,41 +227,124 @@ impl NatsSink {
                     .map_err(|e| classify_jetstream(e.kind(), &e.to_string())),
             );
         }
-        join_all(pending.into_iter().map(|sent| async move {
+        let results = join_all(pending.into_iter().map(|sent| async move {
             let ack = sent?;
             match ack.await {
-                Ok(_) => Ok(()),
+                Ok(ack) => Ok(Some(ack.stream)),
                 Err(e) => Err(classify_jetstream(e.kind(), &e.to_string())),
             }
         }))
-        .await
+        .await;
+        let mut streams = HashSet::new();
+        let results = results
+            .into_iter()
+            .map(|result| {
+                result.map(|stream| {
+                    if let Some(stream) = stream {
+                        streams.insert(stream);
+                    }
+                })
+            })
+            .collect();
+        for stream in streams {
+            self.check_stream_window(&connection.client, stream);
+        }
+        results
     }
 
-    async fn publish_core(&self, messages: Vec<OutgoingMessage>) -> Vec<Result<(), SinkError>> {
+    /// Once per stream the target writes into: warn if its duplicate window
+    /// is shorter than the relay's retry horizon.
+    fn check_stream_window(&self, client: &async_nats::Client, stream: String) {
+        let first = match self.checked_streams.lock() {
+            Ok(mut checked) => checked.insert(stream.clone()),
+            Err(_) => false,
+        };
+        if !first {
+            return;
+        }
+        let (client, name, wanted) = (client.clone(), self.name.clone(), self.retry_horizon);
+        tokio::spawn(async move {
+            let Ok(reply) = client
+                .request(format!("$JS.API.STREAM.INFO.{stream}"), bytes::Bytes::new())
+                .await
+            else {
+                return;
+            };
+            let info: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
+            let Some(nanos) = info["config"]["duplicate_window"].as_u64() else {
+                return;
+            };
+            let window = Duration::from_nanos(nanos);
+            if window < wanted {
+                tracing::warn!(
+                    sink.name = %name,
+                    nats.stream = %stream,
+                    stream_window_s = window.as_secs(),
+                    retry_horizon_s = wanted.as_secs(),
+                    "This stream deduplicates over less than the relay's retry horizon: a late retry may store an event twice. Raise the stream's duplicate window."
+                );
+            }
+        });
+    }
+
+    async fn publish_core(
+        &self,
+        connection: &Connection,
+        messages: Vec<OutgoingMessage>,
+    ) -> Vec<Result<(), SinkError>> {
+        let client = &connection.client;
+        let statistics = client.statistics();
+        let connects = statistics.connects.load(Ordering::Acquire);
+        // The marker comes back on this subscription once the server has
+        // read everything published before it.
+        let inbox = client.new_inbox();
+        let mut marker = match client.subscribe(inbox.clone()).await {
+            Ok(subscription) => subscription,
+            Err(e) => {
+                let error = SinkError::retryable(format!("NATS subscribe for the publish check failed: {e}"));
+                return vec![Err(error); messages.len()];
+            }
+        };
         let mut results = Vec::with_capacity(messages.len());
         for message in messages {
             let outcome = match check_subject(&message.topic).and_then(|()| headers(&message)) {
-                Ok(headers) => self
-                    .client
+                Ok(headers) => client
                     .publish_with_headers(message.topic, headers, message.payload)
                     .await
-                    .map_err(|e| SinkError::retryable(format!("NATS publish failed: {e}"))),
+                    .map_err(|e| classify_core(e.kind(), &e.to_string())),
                 Err(e) => Err(e),
             };
             results.push(outcome);
         }
-        // Core NATS has no per-message ack: a flush that returns means the
-        // server has read everything sent before it.
-        let flushed = tokio::time::timeout(self.publish_timeout, self.client.flush()).await;
-        let flush_error = match flushed {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(SinkError::retryable(format!("NATS flush failed: {e}"))),
-            Err(_) => Some(SinkError::retryable(format!(
-                "NATS flush not confirmed within {} ms",
-                self.publish_timeout.as_millis()
-            ))),
+        let confirmed = async {
+            client
+                .publish(inbox, bytes::Bytes::new())
+                .await
+                .map_err(|e| format!("NATS publish failed: {e}"))?;
+            client
+                .flush()
+                .await
+                .map_err(|e| format!("NATS flush failed: {e}"))?;
+            marker
+                .next()
+                .await
+                .map(drop)
+                .ok_or_else(|| "NATS connection closed before the server confirmed".to_string())
         };
-        if let Some(error) = flush_error {
+        let confirmed = match tokio::time::timeout(self.publish_timeout, confirmed).await {
+            Ok(Ok(())) if statistics.connects.load(Ordering::Acquire) == connects => Ok(()),
+            // A reconnect in between: messages sent on the old connection
+            // after the server stopped reading it are gone.
+            Ok(Ok(())) => Err("NATS connection was lost during the batch".to_string()),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(format!(
+                "NATS server did not confirm within {} ms",
+                self.publish_timeout.as_millis()
+            )),
+        };
+        let _ = marker.unsubscribe().await;
+        if let Err(error) = confirmed {
+            let error = SinkError::retryable(error);
             for result in &mut results {
                 if result.is_ok() {
                     *result = Err(error.clone());
@@ -161,12 +355,50 @@ impl NatsSink {
     }
 }
 
-/// Publish subjects are dot-separated non-empty tokens without whitespace or
-/// wildcards; anything else is refused by the server on every attempt.
+/// Connects one client: a single reconnect attempt of its own, so that
+/// publishes it buffered while the connection dropped go out promptly or
+/// never (see the module docs).
+async fn open(config: &NatsSinkConfig, publish_timeout: Duration) -> Result<Connection, SinkError> {
+    let client = config
+        .connect_options()
+        .connection_timeout(publish_timeout)
+        .max_reconnects(Some(1))
+        .connect(config.url.as_str())
+        .await
+        .map_err(|e| {
+            SinkError::retryable(crate::redact::url(&format!(
+                "cannot connect to NATS at {}: {e}",
+                config.url
+            )))
+        })?;
+    let jetstream = (config.mode == NatsMode::Jetstream).then(|| {
+        jetstream::ContextBuilder::new()
+            .timeout(publish_timeout)
+            .max_ack_inflight(config.max_ack_inflight)
+            .backpressure_on_inflight(true)
+            .build(client.clone())
+    });
+    Ok(Connection { client, jetstream })
+}
+
+/// What the server accepts as a publish subject: dot-separated non-empty
+/// tokens without whitespace, control characters or wildcards, short enough
+/// for its control line. Anything else is refused on every attempt, and a
+/// too-long one closes the connection under the batch's other messages.
 fn check_subject(subject: &str) -> Result<(), SinkError> {
+    if subject.len() > MAX_CONTROL_LINE - CONTROL_LINE_OVERHEAD {
+        return Err(SinkError::permanent(format!(
+            "NATS subject is {} bytes, over the {} the server's control line allows",
+            subject.len(),
+            MAX_CONTROL_LINE - CONTROL_LINE_OVERHEAD
+        )));
+    }
     let valid = !subject.is_empty()
         && subject.split('.').all(|token| {
-            !token.is_empty() && token != "*" && token != ">" && !token.chars().any(char::is_whitespace)
+            !token.is_empty()
+                && token != "*"
+                && token != ">"
+                && !token.chars().any(|c| c.is_whitespace() || c.is_control())
         });
     if valid {
         Ok(())
@@ -186,6 +418,18 @@ fn headers(message: &OutgoingMessage) -> Result<HeaderMap, SinkError> {
         map.insert(KEY_HEADER, HeaderValue::from(key.as_str()));
     }
     Ok(map)
+}
+
+fn classify_core(kind: CorePublishErrorKind, detail: &str) -> SinkError {
+    match kind {
+        CorePublishErrorKind::MaxPayloadExceeded => {
+            SinkError::permanent(format!("NATS rejected the message as too large: {detail}"))
+        }
+        CorePublishErrorKind::InvalidSubject => {
+            SinkError::permanent(format!("invalid NATS subject: {detail}"))
+        }
+        CorePublishErrorKind::Send => SinkError::retryable(format!("NATS publish failed: {detail}")),
+    }
 }
 
 fn classify_jetstream(kind: PublishErrorKind, detail: &str) -> SinkError {
@@ -217,24 +461,72 @@ impl Sink for NatsSink {
 
     fn publish(&self, messages: Vec<OutgoingMessage>) -> BoxFuture<'_, Vec<Result<(), SinkError>>> {
         Box::pin(async move {
-            match &self.jetstream {
-                Some(context) => self.publish_jetstream(context, messages).await,
-                None => self.publish_core(messages).await,
+            let connection = match self.connected() {
+                Ok(connection) => connection,
+                Err(error) => return vec![Err(error); messages.len()],
+            };
+            match &connection.jetstream {
+                Some(context) => self.publish_jetstream(&connection, context, messages).await,
+                None => self.publish_core(&connection, messages).await,
             }
         })
     }
 
+    fn deduplicates_by_id(&self) -> bool {
+        self.config.mode == NatsMode::Jetstream
+    }
+
     fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
-            match &self.jetstream {
-                Some(_) => tokio::time::timeout(self.publish_timeout, self.jetstream_info())
+            let connection = self.connected()?;
+            let client = &connection.client;
+            match &connection.jetstream {
+                Some(_) => tokio::time::timeout(self.publish_timeout, self.jetstream_info(client))
                     .await
                     .map_err(|_| SinkError::retryable(format!("{}: JetStream did not answer", self.name)))?,
-                None => tokio::time::timeout(self.publish_timeout, self.client.flush())
+                None => tokio::time::timeout(self.publish_timeout, client.flush())
                     .await
                     .map_err(|_| SinkError::retryable(format!("{}: NATS did not answer", self.name)))?
                     .map_err(|e| SinkError::retryable(format!("{}: NATS flush failed: {e}", self.name))),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_checked_as_the_server_would() {
+        assert!(check_subject("orders.created.v1").is_ok());
+        for bad in [
+            "",
+            "orders..x",
+            "orders.*",
+            "orders.>",
+            "orders x",
+            "orders\tx",
+            "orders\u{0}x",
+            "orders\r\nPUB evil 1",
+        ] {
+            let error = check_subject(bad).unwrap_err();
+            assert!(!error.retryable, "{bad:?}");
+        }
+        let long = format!("a.{}", "b".repeat(100 * 1024));
+        let error = check_subject(&long).unwrap_err();
+        assert!(
+            !error.retryable && error.message.contains("control line"),
+            "{}",
+            error.message
+        );
+        assert!(check_subject(&"a".repeat(MAX_CONTROL_LINE - CONTROL_LINE_OVERHEAD)).is_ok());
+    }
+
+    #[test]
+    fn a_payload_too_large_is_permanent_a_lost_connection_retryable() {
+        assert!(!classify_core(CorePublishErrorKind::MaxPayloadExceeded, "x").retryable);
+        assert!(!classify_core(CorePublishErrorKind::InvalidSubject, "x").retryable);
+        assert!(classify_core(CorePublishErrorKind::Send, "x").retryable);
     }
 }

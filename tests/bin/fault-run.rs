@@ -1,0 +1,236 @@
+//! The long fault run, by hand: relays as real processes on one PostgreSQL
+//! outbox, publishing to JetStream, while the run SIGKILLs relays and stops
+//! NATS mid-stream. A consumer then reads the stream and counts, by event id
+//! and per-aggregate sequence alone, what was lost, duplicated or reordered.
+//!
+//! ```sh
+//! eval "$(scripts/services.sh start)"
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|all] [EVENTS] [ROUNDS]
+//! ```
+//!
+//! `kills`: three relays drain EVENTS events written while they run, and one
+//! of them is SIGKILLed (and restarted) ROUNDS times. `outage`: two relays,
+//! NATS stopped for 30 s mid-stream (JetStream store kept), ROUNDS runs.
+//! Prints one table row per run.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::{Expected, tally, write_orders};
+use switchyard_tests::postgres::fresh_db;
+use switchyard_tests::relay::{Process, Settings, example_config};
+
+const STREAM: &str = "ORDERS";
+const AGGREGATES: usize = 1000;
+
+struct Row {
+    scenario: String,
+    written: usize,
+    received: usize,
+    lost: usize,
+    duplicates: usize,
+    reordered: usize,
+    worst_commit_to_publish_s: f64,
+    drain_s: f64,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let which = args.next().unwrap_or_else(|| "all".into());
+    let events: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000);
+    let rounds: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let relay_bin = std::env::current_exe()
+        .expect("own path")
+        .with_file_name("relay-process");
+    assert!(
+        relay_bin.is_file(),
+        "build the relay binary first: cargo build --release -p switchyard-tests --bin relay-process"
+    );
+    let relay_bin = relay_bin.to_string_lossy().to_string();
+    let mut rows = Vec::new();
+    if which == "kills" || which == "all" {
+        let kills = if rounds == 0 { 20 } else { rounds };
+        rows.push(kills_run(&relay_bin, events, kills).await);
+    }
+    if which == "outage" || which == "all" {
+        let runs = if rounds == 0 { 3 } else { rounds };
+        for run in 1..=runs {
+            rows.push(outage_run(&relay_bin, events.min(20_000), run).await);
+        }
+    }
+    println!();
+    println!(
+        "| scenario | written | received | lost | duplicates | reordered | worst commit-to-publish | drain |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |",
+            row.scenario,
+            row.written,
+            row.received,
+            row.lost,
+            row.duplicates,
+            row.reordered,
+            row.worst_commit_to_publish_s,
+            row.drain_s
+        );
+    }
+}
+
+fn settings(db_url: &str, nats_url: &str) -> String {
+    // Short leases so a killed relay's rows come back quickly.
+    example_config(
+        &Settings::new(db_url, nats_url)
+            .relay("lease_duration_ms", "4000")
+            .relay("publish_timeout_ms", "1500")
+            .relay("max_attempts", "1000")
+            .relay("max_backoff_ms", "2000"),
+    )
+    .replace(
+        "[targets.events]",
+        "[targets.events]\nduplicate_window_seconds = 7200",
+    )
+}
+
+async fn published(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'published'")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(0)
+}
+
+async fn finish(
+    scenario: String,
+    pool: &sqlx::PgPool,
+    nats: &NatsServer,
+    expected: &HashMap<String, Expected>,
+    started: Instant,
+) -> Row {
+    let total = expected.len() as i64;
+    let limit = Instant::now() + Duration::from_secs(900);
+    while published(pool).await < total && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drain_s = started.elapsed().as_secs_f64();
+    let worst: f64 = sqlx::query_scalar(
+        "SELECT coalesce(max(EXTRACT(EPOCH FROM published_at - created_at)), 0)::float8 FROM switchyard_outbox",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap_or(f64::NAN);
+    let received = nats.read_stream(STREAM).await;
+    let counted = tally(&received, expected);
+    eprintln!("{scenario}: {counted:?}");
+    Row {
+        scenario,
+        written: expected.len(),
+        received: counted.received,
+        lost: counted.lost,
+        duplicates: counted.duplicates,
+        reordered: counted.reordered,
+        worst_commit_to_publish_s: worst,
+        drain_s,
+    }
+}
+
+/// Three relays; one at a time SIGKILLed while holding leases, then restarted.
+async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = settings(&db.url, &nats.url());
+    let mut relays: Vec<Process> = (0..3)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let per_aggregate = events.div_ceil(AGGREGATES);
+    let writer = tokio::spawn({
+        let pool = db.pool.clone();
+        async move { write_orders(&pool, AGGREGATES, per_aggregate, 8).await }
+    });
+    let total = (AGGREGATES * per_aggregate) as i64;
+    let mut done = 0;
+    let mut generation = 0;
+    while done < kills {
+        let victim = done % relays.len();
+        let owner = format!("relay-{victim}");
+        let holds: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchyard_outbox WHERE status = 'in_flight' AND lease_owner LIKE $1 || '%'",
+        )
+        .bind(&owner)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_or(0);
+        if holds == 0 {
+            if published(&db.pool).await >= total {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        relays[victim].kill();
+        generation += 1;
+        eprintln!("kill {}: {owner} held {holds} leases", done + 1);
+        relays[victim] = Process::spawn(relay_bin, &config, &format!("{owner}-{generation}"));
+        done += 1;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let expected = writer.await.expect("writer");
+    let row = finish(
+        format!("{done} SIGKILLs, 3 relays"),
+        &db.pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
+}
+
+/// Two relays; NATS stopped for 30 s while events are written and relayed.
+async fn outage_run(relay_bin: &str, events: usize, run: usize) -> Row {
+    let db = fresh_db().await;
+    let mut nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = settings(&db.url, &nats.url());
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let per_aggregate = events.div_ceil(AGGREGATES);
+    let writer = tokio::spawn({
+        let pool = db.pool.clone();
+        async move { write_orders(&pool, AGGREGATES, per_aggregate, 8).await }
+    });
+    let total = (AGGREGATES * per_aggregate) as i64;
+    while published(&db.pool).await < total / 4 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nats.stop();
+    eprintln!(
+        "outage {run}: NATS stopped at {} published",
+        published(&db.pool).await
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    nats.resume().await;
+    eprintln!("outage {run}: NATS back");
+    let expected = writer.await.expect("writer");
+    let row = finish(
+        format!("NATS down 30 s, run {run}"),
+        &db.pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
+}

@@ -1,0 +1,495 @@
+//! The short fault suite: each test attacks one promise the way the relay
+//! was broken from the outside (hostile plugins, a batch that panics, a
+//! subject that makes NATS drop the connection, a broker outage with
+//! publishes in flight, an unreachable Kafka probed for readiness), and
+//! checks what a user would: what arrived, what `last_error` says, whether
+//! the relay is still serving. The long version is the `fault-run` bench
+//! binary (by hand).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use switchyard::sinks::{OutgoingMessage, Sink, SinkError, Sinks};
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::relay::{InProcess, parse};
+use switchyard_tests::{eventually, init_logging};
+
+struct Sqlite {
+    dir: std::path::PathBuf,
+    url: String,
+    pool: sqlx::SqlitePool,
+}
+
+impl Sqlite {
+    async fn new() -> Sqlite {
+        let dir = std::env::temp_dir().join(format!("sy-faults-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("outbox.db").display());
+        let store = switchyard::store::OutboxStore::connect(&url, 2).await.unwrap();
+        store.migrate().await.unwrap();
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        Sqlite { dir, url, pool }
+    }
+
+    async fn insert(&self, aggregate: &str, event_type: &str, seq: usize) {
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', ?1, ?2, ?3)",
+        )
+        .bind(aggregate)
+        .bind(event_type)
+        .bind(serde_json::json!({ "seq": seq }).to_string())
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn count(&self, status: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = ?1")
+            .bind(status)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Status and last error of the event of `event_type`.
+    async fn outcome(&self, event_type: &str) -> (String, String) {
+        sqlx::query_as("SELECT status, coalesce(last_error, '') FROM switchyard_outbox WHERE event_type = ?1")
+            .bind(event_type)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Sqlite {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Relay settings for these tests: short leases and backoff, two attempts.
+const RELAY: &str = r#"
+[relay]
+batch_size = 50
+concurrency = 2
+poll_interval_ms = 20
+lease_duration_ms = 3000
+publish_timeout_ms = 1000
+max_attempts = 2
+initial_backoff_ms = 50
+max_backoff_ms = 200
+[plugin_runtime]
+watch = false
+cache = false
+[admin]
+listen = ""
+"#;
+
+/// One misbehaving plugin per mode, each on the event type of that name.
+const HOSTILE: [(&str, &str); 9] = [
+    ("print", "Print"),
+    ("panic", "Panic"),
+    ("unwrap", "Unwrap"),
+    ("nul-topic", "NulTopic"),
+    ("huge-topic", "HugeTopic"),
+    ("control-header", "ControlHeader"),
+    ("many-headers", "ManyHeaders"),
+    ("huge-header", "HugeHeader"),
+    ("init-print", "InitPrint"),
+];
+
+fn hostile_config(db_url: &str, out: &std::path::Path) -> String {
+    let misbehave = plugin("misbehave");
+    let mut text = format!("[database]\nurl = \"{db_url}\"\nmax_connections = 4\n{RELAY}");
+    for (mode, event_type) in HOSTILE {
+        text.push_str(&format!(
+            "[[plugins]]\nname = \"{mode}\"\npath = \"{}\"\nevent_types = [\"{event_type}\"]\n[plugins.config]\nmode = \"{mode}\"\ntarget = \"out\"\n",
+            misbehave.display()
+        ));
+    }
+    text.push_str(&format!(
+        "[[plugins]]\nname = \"router\"\npath = \"{}\"\n[plugins.config]\ntarget = \"out\"\ntopic = \"orders.{{event_type}}\"\n[targets.out]\ntype = \"file\"\npath = \"{}\"\n",
+        plugin("route_by_type").display(),
+        out.display()
+    ));
+    text
+}
+
+/// Plugins that print, panic, fail an unwrap or return output no broker
+/// would take fail their own rows with a specific `last_error`; the relay
+/// keeps running and every other event is published in order. Before, any
+/// print or panic killed the relay ("Cannot start a runtime from within a
+/// runtime"), and a NUL in a topic made the whole batch's ack fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_plugins_fail_only_their_own_rows() {
+    init_logging();
+    let db = Sqlite::new().await;
+    let out = db.dir.join("out.jsonl");
+    let config = parse(&hostile_config(&db.url, &out));
+    // init-print prints during init, on startup: the relay must start.
+    let relay = InProcess::start(&config).await;
+
+    for seq in 0..20 {
+        for aggregate in 0..10 {
+            db.insert(&format!("o-{aggregate}"), "OrderUpdated", seq).await;
+        }
+        if seq == 5 {
+            for (_, event_type) in HOSTILE {
+                db.insert(&format!("h-{event_type}"), event_type, 0).await;
+            }
+        }
+    }
+    eventually("every row finished", Duration::from_secs(60), || async {
+        let open = db.count("pending").await + db.count("in_flight").await;
+        (open == 0).then_some(())
+    })
+    .await;
+    assert!(
+        switchyard::admin::readiness(&relay.relay).await.ready,
+        "the relay still serves"
+    );
+    relay.stop().await;
+
+    let expect = [
+        ("Print", "published", ""),
+        ("InitPrint", "published", ""),
+        ("Panic", "dead", "misbehave panicked on purpose for h-Panic"),
+        ("Unwrap", "dead", "called `Option::unwrap()` on a `None` value"),
+        ("NulTopic", "dead", "contains a control character"),
+        ("HugeTopic", "dead", "over the 1024 allowed"),
+        ("ControlHeader", "dead", "header name"),
+        ("ManyHeaders", "dead", "5000 headers, more than the 256 allowed"),
+        ("HugeHeader", "dead", "payload and headers are"),
+    ];
+    for (event_type, status, error) in expect {
+        let (got, last_error) = db.outcome(event_type).await;
+        assert_eq!(got, status, "{event_type}: {last_error}");
+        assert!(last_error.contains(error), "{event_type}: {last_error}");
+    }
+    let (_, panic) = db.outcome("Panic").await;
+    assert!(
+        panic.contains("plugin panic@"),
+        "names the plugin version: {panic}"
+    );
+
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut next: HashMap<String, u64> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        if !seen.insert(line["event_id"].as_str().unwrap().to_string()) {
+            continue;
+        }
+        let key = line["key"].as_str().unwrap().to_string();
+        if key.starts_with("h-") {
+            continue;
+        }
+        let want = next.entry(key.clone()).or_insert(0);
+        assert_eq!(line["payload"]["seq"].as_u64(), Some(*want), "{key} out of order");
+        *want += 1;
+    }
+    assert_eq!(next.values().sum::<u64>(), 200, "every good event published");
+}
+
+/// A plugin whose `init` never returns is refused at startup with its time
+/// limit named; it neither hangs the start nor starts a relay without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_loops_in_init_is_refused() {
+    init_logging();
+    let db = Sqlite::new().await;
+    let text = format!(
+        "[database]\nurl = \"{}\"\n{RELAY}[[plugins]]\nname = \"looper\"\npath = \"{}\"\ntimeout_ms = 50\n[plugins.config]\nmode = \"init-loop\"\ntarget = \"out\"\n[targets.out]\ntype = \"stdout\"\n",
+        db.url,
+        plugin("misbehave").display()
+    );
+    let started = Instant::now();
+    let error = switchyard::app::build(&parse(&text))
+        .await
+        .err()
+        .expect("refused");
+    let error = format!("{error:#}");
+    assert!(
+        error.contains("looper@") && error.contains("exceeded its time limit of 50 ms"),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// A sink that panics: a bug in the relay or an embedder's sink.
+struct PanickingSink;
+
+impl Sink for PanickingSink {
+    fn kind(&self) -> &'static str {
+        "panicking"
+    }
+
+    fn publish(&self, _: Vec<OutgoingMessage>) -> BoxFuture<'_, Vec<Result<(), SinkError>>> {
+        Box::pin(async { panic!("sink exploded") })
+    }
+
+    fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A batch that panics is caught: logged, counted, reported by readiness;
+/// the worker goes on, other rows flow, and the poisoned row is
+/// dead-lettered once its leases have expired `max_attempts` times. Before,
+/// the worker task died unnoticed and readiness stayed green.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_batch_is_reported_and_the_relay_goes_on() {
+    init_logging();
+    let db = Sqlite::new().await;
+    let out = db.dir.join("out.jsonl");
+    let text = format!(
+        "[database]\nurl = \"{}\"\n{}[[plugins]]\nname = \"boom\"\npath = \"{route}\"\nevent_types = [\"Boom\"]\n[plugins.config]\ntarget = \"boom\"\n[[plugins]]\nname = \"router\"\npath = \"{route}\"\n[plugins.config]\ntarget = \"out\"\n[targets.boom]\ntype = \"stdout\"\n[targets.out]\ntype = \"file\"\npath = \"{}\"\n",
+        db.url,
+        RELAY
+            .replace("batch_size = 50", "batch_size = 1")
+            .replace("publish_timeout_ms = 1000", "publish_timeout_ms = 700")
+            .replace("lease_duration_ms = 3000", "lease_duration_ms = 2500"),
+        out.display(),
+        route = plugin("route_by_type").display(),
+    );
+    let config = parse(&text);
+    let store = switchyard::store::OutboxStore::connect(&db.url, 4).await.unwrap();
+    let engine = switchyard::plugin::PluginEngine::new(None).unwrap();
+    let configs = config.plugins.clone();
+    let plugins = tokio::task::spawn_blocking(move || switchyard::plugin::Plugins::load(engine, &configs))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let file = switchyard::sinks::file::FileSink::open(
+        "out",
+        match &config.targets["out"] {
+            switchyard::config::TargetConfig::File(file) => file,
+            _ => unreachable!(),
+        },
+    )
+    .await
+    .unwrap();
+    let sinks = Sinks::from_sinks([
+        ("boom".to_string(), Arc::new(PanickingSink) as Arc<dyn Sink>),
+        ("out".to_string(), Arc::new(file) as Arc<dyn Sink>),
+    ]);
+    let relay = switchyard::Relay::new(store, plugins, sinks, config.relay.clone());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let (relay, shutdown) = (relay.clone(), shutdown.clone());
+        async move { relay.run(shutdown).await }
+    });
+
+    db.insert("b-1", "Boom", 0).await;
+    eventually("readiness reports the panic", Duration::from_secs(10), || async {
+        let readiness = switchyard::admin::readiness(&relay).await;
+        (!readiness.ready && readiness.workers.contains("sink exploded")).then_some(())
+    })
+    .await;
+    assert!(
+        relay
+            .metrics()
+            .render()
+            .contains("switchyard_worker_panics_total 1")
+    );
+    for seq in 0..30 {
+        db.insert("o-1", "OrderUpdated", seq).await;
+    }
+    eventually("the relay goes on", Duration::from_secs(30), || async {
+        (db.count("published").await == 30).then_some(())
+    })
+    .await;
+    eventually(
+        "the poisoned row is dead-lettered",
+        Duration::from_secs(30),
+        || async { (db.count("dead").await == 1).then_some(()) },
+    )
+    .await;
+    let (_, error) = db.outcome("Boom").await;
+    assert!(error.contains("lease expired"), "{error}");
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+}
+
+/// Core NATS "success" must mean the server read the message. A subject
+/// over the server's control line makes it close the connection, dropping
+/// whatever else was in flight; before, every message of the batch was
+/// reported published after the flush and a subscriber got 1 of 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_nats_reports_published_only_what_the_server_took() {
+    init_logging();
+    // A small control line lets a subject the relay's checks accept (they
+    // assume the default 4 KiB) still be too long for this server.
+    let nats = NatsServer::start_with_config("max_control_line: 256\n").await;
+    let config: switchyard::sinks::nats::NatsSinkConfig =
+        toml::from_str(&format!("url = \"{}\"\nmode = \"core\"", nats.url())).unwrap();
+    let sink = switchyard::sinks::nats::NatsSink::connect(
+        "core",
+        &config,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let watcher = async_nats::connect(nats.url()).await.unwrap();
+    let mut received = watcher.subscribe("fault.>").await.unwrap();
+    watcher.flush().await.unwrap();
+
+    let message = |subject: String, n: usize| OutgoingMessage {
+        topic: subject,
+        payload: format!("{n}").into_bytes().into(),
+        event_id: format!("e-{n}"),
+        dedup_id: format!("e-{n}"),
+        ..Default::default()
+    };
+    let batch = vec![
+        message("fault.a".into(), 0),
+        message(format!("fault.{}", "x".repeat(600)), 1),
+        message("fault.b".into(), 2),
+        message("fault.c".into(), 3),
+    ];
+    let results = sink.publish(batch).await;
+    let mut got = Vec::new();
+    while let Ok(Some(message)) = tokio::time::timeout(
+        Duration::from_millis(500),
+        futures::StreamExt::next(&mut received),
+    )
+    .await
+    {
+        got.push(String::from_utf8_lossy(&message.payload).to_string());
+    }
+    for (n, result) in results.iter().enumerate() {
+        if result.is_ok() {
+            assert!(
+                got.contains(&n.to_string()),
+                "message {n} reported published but never arrived: {results:?}, got {got:?}"
+            );
+        }
+    }
+    assert!(
+        results.iter().any(Result::is_err),
+        "the dropped connection is noticed: {results:?}"
+    );
+
+    // The next batch goes through once the client is back.
+    eventually("a later batch is confirmed", Duration::from_secs(20), || async {
+        let results = sink.publish(vec![message("fault.d".into(), 4)]).await;
+        results[0].is_ok().then_some(())
+    })
+    .await;
+}
+
+/// While NATS is down nothing is handed to the client, and what was handed
+/// to it when the connection dropped is not sent long after the relay gave
+/// up: a publish the relay recorded as failed must not appear in the stream
+/// when the server returns. Before, async-nats buffered those publishes and
+/// sent them on reconnect, and the relay's own retry came after JetStream's
+/// duplicate window: the event was stored twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_never_sends_a_publish_it_gave_up_on() {
+    init_logging();
+    let mut nats = NatsServer::start().await;
+    nats.create_stream("FAULT", &["fault.>"]).await;
+    let config: switchyard::sinks::nats::NatsSinkConfig =
+        toml::from_str(&format!("url = \"{}\"", nats.url())).unwrap();
+    let sink = switchyard::sinks::nats::NatsSink::connect(
+        "js",
+        &config,
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let message = |n: usize| OutgoingMessage {
+        topic: format!("fault.{n}"),
+        payload: format!("{n}").into_bytes().into(),
+        event_id: format!("e-{n}"),
+        dedup_id: format!("e-{n}"),
+        ..Default::default()
+    };
+    assert!(sink.publish(vec![message(0)]).await[0].is_ok());
+
+    nats.stop();
+    let mut failed = Vec::new();
+    let down = Instant::now();
+    for n in 1..=20 {
+        let results = sink.publish(vec![message(n)]).await;
+        assert!(results[0].is_err(), "published while the server is down");
+        failed.push(n);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(
+        down.elapsed() < Duration::from_secs(15),
+        "publishes fail fast while down"
+    );
+    nats.resume().await;
+    eventually("publishing again", Duration::from_secs(20), || async {
+        sink.publish(vec![message(100)]).await[0].is_ok().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored: Vec<String> = nats
+        .read_stream("FAULT")
+        .await
+        .iter()
+        .map(|m| m.subject.clone())
+        .collect();
+    for n in failed {
+        assert!(
+            !stored.contains(&format!("fault.{n}")),
+            "fault.{n} was reported failed but reached the stream later: {stored:?}"
+        );
+    }
+    assert!(stored.contains(&"fault.100".to_string()));
+}
+
+/// Readiness asks Kafka for metadata on a blocking thread. With Kafka down,
+/// each probe used to wait 10 s while `/readyz` gave up after 3 s, so
+/// probes piled up threads; now one probe runs at a time and answers within
+/// readiness's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_health_probes_are_bounded_while_kafka_is_down() {
+    init_logging();
+    let port = switchyard_tests::free_port();
+    let config: switchyard::sinks::kafka::KafkaSinkConfig =
+        toml::from_str(&format!("bootstrap_servers = \"127.0.0.1:{port}\"")).unwrap();
+    let sink =
+        Arc::new(switchyard::sinks::kafka::KafkaSink::new("down", &config, Duration::from_secs(10)).unwrap());
+    let threads = || {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Threads:")
+                    .map(|n| n.trim().parse::<usize>().unwrap())
+            })
+            .unwrap()
+    };
+    let started = Instant::now();
+    assert!(sink.healthcheck().await.is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a probe answers within readiness's bound"
+    );
+
+    let before = threads();
+    let probes: Vec<_> = (0..10)
+        .map(|_| {
+            let sink = Arc::clone(&sink);
+            tokio::spawn(
+                async move { tokio::time::timeout(Duration::from_secs(3), sink.healthcheck()).await },
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = threads();
+    for probe in probes {
+        let _ = probe.await;
+    }
+    assert!(
+        during <= before + 3,
+        "probe threads piled up: {before} -> {during}"
+    );
+}
