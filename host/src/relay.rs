@@ -454,15 +454,25 @@ impl Relay {
                     })
                     .inc();
             }
-            if let Some(first) = failed.first() {
-                // One line per target and batch: the per-row state is in `deliveries`.
+            // One line per target, kind and batch: the per-row state is in `deliveries`.
+            let (retryable, permanent): (Vec<&SinkError>, Vec<&SinkError>) =
+                failed.iter().partition(|error| error.retryable);
+            if let Some(first) = retryable.first() {
                 warn!(
                     sink.name = %target,
-                    failed = failed.len(),
+                    failed = retryable.len(),
                     sent = outcome.len(),
-                    retryable = first.retryable,
                     error = %first.message,
                     "Deliveries to this target failed; only they will be retried."
+                );
+            }
+            if let Some(first) = permanent.first() {
+                warn!(
+                    sink.name = %target,
+                    refused = permanent.len(),
+                    sent = outcome.len(),
+                    error = %first.message,
+                    "This target refused deliveries for good; their rows are dead-lettered."
                 );
             }
             let slots = by_target.remove(&target).unwrap_or_default();
