@@ -493,3 +493,90 @@ async fn kafka_health_probes_are_bounded_while_kafka_is_down() {
         "probe threads piled up: {before} -> {during}"
     );
 }
+
+/// `switchyard plugin test` on a plugin that prints, in `init` and in
+/// `route`: it used to exit 101 ("Cannot start a runtime from within a
+/// runtime"); now the output goes to the log and the answer is shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_survives_a_plugin_that_prints() {
+    let event = switchyard_tests::workspace_root().join("examples/events/order-paid.json");
+    let misbehave = plugin("misbehave");
+    for mode in ["print", "init-print"] {
+        let (code, stdout, stderr) = switchyard_tests::cli(
+            env!("CARGO_BIN_EXE_relay-process"),
+            &[
+                "plugin",
+                "test",
+                misbehave.to_str().unwrap(),
+                "--event",
+                event.to_str().unwrap(),
+                "--config",
+                &format!("mode={mode}"),
+                "--config",
+                "target=out",
+            ],
+            &[("SWITCHYARD_LOG", "info")],
+        )
+        .await;
+        assert_eq!(code, 0, "{mode}: {stdout}\n{stderr}");
+        assert!(stdout.contains(&format!("topic=test.{mode}")), "{mode}: {stdout}");
+        assert!(
+            stderr.contains(&format!("{mode}:")),
+            "the plugin's print is logged: {stderr}"
+        );
+    }
+}
+
+/// Credentials in a target URL never reach an error message.
+#[tokio::test]
+async fn an_unreachable_nats_is_reported_without_its_password() {
+    let port = switchyard_tests::free_port();
+    let config: switchyard::sinks::nats::NatsSinkConfig =
+        toml::from_str(&format!("url = \"nats://relay:s3cr3t-pw@127.0.0.1:{port}\"")).unwrap();
+    let error = switchyard::sinks::nats::NatsSink::connect(
+        "events",
+        &config,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await
+    .err()
+    .expect("nothing listens there");
+    assert!(
+        error.message.contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        error.message
+    );
+    assert!(!error.message.contains("s3cr3t-pw"), "{}", error.message);
+}
+
+/// An unreachable database or a missing one is reported with where and why,
+/// once, instead of "pool timed out while waiting for an open connection".
+#[tokio::test]
+async fn database_connect_errors_say_where_and_why() {
+    let port = switchyard_tests::free_port();
+    let error = switchyard::store::OutboxStore::connect(
+        &format!("postgres://app:hunter2@127.0.0.1:{port}/orders"),
+        4,
+    )
+    .await
+    .err()
+    .expect("nothing listens there")
+    .to_string();
+    assert!(
+        error.contains(&format!("127.0.0.1:{port}")) && error.contains("\"orders\""),
+        "{error}"
+    );
+    assert!(error.to_lowercase().contains("refused"), "says why: {error}");
+    assert!(!error.contains("hunter2"), "{error}");
+
+    let server = switchyard_tests::postgres::server_url();
+    let (base, _) = server.rsplit_once('/').unwrap();
+    let error = switchyard::store::OutboxStore::connect(&format!("{base}/no_such_database_here"), 4)
+        .await
+        .err()
+        .expect("no such database")
+        .to_string();
+    assert_eq!(error.matches("does not exist").count(), 1, "{error}");
+    assert!(error.contains("no_such_database_here"), "{error}");
+}

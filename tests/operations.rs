@@ -453,9 +453,19 @@ async fn status_json_matches_the_database_and_the_running_relay() {
         let pool = db.pool.clone();
         async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.unwrap() }
     };
+    // Rows whose not_before is still ahead are delayed, counted apart.
     assert_eq!(
         outbox["pending"],
-        count("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending'").await
+        count("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending' AND coalesce(not_before <= now(), true)").await
+    );
+    assert_eq!(
+        outbox["delayed"],
+        count("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending' AND not_before > now()").await
+    );
+    assert_eq!(
+        (outbox["pending"].as_i64(), outbox["delayed"].as_i64()),
+        (Some(4), Some(5)),
+        "{report}"
     );
     assert_eq!(
         outbox["in_flight"],
@@ -484,15 +494,18 @@ async fn status_json_matches_the_database_and_the_running_relay() {
             .collect();
     assert_eq!(outbox["dead_by_event_type"], serde_json::json!(by_type));
     assert_eq!(by_type.get("OrderCreated"), Some(&3));
+    // The delayed rows (written 90 s ago) would make this grow until their
+    // time comes; the oldest pending row is a retrying one, 30 s old.
     let oldest: f64 = sqlx::query_scalar(
-        "SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')",
+        "SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM switchyard_outbox
+          WHERE status IN ('pending', 'in_flight') AND coalesce(not_before <= now(), true)",
     )
     .fetch_one(&db.pool)
     .await
     .unwrap();
     let reported = outbox["oldest_pending_age_seconds"].as_f64().unwrap();
     assert!(
-        (reported - oldest).abs() < 10.0 && reported >= 90.0,
+        (reported - oldest).abs() < 10.0 && (30.0..90.0).contains(&reported),
         "{reported} vs {oldest}"
     );
 
@@ -538,7 +551,7 @@ async fn status_json_matches_the_database_and_the_running_relay() {
     .await;
     assert_eq!(code, 0);
     assert!(
-        text.contains("backlog         9 rows (9 pending, 0 delayed, 0 in flight)"),
+        text.contains("backlog         9 rows (4 pending, 5 delayed, 0 in flight)"),
         "{text}"
     );
     assert!(text.contains("in retry        4"), "{text}");

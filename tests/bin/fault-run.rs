@@ -136,101 +136,98 @@ async fn finish(
     }
 }
 
+/// A fresh outbox and stream, `relays` relay processes, and a writer task
+/// putting `events` order events into the outbox while they run.
+struct Scenario {
+    db: switchyard_tests::postgres::TestDb,
+    nats: NatsServer,
+    config: String,
+    relays: Vec<Process>,
+    writer: tokio::task::JoinHandle<HashMap<String, Expected>>,
+    total: i64,
+    started: Instant,
+}
+
+impl Scenario {
+    async fn start(relay_bin: &str, relays: usize, events: usize) -> Scenario {
+        let db = fresh_db().await;
+        let nats = NatsServer::start().await;
+        nats.create_stream(STREAM, &["orders.>"]).await;
+        let config = settings(&db.url, &nats.url());
+        let relays = (0..relays)
+            .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+            .collect();
+        let per_aggregate = events.div_ceil(AGGREGATES);
+        let writer = tokio::spawn({
+            let pool = db.pool.clone();
+            async move { write_orders(&pool, AGGREGATES, per_aggregate, 8).await }
+        });
+        Scenario {
+            db,
+            nats,
+            config,
+            relays,
+            writer,
+            total: (AGGREGATES * per_aggregate) as i64,
+            started: Instant::now(),
+        }
+    }
+
+    async fn finish(mut self, scenario: String) -> Row {
+        let expected = self.writer.await.expect("writer");
+        let row = finish(scenario, &self.db.pool, &self.nats, &expected, self.started).await;
+        for relay in &mut self.relays {
+            relay.terminate();
+        }
+        row
+    }
+}
+
 /// Three relays; one at a time SIGKILLed while holding leases, then restarted.
 async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = settings(&db.url, &nats.url());
-    let mut relays: Vec<Process> = (0..3)
-        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
-        .collect();
-    let started = Instant::now();
-    let per_aggregate = events.div_ceil(AGGREGATES);
-    let writer = tokio::spawn({
-        let pool = db.pool.clone();
-        async move { write_orders(&pool, AGGREGATES, per_aggregate, 8).await }
-    });
-    let total = (AGGREGATES * per_aggregate) as i64;
+    let mut run = Scenario::start(relay_bin, 3, events).await;
     let mut done = 0;
     let mut generation = 0;
     while done < kills {
-        let victim = done % relays.len();
+        let victim = done % run.relays.len();
         let owner = format!("relay-{victim}");
         let holds: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM switchyard_outbox WHERE status = 'in_flight' AND lease_owner LIKE $1 || '%'",
         )
         .bind(&owner)
-        .fetch_one(&db.pool)
+        .fetch_one(&run.db.pool)
         .await
         .unwrap_or(0);
         if holds == 0 {
-            if published(&db.pool).await >= total {
+            if published(&run.db.pool).await >= run.total {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         }
-        relays[victim].kill();
+        run.relays[victim].kill();
         generation += 1;
         eprintln!("kill {}: {owner} held {holds} leases", done + 1);
-        relays[victim] = Process::spawn(relay_bin, &config, &format!("{owner}-{generation}"));
+        run.relays[victim] = Process::spawn(relay_bin, &run.config, &format!("{owner}-{generation}"));
         done += 1;
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
-    let expected = writer.await.expect("writer");
-    let row = finish(
-        format!("{done} SIGKILLs, 3 relays"),
-        &db.pool,
-        &nats,
-        &expected,
-        started,
-    )
-    .await;
-    for relay in &mut relays {
-        relay.terminate();
-    }
-    row
+    run.finish(format!("{done} SIGKILLs, 3 relays")).await
 }
 
 /// Two relays; NATS stopped for 30 s while events are written and relayed.
-async fn outage_run(relay_bin: &str, events: usize, run: usize) -> Row {
-    let db = fresh_db().await;
-    let mut nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = settings(&db.url, &nats.url());
-    let mut relays: Vec<Process> = (0..2)
-        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
-        .collect();
-    let started = Instant::now();
-    let per_aggregate = events.div_ceil(AGGREGATES);
-    let writer = tokio::spawn({
-        let pool = db.pool.clone();
-        async move { write_orders(&pool, AGGREGATES, per_aggregate, 8).await }
-    });
-    let total = (AGGREGATES * per_aggregate) as i64;
-    while published(&db.pool).await < total / 4 {
+async fn outage_run(relay_bin: &str, events: usize, round: usize) -> Row {
+    let mut run = Scenario::start(relay_bin, 2, events).await;
+    while published(&run.db.pool).await < run.total / 4 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    nats.stop();
+    run.nats.stop();
     eprintln!(
-        "outage {run}: NATS stopped at {} published",
-        published(&db.pool).await
+        "outage {round}: NATS stopped at {} published",
+        published(&run.db.pool).await
     );
     tokio::time::sleep(Duration::from_secs(30)).await;
-    nats.resume().await;
-    eprintln!("outage {run}: NATS back");
-    let expected = writer.await.expect("writer");
-    let row = finish(
-        format!("NATS down 30 s, run {run}"),
-        &db.pool,
-        &nats,
-        &expected,
-        started,
-    )
-    .await;
-    for relay in &mut relays {
-        relay.terminate();
-    }
-    row
+    run.nats.resume().await;
+    eprintln!("outage {round}: NATS back");
+    run.finish(format!("NATS down 30 s, run {round}")).await
 }
