@@ -560,8 +560,7 @@ async fn database_connect_errors_say_where_and_why() {
         4,
     )
     .await
-    .err()
-    .expect("nothing listens there")
+    .expect_err("nothing listens there")
     .to_string();
     assert!(
         error.contains(&format!("127.0.0.1:{port}")) && error.contains("\"orders\""),
@@ -574,8 +573,7 @@ async fn database_connect_errors_say_where_and_why() {
     let (base, _) = server.rsplit_once('/').unwrap();
     let error = switchyard::store::OutboxStore::connect(&format!("{base}/no_such_database_here"), 4)
         .await
-        .err()
-        .expect("no such database")
+        .expect_err("no such database")
         .to_string();
     assert_eq!(error.matches("does not exist").count(), 1, "{error}");
     assert!(error.contains("no_such_database_here"), "{error}");

@@ -231,6 +231,7 @@ aggregate_types = ["order"]
 [targets.events]
 type = "nats"
 url = "{nats}"
+duplicate_window_seconds = 3600
 "#,
         path = plugin_path.display()
     )

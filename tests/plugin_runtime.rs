@@ -52,6 +52,7 @@ topic = "orders.{{event_type}}"
 [targets.events]
 type = "nats"
 url = "{nats}"
+duplicate_window_seconds = 3600
 "#,
         path = plugin_path.display()
     )

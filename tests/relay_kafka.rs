@@ -66,6 +66,7 @@ bootstrap_servers = "{analytics}"
 [targets.audit]
 type = "nats"
 url = "{nats}"
+duplicate_window_seconds = 3600
 "#,
         relay = relay_section(""),
         plugin = plugin("fan_out").display(),

@@ -86,12 +86,9 @@ fn settings(db_url: &str, nats_url: &str) -> String {
         &Settings::new(db_url, nats_url)
             .relay("lease_duration_ms", "4000")
             .relay("publish_timeout_ms", "1500")
-            .relay("max_attempts", "1000")
+            // Within the test streams' one-hour duplicate window.
+            .relay("max_attempts", "500")
             .relay("max_backoff_ms", "2000"),
-    )
-    .replace(
-        "[targets.events]",
-        "[targets.events]\nduplicate_window_seconds = 7200",
     )
 }
 

@@ -11,6 +11,10 @@ use std::time::Duration;
 use async_nats::jetstream;
 use futures::StreamExt;
 
+/// The duplicate window of test streams, and what test relay configs
+/// declare in `duplicate_window_seconds`.
+pub const TEST_DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
+
 /// A running (or stopped) nats-server.
 pub struct NatsServer {
     port: u16,
@@ -107,6 +111,10 @@ impl NatsServer {
             .create_stream(jetstream::stream::Config {
                 name: name.to_string(),
                 subjects: subjects.iter().map(|s| (*s).to_string()).collect(),
+                // Covers every test config's retry horizon (they set
+                // `duplicate_window_seconds` to the same), as a deployment's
+                // streams must.
+                duplicate_window: TEST_DUPLICATE_WINDOW,
                 ..Default::default()
             })
             .await

@@ -102,6 +102,7 @@ topic = "orders.{{event_type}}"
 type = "nats"
 url = "{nats}"
 mode = "{mode}"
+duplicate_window_seconds = 3600
 "#,
         db = settings.database_url,
         nats = settings.nats_url,
