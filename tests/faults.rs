@@ -578,3 +578,51 @@ async fn database_connect_errors_say_where_and_why() {
     assert_eq!(error.matches("does not exist").count(), 1, "{error}");
     assert!(error.contains("no_such_database_here"), "{error}");
 }
+
+/// Two JetStream targets whose subjects land in one stream: each event's two
+/// messages must not deduplicate each other there. Before, both carried the
+/// bare event id as `Nats-Msg-Id` and the stream kept one of the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nats_targets_into_one_stream_keep_both_messages() {
+    init_logging();
+    let db = Sqlite::new().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream("BOTH", &["orders.>", "audit.>"]).await;
+    let text = format!(
+        r#"[database]
+url = "{db}"
+{RELAY}
+[[plugins]]
+name = "fan"
+path = "{fan}"
+[plugins.config]
+default = [{{ target = "main", topic = "orders.{{event_type}}" }}, {{ target = "audit", topic = "audit.{{event_type}}" }}]
+[targets.main]
+type = "nats"
+url = "{nats}"
+duplicate_window_seconds = 3600
+[targets.audit]
+type = "nats"
+url = "{nats}"
+duplicate_window_seconds = 3600
+"#,
+        db = db.url,
+        fan = plugin("fan_out").display(),
+        nats = nats.url(),
+    );
+    let relay = InProcess::start(&parse(&text)).await;
+    for seq in 0..20 {
+        db.insert(&format!("o-{}", seq % 4), "OrderUpdated", seq).await;
+    }
+    eventually("all published", Duration::from_secs(30), || async {
+        (db.count("published").await == 20).then_some(())
+    })
+    .await;
+    relay.stop().await;
+    let stored = nats.read_stream("BOTH").await;
+    let orders = stored.iter().filter(|m| m.subject.starts_with("orders.")).count();
+    let audit = stored.iter().filter(|m| m.subject.starts_with("audit.")).count();
+    assert_eq!((orders, audit), (20, 20), "one message per event and target");
+    let ids: std::collections::HashSet<_> = stored.iter().filter_map(|m| m.header("Nats-Msg-Id")).collect();
+    assert_eq!(ids.len(), 40, "distinct dedup ids");
+}

@@ -5,12 +5,14 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
 //! of them is SIGKILLed (and restarted) ROUNDS times. `outage`: two relays,
 //! NATS stopped for 30 s mid-stream (JetStream store kept), ROUNDS runs.
+//! `pg-restart`: two relays drain a backlog while the project's PostgreSQL
+//! is restarted (fast mode: every connection cut) under them.
 //! Prints one table row per run.
 
 use std::collections::HashMap;
@@ -53,6 +55,9 @@ async fn main() {
     if which == "kills" || which == "all" {
         let kills = if rounds == 0 { 20 } else { rounds };
         rows.push(kills_run(&relay_bin, events, kills).await);
+    }
+    if which == "pg-restart" || which == "all" {
+        rows.push(pg_restart_run(&relay_bin, events.min(20_000)).await);
     }
     if which == "outage" || which == "all" {
         let runs = if rounds == 0 { 3 } else { rounds };
@@ -227,4 +232,50 @@ async fn outage_run(relay_bin: &str, events: usize, round: usize) -> Row {
     run.nats.resume().await;
     eprintln!("outage {round}: NATS back");
     run.finish(format!("NATS down 30 s, run {round}")).await
+}
+
+/// Two relays drain a backlog; PostgreSQL restarts under them twice.
+async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    // Written first: the writers are not what this run tests.
+    let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
+    let config = settings(&db.url, &nats.url());
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let total = expected.len() as i64;
+    for round in 1..=2 {
+        while published(&db.pool).await < total * round / 3 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let state =
+            std::env::var("SWITCHYARD_STATE_DIR").unwrap_or_else(|_| "/tmp/switchyard-services".into());
+        let pg_ctl =
+            std::env::var("SWITCHYARD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+        let status = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(format!("{pg_ctl}/pg_ctl"))
+            .args(["-D", &format!("{state}/pg"), "-m", "fast", "-w", "restart"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("pg_ctl");
+        assert!(status.success(), "pg_ctl restart failed");
+        eprintln!("pg-restart: PostgreSQL restarted (round {round})");
+    }
+    // The harness pool lost its connections too; sqlx reconnects on use.
+    let row = finish(
+        "PostgreSQL restarted twice, 2 relays".into(),
+        &db.pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
 }
