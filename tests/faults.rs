@@ -626,3 +626,72 @@ duplicate_window_seconds = 3600
     let ids: std::collections::HashSet<_> = stored.iter().filter_map(|m| m.header("Nats-Msg-Id")).collect();
     assert_eq!(ids.len(), 40, "distinct dedup ids");
 }
+
+/// Statistics taken while the outbox was drained (its normal state: every
+/// row published), then a backlog of 10,000 rows behind aggregate heads
+/// waiting in backoff: the planner joins without an index condition on the
+/// aggregate index, and each claim that finds nothing takes about 30 s here
+/// (nothing was published for minutes after a broker outage). The relay
+/// must bound such a claim and recover by itself: it refreshes the
+/// statistics and drains the backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_recover_from_statistics_taken_on_a_drained_outbox() {
+    init_logging();
+    let db = switchyard_tests::postgres::fresh_db().await;
+    let sql = |text: &'static str| {
+        let pool = db.pool.clone();
+        async move { sqlx::query(text).execute(&pool).await.unwrap() }
+    };
+    sql("ALTER TABLE switchyard_outbox SET (autovacuum_enabled = false)").await;
+    sql("INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at)
+         SELECT 'order', 'p-' || (g % 1000), 'OrderUpdated', '{}', 'published', now() FROM generate_series(1, 20000) g")
+    .await;
+    sql("ANALYZE switchyard_outbox").await;
+    // Heads first (lowest ids), each already failed once and in backoff.
+    sql("INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, attempts, next_attempt_at)
+         SELECT 'order', 'o-' || a, 'OrderUpdated', jsonb_build_object('seq', 0), 1, now() + interval '4 seconds'
+           FROM generate_series(1, 100) a")
+    .await;
+    sql(
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+         SELECT 'order', 'o-' || a, 'OrderUpdated', jsonb_build_object('seq', s)
+           FROM generate_series(1, 99) s, generate_series(1, 100) a ORDER BY s, a",
+    )
+    .await;
+
+    let out = std::env::temp_dir().join(format!("sy-stale-{}.jsonl", uuid::Uuid::new_v4().simple()));
+    let text = format!(
+        "[database]\nurl = \"{}\"\nmax_connections = 8\n{}[[plugins]]\nname = \"router\"\npath = \"{}\"\n[plugins.config]\ntarget = \"out\"\n[targets.out]\ntype = \"file\"\npath = \"{}\"\nfsync = false\n",
+        db.url,
+        RELAY
+            .replace("batch_size = 50", "batch_size = 200")
+            .replace("max_attempts = 2", "max_attempts = 5"),
+        plugin("route_by_type").display(),
+        out.display()
+    );
+    let relay = InProcess::start(&parse(&text)).await;
+    let started = Instant::now();
+    eventually("the backlog drains", Duration::from_secs(90), || async {
+        let published: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'published'")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        (published == 30_000).then_some(())
+    })
+    .await;
+    let drained = started.elapsed();
+    relay.stop().await;
+    let analyzed: Option<i64> = sqlx::query_scalar(
+        "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'switchyard_outbox'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    eprintln!("stale statistics: drained in {drained:?}, table analyzed {analyzed:?} times");
+    assert!(
+        analyzed.unwrap_or(0) >= 2,
+        "the relay refreshed the statistics itself"
+    );
+    let _ = std::fs::remove_file(out);
+}

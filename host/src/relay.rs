@@ -58,7 +58,12 @@ pub enum BatchError {
 #[derive(Default)]
 struct WorkerHealth {
     last_panic: std::sync::Mutex<Option<(Instant, String)>>,
+    /// When this relay last refreshed the table's statistics.
+    last_analyze: std::sync::Mutex<Option<Instant>>,
 }
+
+/// Least time between two statistics refreshes triggered by slow claims.
+const ANALYZE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long `/readyz` stays unready after a batch panicked.
 const PANIC_UNREADY_FOR: Duration = Duration::from_secs(60);
@@ -185,6 +190,39 @@ impl Relay {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// A slow claim is usually a plan made on statistics taken while the
+    /// outbox was empty, its normal state: refresh them (at most once per
+    /// [`ANALYZE_INTERVAL`]) so the next claim is planned on the backlog
+    /// that is there now.
+    fn claim_was_slow(&self) {
+        let due = match self.inner.health.last_analyze.lock() {
+            Ok(mut last) => {
+                let due = last.is_none_or(|at| at.elapsed() >= ANALYZE_INTERVAL);
+                if due {
+                    *last = Some(Instant::now());
+                }
+                due
+            }
+            Err(_) => false,
+        };
+        if !due {
+            return;
+        }
+        let store = self.inner.store.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            match store.refresh_statistics().await {
+                Ok(()) => warn!(
+                    analyze_ms = started.elapsed().as_millis() as u64,
+                    "Claims were slow; refreshed the outbox table's statistics (ANALYZE)."
+                ),
+                Err(error) => {
+                    warn!(%error, "Claims were slow; refreshing the outbox table's statistics failed.")
+                }
+            }
+        });
     }
 
     fn record_panic(&self, worker: u32, panic: &(dyn std::any::Any + Send)) {
@@ -340,17 +378,22 @@ impl Relay {
                 inner.config.batch_size,
                 inner.config.lease_duration(),
             )
-            .await
-            .map_err(BatchError::Claim)?;
+            .await;
+        let claim = match claim {
+            Err(error @ store::Error::ClaimTimedOut { .. }) => {
+                self.claim_was_slow();
+                return Err(BatchError::Claim(error));
+            }
+            claim => claim.map_err(BatchError::Claim)?,
+        };
         if claim.took >= SLOW_CLAIM {
-            // Usually a plan gone wrong (statistics taken while the outbox was
-            // empty) or a database under load; not the plugins' fault.
             warn!(
                 claim_ms = claim.took.as_millis() as u64,
                 rows = claim.rows.len(),
                 lease_ms = inner.config.lease_duration_ms,
                 "Claim statement was slow."
             );
+            self.claim_was_slow();
         }
         if claim.rows.is_empty() {
             return Ok(BatchReport::default());

@@ -51,6 +51,9 @@ pub(crate) fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRo
     })
 }
 
+/// SQLSTATE of a statement cancelled by `statement_timeout`.
+const QUERY_CANCELED: &str = "57014";
+
 /// The claim statement, assembled once: index 0 lets later events of an
 /// aggregate pass a dead-lettered one, index 1 keeps them waiting.
 static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
@@ -130,13 +133,33 @@ impl OutboxStore {
         let lease_id = LeaseId(uuid::Uuid::new_v4());
         let sql = &CLAIM_STATEMENTS[usize::from(dead_letter_blocks_aggregate)];
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let records = sqlx::query(sql)
+        // A claim slower than half the lease is of no use: its rows could not
+        // be published before the lease ends. Bounding it stops a plan gone
+        // wrong (statistics taken while the outbox was drained) from running
+        // for minutes; the relay then refreshes the statistics.
+        let mut tx = pool.begin().await?;
+        sqlx::query(&format!(
+            "SET LOCAL statement_timeout = {}",
+            (lease_ms / 2).max(1)
+        ))
+        .execute(&mut *tx)
+        .await?;
+        let records = match sqlx::query(sql)
             .bind(i64::from(limit))
             .bind(owner)
             .bind(lease_id.0)
             .bind(lease_ms)
-            .fetch_all(pool)
-            .await?;
+            .fetch_all(&mut *tx)
+            .await
+        {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(QUERY_CANCELED) => {
+                return Err(Error::ClaimTimedOut {
+                    after: started.elapsed(),
+                });
+            }
+            records => records?,
+        };
+        tx.commit().await?;
         let mut rows = records
             .iter()
             .map(row_from_record)

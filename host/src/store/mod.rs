@@ -56,6 +56,12 @@ pub enum Error {
     /// A migration failed.
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The claim statement ran past half the lease and was cancelled.
+    #[error("the claim statement was cancelled after {} ms (half the lease)", after.as_millis())]
+    ClaimTimedOut {
+        /// How long it ran.
+        after: Duration,
+    },
     /// The database could not be reached at startup.
     #[error("cannot connect to {at}: {reason}")]
     Connect {
@@ -251,6 +257,26 @@ impl OutboxStore {
                 .await?
             }
         })
+    }
+
+    /// Refreshes the planner's statistics of the outbox table. Claims are
+    /// planned on them; taken while the outbox was empty (its normal state),
+    /// they can make a claim over a sudden backlog take minutes.
+    ///
+    /// # Errors
+    /// [`Error::Database`] (e.g. the relay's role does not own the table).
+    pub async fn refresh_statistics(&self) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Postgres(pool) => sqlx::query("ANALYZE switchyard_outbox")
+                .execute(pool)
+                .await
+                .map(drop)?,
+            Backend::Sqlite(pool) => sqlx::query("ANALYZE switchyard_outbox")
+                .execute(pool)
+                .await
+                .map(drop)?,
+        }
+        Ok(())
     }
 
     /// Whether the database answers a trivial query.
