@@ -313,6 +313,30 @@ async fn a_panicking_batch_is_reported_and_the_relay_goes_on() {
     running.await.unwrap().unwrap();
 }
 
+/// A NATS target from its TOML, with a publish timeout in ms.
+async fn nats_sink(toml_text: &str, publish_timeout_ms: u64) -> switchyard::sinks::nats::NatsSink {
+    let config: switchyard::sinks::nats::NatsSinkConfig = toml::from_str(toml_text).unwrap();
+    switchyard::sinks::nats::NatsSink::connect(
+        "nats",
+        &config,
+        Duration::from_millis(publish_timeout_ms),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap()
+}
+
+/// Message `n` on `subject`, with payload and ids made from `n`.
+fn outgoing(subject: String, n: usize) -> OutgoingMessage {
+    OutgoingMessage {
+        topic: subject,
+        payload: format!("{n}").into_bytes().into(),
+        event_id: format!("e-{n}"),
+        dedup_id: format!("e-{n}"),
+        ..Default::default()
+    }
+}
+
 /// Core NATS "success" must mean the server read the message. A subject
 /// over the server's control line makes it close the connection, dropping
 /// whatever else was in flight; before, every message of the batch was
@@ -323,32 +347,16 @@ async fn core_nats_reports_published_only_what_the_server_took() {
     // A small control line lets a subject the relay's checks accept (they
     // assume the default 4 KiB) still be too long for this server.
     let nats = NatsServer::start_with_config("max_control_line: 256\n").await;
-    let config: switchyard::sinks::nats::NatsSinkConfig =
-        toml::from_str(&format!("url = \"{}\"\nmode = \"core\"", nats.url())).unwrap();
-    let sink = switchyard::sinks::nats::NatsSink::connect(
-        "core",
-        &config,
-        Duration::from_secs(2),
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
+    let sink = nats_sink(&format!("url = \"{}\"\nmode = \"core\"", nats.url()), 2000).await;
     let watcher = async_nats::connect(nats.url()).await.unwrap();
     let mut received = watcher.subscribe("fault.>").await.unwrap();
     watcher.flush().await.unwrap();
 
-    let message = |subject: String, n: usize| OutgoingMessage {
-        topic: subject,
-        payload: format!("{n}").into_bytes().into(),
-        event_id: format!("e-{n}"),
-        dedup_id: format!("e-{n}"),
-        ..Default::default()
-    };
     let batch = vec![
-        message("fault.a".into(), 0),
-        message(format!("fault.{}", "x".repeat(600)), 1),
-        message("fault.b".into(), 2),
-        message("fault.c".into(), 3),
+        outgoing("fault.a".into(), 0),
+        outgoing(format!("fault.{}", "x".repeat(600)), 1),
+        outgoing("fault.b".into(), 2),
+        outgoing("fault.c".into(), 3),
     ];
     let results = sink.publish(batch).await;
     let mut got = Vec::new();
@@ -375,7 +383,7 @@ async fn core_nats_reports_published_only_what_the_server_took() {
 
     // The next batch goes through once the client is back.
     eventually("a later batch is confirmed", Duration::from_secs(20), || async {
-        let results = sink.publish(vec![message("fault.d".into(), 4)]).await;
+        let results = sink.publish(vec![outgoing("fault.d".into(), 4)]).await;
         results[0].is_ok().then_some(())
     })
     .await;
@@ -392,23 +400,8 @@ async fn jetstream_never_sends_a_publish_it_gave_up_on() {
     init_logging();
     let mut nats = NatsServer::start().await;
     nats.create_stream("FAULT", &["fault.>"]).await;
-    let config: switchyard::sinks::nats::NatsSinkConfig =
-        toml::from_str(&format!("url = \"{}\"", nats.url())).unwrap();
-    let sink = switchyard::sinks::nats::NatsSink::connect(
-        "js",
-        &config,
-        Duration::from_millis(500),
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
-    let message = |n: usize| OutgoingMessage {
-        topic: format!("fault.{n}"),
-        payload: format!("{n}").into_bytes().into(),
-        event_id: format!("e-{n}"),
-        dedup_id: format!("e-{n}"),
-        ..Default::default()
-    };
+    let sink = nats_sink(&format!("url = \"{}\"", nats.url()), 500).await;
+    let message = |n: usize| outgoing(format!("fault.{n}"), n);
     assert!(sink.publish(vec![message(0)]).await[0].is_ok());
 
     nats.stop();
@@ -694,4 +687,48 @@ async fn claims_recover_from_statistics_taken_on_a_drained_outbox() {
         "the relay refreshed the statistics itself"
     );
     let _ = std::fs::remove_file(out);
+}
+
+/// What operators read: a target refusing messages for good is logged as
+/// dead-lettering them, not as "only they will be retried" (it used to say
+/// that with `retryable=false` while the rows were dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_refusal_is_logged_as_dead_lettered() {
+    init_logging();
+    let db = Sqlite::new().await;
+    let nats = NatsServer::start().await;
+    // A wildcard is no publish subject: NATS refuses it on every attempt.
+    let text = format!(
+        "[database]\nurl = \"{}\"\n{RELAY}[[plugins]]\nname = \"router\"\npath = \"{}\"\n[plugins.config]\ntarget = \"events\"\ntopic = \"orders.*\"\n[targets.events]\ntype = \"nats\"\nurl = \"{}\"\nmode = \"core\"\n",
+        db.url,
+        plugin("route_by_type").display(),
+        nats.url()
+    );
+    let config_path = db.dir.join("relay.toml");
+    std::fs::write(&config_path, text).unwrap();
+    let log_path = db.dir.join("relay.log");
+    let mut relay = std::process::Command::new(env!("CARGO_BIN_EXE_relay-process"))
+        .args(["run", "--config"])
+        .arg(&config_path)
+        .env("SWITCHYARD_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    db.insert("o-1", "OrderUpdated", 0).await;
+    eventually("the row is dead-lettered", Duration::from_secs(30), || async {
+        (db.count("dead").await == 1).then_some(())
+    })
+    .await;
+    let _ = relay.kill();
+    let _ = relay.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        log.contains("refused deliveries for good; their rows are dead-lettered"),
+        "{log}"
+    );
+    assert!(!log.contains("will be retried"), "{log}");
+    let (_, error) = db.outcome("OrderUpdated").await;
+    assert!(error.contains("invalid NATS subject"), "{error}");
 }

@@ -28,7 +28,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
 pub use ack::{Outcome, RowOutcome};
 pub use claim::Claim;
@@ -117,7 +117,10 @@ impl OutboxStore {
                 .await?;
             return Ok(OutboxStore::new_sqlite(pool));
         }
-        let options = PgConnectOptions::from_str(url)?;
+        // The relay logs slow claims itself, in one line; sqlx would add the
+        // whole statement text at WARN each time.
+        let options = PgConnectOptions::from_str(url)?
+            .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
         // One connection first, alone: a pool reports an unreachable server
         // or a missing database only as "pool timed out".
         let at = format!(
