@@ -732,3 +732,116 @@ async fn a_permanent_refusal_is_logged_as_dead_lettered() {
     let (_, error) = db.outcome("OrderUpdated").await;
     assert!(error.contains("invalid NATS subject"), "{error}");
 }
+
+/// `plugin test` gates a plugin's CI: it exits non-zero when the plugin
+/// refuses, traps or returns output the relay would dead-letter, and with
+/// `--relay-config` it applies that relay's plugin bounds, targets and
+/// broker topic rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_exit_code_follows_the_outcome() {
+    let event = switchyard_tests::workspace_root().join("examples/events/order-paid.json");
+    let event = event.to_str().unwrap();
+    let misbehave = plugin("misbehave");
+    let misbehave = misbehave.to_str().unwrap();
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        switchyard_tests::cli(env!("CARGO_BIN_EXE_relay-process"), &args, &[]).await
+    };
+    let test = |mode: &str| {
+        [
+            "plugin",
+            "test",
+            misbehave,
+            "--event",
+            event,
+            "--config",
+            &format!("mode={mode}"),
+            "--config",
+            "target=t",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    for (mode, ok) in [
+        ("print", true),
+        ("trap", false),
+        ("panic", false),
+        ("transient", false),
+        ("nul-topic", false),
+        ("unknown-target", true), // no relay config: any target name is accepted
+    ] {
+        let (code, out, err) = run(test(mode)).await;
+        assert_eq!(code == 0, ok, "{mode}: exit {code}\n{out}\n{err}");
+        if !ok {
+            assert!(
+                err.contains("1 of 1 event(s) would not be published"),
+                "{mode}: {err}"
+            );
+        }
+    }
+
+    // With the relay's config: its targets, its topic rules, its time bound.
+    let dir = std::env::temp_dir().join(format!("sy-plugin-test-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let relay = dir.join("relay.toml");
+    std::fs::write(
+        &relay,
+        format!(
+            "[database]\nurl = \"sqlite://{db}\"\n[[plugins]]\nname = \"wild\"\npath = \"{misbehave}\"\n[plugins.config]\nmode = \"print\"\ntarget = \"events\"\n\
+             [[plugins]]\nname = \"looper\"\npath = \"{misbehave}\"\ntimeout_ms = 50\n[plugins.config]\nmode = \"loop\"\ntarget = \"events\"\n\
+             [[plugins]]\nname = \"elsewhere\"\npath = \"{misbehave}\"\n[plugins.config]\nmode = \"unknown-target\"\ntarget = \"events\"\n\
+             [[plugins]]\nname = \"wildcard\"\npath = \"{router}\"\n[plugins.config]\ntarget = \"events\"\ntopic = \"orders.*\"\n\
+             [targets.events]\ntype = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n",
+            db = dir.join("outbox.db").display(),
+            router = plugin("route_by_type").display(),
+        ),
+    )
+    .unwrap();
+    let router = plugin("route_by_type");
+    let with_relay = |name: &str, extra: &[&str]| {
+        // The entry's config applies to the FILE under test.
+        let file = if name == "wildcard" {
+            router.to_str().unwrap()
+        } else {
+            misbehave
+        };
+        let mut args = [
+            "plugin",
+            "test",
+            file,
+            "--event",
+            event,
+            "--relay-config",
+            relay.to_str().unwrap(),
+            "--plugin",
+            name,
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let (code, out, _) = run(with_relay("wild", &[])).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("topic=test.print"), "{out}");
+    let (code, out, _) = run(with_relay("looper", &[])).await;
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("exceeded its time limit of 50 ms"),
+        "the relay's timeout_ms applies: {out}"
+    );
+    let (code, out, _) = run(with_relay("elsewhere", &[])).await;
+    assert_ne!(code, 0);
+    assert!(out.contains("unknown target \"no-such-target\""), "{out}");
+    // A subject NATS would refuse, caught before any broker sees it.
+    let (code, out, _) = run(with_relay("wild", &["--config", "mode=huge-topic"])).await;
+    assert_ne!(code, 0);
+    assert!(out.contains("over the 1024 allowed"), "{out}");
+    let (code, out, _) = run(with_relay("wildcard", &[])).await;
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("invalid NATS subject \"orders.*\""),
+        "NATS's own rules apply: {out}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

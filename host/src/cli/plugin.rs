@@ -6,7 +6,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 
 use super::PluginCommand;
-use crate::config::{Config, PluginConfig};
+use std::collections::BTreeMap;
+
+use crate::config::{Config, PluginConfig, PluginRuntimeConfig, TargetConfig};
 use crate::plugin::{CallFailure, Event, PayloadFormat, PluginEngine};
 use crate::router::{self, Limits};
 use crate::store::OutboxStore;
@@ -24,7 +26,15 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
             limit,
             database_url,
         } => {
-            let plugin_config = plugin_config(&file, &config, relay_config.as_deref(), plugin.as_deref())?;
+            let relay = relay_config.as_deref().map(Config::load).transpose()?;
+            let plugin_config = plugin_config(&file, &config, relay.as_ref(), plugin.as_deref())?;
+            // With a relay config, its targets decide which names exist and
+            // which topic rules apply, and its cache is used.
+            let targets = relay.as_ref().map(|relay| relay.targets.clone());
+            let cache_dir = relay.as_ref().map_or_else(
+                || PluginRuntimeConfig::default().cache_dir(),
+                |r| r.plugin_runtime.cache_dir(),
+            );
             let events = match (event, from_db) {
                 (Some(path), _) => vec![Ok(event_from_file(&path)?)],
                 (None, true) => {
@@ -46,8 +56,17 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                 }
                 (None, false) => bail!("give --event FILE or --from-db"),
             };
+            let total = events.len();
             // Plugin calls block (WASI's host side): never on a runtime thread.
-            tokio::task::spawn_blocking(move || test(&plugin_config, events)).await?
+            let failed = tokio::task::spawn_blocking(move || {
+                test(&plugin_config, events, targets.as_ref(), cache_dir.as_deref())
+            })
+            .await??;
+            // Non-zero exit, so that a plugin's own CI can gate on it.
+            if failed > 0 {
+                bail!("{failed} of {total} event(s) would not be published (refused, trapped or invalid)");
+            }
+            Ok(())
         }
     }
 }
@@ -71,21 +90,24 @@ fn check(file: &Path) -> anyhow::Result<()> {
 fn plugin_config(
     file: &Path,
     pairs: &[String],
-    relay_config: Option<&Path>,
+    relay: Option<&Config>,
     name: Option<&str>,
 ) -> anyhow::Result<PluginConfig> {
-    let mut table = match (relay_config, name) {
-        (Some(path), Some(name)) => {
-            let config = Config::load(path)?;
-            config
+    // From the relay config, the whole entry: its time and memory bounds too.
+    let from_relay = match (relay, name) {
+        (Some(relay), Some(name)) => Some(
+            relay
                 .plugins
-                .into_iter()
+                .iter()
                 .find(|p| p.name == name)
-                .with_context(|| format!("no plugin named {name:?} in {}", path.display()))?
-                .config
-        }
-        _ => toml::Table::new(),
+                .with_context(|| format!("no plugin named {name:?} in the relay config"))?
+                .clone(),
+        ),
+        _ => None,
     };
+    let mut table = from_relay
+        .as_ref()
+        .map_or_else(toml::Table::new, |plugin| plugin.config.clone());
     for pair in pairs {
         let (key, value) = pair
             .split_once('=')
@@ -106,8 +128,14 @@ fn plugin_config(
         file.display().to_string()
     ))
     .context("internal: default plugin config")?;
-    config.config = table;
     config.timeout_ms = 1_000;
+    if let Some(plugin) = from_relay {
+        config = PluginConfig {
+            path: config.path,
+            ..plugin
+        };
+    }
+    config.config = table;
     Ok(config)
 }
 
@@ -152,8 +180,37 @@ fn event_from_file(path: &Path) -> anyhow::Result<Event> {
     })
 }
 
-fn test(config: &PluginConfig, events: Vec<Result<Event, String>>) -> anyhow::Result<()> {
-    let engine = PluginEngine::new(None)?;
+/// Whether a message fits its target's broker rules (with a relay config).
+fn broker_check(
+    targets: Option<&BTreeMap<String, TargetConfig>>,
+    target: &str,
+    topic: &str,
+) -> Result<(), String> {
+    match targets.and_then(|targets| targets.get(target)) {
+        Some(TargetConfig::Nats(_)) => crate::sinks::nats::check_subject(topic).map_err(|e| e.message),
+        Some(TargetConfig::Kafka(_)) => crate::sinks::kafka::check_topic(topic).map_err(|e| e.message),
+        _ => Ok(()),
+    }
+}
+
+/// Routes every event and prints what would be published; returns how many
+/// events would not be (refused, trapped, invalid output, unroutable row).
+fn test(
+    config: &PluginConfig,
+    events: Vec<Result<Event, String>>,
+    targets: Option<&BTreeMap<String, TargetConfig>>,
+    cache_dir: Option<&Path>,
+) -> anyhow::Result<usize> {
+    let engine = PluginEngine::new(cache_dir)?;
+    let mut failed = 0;
+    // Without a relay config any target name is accepted.
+    let known = |name: &str| match targets {
+        Some(targets) => targets.get(name).map(|target| match target {
+            TargetConfig::Nats(nats) => nats.mode == crate::sinks::nats::NatsMode::Jetstream,
+            _ => false,
+        }),
+        None => Some(false),
+    };
     let version = engine.load(config)?;
     let label = version.label();
     println!(
@@ -167,6 +224,7 @@ fn test(config: &PluginConfig, events: Vec<Result<Event, String>>) -> anyhow::Re
             Ok(event) => event,
             Err(error) => {
                 println!("\n{error}\n  not routable: would be dead-lettered");
+                failed += 1;
                 continue;
             }
         };
@@ -184,34 +242,51 @@ fn test(config: &PluginConfig, events: Vec<Result<Event, String>>) -> anyhow::Re
         let took = started.elapsed();
         match result {
             Ok(messages) if messages.is_empty() => println!("  dropped on purpose (no messages) [{took:?}]"),
-            Ok(messages) => match router::assemble(&event, messages, &label, &limits, &|_| Some(false), None)
-            {
-                Ok(routed) => {
-                    for message in routed {
-                        let m = &message.message;
-                        println!(
-                            "  -> target={} topic={} key={} [{took:?}]",
-                            message.target,
-                            m.topic,
-                            m.key.as_deref().unwrap_or("-")
-                        );
-                        for (name, value) in &m.headers {
-                            println!("     {name}: {value}");
-                        }
-                        match std::str::from_utf8(&m.payload) {
-                            Ok(text) => println!("     {text}"),
-                            Err(_) => println!("     <{} binary bytes>", m.payload.len()),
+            Ok(messages) => {
+                match router::assemble(&event, messages, &label, &limits, &known, None).and_then(|routed| {
+                    for message in &routed {
+                        broker_check(targets, &message.target, &message.message.topic)
+                            .map_err(|e| format!("target {:?}: {e}", message.target))?;
+                    }
+                    Ok(routed)
+                }) {
+                    Ok(routed) => {
+                        for message in routed {
+                            let m = &message.message;
+                            println!(
+                                "  -> target={} topic={} key={} [{took:?}]",
+                                message.target,
+                                m.topic,
+                                m.key.as_deref().unwrap_or("-")
+                            );
+                            for (name, value) in &m.headers {
+                                println!("     {name}: {value}");
+                            }
+                            match std::str::from_utf8(&m.payload) {
+                                Ok(text) => println!("     {text}"),
+                                Err(_) => println!("     <{} binary bytes>", m.payload.len()),
+                            }
                         }
                     }
+                    Err(error) => {
+                        failed += 1;
+                        println!("  invalid output, would be dead-lettered: {error}");
+                    }
                 }
-                Err(error) => println!("  invalid output, would be dead-lettered: {error}"),
-            },
-            Err(CallFailure::Transient(reason)) => println!("  refused (transient, would retry): {reason}"),
-            Err(CallFailure::Permanent(reason)) => {
-                println!("  refused (permanent, would dead-letter): {reason}")
             }
-            Err(CallFailure::Crashed(reason)) => println!("  plugin {label} {reason}"),
+            Err(failure) => {
+                failed += 1;
+                match failure {
+                    CallFailure::Transient(reason) => {
+                        println!("  refused (transient, would retry): {reason}")
+                    }
+                    CallFailure::Permanent(reason) => {
+                        println!("  refused (permanent, would dead-letter): {reason}")
+                    }
+                    CallFailure::Crashed(reason) => println!("  plugin {label} {reason}"),
+                }
+            }
         }
     }
-    Ok(())
+    Ok(failed)
 }

@@ -6,4 +6,5 @@ mod config;
 mod sink;
 
 pub use config::KafkaSinkConfig;
+pub(crate) use sink::check_topic;
 pub use sink::{KafkaSink, classify};

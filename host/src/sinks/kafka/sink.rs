@@ -188,7 +188,7 @@ fn release(producer: Arc<Client>) {
 }
 
 /// Kafka topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
-fn check_topic(topic: &str) -> Result<(), SinkError> {
+pub(crate) fn check_topic(topic: &str) -> Result<(), SinkError> {
     let valid = !topic.is_empty()
         && topic.len() <= 249
         && topic != "."

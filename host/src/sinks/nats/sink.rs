@@ -385,7 +385,7 @@ async fn open(config: &NatsSinkConfig, publish_timeout: Duration) -> Result<Conn
 /// tokens without whitespace, control characters or wildcards, short enough
 /// for its control line. Anything else is refused on every attempt, and a
 /// too-long one closes the connection under the batch's other messages.
-fn check_subject(subject: &str) -> Result<(), SinkError> {
+pub(crate) fn check_subject(subject: &str) -> Result<(), SinkError> {
     if subject.len() > MAX_CONTROL_LINE - CONTROL_LINE_OVERHEAD {
         return Err(SinkError::permanent(format!(
             "NATS subject is {} bytes, over the {} the server's control line allows",
