@@ -333,6 +333,19 @@ async fn no_single_rows_content_can_fail_the_batch_ack(db: TestOutbox) {
         db.store.claim("b", 10, LEASE).await.unwrap().rows.is_empty(),
         "nothing comes back after the ack"
     );
+
+    // A batch of one refused row is recorded too.
+    db.insert(9, 0, None).await;
+    let claim = db.store.claim("c", 10, LEASE).await.unwrap();
+    let mut alone = outcome(claim.rows[0].id, Outcome::Published);
+    alone.plugin_version = Some("bad\u{0}version".into());
+    assert_eq!(db.store.ack(claim.lease, &[alone]).await.unwrap().len(), 1);
+    let expected = if db.kind == "postgres" {
+        "dead"
+    } else {
+        "published"
+    };
+    assert_eq!(db.status_of(claim.rows[0].id.0).await.0, expected);
 }
 
 /// An aggregate id past the aggregate index's row limit used to fail the

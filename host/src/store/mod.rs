@@ -338,7 +338,10 @@ impl OutboxStore {
                 }
                 Ok(acked)
             }
-            Err(Error::Database(sqlx::Error::Database(_))) => self.ack_alone(lease, &outcomes[0]).await,
+            // One row refused: sending it again alone would be refused again.
+            Err(Error::Database(sqlx::Error::Database(refused))) => {
+                self.ack_dead(lease, &outcomes[0], refused.as_ref()).await
+            }
             other => other,
         }
     }
@@ -355,22 +358,32 @@ impl OutboxStore {
     async fn ack_alone(&self, lease: LeaseId, row: &RowOutcome) -> Result<Vec<RowId>, Error> {
         match self.ack_batch(lease, std::slice::from_ref(row)).await {
             Err(Error::Database(sqlx::Error::Database(refused))) => {
-                let dead = RowOutcome {
-                    id: row.id,
-                    outcome: Outcome::Dead {
-                        error: format!(
-                            "the database refused this row's outcome ({}): {}",
-                            row.outcome.status(),
-                            refused.message().replace('\0', "\u{FFFD}")
-                        ),
-                    },
-                    deliveries: std::collections::BTreeMap::new(),
-                    plugin_version: None,
-                };
-                self.ack_batch(lease, std::slice::from_ref(&dead)).await
+                self.ack_dead(lease, row, refused.as_ref()).await
             }
             other => other,
         }
+    }
+
+    /// Records `row` dead with the database's reason for refusing its outcome.
+    async fn ack_dead(
+        &self,
+        lease: LeaseId,
+        row: &RowOutcome,
+        refused: &dyn sqlx::error::DatabaseError,
+    ) -> Result<Vec<RowId>, Error> {
+        let dead = RowOutcome {
+            id: row.id,
+            outcome: Outcome::Dead {
+                error: format!(
+                    "the database refused this row's outcome ({}): {}",
+                    row.outcome.status(),
+                    refused.message().replace('\0', "\u{FFFD}")
+                ),
+            },
+            deliveries: std::collections::BTreeMap::new(),
+            plugin_version: None,
+        };
+        self.ack_batch(lease, std::slice::from_ref(&dead)).await
     }
 
     /// Reads up to `limit` unfinished rows in id order without claiming or
