@@ -151,6 +151,21 @@ pub struct Routed {
     pub message: OutgoingMessage,
 }
 
+impl Routed {
+    /// Moves the message out for sending, leaving its topic behind for the
+    /// delivery record (the payload is not copied).
+    pub fn take_message(&mut self) -> OutgoingMessage {
+        let topic = self.message.topic.clone();
+        std::mem::replace(
+            &mut self.message,
+            OutgoingMessage {
+                topic,
+                ..OutgoingMessage::default()
+            },
+        )
+    }
+}
+
 /// Checks a plugin's answer and assembles broker messages.
 ///
 /// `target` answers for a target name: `None` when no such target is

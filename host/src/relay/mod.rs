@@ -1,0 +1,472 @@
+//! The relay: workers claim batches and take each through named stages,
+//! a listener turns NOTIFY into wake-ups, a supervisor restarts workers.
+//!
+//! | stage | module | does |
+//! |---|---|---|
+//! | claim | [`crate::store`] | leases the heads of aggregates |
+//! | route | [`route`] | runs each row through its plugin (blocking thread) |
+//! | plan | [`plan`] | groups messages by target, skips what was acknowledged |
+//! | publish | [`publish`] | one call per target, all at once, bounded |
+//! | settle | [`settle`] | each row's outcome and delivery state |
+//! | ack | [`crate::store`] | records the outcomes, fenced by the lease |
+//!
+//! [`retry`] holds the retry policy, [`listen`] the LISTEN loop and
+//! [`health`] what workers report for readiness.
+
+mod health;
+mod listen;
+mod plan;
+mod publish;
+mod retry;
+mod route;
+mod settle;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+pub use retry::{RetryPolicy, backoff};
+
+use crate::config::RelayConfig;
+use crate::metrics::{Metrics, PluginLabel};
+use crate::plugin::{Event, Message, Plugins, Refusal};
+use crate::router::Limits;
+use crate::sinks::{SinkError, Sinks};
+use crate::store::{self, Claim, OutboxRow, OutboxStore};
+use health::WorkerHealth;
+use retry::lease_spent;
+
+/// A claim statement slower than this is logged with its duration.
+const SLOW_CLAIM: Duration = Duration::from_secs(1);
+
+/// Time kept in reserve at the end of a lease for recording the outcome.
+const ACK_RESERVE: Duration = Duration::from_secs(1);
+
+/// Everything a relay instance needs.
+#[derive(Clone)]
+pub struct Relay {
+    inner: Arc<Inner>,
+}
+
+/// A router compiled into the host instead of a plugin: same input, same
+/// output, no sandbox. For embedding the relay as a library, and for the
+/// benchmark that prices the sandbox against it.
+pub type NativeRouter = Arc<dyn Fn(&Event) -> Result<Vec<Message>, Refusal> + Send + Sync>;
+
+/// Why a batch could not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// The claim statement failed; nothing was claimed.
+    #[error("claim failed: {0}")]
+    Claim(#[source] store::Error),
+    /// Recording the outcomes failed; the batch's leases expire and its rows
+    /// are claimed again (targets that acknowledged are not sent again only
+    /// if their state was recorded, so some messages may repeat).
+    #[error("recording the batch's outcomes failed: {0}")]
+    Ack(#[source] store::Error),
+}
+
+struct Inner {
+    health: WorkerHealth,
+    /// Set once, by [`Relay::with_watcher`].
+    watcher: OnceLock<std::sync::Mutex<crate::plugin::watch::PluginWatcher>>,
+    /// Set once, by [`Relay::with_native_router`].
+    native_router: OnceLock<NativeRouter>,
+    store: OutboxStore,
+    plugins: Plugins,
+    sinks: Sinks,
+    config: RelayConfig,
+    retry: RetryPolicy,
+    owner: String,
+    limits: Limits,
+    metrics: Metrics,
+}
+
+/// What one batch did, for logs and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows published (including dropped ones).
+    pub published: usize,
+    /// Rows the plugin deliberately dropped.
+    pub dropped: usize,
+    /// Rows scheduled for another attempt.
+    pub retried: usize,
+    /// Rows dead-lettered.
+    pub dead: usize,
+    /// Rows whose lease was lost before the ack.
+    pub lost: usize,
+}
+
+impl Relay {
+    /// Assembles a relay.
+    pub fn new(store: OutboxStore, plugins: Plugins, sinks: Sinks, config: RelayConfig) -> Relay {
+        let owner = config.instance_id.clone().unwrap_or_else(default_owner);
+        let limits = Limits::from_config(&config);
+        let metrics = Metrics::new(Some(plugins.clone()));
+        Relay {
+            inner: Arc::new(Inner {
+                health: WorkerHealth::default(),
+                watcher: OnceLock::new(),
+                native_router: OnceLock::new(),
+                retry: RetryPolicy::from_config(&config),
+                metrics,
+                store,
+                plugins,
+                sinks,
+                config,
+                owner,
+                limits,
+            }),
+        }
+    }
+
+    /// Keeps a plugin watcher alive as long as the relay (hot reload).
+    /// Only the first watcher given is kept.
+    #[must_use]
+    pub fn with_watcher(self, watcher: Option<crate::plugin::watch::PluginWatcher>) -> Relay {
+        if let Some(watcher) = watcher
+            && self.inner.watcher.set(std::sync::Mutex::new(watcher)).is_err()
+        {
+            warn!("This relay already has a plugin watcher; the new one is dropped.");
+        }
+        self
+    }
+
+    /// Routes every event with `router` instead of the configured plugins.
+    /// Only the first router given is used.
+    #[must_use]
+    pub fn with_native_router(self, router: NativeRouter) -> Relay {
+        if self.inner.native_router.set(router).is_err() {
+            warn!("This relay already has a native router; the new one is ignored.");
+        }
+        self
+    }
+
+    /// The plugins this relay routes with (for status and tests).
+    pub fn plugins(&self) -> &Plugins {
+        &self.inner.plugins
+    }
+
+    /// This relay's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The outbox store.
+    pub fn store(&self) -> &OutboxStore {
+        &self.inner.store
+    }
+
+    /// The targets.
+    pub fn sinks(&self) -> &Sinks {
+        &self.inner.sinks
+    }
+
+    /// The lease owner name of this instance.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Whether the workers are sound: `Err` with the latest panic while one
+    /// happened within the last minute.
+    ///
+    /// # Errors
+    /// The panic's age and message.
+    pub fn workers_health(&self) -> Result<(), String> {
+        self.inner.health.check()
+    }
+
+    /// A slow claim is usually a plan made on statistics taken while the
+    /// outbox was empty, its normal state: refresh them (at most once a
+    /// minute) so the next claim is planned on the backlog that is there now.
+    fn claim_was_slow(&self) {
+        if !self.inner.health.analyze_due() {
+            return;
+        }
+        let store = self.inner.store.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            match store.refresh_statistics().await {
+                Ok(()) => warn!(
+                    analyze_ms = started.elapsed().as_millis() as u64,
+                    "Claims were slow; refreshed the outbox table's statistics (ANALYZE)."
+                ),
+                Err(error) => {
+                    warn!(%error, "Claims were slow; refreshing the outbox table's statistics failed.")
+                }
+            }
+        });
+    }
+
+    fn record_panic(&self, worker: u32, panic: &(dyn std::any::Any + Send)) {
+        let message = self.inner.health.panicked(panic);
+        tracing::error!(
+            worker,
+            panic = %message,
+            "A batch panicked; its rows are retried when their leases expire. This is a bug: please report it."
+        );
+        self.inner.metrics.worker_panics.inc();
+    }
+
+    /// Relays until `shutdown` is cancelled, then stops claiming, lets running
+    /// batches finish within `shutdown_timeout_ms` and releases what is left.
+    ///
+    /// # Errors
+    /// Only if the leases could not be released at the end; transient database
+    /// and broker errors are retried inside.
+    pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let wake = Arc::new(Notify::new());
+        let listener = tokio::spawn(listen::listen(
+            self.inner.store.clone(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+        let mut workers = JoinSet::new();
+        let mut numbers = HashMap::new();
+        let spawn = |workers: &mut JoinSet<()>, numbers: &mut HashMap<tokio::task::Id, u32>, worker: u32| {
+            let relay = self.clone();
+            let wake = wake.clone();
+            let shutdown = shutdown.clone();
+            let task = workers.spawn(async move { relay.work(worker, wake, shutdown).await });
+            numbers.insert(task.id(), worker);
+        };
+        for worker in 0..self.inner.config.concurrency {
+            spawn(&mut workers, &mut numbers, worker);
+        }
+        info!(
+            relay.owner = %self.inner.owner,
+            relay.concurrency = self.inner.config.concurrency,
+            "Relay started."
+        );
+        // Supervise: a worker ends only at shutdown; one that ends earlier
+        // (a panic that escaped its batch guard) is reported and replaced.
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(ended) = workers.join_next_with_id() => {
+                    if shutdown.is_cancelled() {
+                        break;
+                    }
+                    let (id, panic) = match ended {
+                        Ok((id, ())) => (id, None),
+                        Err(error) => (error.id(), error.try_into_panic().ok()),
+                    };
+                    let worker = numbers.remove(&id).unwrap_or_default();
+                    match panic {
+                        Some(panic) => self.record_panic(worker, panic.as_ref()),
+                        None => tracing::error!(worker, "A worker stopped unexpectedly; starting it again."),
+                    }
+                    spawn(&mut workers, &mut numbers, worker);
+                }
+            }
+        }
+        let started = Instant::now();
+        let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
+        let drained = tokio::time::timeout(bound, async { while workers.join_next().await.is_some() {} })
+            .await
+            .is_ok();
+        listener.abort();
+        if drained {
+            info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "Relay stopped; all batches finished."
+            );
+        } else {
+            workers.abort_all();
+            let released = self.inner.store.release_owner(&self.inner.owner).await?;
+            warn!(
+                released,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "Relay stopped before batches finished; released their leases."
+            );
+        }
+        Ok(())
+    }
+
+    /// One worker. Wake-ups are handed to one idle worker at a time (a
+    /// commit wakes one; a worker that claimed a full batch wakes the next),
+    /// so a burst of commits does not send every idle worker into a claim
+    /// scan that finds nothing.
+    async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
+        let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
+        let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
+        let mut db_backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            // A panicking batch must not take the worker with it.
+            let batch = std::panic::AssertUnwindSafe(self.run_once()).catch_unwind().await;
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(panic) => {
+                    self.record_panic(worker, panic.as_ref());
+                    tokio::select! {
+                        () = tokio::time::sleep(db_backoff) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            };
+            match batch {
+                Ok(report) if report.claimed > 0 => {
+                    db_backoff = Duration::from_millis(100);
+                    if report.claimed >= full {
+                        wake.notify_one();
+                    }
+                    // The ack just freed the next event of each aggregate: look again now.
+                    continue;
+                }
+                Ok(_) => {
+                    db_backoff = Duration::from_millis(100);
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(poll) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, worker, retry_ms = db_backoff.as_millis() as u64, "Batch failed, will retry.");
+                    tokio::select! {
+                        () = tokio::time::sleep(db_backoff) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Claims and processes one batch.
+    ///
+    /// # Errors
+    /// A database error while claiming or acking; the batch's leases then
+    /// expire and the rows are claimed again.
+    pub async fn run_once(&self) -> Result<BatchReport, BatchError> {
+        let inner = &self.inner;
+        let claim = inner
+            .store
+            .claim(
+                &inner.owner,
+                inner.config.batch_size,
+                inner.config.lease_duration(),
+            )
+            .await;
+        let claim = match claim {
+            Err(error @ store::Error::ClaimTimedOut { .. }) => {
+                self.claim_was_slow();
+                return Err(BatchError::Claim(error));
+            }
+            claim => claim.map_err(BatchError::Claim)?,
+        };
+        if claim.took >= SLOW_CLAIM {
+            warn!(
+                claim_ms = claim.took.as_millis() as u64,
+                rows = claim.rows.len(),
+                lease_ms = inner.config.lease_duration_ms,
+                "Claim statement was slow."
+            );
+            self.claim_was_slow();
+        }
+        if claim.rows.is_empty() {
+            return Ok(BatchReport::default());
+        }
+        self.process(claim).await
+    }
+
+    /// The stages after the claim: route, plan, publish, settle, ack.
+    async fn process(&self, claim: Claim) -> Result<BatchReport, BatchError> {
+        let inner = &self.inner;
+        inner.metrics.batch_size.observe(claim.rows.len() as f64);
+        let claimed = claim.rows.len();
+        let mut routed = self.route(claim.rows, claim.deadline, claim.took).await;
+        let may_publish = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < claim.deadline;
+        let not_sent = || {
+            SinkError::retryable(lease_spent(
+                claim.took,
+                inner.config.lease_duration(),
+                "publishing",
+            ))
+        };
+        let plan = plan::plan(&mut routed, may_publish, &not_sent);
+        let mut results = plan.results;
+        self.publish(plan.sends, &mut results).await;
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let plugin_of = |row: &OutboxRow| {
+            inner
+                .plugins
+                .select(&row.aggregate_type, &row.event_type)
+                .map_or("none", |slot| inner.plugins.slots()[slot].config().name.as_str())
+        };
+        let settled = settle::settle(routed, results, &inner.retry, &now, &plugin_of);
+        self.count(&settled);
+        let acked = inner
+            .store
+            .ack(claim.lease, &settled.outcomes)
+            .await
+            .map_err(BatchError::Ack)?;
+        let report = BatchReport {
+            claimed,
+            lost: settled.outcomes.len() - acked.len(),
+            ..settled.report
+        };
+        if report.lost > 0 {
+            warn!(
+                lost = report.lost,
+                "Leases expired before the ack; those rows will be delivered again."
+            );
+        }
+        if let (rows, Some(error)) = &settled.unrouted {
+            warn!(rows, %error, "Rows failed before publishing; they will be retried.");
+        }
+        if let Some(error) = &settled.first_dead {
+            warn!(dead = report.dead, %error, "Rows dead-lettered.");
+        }
+        debug!(
+            batch.size = report.claimed,
+            published = report.published,
+            retried = report.retried,
+            dead = report.dead,
+            "Batch done."
+        );
+        Ok(report)
+    }
+
+    /// A settled batch's metrics, counted per batch: a labelled counter
+    /// lookup per row costs more than the row's ack.
+    fn count(&self, settled: &settle::Settled<'_>) {
+        let metrics = &self.inner.metrics;
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        for created_at_ms in &settled.published_created_at_ms {
+            metrics
+                .commit_to_publish
+                .observe((now_ms - created_at_ms).max(0) as f64 / 1000.0);
+        }
+        let mut claimed: BTreeMap<&str, u64> = BTreeMap::new();
+        for (&(plugin, kind), &count) in &settled.tally {
+            metrics.event(kind, plugin, count);
+            *claimed.entry(plugin).or_default() += count;
+        }
+        for (plugin, count) in claimed {
+            metrics
+                .claimed
+                .get_or_create(&PluginLabel {
+                    plugin: plugin.to_string(),
+                })
+                .inc_by(count);
+        }
+    }
+}
+
+fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".to_string());
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    format!("{host}-{}-{suffix}", std::process::id())
+}

@@ -1,0 +1,134 @@
+//! Retry policy: how long a failed row waits, when it is given up, and how a
+//! spent lease is explained.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::config::RelayConfig;
+use crate::store::Outcome;
+
+/// When a failed row is tried again, and when it is dead-lettered instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts before a row is dead-lettered.
+    pub max_attempts: u32,
+    /// Backoff after the first failure.
+    pub initial_backoff: Duration,
+    /// Upper bound of the backoff.
+    pub max_backoff: Duration,
+}
+
+impl RetryPolicy {
+    /// The policy a relay config asks for.
+    pub fn from_config(config: &RelayConfig) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: config.max_attempts,
+            initial_backoff: Duration::from_millis(config.initial_backoff_ms),
+            max_backoff: Duration::from_millis(config.max_backoff_ms),
+        }
+    }
+
+    /// The outcome of a retryable failure on attempt number `attempts`:
+    /// another try after a backoff, or dead once the attempts are used up.
+    pub fn after_failure(&self, attempts: u32, error: String) -> Outcome {
+        if attempts >= self.max_attempts {
+            Outcome::Dead {
+                error: format!("gave up after {attempts} attempts: {error}"),
+            }
+        } else {
+            Outcome::Retry {
+                after: backoff(self.initial_backoff, self.max_backoff, attempts),
+                error,
+            }
+        }
+    }
+}
+
+/// Exponential backoff with jitter: `initial * 2^(attempt-1)`, capped, then a
+/// random point in its upper half so that retries of many rows spread out.
+pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
+    let initial_ms = u64::try_from(initial.as_millis()).unwrap_or(u64::MAX);
+    let max_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+    let exponent = attempt.saturating_sub(1).min(32);
+    let full = initial_ms.saturating_mul(1u64 << exponent).min(max_ms);
+    let low = full / 2;
+    Duration::from_millis(rand::rng().random_range(low..=full.max(low)))
+}
+
+/// Why a batch ran out of lease before `stage`: the claim statement itself
+/// (a slow database) or the plugin calls. Blaming the plugins for a slow
+/// claim sends operators to the wrong place.
+pub fn lease_spent(claim_took: Duration, lease: Duration, stage: &str) -> String {
+    if claim_took * 2 >= lease {
+        format!(
+            "lease nearly expired before {stage}: the claim statement took {} ms of the {} ms lease (database slow)",
+            claim_took.as_millis(),
+            lease.as_millis()
+        )
+    } else {
+        format!("lease nearly expired before {stage} (plugins too slow for the lease)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: RetryPolicy = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(5_000),
+    };
+
+    #[test]
+    fn a_slow_claim_is_not_blamed_on_the_plugins() {
+        let lease = Duration::from_secs(30);
+        let slow = lease_spent(Duration::from_secs(20), lease, "routing");
+        assert!(
+            slow.contains("claim statement took 20000 ms of the 30000 ms lease"),
+            "{slow}"
+        );
+        assert!(!slow.contains("plugins"), "{slow}");
+        let plugins = lease_spent(Duration::from_millis(5), lease, "publishing");
+        assert!(plugins.contains("plugins too slow"), "{plugins}");
+    }
+
+    #[test]
+    fn backoff_doubles_within_its_cap_with_jitter_in_the_upper_half() {
+        let (initial, max) = (Duration::from_millis(100), Duration::from_millis(5_000));
+        for attempt in 1..=12 {
+            let full = (100u64 << (attempt - 1)).min(5_000);
+            for _ in 0..50 {
+                let delay = backoff(initial, max, attempt).as_millis() as u64;
+                assert!(
+                    (full / 2..=full).contains(&delay),
+                    "attempt {attempt}: {delay} ms"
+                );
+            }
+        }
+        assert!(backoff(initial, max, u32::MAX).as_millis() <= 5_000);
+        assert_eq!(backoff(Duration::ZERO, max, 4), Duration::ZERO);
+    }
+
+    #[test]
+    fn failures_are_retried_until_the_last_attempt_then_dead() {
+        for attempts in 1..3 {
+            match POLICY.after_failure(attempts, "broker down".into()) {
+                Outcome::Retry { after, error } => {
+                    assert_eq!(error, "broker down");
+                    assert!(after <= Duration::from_millis(100 << (attempts - 1)), "{after:?}");
+                }
+                other => panic!("attempt {attempts}: {other:?}"),
+            }
+        }
+        for attempts in [3, 4, u32::MAX] {
+            match POLICY.after_failure(attempts, "broker down".into()) {
+                Outcome::Dead { error } => {
+                    assert_eq!(error, format!("gave up after {attempts} attempts: broker down"));
+                }
+                other => panic!("attempt {attempts}: {other:?}"),
+            }
+        }
+    }
+}

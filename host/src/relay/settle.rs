@@ -1,0 +1,295 @@
+//! The settle stage: each row's outcome from its routing and its deliveries'
+//! results. Published when every message is acknowledged, dead on a
+//! permanent failure, retried on a retryable one; the delivery state records
+//! what each target took, so a retry sends only what is missing.
+
+use std::collections::BTreeMap;
+
+use tracing::debug;
+
+use super::BatchReport;
+use super::plan::Results;
+use super::retry::RetryPolicy;
+use super::route::{RoutedRow, RowState};
+use crate::store::{Delivery, OutboxRow, Outcome, RowOutcome};
+
+/// A settled batch.
+pub(super) struct Settled<'a> {
+    /// What to record, one per row, in batch order.
+    pub(super) outcomes: Vec<RowOutcome>,
+    /// Counts for the batch report (`claimed` and `lost` are not set here).
+    pub(super) report: BatchReport,
+    /// Rows per plugin and outcome kind, for the metrics.
+    pub(super) tally: BTreeMap<(&'a str, &'static str), u64>,
+    /// Creation times (ms since the epoch) of the published rows.
+    pub(super) published_created_at_ms: Vec<i64>,
+    /// Rows that failed before any target was tried and will be retried, and the first reason.
+    pub(super) unrouted: (usize, Option<String>),
+    /// The first dead-letter reason.
+    pub(super) first_dead: Option<String>,
+}
+
+/// Settles a batch. `results` holds every message's result (see
+/// [`super::plan`]); one still missing counts as a retryable failure.
+/// `now` (RFC 3339) stamps new acknowledgements; `plugin_of` names the
+/// plugin a row counts under.
+pub(super) fn settle<'a>(
+    routed: Vec<RoutedRow>,
+    results: Results,
+    policy: &RetryPolicy,
+    now: &str,
+    plugin_of: &dyn Fn(&OutboxRow) -> &'a str,
+) -> Settled<'a> {
+    let mut settled = Settled {
+        outcomes: Vec::with_capacity(routed.len()),
+        report: BatchReport::default(),
+        tally: BTreeMap::new(),
+        published_created_at_ms: Vec::new(),
+        unrouted: (0, None),
+        first_dead: None,
+    };
+    for (mut row, row_results) in routed.into_iter().zip(results) {
+        let attempts = u32::try_from(row.row.attempts).unwrap_or(u32::MAX);
+        let mut deliveries = std::mem::take(&mut row.row.deliveries);
+        let (outcome, version) = match row.state {
+            RowState::Failed { outcome, version } => {
+                if let Outcome::Retry { error, .. } = &outcome {
+                    settled.unrouted.0 += 1;
+                    settled.unrouted.1.get_or_insert_with(|| error.clone());
+                }
+                (outcome, version)
+            }
+            RowState::Routed { messages, version } => {
+                if messages.is_empty() {
+                    settled.report.dropped += 1;
+                }
+                let mut permanent = None;
+                let mut retryable = None;
+                for (message, result) in messages.iter().zip(row_results) {
+                    let entry = deliveries
+                        .entry(message.delivery_key.clone())
+                        .or_insert_with(|| Delivery {
+                            target: message.target.clone(),
+                            topic: message.message.topic.clone(),
+                            acked_at: None,
+                            error: None,
+                        });
+                    match result.unwrap_or_else(|| Err(crate::sinks::SinkError::retryable("not published"))) {
+                        Ok(()) => {
+                            if entry.acked_at.is_none() {
+                                entry.acked_at = Some(now.to_string());
+                            }
+                            entry.error = None;
+                        }
+                        Err(error) => {
+                            let text = format!(
+                                "target {:?} topic {:?}: {}",
+                                message.target, message.message.topic, error.message
+                            );
+                            entry.error = Some(error.message);
+                            if error.retryable {
+                                retryable.get_or_insert(text);
+                            } else {
+                                permanent.get_or_insert(text);
+                            }
+                        }
+                    }
+                }
+                let outcome = match (permanent, retryable) {
+                    (Some(error), _) => Outcome::Dead { error },
+                    (None, Some(error)) => policy.after_failure(attempts, error),
+                    (None, None) => Outcome::Published,
+                };
+                (outcome, version)
+            }
+        };
+        let kind = match &outcome {
+            Outcome::Published => {
+                settled.report.published += 1;
+                settled.published_created_at_ms.push(row.row.created_at_ms);
+                if deliveries.is_empty() {
+                    "dropped"
+                } else {
+                    "published"
+                }
+            }
+            Outcome::Retry { .. } | Outcome::Defer { .. } => {
+                settled.report.retried += 1;
+                "retried"
+            }
+            Outcome::Dead { error } => {
+                settled.report.dead += 1;
+                settled.first_dead.get_or_insert_with(|| error.clone());
+                "dead_lettered"
+            }
+        };
+        *settled.tally.entry((plugin_of(&row.row), kind)).or_default() += 1;
+        row.span.in_scope(|| match &outcome {
+            Outcome::Published => debug!(deliveries = deliveries.len(), "Row published."),
+            Outcome::Dead { error } | Outcome::Retry { error, .. } | Outcome::Defer { reason: error, .. } => {
+                debug!(outbox.row_id = %row.row.id, outbox.attempt = attempts, %error, "Row not published.");
+            }
+        });
+        settled.outcomes.push(RowOutcome {
+            id: row.row.id,
+            outcome,
+            deliveries,
+            plugin_version: version,
+        });
+    }
+    settled
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::relay::plan::tests::{routed, row};
+    use crate::relay::plan::{Slot, plan};
+    use crate::sinks::SinkError;
+
+    const POLICY: RetryPolicy = RetryPolicy {
+        max_attempts: 5,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(1_000),
+    };
+    const NOW: &str = "2026-11-23T01:00:00.000Z";
+
+    fn settle_with(
+        mut batch: Vec<RoutedRow>,
+        answer: impl Fn(&str, Slot) -> Result<(), SinkError>,
+    ) -> Settled<'static> {
+        let mut plan = plan(&mut batch, true, &|| SinkError::retryable("lease spent"));
+        for (target, sends) in &plan.sends {
+            for (slot, _) in sends {
+                plan.results[slot.row][slot.message] = Some(answer(target, *slot));
+            }
+        }
+        settle(batch, plan.results, &POLICY, NOW, &|_| "route-by-type")
+    }
+
+    #[test]
+    fn a_row_is_published_when_every_target_acknowledged() {
+        let settled = settle_with(
+            vec![routed(1, &[], &[("nats", "a.1"), ("kafka", "k.1")])],
+            |_, _| Ok(()),
+        );
+        let outcome = &settled.outcomes[0];
+        assert_eq!(outcome.outcome, Outcome::Published);
+        assert_eq!(outcome.deliveries.len(), 2);
+        assert!(
+            outcome
+                .deliveries
+                .values()
+                .all(|d| d.acked_at.as_deref() == Some(NOW))
+        );
+        assert_eq!(settled.report.published, 1);
+        assert_eq!(settled.tally[&("route-by-type", "published")], 1);
+    }
+
+    #[test]
+    fn a_failed_target_is_retried_and_the_acknowledged_one_is_remembered() {
+        let settled = settle_with(
+            vec![routed(1, &[], &[("nats", "a.1"), ("kafka", "k.1")])],
+            |target, _| {
+                if target == "kafka" {
+                    Err(SinkError::retryable("broker down"))
+                } else {
+                    Ok(())
+                }
+            },
+        );
+        let outcome = &settled.outcomes[0];
+        match &outcome.outcome {
+            Outcome::Retry { error, after } => {
+                assert_eq!(error, r#"target "kafka" topic "k.1": broker down"#);
+                assert!(*after <= Duration::from_millis(100));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(outcome.deliveries["a.1"].acked_at.as_deref(), Some(NOW));
+        assert_eq!(outcome.deliveries["k.1"].acked_at, None);
+        assert_eq!(outcome.deliveries["k.1"].error.as_deref(), Some("broker down"));
+        assert_eq!(settled.report.retried, 1);
+    }
+
+    #[test]
+    fn a_permanent_refusal_wins_over_a_retryable_failure() {
+        let settled = settle_with(
+            vec![routed(1, &[], &[("nats", "a.1"), ("kafka", "k.1")])],
+            |target, _| {
+                Err(if target == "kafka" {
+                    SinkError::retryable("broker down")
+                } else {
+                    SinkError::permanent("subject refused")
+                })
+            },
+        );
+        assert!(
+            matches!(&settled.outcomes[0].outcome, Outcome::Dead { error } if error.contains("subject refused"))
+        );
+        assert_eq!(settled.report.dead, 1);
+        assert!(settled.first_dead.unwrap().contains("subject refused"));
+    }
+
+    #[test]
+    fn an_earlier_acknowledgement_keeps_its_time() {
+        let settled = settle_with(
+            vec![routed(1, &["a.1"], &[("nats", "a.1"), ("kafka", "k.1")])],
+            |_, _| Ok(()),
+        );
+        let deliveries = &settled.outcomes[0].deliveries;
+        assert_eq!(
+            deliveries["a.1"].acked_at.as_deref(),
+            Some("2026-11-23T00:00:00.000Z")
+        );
+        assert_eq!(deliveries["k.1"].acked_at.as_deref(), Some(NOW));
+    }
+
+    #[test]
+    fn the_last_attempt_dead_letters_instead_of_retrying() {
+        let mut last = routed(1, &[], &[("nats", "a.1")]);
+        last.row.attempts = 5;
+        let settled = settle_with(vec![last], |_, _| Err(SinkError::retryable("broker down")));
+        assert!(
+            matches!(&settled.outcomes[0].outcome, Outcome::Dead { error } if error.starts_with("gave up after 5 attempts"))
+        );
+    }
+
+    #[test]
+    fn dropped_and_unrouted_rows_are_counted_apart() {
+        let retry = Outcome::Retry {
+            after: Duration::from_secs(1),
+            error: "plugin trapped".into(),
+        };
+        let settled = settle_with(
+            vec![
+                routed(1, &[], &[]),
+                RoutedRow::failed(row(2, &[]), retry, None),
+                routed(3, &[], &[("nats", "a.3")]),
+            ],
+            |_, _| Ok(()),
+        );
+        assert_eq!(settled.report.dropped, 1);
+        assert_eq!(settled.report.published, 2);
+        assert_eq!(settled.report.retried, 1);
+        assert_eq!(settled.unrouted, (1, Some("plugin trapped".to_string())));
+        assert_eq!(settled.tally[&("route-by-type", "dropped")], 1);
+        assert!(settled.outcomes[0].deliveries.is_empty());
+        assert_eq!(
+            settled.outcomes.iter().map(|o| o.id.0).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+    }
+
+    #[test]
+    fn a_message_without_a_result_is_retried() {
+        let mut batch = vec![routed(1, &[], &[("nats", "a.1")])];
+        let results = plan(&mut batch, true, &|| SinkError::retryable("x")).results;
+        let settled = settle(batch, results, &POLICY, NOW, &|_| "p");
+        assert!(
+            matches!(&settled.outcomes[0].outcome, Outcome::Retry { error, .. } if error.ends_with("not published"))
+        );
+    }
+}
