@@ -14,15 +14,15 @@
 //! found by status, never by a high-water mark, so a row whose id was assigned
 //! early but committed late is still picked up.
 
-mod ack;
-mod claim;
-mod ops;
-mod row;
+mod backend;
+mod dialect;
+mod postgres;
 mod sqlite;
+mod types;
 
-use std::time::Duration;
-
+use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{
@@ -30,19 +30,17 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
-pub use ack::{Outcome, RowOutcome};
-pub use claim::Claim;
-pub use ops::{DeadLetterFilter, OutboxEntry, OutboxStats, RetentionMode};
-pub use row::{Delivery, DeliveryKey, LeaseId, OutboxRow, RowId};
+use backend::Backend;
+pub use types::{
+    Claim, DeadLetterFilter, Delivery, DeliveryKey, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome,
+    RetentionMode, RowId, RowOutcome,
+};
 
 /// The PostgreSQL outbox migrations, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
 /// The SQLite outbox migrations (embedded default), embedded in the binary.
 pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
-
-/// SQLite's clock in milliseconds since the epoch, as its times are stored.
-const SQLITE_NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// The channel the insert trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "switchyard_outbox";
@@ -85,16 +83,27 @@ fn describe_connect_error(error: &sqlx::Error) -> String {
 }
 
 #[derive(Clone, Debug)]
-enum Backend {
-    Postgres(PgPool),
-    Sqlite(SqlitePool),
+enum AnyBackend {
+    Postgres(postgres::Postgres),
+    Sqlite(sqlite::Sqlite),
+}
+
+/// Runs `$call` on whichever backend the store has: the one place that
+/// tells the backends apart.
+macro_rules! dispatch {
+    ($store:expr, $backend:ident => $call:expr) => {
+        match &$store.backend {
+            AnyBackend::Postgres($backend) => $call,
+            AnyBackend::Sqlite($backend) => $call,
+        }
+    };
 }
 
 /// Handle to the outbox table, on PostgreSQL (production: many relays share
 /// it) or SQLite (the embedded default: one relay, one file).
 #[derive(Clone, Debug)]
 pub struct OutboxStore {
-    backend: Backend,
+    backend: AnyBackend,
     dead_letter_blocks_aggregate: bool,
 }
 
@@ -148,7 +157,7 @@ impl OutboxStore {
     /// Wraps an existing PostgreSQL pool.
     pub fn new(pool: PgPool) -> OutboxStore {
         OutboxStore {
-            backend: Backend::Postgres(pool),
+            backend: AnyBackend::Postgres(postgres::Postgres { pool }),
             dead_letter_blocks_aggregate: false,
         }
     }
@@ -156,7 +165,7 @@ impl OutboxStore {
     /// Wraps an existing SQLite pool.
     pub fn new_sqlite(pool: SqlitePool) -> OutboxStore {
         OutboxStore {
-            backend: Backend::Sqlite(pool),
+            backend: AnyBackend::Sqlite(sqlite::Sqlite::new(pool)),
             dead_letter_blocks_aggregate: false,
         }
     }
@@ -171,16 +180,16 @@ impl OutboxStore {
     /// The PostgreSQL pool, when this is a PostgreSQL store (LISTEN, ad-hoc queries).
     pub fn pg_pool(&self) -> Option<&PgPool> {
         match &self.backend {
-            Backend::Postgres(pool) => Some(pool),
-            Backend::Sqlite(_) => None,
+            AnyBackend::Postgres(backend) => Some(&backend.pool),
+            AnyBackend::Sqlite(_) => None,
         }
     }
 
     /// `"postgres"` or `"sqlite"`.
     pub fn kind(&self) -> &'static str {
         match &self.backend {
-            Backend::Postgres(_) => "postgres",
-            Backend::Sqlite(_) => "sqlite",
+            AnyBackend::Postgres(_) => "postgres",
+            AnyBackend::Sqlite(_) => "sqlite",
         }
     }
 
@@ -189,11 +198,7 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Migrate`] when a migration fails or the history diverged.
     pub async fn migrate(&self) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Postgres(pool) => MIGRATOR.run(pool).await?,
-            Backend::Sqlite(pool) => SQLITE_MIGRATOR.run(pool).await?,
-        }
-        Ok(())
+        dispatch!(self, backend => backend.migrate().await)
     }
 
     /// Whether the outbox table exists (i.e. `migrate` ran).
@@ -201,21 +206,7 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn schema_exists(&self) -> Result<bool, Error> {
-        Ok(match &self.backend {
-            Backend::Postgres(pool) => {
-                sqlx::query_scalar("SELECT to_regclass('switchyard_outbox') IS NOT NULL")
-                    .fetch_one(pool)
-                    .await?
-            }
-            Backend::Sqlite(pool) => {
-                sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'switchyard_outbox'",
-                )
-                .fetch_one(pool)
-                .await?
-                    > 0
-            }
-        })
+        dispatch!(self, backend => backend.schema_exists().await)
     }
 
     /// Rows pending or in flight, and the age in seconds of the oldest of them.
@@ -223,11 +214,7 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn backlog(&self) -> Result<(i64, Option<f64>), Error> {
-        let count = "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')";
-        let rows = match &self.backend {
-            Backend::Postgres(pool) => sqlx::query_scalar(count).fetch_one(pool).await?,
-            Backend::Sqlite(pool) => sqlx::query_scalar(count).fetch_one(pool).await?,
-        };
+        let rows = dispatch!(self, backend => backend.count_backlog().await)?;
         Ok((rows, self.oldest_pending_age().await?))
     }
 
@@ -238,28 +225,7 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn oldest_pending_age(&self) -> Result<Option<f64>, Error> {
-        Ok(match &self.backend {
-            Backend::Postgres(pool) => {
-                sqlx::query_scalar(
-                    "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
-                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
-                        AND (not_before IS NULL OR not_before <= now())
-                      ORDER BY id LIMIT 1",
-                )
-                .fetch_optional(pool)
-                .await?
-            }
-            Backend::Sqlite(pool) => {
-                sqlx::query_scalar(&format!(
-                    "SELECT ({SQLITE_NOW_MS} - created_at) / 1000.0
-                       FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
-                        AND (not_before IS NULL OR not_before <= {SQLITE_NOW_MS})
-                      ORDER BY id LIMIT 1"
-                ))
-                .fetch_optional(pool)
-                .await?
-            }
-        })
+        dispatch!(self, backend => backend.oldest_pending_age().await)
     }
 
     /// Refreshes the planner's statistics of the outbox table. Claims are
@@ -269,17 +235,7 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`] (e.g. the relay's role does not own the table).
     pub async fn refresh_statistics(&self) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Postgres(pool) => sqlx::query("ANALYZE switchyard_outbox")
-                .execute(pool)
-                .await
-                .map(drop)?,
-            Backend::Sqlite(pool) => sqlx::query("ANALYZE switchyard_outbox")
-                .execute(pool)
-                .await
-                .map(drop)?,
-        }
-        Ok(())
+        dispatch!(self, backend => backend.refresh_statistics().await)
     }
 
     /// Whether the database answers a trivial query.
@@ -287,27 +243,18 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn ping(&self) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
-            Backend::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
-        }
-        Ok(())
+        dispatch!(self, backend => backend.ping().await)
     }
 
     /// Claims up to `limit` rows for `owner`, leased for `lease`: at most one
     /// per aggregate, each the oldest unfinished row of its aggregate.
     ///
     /// # Errors
-    /// [`Error::Database`].
+    /// [`Error::Database`]; [`Error::ClaimTimedOut`] on PostgreSQL when the
+    /// statement ran past half the lease.
     pub async fn claim(&self, owner: &str, limit: u32, lease: Duration) -> Result<Claim, Error> {
-        match &self.backend {
-            Backend::Postgres(pool) => {
-                OutboxStore::claim_pg(pool, self.dead_letter_blocks_aggregate, owner, limit, lease).await
-            }
-            Backend::Sqlite(pool) => {
-                sqlite::claim(pool, self.dead_letter_blocks_aggregate, owner, limit, lease).await
-            }
-        }
+        let blocks = self.dead_letter_blocks_aggregate;
+        dispatch!(self, backend => backend.claim(blocks, owner, limit, lease).await)
     }
 
     /// Records the outcomes of a batch claimed under `lease`. Rows whose lease
@@ -347,10 +294,7 @@ impl OutboxStore {
     }
 
     async fn ack_batch(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
-        match &self.backend {
-            Backend::Postgres(pool) => OutboxStore::ack_pg(pool, lease, outcomes).await,
-            Backend::Sqlite(pool) => sqlite::ack(pool, lease, outcomes).await,
-        }
+        dispatch!(self, backend => backend.ack(lease, outcomes).await)
     }
 
     /// Records one row; if the database refuses its outcome, records it dead
@@ -392,10 +336,7 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {
-        match &self.backend {
-            Backend::Postgres(pool) => OutboxStore::peek_pending_pg(pool, limit).await,
-            Backend::Sqlite(pool) => sqlite::peek_pending(pool, limit).await,
-        }
+        dispatch!(self, backend => backend.peek_pending(limit).await)
     }
 
     /// Releases every lease this owner still holds, making those rows
@@ -404,14 +345,104 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`].
     pub async fn release_owner(&self, owner: &str) -> Result<u64, Error> {
-        let sql = "UPDATE switchyard_outbox
-                      SET status = 'pending', lease_owner = NULL, lease_id = NULL,
-                          lease_expires_at = NULL, attempts = attempts - 1
-                    WHERE status = 'in_flight' AND lease_owner = $1";
-        // An in-flight row was claimed at least once, so the refund never goes below zero.
-        Ok(match &self.backend {
-            Backend::Postgres(pool) => sqlx::query(sql).bind(owner).execute(pool).await?.rows_affected(),
-            Backend::Sqlite(pool) => sqlx::query(sql).bind(owner).execute(pool).await?.rows_affected(),
-        })
+        dispatch!(self, backend => backend.release_owner(owner).await)
+    }
+
+    /// Backlog, retries and dead letters, read from the partial indexes (none
+    /// of these counts scans published rows).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn stats(&self) -> Result<OutboxStats, Error> {
+        let mut stats = dispatch!(self, backend => backend.stats().await)?;
+        stats.oldest_pending_age_seconds = self.oldest_pending_age().await?;
+        Ok(stats)
+    }
+
+    /// Dead letters matching `filter`, oldest first, at most `limit`, starting
+    /// after row id `after` (for paging).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxEntry>, Error> {
+        dispatch!(self, backend => backend.dead_letters(filter, after, limit).await)
+    }
+
+    /// How many dead letters match `filter`.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<i64, Error> {
+        dispatch!(self, backend => backend.count_dead_letters(filter).await)
+    }
+
+    /// One row by id, whatever its status.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {
+        dispatch!(self, backend => backend.entry(id).await)
+    }
+
+    /// Sends up to `batch` dead letters matching `filter` with id above
+    /// `after` back to pending, in id order: attempts start again from zero
+    /// and the next claim routes them through the plugin version current
+    /// then. Acknowledged deliveries are kept, so targets that already have
+    /// an event do not get it twice. Returns the ids replayed.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn replay_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        after: i64,
+        batch: u32,
+    ) -> Result<Vec<i64>, Error> {
+        let mut ids = dispatch!(self, backend => backend.replay_dead_letters(filter, after, batch).await)?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Deletes up to `batch` dead letters matching `filter`; returns how many.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn purge_dead_letters(&self, filter: &DeadLetterFilter, batch: u32) -> Result<u64, Error> {
+        dispatch!(self, backend => backend.purge_dead_letters(filter, batch).await)
+    }
+
+    /// Status counts of the given rows (to follow a replay).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn status_counts(&self, ids: &[i64]) -> Result<BTreeMap<String, i64>, Error> {
+        let mut counts = BTreeMap::new();
+        for chunk in ids.chunks(1000) {
+            for (status, n) in dispatch!(self, backend => backend.status_counts(chunk).await)? {
+                *counts.entry(status).or_insert(0) += n;
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Removes up to `batch` published rows whose `published_at` is more than
+    /// `max_age` ago, oldest first: deleted, or moved to
+    /// `switchyard_outbox_archive`. Returns how many. Rows in any other
+    /// status (dead letters included) are never touched.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn prune_published(
+        &self,
+        max_age: Duration,
+        mode: RetentionMode,
+        batch: u32,
+    ) -> Result<u64, Error> {
+        dispatch!(self, backend => backend.prune_published(max_age, mode, batch).await)
     }
 }

@@ -3,16 +3,63 @@
 //! write lock serialises claimers, with the same head-of-line rule, lease,
 //! lease token and outcome states as on PostgreSQL.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
-use super::Error;
-use super::ack::{Outcome, RowOutcome};
-use super::claim::Claim;
-use super::row::{LeaseId, OutboxRow, RowId};
+use super::backend::Backend;
+use super::dialect::{self, DeadLetterChange, Dialect, SQLITE_NOW_MS};
+use super::types::{
+    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome, RetentionMode, RowId,
+    RowOutcome,
+};
+use super::{Error, SQLITE_MIGRATOR};
+
+const DIALECT: Dialect = Dialect::Sqlite;
+
+/// A SQLite outbox.
+#[derive(Clone, Debug)]
+pub(super) struct Sqlite {
+    pub(super) pool: SqlitePool,
+    /// The claim statement, built once: index 0 lets later events of an
+    /// aggregate pass a dead-lettered one, index 1 keeps them waiting.
+    claim_sql: Arc<[String; 2]>,
+}
+
+impl Sqlite {
+    pub(super) fn new(pool: SqlitePool) -> Sqlite {
+        let sql = |dead_filter: &str| {
+            format!(
+                "UPDATE switchyard_outbox
+                    SET status = 'in_flight', lease_owner = ?2, lease_id = ?3,
+                        lease_expires_at = ?4 + ?5, attempts = attempts + 1
+                  WHERE id IN (
+                        SELECT o.id FROM switchyard_outbox o
+                         WHERE o.status IN ('pending', 'in_flight')
+                           AND (   (o.status = 'pending' AND o.next_attempt_at <= ?4
+                                    AND (o.not_before IS NULL OR o.not_before <= ?4))
+                                OR (o.status = 'in_flight' AND o.lease_expires_at < ?4))
+                           AND NOT EXISTS (
+                                 SELECT 1 FROM switchyard_outbox e
+                                  WHERE e.aggregate_type = o.aggregate_type
+                                    AND e.aggregate_id = o.aggregate_id
+                                    AND e.id < o.id
+                                    AND e.status <> 'published' {dead_filter})
+                         ORDER BY o.id
+                         LIMIT ?1)
+                 RETURNING {ROW_COLUMNS}"
+            )
+        };
+        Sqlite {
+            pool,
+            claim_sql: Arc::new([sql("AND e.status <> 'dead'"), sql("")]),
+        }
+    }
+}
 
 const ROW_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, event_type, payload AS payload_json,
     payload_bytes, headers AS headers_json, tenant, created_at AS created_at_ms, attempts,
@@ -55,83 +102,101 @@ fn row_from_record(record: &SqliteRow) -> Result<OutboxRow, sqlx::Error> {
     })
 }
 
-pub(super) async fn claim(
-    pool: &SqlitePool,
-    dead_letter_blocks_aggregate: bool,
-    owner: &str,
-    limit: u32,
-    lease: Duration,
-) -> Result<Claim, Error> {
-    let started = Instant::now();
-    let lease_id = LeaseId(uuid::Uuid::new_v4());
-    let now = now_ms();
-    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    let dead_filter = if dead_letter_blocks_aggregate {
-        ""
-    } else {
-        "AND e.status <> 'dead'"
-    };
-    let sql = format!(
-        "UPDATE switchyard_outbox
-            SET status = 'in_flight', lease_owner = ?2, lease_id = ?3,
-                lease_expires_at = ?4 + ?5, attempts = attempts + 1
-          WHERE id IN (
-                SELECT o.id FROM switchyard_outbox o
-                 WHERE o.status IN ('pending', 'in_flight')
-                   AND (   (o.status = 'pending' AND o.next_attempt_at <= ?4
-                            AND (o.not_before IS NULL OR o.not_before <= ?4))
-                        OR (o.status = 'in_flight' AND o.lease_expires_at < ?4))
-                   AND NOT EXISTS (
-                         SELECT 1 FROM switchyard_outbox e
-                          WHERE e.aggregate_type = o.aggregate_type
-                            AND e.aggregate_id = o.aggregate_id
-                            AND e.id < o.id
-                            AND e.status <> 'published' {dead_filter})
-                 ORDER BY o.id
-                 LIMIT ?1)
-         RETURNING {ROW_COLUMNS}"
-    );
-    let records = sqlx::query(&sql)
-        .bind(i64::from(limit))
-        .bind(owner)
-        .bind(lease_id.0.to_string())
-        .bind(now)
-        .bind(lease_ms)
-        .fetch_all(pool)
-        .await?;
-    let mut rows = records
-        .iter()
-        .map(row_from_record)
-        .collect::<Result<Vec<_>, _>>()?;
-    rows.sort_by_key(|row| row.id);
-    Ok(Claim {
-        lease: lease_id,
-        rows,
-        deadline: started + lease,
-        took: started.elapsed(),
-    })
+fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-pub(super) async fn ack(
-    pool: &SqlitePool,
-    lease: LeaseId,
-    outcomes: &[RowOutcome],
-) -> Result<Vec<RowId>, Error> {
-    let now = now_ms();
-    let lease = lease.0.to_string();
-    // One transaction for the batch: one fsync, and all-or-nothing like PostgreSQL's single statement.
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let mut acked = Vec::with_capacity(outcomes.len());
-    for row in outcomes {
-        let (backoff_ms, error, refund) = match &row.outcome {
-            Outcome::Published => (0, None, false),
-            Outcome::Retry { after, error } => (duration_ms(*after), Some(error.as_str()), false),
-            Outcome::Defer { after, reason } => (duration_ms(*after), Some(reason.as_str()), true),
-            Outcome::Dead { error } => (0, Some(error.as_str()), false),
-        };
-        let status = row.outcome.status();
-        let done = sqlx::query(
-            "UPDATE switchyard_outbox
+impl Backend for Sqlite {
+    async fn migrate(&self) -> Result<(), Error> {
+        SQLITE_MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn schema_exists(&self) -> Result<bool, Error> {
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'switchyard_outbox'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(tables > 0)
+    }
+
+    async fn count_backlog(&self) -> Result<i64, Error> {
+        Ok(sqlx::query_scalar(dialect::COUNT_BACKLOG)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn oldest_pending_age(&self) -> Result<Option<f64>, Error> {
+        Ok(sqlx::query_scalar(&format!(
+            "SELECT ({SQLITE_NOW_MS} - created_at) / 1000.0
+               FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
+                AND (not_before IS NULL OR not_before <= {SQLITE_NOW_MS})
+              ORDER BY id LIMIT 1"
+        ))
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn refresh_statistics(&self) -> Result<(), Error> {
+        sqlx::query("ANALYZE switchyard_outbox")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), Error> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        dead_letter_blocks: bool,
+        owner: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        let started = Instant::now();
+        let lease_id = LeaseId(uuid::Uuid::new_v4());
+        let records = sqlx::query(&self.claim_sql[usize::from(dead_letter_blocks)])
+            .bind(i64::from(limit))
+            .bind(owner)
+            .bind(lease_id.0.to_string())
+            .bind(now_ms())
+            .bind(duration_ms(lease))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut rows = records
+            .iter()
+            .map(row_from_record)
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.sort_by_key(|row| row.id);
+        Ok(Claim {
+            lease: lease_id,
+            rows,
+            deadline: started + lease,
+            took: started.elapsed(),
+        })
+    }
+
+    async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
+        let pool = &self.pool;
+        let now = now_ms();
+        let lease = lease.0.to_string();
+        // One transaction for the batch: one fsync, and all-or-nothing like PostgreSQL's single statement.
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut acked = Vec::with_capacity(outcomes.len());
+        for row in outcomes {
+            let (backoff_ms, error, refund) = match &row.outcome {
+                Outcome::Published => (0, None, false),
+                Outcome::Retry { after, error } => (duration_ms(*after), Some(error.as_str()), false),
+                Outcome::Defer { after, reason } => (duration_ms(*after), Some(reason.as_str()), true),
+                Outcome::Dead { error } => (0, Some(error.as_str()), false),
+            };
+            let status = row.outcome.status();
+            let done = sqlx::query(
+                "UPDATE switchyard_outbox
                 SET status = ?1,
                     published_at = CASE WHEN ?1 = 'published' THEN ?2 ELSE NULL END,
                     next_attempt_at = CASE WHEN ?1 = 'pending' THEN ?2 + ?3 ELSE next_attempt_at END,
@@ -141,34 +206,152 @@ pub(super) async fn ack(
                     plugin_version = COALESCE(?7, plugin_version),
                     lease_owner = NULL, lease_id = NULL, lease_expires_at = NULL
               WHERE id = ?8 AND status = 'in_flight' AND lease_id = ?9",
-        )
-        .bind(status)
-        .bind(now)
-        .bind(backoff_ms)
-        .bind(error)
-        .bind(i64::from(refund))
-        .bind(super::ack::deliveries_json(&row.deliveries))
-        .bind(row.plugin_version.as_deref())
-        .bind(row.id.0)
-        .bind(&lease)
-        .execute(&mut *tx)
-        .await?;
-        if done.rows_affected() == 1 {
-            acked.push(row.id);
+            )
+            .bind(status)
+            .bind(now)
+            .bind(backoff_ms)
+            .bind(error)
+            .bind(i64::from(refund))
+            .bind(dialect::deliveries_json(&row.deliveries))
+            .bind(row.plugin_version.as_deref())
+            .bind(row.id.0)
+            .bind(&lease)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 1 {
+                acked.push(row.id);
+            }
         }
+        tx.commit().await?;
+        Ok(acked)
     }
-    tx.commit().await?;
-    Ok(acked)
-}
 
-fn duration_ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
+    async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {
+        let sql = format!(
+            "SELECT {ROW_COLUMNS} FROM switchyard_outbox WHERE status IN ('pending', 'in_flight') ORDER BY id LIMIT ?1"
+        );
+        let records = sqlx::query(&sql)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(records.iter().map(row_from_record).collect::<Result<_, _>>()?)
+    }
 
-pub(super) async fn peek_pending(pool: &SqlitePool, limit: u32) -> Result<Vec<OutboxRow>, Error> {
-    let sql = format!(
-        "SELECT {ROW_COLUMNS} FROM switchyard_outbox WHERE status IN ('pending', 'in_flight') ORDER BY id LIMIT ?1"
-    );
-    let records = sqlx::query(&sql).bind(i64::from(limit)).fetch_all(pool).await?;
-    Ok(records.iter().map(row_from_record).collect::<Result<_, _>>()?)
+    async fn release_owner(&self, owner: &str) -> Result<u64, Error> {
+        Ok(sqlx::query(dialect::RELEASE_OWNER)
+            .bind(owner)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, Error> {
+        let counts = sqlx::query_as(&dialect::status_counts_sql(DIALECT))
+            .fetch_one(&self.pool)
+            .await?;
+        let by_type = sqlx::query_as(dialect::DEAD_BY_TYPE)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(OutboxStats::from_counts(counts, by_type))
+    }
+
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxEntry>, Error> {
+        let records = dialect::dead_letters_query(DIALECT, filter, after, limit)
+            .build()
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(records
+            .iter()
+            .map(dialect::entry_from_record)
+            .collect::<Result<_, _>>()?)
+    }
+
+    async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<i64, Error> {
+        Ok(dialect::count_dead_letters_query(DIALECT, filter)
+            .build_query_scalar()
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {
+        let sql = format!(
+            "SELECT {} FROM switchyard_outbox WHERE id = ?1",
+            DIALECT.entry_columns()
+        );
+        let record = sqlx::query(&sql).bind(id).fetch_optional(&self.pool).await?;
+        Ok(record.as_ref().map(dialect::entry_from_record).transpose()?)
+    }
+
+    async fn replay_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        after: i64,
+        batch: u32,
+    ) -> Result<Vec<i64>, Error> {
+        Ok(
+            dialect::dead_letter_change_query(DIALECT, DeadLetterChange::Replay, filter, after, batch)
+                .build_query_scalar()
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn purge_dead_letters(&self, filter: &DeadLetterFilter, batch: u32) -> Result<u64, Error> {
+        Ok(
+            dialect::dead_letter_change_query(DIALECT, DeadLetterChange::Purge, filter, 0, batch)
+                .build()
+                .execute(&self.pool)
+                .await?
+                .rows_affected(),
+        )
+    }
+
+    async fn status_counts(&self, ids: &[i64]) -> Result<BTreeMap<String, i64>, Error> {
+        let rows: Vec<(String, i64)> = dialect::status_of_query(DIALECT, ids)
+            .build_query_as()
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    async fn prune_published(
+        &self,
+        max_age: Duration,
+        mode: RetentionMode,
+        batch: u32,
+    ) -> Result<u64, Error> {
+        let cutoff = now_ms().saturating_sub(duration_ms(max_age));
+        let batch = i64::from(batch);
+        let doomed = "SELECT id FROM switchyard_outbox
+                       WHERE status = 'published' AND published_at < ?1
+                       ORDER BY published_at LIMIT ?2";
+        let mut tx = self.pool.begin().await?;
+        if mode == RetentionMode::Archive {
+            // The insert takes the write lock first, so the delete below
+            // selects exactly the rows just copied.
+            let sql = format!(
+                "INSERT INTO switchyard_outbox_archive ({columns})
+                 SELECT {columns} FROM switchyard_outbox WHERE id IN ({doomed})",
+                columns = dialect::ARCHIVE_COLUMNS
+            );
+            sqlx::query(&sql)
+                .bind(cutoff)
+                .bind(batch)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let sql = format!("DELETE FROM switchyard_outbox WHERE id IN ({doomed})");
+        let done = sqlx::query(&sql)
+            .bind(cutoff)
+            .bind(batch)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
 }

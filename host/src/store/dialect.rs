@@ -1,0 +1,272 @@
+//! What differs between the SQL of the two backends, in one place: the
+//! clock, time columns, column lists and the dead-letter filter; and the
+//! row decoding both share.
+
+use std::collections::BTreeMap;
+
+use sqlx::{Database, Encode, QueryBuilder, Row, Type};
+
+use super::types::{DeadLetterFilter, Delivery, DeliveryKey, OutboxEntry};
+
+/// Which SQL dialect a statement is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dialect {
+    Postgres,
+    Sqlite,
+}
+
+/// SQLite's clock in milliseconds since the epoch, as its times are stored.
+pub(super) const SQLITE_NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+impl Dialect {
+    /// The database's current time, as the time columns store it.
+    pub(super) fn now(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "now()",
+            Dialect::Sqlite => SQLITE_NOW_MS,
+        }
+    }
+
+    /// The columns [`entry_from_record`] reads.
+    pub(super) fn entry_columns(self) -> &'static str {
+        match self {
+            Dialect::Postgres => PG_ENTRY_COLUMNS,
+            Dialect::Sqlite => SQLITE_ENTRY_COLUMNS,
+        }
+    }
+}
+
+/// Rows pending or in flight.
+pub(super) const COUNT_BACKLOG: &str =
+    "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')";
+
+/// Every in-flight row of an owner back to pending, its attempt refunded
+/// (an in-flight row was claimed at least once, so it never goes below zero).
+pub(super) const RELEASE_OWNER: &str = "UPDATE switchyard_outbox
+    SET status = 'pending', lease_owner = NULL, lease_id = NULL,
+        lease_expires_at = NULL, attempts = attempts - 1
+  WHERE status = 'in_flight' AND lease_owner = $1";
+
+/// Dead letters per event type.
+pub(super) const DEAD_BY_TYPE: &str = "SELECT event_type, count(*) FROM switchyard_outbox
+  WHERE status = 'dead' GROUP BY event_type ORDER BY event_type";
+
+/// The status counts behind `switchyard status`: pending (due), delayed,
+/// in flight, retrying.
+pub(super) fn status_counts_sql(dialect: Dialect) -> String {
+    let delayed = format!("coalesce(not_before > {}, false)", dialect.now());
+    format!(
+        "SELECT count(CASE WHEN status = 'pending' AND NOT {delayed} THEN 1 END),
+                count(CASE WHEN status = 'pending' AND {delayed} THEN 1 END),
+                count(CASE WHEN status = 'in_flight' THEN 1 END),
+                count(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 END)
+           FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')"
+    )
+}
+
+/// Dead letters matching a filter, from id `after` on, oldest first.
+pub(super) fn dead_letters_query<'a, DB>(
+    dialect: Dialect,
+    filter: &DeadLetterFilter,
+    after: i64,
+    limit: u32,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    let mut query = QueryBuilder::new(format!(
+        "SELECT {} FROM switchyard_outbox WHERE status = 'dead' AND id > ",
+        dialect.entry_columns()
+    ));
+    query.push_bind(after);
+    push_filter(&mut query, dialect, filter);
+    query.push(" ORDER BY id LIMIT ").push_bind(i64::from(limit));
+    query
+}
+
+/// How many dead letters match a filter.
+pub(super) fn count_dead_letters_query<'a, DB>(
+    dialect: Dialect,
+    filter: &DeadLetterFilter,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    let mut query = QueryBuilder::new("SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'");
+    push_filter(&mut query, dialect, filter);
+    query
+}
+
+/// Status and count of the rows with the given ids.
+pub(super) fn status_of_query<'a, DB>(dialect: Dialect, ids: &[i64]) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    let filter = DeadLetterFilter {
+        ids: ids.to_vec(),
+        ..DeadLetterFilter::default()
+    };
+    let mut query = QueryBuilder::new("SELECT status, count(*) FROM switchyard_outbox WHERE 1 = 1");
+    push_filter(&mut query, dialect, &filter);
+    query.push(" GROUP BY status");
+    query
+}
+
+/// Up to `batch` dead letters matching a filter, from id `after` on, back
+/// to pending (`replay`) or deleted (`purge`, `after` 0). PostgreSQL skips
+/// rows another statement has locked.
+pub(super) fn dead_letter_change_query<'a, DB>(
+    dialect: Dialect,
+    change: DeadLetterChange,
+    filter: &DeadLetterFilter,
+    after: i64,
+    batch: u32,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    let head = match (change, dialect) {
+        (DeadLetterChange::Replay, Dialect::Postgres) => {
+            "UPDATE switchyard_outbox SET status = 'pending', attempts = 0, next_attempt_at = '-infinity'"
+        }
+        (DeadLetterChange::Replay, Dialect::Sqlite) => {
+            "UPDATE switchyard_outbox SET status = 'pending', attempts = 0, next_attempt_at = 0"
+        }
+        (DeadLetterChange::Purge, _) => "DELETE FROM switchyard_outbox",
+    };
+    let mut query = QueryBuilder::new(head);
+    query.push(" WHERE id IN (SELECT id FROM switchyard_outbox WHERE status = 'dead' AND id > ");
+    query.push_bind(after);
+    push_filter(&mut query, dialect, filter);
+    query.push(" ORDER BY id LIMIT ").push_bind(i64::from(batch));
+    if dialect == Dialect::Postgres {
+        query.push(" FOR UPDATE SKIP LOCKED");
+    }
+    query.push(") AND status = 'dead'");
+    if change == DeadLetterChange::Replay {
+        query.push(" RETURNING id");
+    }
+    query
+}
+
+/// What [`dead_letter_change_query`] does to the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DeadLetterChange {
+    Replay,
+    Purge,
+}
+
+const PG_ENTRY_COLUMNS: &str = "id, event_id::text AS event_id, aggregate_type, aggregate_id, event_type,
+    status, attempts, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms, last_error,
+    plugin_version, tenant, headers::text AS headers_json, payload::text AS payload_json,
+    octet_length(payload_bytes)::bigint AS payload_bytes_len, deliveries::text AS deliveries_json";
+
+const SQLITE_ENTRY_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, event_type,
+    status, attempts, created_at AS created_at_ms, last_error,
+    plugin_version, tenant, headers AS headers_json, payload AS payload_json,
+    length(payload_bytes) AS payload_bytes_len, deliveries AS deliveries_json";
+
+/// Columns the archive keeps (the relay's lease columns are dropped).
+pub(super) const ARCHIVE_COLUMNS: &str =
+    "id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
+    headers, tenant, created_at, attempts, published_at, deliveries, plugin_version";
+
+pub(super) fn entry_from_record<R: Row>(record: &R) -> Result<OutboxEntry, sqlx::Error>
+where
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + Type<R::Database>,
+{
+    let created_at_ms: i64 = record.try_get("created_at_ms")?;
+    let headers: String = record.try_get("headers_json")?;
+    let payload: Option<String> = record.try_get("payload_json")?;
+    let deliveries: String = record.try_get("deliveries_json")?;
+    Ok(OutboxEntry {
+        id: record.try_get("id")?,
+        event_id: record.try_get("event_id")?,
+        aggregate_type: record.try_get("aggregate_type")?,
+        aggregate_id: record.try_get("aggregate_id")?,
+        event_type: record.try_get("event_type")?,
+        status: record.try_get("status")?,
+        attempts: record.try_get("attempts")?,
+        created_at: chrono::DateTime::from_timestamp_millis(created_at_ms)
+            .unwrap_or_default()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        last_error: record.try_get("last_error")?,
+        plugin_version: record.try_get("plugin_version")?,
+        tenant: record.try_get("tenant")?,
+        // Shown as stored; text that is not JSON is shown as a string.
+        headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
+        payload: payload.map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))),
+        payload_bytes_len: record.try_get("payload_bytes_len")?,
+        deliveries: serde_json::from_str(&deliveries).unwrap_or_default(),
+    })
+}
+
+/// Appends `AND ...` for every set field of `filter` (the caller has already
+/// written `WHERE status = 'dead'`).
+fn push_filter<'a, DB>(query: &mut QueryBuilder<'a, DB>, dialect: Dialect, filter: &DeadLetterFilter)
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    if !filter.ids.is_empty() {
+        query.push(" AND id IN (");
+        let mut list = query.separated(", ");
+        for id in &filter.ids {
+            list.push_bind(*id);
+        }
+        query.push(")");
+    }
+    for (column, value) in [
+        ("event_type", &filter.event_type),
+        ("aggregate_type", &filter.aggregate_type),
+        ("aggregate_id", &filter.aggregate_id),
+    ] {
+        if let Some(value) = value {
+            query.push(format!(" AND {column} = ")).push_bind(value.clone());
+        }
+    }
+    for (op, value) in [(">=", filter.created_since_ms), ("<", filter.created_before_ms)] {
+        if let Some(ms) = value {
+            match dialect {
+                Dialect::Postgres => query
+                    .push(format!(" AND created_at {op} to_timestamp("))
+                    .push_bind(ms)
+                    .push(" / 1000.0)"),
+                Dialect::Sqlite => query.push(format!(" AND created_at {op} ")).push_bind(ms),
+            };
+        }
+    }
+    if let Some(text) = &filter.error_contains {
+        let function = match dialect {
+            Dialect::Postgres => "strpos",
+            Dialect::Sqlite => "instr",
+        };
+        query
+            .push(format!(" AND {function}(lower(coalesce(last_error, '')), lower("))
+            .push_bind(text.clone())
+            .push(")) > 0");
+    }
+}
+
+/// The `deliveries` column as JSON text. jsonb refuses the NUL character
+/// (`\u0000`), which a topic or a broker's error text may carry.
+pub(super) fn deliveries_json(deliveries: &BTreeMap<DeliveryKey, Delivery>) -> String {
+    let json = serde_json::to_string(deliveries).unwrap_or_else(|_| "{}".into());
+    if json.contains("\\u0000") {
+        json.replace("\\u0000", "\\ufffd")
+    } else {
+        json
+    }
+}
