@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use switchyard::sinks::{OutgoingMessage, Sink, SinkError, Sinks};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::plugins::plugin;
-use switchyard_tests::relay::{InProcess, parse};
+use switchyard_tests::relay::{InProcess, RelaySection, parse};
 use switchyard_tests::{eventually, init_logging};
 
 struct Sqlite {
@@ -70,23 +70,14 @@ impl Drop for Sqlite {
     }
 }
 
-/// Relay settings for these tests: short leases and backoff, two attempts.
-const RELAY: &str = r#"
-[relay]
-batch_size = 50
-concurrency = 2
-poll_interval_ms = 20
-lease_duration_ms = 3000
-publish_timeout_ms = 1000
-max_attempts = 2
-initial_backoff_ms = 50
-max_backoff_ms = 200
-[plugin_runtime]
-watch = false
-cache = false
-[admin]
-listen = ""
-"#;
+/// Relay settings for these tests: short leases and backoff, two attempts;
+/// no reload, no cache, no admin endpoint.
+static RELAY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "\n{}[plugin_runtime]\nwatch = false\ncache = false\n[admin]\nlisten = \"\"\n",
+        RelaySection::quick().toml()
+    )
+});
 
 /// One misbehaving plugin per mode, each on the event type of that name.
 const HOSTILE: [(&str, &str); 9] = [
@@ -103,7 +94,10 @@ const HOSTILE: [(&str, &str); 9] = [
 
 fn hostile_config(db_url: &str, out: &std::path::Path) -> String {
     let misbehave = plugin("misbehave");
-    let mut text = format!("[database]\nurl = \"{db_url}\"\nmax_connections = 4\n{RELAY}");
+    let mut text = format!(
+        "[database]\nurl = \"{db_url}\"\nmax_connections = 4\n{RELAY}",
+        RELAY = *RELAY
+    );
     for (mode, event_type) in HOSTILE {
         text.push_str(&format!(
             "[[plugins]]\nname = \"{mode}\"\npath = \"{}\"\nevent_types = [\"{event_type}\"]\n[plugins.config]\nmode = \"{mode}\"\ntarget = \"out\"\n",
@@ -203,7 +197,8 @@ async fn a_plugin_that_loops_in_init_is_refused() {
     let text = format!(
         "[database]\nurl = \"{}\"\n{RELAY}[[plugins]]\nname = \"looper\"\npath = \"{}\"\ntimeout_ms = 50\n[plugins.config]\nmode = \"init-loop\"\ntarget = \"out\"\n[targets.out]\ntype = \"stdout\"\n",
         db.url,
-        plugin("misbehave").display()
+        plugin("misbehave").display(),
+        RELAY = *RELAY
     );
     let started = Instant::now();
     let error = switchyard::app::build(&parse(&text))
@@ -602,6 +597,7 @@ duplicate_window_seconds = 3600
         db = db.url,
         fan = plugin("fan_out").display(),
         nats = nats.url(),
+        RELAY = *RELAY,
     );
     let relay = InProcess::start(&parse(&text)).await;
     for seq in 0..20 {
@@ -702,7 +698,8 @@ async fn a_permanent_refusal_is_logged_as_dead_lettered() {
         "[database]\nurl = \"{}\"\n{RELAY}[[plugins]]\nname = \"router\"\npath = \"{}\"\n[plugins.config]\ntarget = \"events\"\ntopic = \"orders.*\"\n[targets.events]\ntype = \"nats\"\nurl = \"{}\"\nmode = \"core\"\n",
         db.url,
         plugin("route_by_type").display(),
-        nats.url()
+        nats.url(),
+        RELAY = *RELAY
     );
     let config_path = db.dir.join("relay.toml");
     std::fs::write(&config_path, text).unwrap();

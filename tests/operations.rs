@@ -10,7 +10,7 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::write_orders;
 use switchyard_tests::plugins::{plugin, replace_atomically};
 use switchyard_tests::postgres::{count_status, fresh_db};
-use switchyard_tests::relay::{InProcess, Settings, example_config, parse};
+use switchyard_tests::relay::{InProcess, RelaySection, Settings, example_config, parse};
 use switchyard_tests::{cli, eventually, free_port, http_get, init_logging};
 
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
@@ -209,15 +209,7 @@ fn router_config(
 [database]
 url = "{db}"
 max_connections = 8
-[relay]
-batch_size = 100
-concurrency = 2
-poll_interval_ms = 100
-lease_duration_ms = 6000
-publish_timeout_ms = 2000
-max_attempts = 5
-initial_backoff_ms = 100
-max_backoff_ms = 500
+{relay}
 [plugin_runtime]
 reload_debounce_ms = 20
 cache = false
@@ -233,7 +225,14 @@ type = "nats"
 url = "{nats}"
 duplicate_window_seconds = 3600
 "#,
-        path = plugin_path.display()
+        path = plugin_path.display(),
+        relay = RelaySection::new()
+            .set("batch_size", "100")
+            .set("concurrency", "2")
+            .set("poll_interval_ms", "100")
+            .set("max_attempts", "5")
+            .set("max_backoff_ms", "500")
+            .toml(),
     )
 }
 

@@ -11,7 +11,7 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{order_event, write_orders};
 use switchyard_tests::plugins::{plugin, replace_atomically, with_custom_section};
 use switchyard_tests::postgres::{count_status, fresh_db, place_order_event};
-use switchyard_tests::relay::{InProcess, parse};
+use switchyard_tests::relay::{InProcess, RelaySection, parse};
 use switchyard_tests::{eventually, exclusive, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -29,14 +29,6 @@ fn config(db: &str, nats: &str, plugin_path: &Path, relay: &str, extra: &str) ->
 [database]
 url = "{db}"
 max_connections = 8
-[relay]
-batch_size = 200
-concurrency = 3
-poll_interval_ms = 200
-lease_duration_ms = 6000
-publish_timeout_ms = 2000
-initial_backoff_ms = 100
-max_backoff_ms = 1000
 {relay}
 [plugin_runtime]
 reload_debounce_ms = 20
@@ -54,7 +46,8 @@ type = "nats"
 url = "{nats}"
 duplicate_window_seconds = 3600
 "#,
-        path = plugin_path.display()
+        path = plugin_path.display(),
+        relay = format!("{}{relay}", RelaySection::new().toml()),
     )
 }
 

@@ -9,27 +9,18 @@ use switchyard_tests::kafka::{KafkaReceived, KafkaServer};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, assert_trace_continued, order_event, write_orders};
 use switchyard_tests::plugins::plugin;
-use switchyard_tests::postgres::{NewEvent, count_status, fresh_db, place_order_event};
-use switchyard_tests::relay::{InProcess, parse};
+use switchyard_tests::postgres::{NewEvent, all_published, count_status, fresh_db, place_order_event};
+use switchyard_tests::relay::{InProcess, RelaySection, parse};
 use switchyard_tests::{eventually, exclusive, init_logging};
 
 const AUDIT_STREAM: &str = "AUDIT";
 
-/// Relay tuning for these tests plus `extra` `[relay]` lines.
-fn relay_section(extra: &str) -> String {
-    format!(
-        "[relay]
-batch_size = 200
-concurrency = 3
-poll_interval_ms = 200
-lease_duration_ms = 6000
-publish_timeout_ms = 2000
-max_attempts = 100
-initial_backoff_ms = 100
-max_backoff_ms = 500
-shutdown_timeout_ms = 5000
-{extra}"
-    )
+/// Relay tuning for these tests: many attempts (a broker is stopped on purpose), short backoff.
+fn relay_section() -> RelaySection {
+    RelaySection::new()
+        .set("max_attempts", "100")
+        .set("max_backoff_ms", "500")
+        .set("shutdown_timeout_ms", "5000")
 }
 
 /// Every event goes to Kafka `orders` (keyed by order id), to the second
@@ -68,16 +59,9 @@ type = "nats"
 url = "{nats}"
 duplicate_window_seconds = 3600
 "#,
-        relay = relay_section(""),
+        relay = relay_section().toml(),
         plugin = plugin("fan_out").display(),
     )
-}
-
-async fn all_published(pool: &sqlx::PgPool, total: i64, limit: Duration) {
-    eventually("every row published", limit, || async {
-        (count_status(pool, "published").await == total).then_some(())
-    })
-    .await;
 }
 
 /// Checks one Kafka topic: every event exactly once, each aggregate in a
@@ -295,7 +279,10 @@ type = "kafka"
 bootstrap_servers = "{kafka}"
 "#,
         db = db.url,
-        relay = relay_section("max_payload_bytes = 4194304\nmax_message_bytes = 4194304\n"),
+        relay = relay_section()
+            .set("max_payload_bytes", "4194304")
+            .set("max_message_bytes", "4194304")
+            .toml(),
         plugin = plugin("fan_out").display(),
         kafka = kafka.bootstrap(),
     );

@@ -6,19 +6,12 @@ use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{order_event, verify, write_orders};
-use switchyard_tests::postgres::{count_status, fresh_db, place_order_event};
+use switchyard_tests::postgres::{all_published, count_status, fresh_db, place_order_event};
 use switchyard_tests::relay::{InProcess, Process, Settings, example_config, parse};
 use switchyard_tests::{eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
 const RELAY_BIN: &str = env!("CARGO_BIN_EXE_relay-process");
-
-async fn all_published(pool: &sqlx::PgPool, total: i64, limit: Duration) {
-    eventually("every row published", limit, || async {
-        (count_status(pool, "published").await == total).then_some(())
-    })
-    .await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_thousand_events_arrive_once_in_order_and_transformed() {

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use switchyard_tests::plugins::plugin;
-use switchyard_tests::relay::{InProcess, parse};
+use switchyard_tests::relay::{InProcess, RelaySection, parse};
 use switchyard_tests::{eventually, exclusive, init_logging};
 
 fn config(db_url: &str, out: &std::path::Path) -> String {
@@ -15,16 +15,7 @@ fn config(db_url: &str, out: &std::path::Path) -> String {
 [database]
 url = "{db_url}"
 max_connections = 4
-[relay]
-batch_size = 100
-concurrency = 2
-poll_interval_ms = 20
-lease_duration_ms = 3000
-publish_timeout_ms = 1000
-max_attempts = 2
-initial_backoff_ms = 50
-max_backoff_ms = 200
-[plugin_runtime]
+{relay}[plugin_runtime]
 watch = false
 cache = false
 [[plugins]]
@@ -45,6 +36,7 @@ topic = "orders.{{event_type}}"
 type = "file"
 path = "{out}"
 "#,
+        relay = RelaySection::quick().set("batch_size", "100").toml(),
         misbehave = plugin("misbehave").display(),
         router = plugin("route_by_type").display(),
         out = out.display(),

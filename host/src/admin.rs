@@ -83,17 +83,63 @@ async fn metrics(State(relay): State<Relay>) -> Response {
         .into_response()
 }
 
+/// The result of one readiness check; shown as `ok` or `error: <why>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// Passed.
+    Ok,
+    /// Failed, and why.
+    Failed(String),
+}
+
+impl Check {
+    fn from_result<E: std::fmt::Display>(result: Result<(), E>) -> Check {
+        match result {
+            Ok(()) => Check::Ok,
+            Err(e) => Check::Failed(e.to_string()),
+        }
+    }
+
+    /// Whether the check passed.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Check::Ok)
+    }
+
+    /// Why the check failed.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Check::Ok => None,
+            Check::Failed(why) => Some(why),
+        }
+    }
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Check::Ok => f.write_str("ok"),
+            Check::Failed(why) => write!(f, "error: {why}"),
+        }
+    }
+}
+
+impl Serialize for Check {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// The `/readyz` body: every check and its result.
 #[derive(Debug, Serialize)]
 pub struct Readiness {
     /// All checks passed.
     pub ready: bool,
-    /// `ok`, or the latest batch panic within the last minute.
-    pub workers: String,
-    /// `ok` or the error.
-    pub database: String,
-    /// Target name to `ok` or the error.
-    pub targets: BTreeMap<String, String>,
+    /// Failed while a batch panicked within the last minute.
+    pub workers: Check,
+    /// The database answers.
+    pub database: Check,
+    /// Each target's health check.
+    pub targets: BTreeMap<String, Check>,
     /// Plugin name to `name@version` or `not loaded`.
     pub plugins: BTreeMap<String, String>,
 }
@@ -102,20 +148,18 @@ pub struct Readiness {
 pub async fn readiness(relay: &Relay) -> Readiness {
     let database = async {
         match tokio::time::timeout(CHECK_TIMEOUT, relay.store().ping()).await {
-            Ok(Ok(())) => "ok".to_string(),
-            Ok(Err(e)) => format!("error: {e}"),
-            Err(_) => "error: no answer in time".to_string(),
+            Ok(result) => Check::from_result(result),
+            Err(_) => Check::Failed("no answer in time".to_string()),
         }
     };
     let targets = futures::future::join_all(relay.sinks().names().map(|name| async move {
         let sink = relay.sinks().get(name).cloned();
         let state = match sink {
             Some(sink) => match tokio::time::timeout(CHECK_TIMEOUT, sink.healthcheck()).await {
-                Ok(Ok(())) => "ok".to_string(),
-                Ok(Err(e)) => format!("error: {e}"),
-                Err(_) => "error: health check timed out".to_string(),
+                Ok(result) => Check::from_result(result),
+                Err(_) => Check::Failed("health check timed out".to_string()),
             },
-            None => "error: not configured".to_string(),
+            None => Check::Failed("not configured".to_string()),
         };
         (name.to_string(), state)
     }));
@@ -131,13 +175,10 @@ pub async fn readiness(relay: &Relay) -> Readiness {
             (slot.config().name.clone(), state)
         })
         .collect();
-    let workers = match relay.workers_health() {
-        Ok(()) => "ok".to_string(),
-        Err(problem) => format!("error: {problem}"),
-    };
-    let ready = database == "ok"
-        && workers == "ok"
-        && targets.iter().all(|(_, state)| state == "ok")
+    let workers = Check::from_result(relay.workers_health());
+    let ready = database.is_ok()
+        && workers.is_ok()
+        && targets.iter().all(|(_, state)| state.is_ok())
         && plugins.values().all(|state| state != "not loaded");
     Readiness {
         ready,
@@ -258,14 +299,14 @@ pub async fn relay_status(relay: &Relay) -> RelayStatus {
                 .get(name)
                 .map_or("unknown", |s| s.kind())
                 .to_string(),
-            healthy: state == "ok",
-            error: (state != "ok").then(|| state.trim_start_matches("error: ").to_string()),
+            healthy: state.is_ok(),
+            error: state.error().map(str::to_string),
         })
         .collect();
     RelayStatus {
         owner: relay.owner().to_string(),
         ready: readiness.ready,
-        database: readiness.database,
+        database: readiness.database.to_string(),
         plugins,
         targets,
     }

@@ -169,3 +169,11 @@ pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
         .await
         .expect("count")
 }
+
+/// Waits until `total` rows are published, failing the test after `limit`.
+pub async fn all_published(pool: &PgPool, total: i64, limit: std::time::Duration) {
+    crate::eventually("every row published", limit, || async {
+        (count_status(pool, "published").await == total).then_some(())
+    })
+    .await;
+}

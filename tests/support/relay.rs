@@ -42,6 +42,68 @@ impl Settings {
     }
 }
 
+/// The `[relay]` section of a test config: the shared test tuning (short
+/// leases, polls and backoff) with any key replaced or added by [`RelaySection::set`].
+#[derive(Debug, Clone)]
+pub struct RelaySection {
+    keys: Vec<(String, String)>,
+}
+
+impl RelaySection {
+    /// Batches of 200 over 3 workers, 6 s leases, 2 s publish timeout,
+    /// backoff from 100 ms to 1 s.
+    pub fn new() -> RelaySection {
+        let keys = [
+            ("batch_size", "200"),
+            ("concurrency", "3"),
+            ("poll_interval_ms", "200"),
+            ("lease_duration_ms", "6000"),
+            ("publish_timeout_ms", "2000"),
+            ("initial_backoff_ms", "100"),
+            ("max_backoff_ms", "1000"),
+        ];
+        RelaySection {
+            keys: keys.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    /// For fault tests that want outcomes fast: batches of 50 over 2 workers,
+    /// 20 ms polls, 3 s leases, 1 s publish timeout, two attempts 50-200 ms apart.
+    pub fn quick() -> RelaySection {
+        RelaySection::new()
+            .set("batch_size", "50")
+            .set("concurrency", "2")
+            .set("poll_interval_ms", "20")
+            .set("lease_duration_ms", "3000")
+            .set("publish_timeout_ms", "1000")
+            .set("max_attempts", "2")
+            .set("initial_backoff_ms", "50")
+            .set("max_backoff_ms", "200")
+    }
+
+    /// Sets `key` to `value` (TOML), replacing the default if there is one.
+    #[must_use]
+    pub fn set(mut self, key: &str, value: &str) -> RelaySection {
+        match self.keys.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value.to_string(),
+            None => self.keys.push((key.to_string(), value.to_string())),
+        }
+        self
+    }
+
+    /// The section as TOML, header included.
+    pub fn toml(&self) -> String {
+        let keys: String = self.keys.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
+        format!("[relay]\n{keys}")
+    }
+}
+
+impl Default for RelaySection {
+    fn default() -> RelaySection {
+        RelaySection::new()
+    }
+}
+
 /// The example pipeline: OrderPaid goes through redact-fields (card number
 /// masked, internal note removed, CloudEvents envelope), everything else
 /// through route-by-type; both publish to `orders.<EventType>` on NATS, keyed
@@ -49,34 +111,18 @@ impl Settings {
 pub fn example_config(settings: &Settings) -> String {
     let redact = plugin("redact_fields");
     let route = plugin("route_by_type");
-    let mut relay: Vec<(String, String)> = [
-        ("batch_size", "200"),
-        ("concurrency", "3"),
-        ("poll_interval_ms", "200"),
-        ("lease_duration_ms", "6000"),
-        ("publish_timeout_ms", "2000"),
-        ("max_attempts", "8"),
-        ("initial_backoff_ms", "100"),
-        ("max_backoff_ms", "1000"),
-        ("shutdown_timeout_ms", "5000"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    for (key, value) in &settings.relay {
-        match relay.iter_mut().find(|(k, _)| k == key) {
-            Some(slot) => slot.1 = value.clone(),
-            None => relay.push((key.clone(), value.clone())),
-        }
-    }
-    let relay: String = relay.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
+    let relay = settings.relay.iter().fold(
+        RelaySection::new()
+            .set("max_attempts", "8")
+            .set("shutdown_timeout_ms", "5000"),
+        |section, (key, value)| section.set(key, value),
+    );
     format!(
         r#"
 [database]
 url = "{db}"
 max_connections = 8
 
-[relay]
 {relay}
 [[plugins]]
 name = "redact"
@@ -107,7 +153,7 @@ duplicate_window_seconds = 3600
         db = settings.database_url,
         nats = settings.nats_url,
         mode = settings.nats_mode,
-        relay = relay,
+        relay = relay.toml(),
         redact = redact.display(),
         route = route.display(),
     )
