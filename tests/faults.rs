@@ -280,7 +280,7 @@ async fn a_panicking_batch_is_reported_and_the_relay_goes_on() {
     db.insert("b-1", "Boom", 0).await;
     eventually("readiness reports the panic", Duration::from_secs(10), || async {
         let readiness = switchyard::admin::readiness(&relay).await;
-        (!readiness.ready && readiness.workers.contains("sink exploded")).then_some(())
+        (!readiness.ready && readiness.workers.to_string().contains("sink exploded")).then_some(())
     })
     .await;
     assert!(

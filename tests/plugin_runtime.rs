@@ -29,7 +29,7 @@ fn config(db: &str, nats: &str, plugin_path: &Path, relay: &str, extra: &str) ->
 [database]
 url = "{db}"
 max_connections = 8
-{relay}
+{section}{relay}
 [plugin_runtime]
 reload_debounce_ms = 20
 cache = false
@@ -47,7 +47,7 @@ url = "{nats}"
 duplicate_window_seconds = 3600
 "#,
         path = plugin_path.display(),
-        relay = format!("{}{relay}", RelaySection::new().toml()),
+        section = RelaySection::new().toml(),
     )
 }
 

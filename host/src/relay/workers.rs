@@ -1,0 +1,144 @@
+//! The workers and their supervisor: each worker claims and processes
+//! batches until shutdown, waiting for a wake-up when there is nothing to
+//! do; a panicking batch is caught, and a worker that ends anyway is
+//! replaced. At shutdown running batches get `shutdown_timeout_ms` to finish.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{Relay, listen};
+
+impl Relay {
+    /// Relays until `shutdown` is cancelled, then stops claiming, lets running
+    /// batches finish within `shutdown_timeout_ms` and releases what is left.
+    ///
+    /// # Errors
+    /// Only if the leases could not be released at the end; transient database
+    /// and broker errors are retried inside.
+    pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let wake = Arc::new(Notify::new());
+        let listener = tokio::spawn(listen::listen(
+            self.inner.store.clone(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+        let mut workers = JoinSet::new();
+        let mut numbers = HashMap::new();
+        let spawn = |workers: &mut JoinSet<()>, numbers: &mut HashMap<tokio::task::Id, u32>, worker: u32| {
+            let relay = self.clone();
+            let wake = wake.clone();
+            let shutdown = shutdown.clone();
+            let task = workers.spawn(async move { relay.work(worker, wake, shutdown).await });
+            numbers.insert(task.id(), worker);
+        };
+        for worker in 0..self.inner.config.concurrency {
+            spawn(&mut workers, &mut numbers, worker);
+        }
+        info!(
+            relay.owner = %self.inner.owner,
+            relay.concurrency = self.inner.config.concurrency,
+            "Relay started."
+        );
+        // Supervise: a worker ends only at shutdown; one that ends earlier
+        // (a panic that escaped its batch guard) is reported and replaced.
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(ended) = workers.join_next_with_id() => {
+                    if shutdown.is_cancelled() {
+                        break;
+                    }
+                    let (id, panic) = match ended {
+                        Ok((id, ())) => (id, None),
+                        Err(error) => (error.id(), error.try_into_panic().ok()),
+                    };
+                    let worker = numbers.remove(&id).unwrap_or_default();
+                    match panic {
+                        Some(panic) => self.record_panic(worker, panic.as_ref()),
+                        None => tracing::error!(worker, "A worker stopped unexpectedly; starting it again."),
+                    }
+                    spawn(&mut workers, &mut numbers, worker);
+                }
+            }
+        }
+        let started = Instant::now();
+        let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
+        let drained = tokio::time::timeout(bound, async { while workers.join_next().await.is_some() {} })
+            .await
+            .is_ok();
+        listener.abort();
+        if drained {
+            info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "Relay stopped; all batches finished."
+            );
+        } else {
+            workers.abort_all();
+            let released = self.inner.store.release_owner(&self.inner.owner).await?;
+            warn!(
+                released,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "Relay stopped before batches finished; released their leases."
+            );
+        }
+        Ok(())
+    }
+
+    /// One worker. Wake-ups are handed to one idle worker at a time (a
+    /// commit wakes one; a worker that claimed a full batch wakes the next),
+    /// so a burst of commits does not send every idle worker into a claim
+    /// scan that finds nothing.
+    async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
+        let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
+        let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
+        let mut db_backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            // A panicking batch must not take the worker with it.
+            let batch = std::panic::AssertUnwindSafe(self.run_once()).catch_unwind().await;
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(panic) => {
+                    self.record_panic(worker, panic.as_ref());
+                    tokio::select! {
+                        () = tokio::time::sleep(db_backoff) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            };
+            match batch {
+                Ok(report) if report.claimed > 0 => {
+                    db_backoff = Duration::from_millis(100);
+                    if report.claimed >= full {
+                        wake.notify_one();
+                    }
+                    // The ack just freed the next event of each aggregate: look again now.
+                    continue;
+                }
+                Ok(_) => {
+                    db_backoff = Duration::from_millis(100);
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(poll) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, worker, retry_ms = db_backoff.as_millis() as u64, "Batch failed, will retry.");
+                    tokio::select! {
+                        () = tokio::time::sleep(db_backoff) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
