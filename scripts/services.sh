@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs (if missing) and starts or stops the local services the tests and
-# the relay use: PostgreSQL 15, nats-server with JetStream and tansu (a
-# Kafka-protocol broker), as plain processes on loopback. Idempotent: `start`
-# on a running set is a no-op.
+# the relay use: PostgreSQL 15, nats-server with JetStream, tansu (a
+# Kafka-protocol broker) and RabbitMQ, as plain processes on loopback.
+# Idempotent: `start` on a running set is a no-op.
 #
 #   scripts/services.sh install|start|stop|status|env
 #
 # Ports and directories can be moved with SWITCHYARD_PG_PORT,
-# SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_STATE_DIR and
+# SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
+# (AMQP; the next port is its Erlang distribution port), SWITCHYARD_STATE_DIR and
 # SWITCHYARD_TOOLS_DIR (where tansu is installed).
 set -euo pipefail
 
@@ -15,6 +16,7 @@ STATE_DIR="${SWITCHYARD_STATE_DIR:-/tmp/switchyard-services}"
 PG_PORT="${SWITCHYARD_PG_PORT:-55432}"
 NATS_PORT="${SWITCHYARD_NATS_PORT:-54222}"
 KAFKA_PORT="${SWITCHYARD_KAFKA_PORT:-59092}"
+RABBIT_PORT="${SWITCHYARD_RABBITMQ_PORT:-55672}"
 TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
 TANSU_BIN="$TOOLS_DIR/bin/tansu"
 TANSU_VERSION=0.6.0
@@ -22,6 +24,10 @@ PG_BIN="${SWITCHYARD_PG_BIN:-/usr/lib/postgresql/15/bin}"
 PG_DATA="$STATE_DIR/pg"
 NATS_DIR="$STATE_DIR/nats"
 KAFKA_DIR="$STATE_DIR/kafka"
+RABBIT_DIR="$STATE_DIR/rabbitmq"
+# The server script that runs as the calling user (the one in /usr/sbin
+# switches to the `rabbitmq` user and its fixed directories).
+RABBIT_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -40,6 +46,7 @@ install_missing() {
         echo "services: installing ${pkgs[*]}" >&2
         apt_install "${pkgs[@]}"
     fi
+    install_rabbitmq
     install_tansu
 }
 
@@ -57,6 +64,22 @@ install_tansu() {
         cargo install --quiet --root "$TOOLS_DIR" tansu --version "$TANSU_VERSION" \
         --features dynostore --locked >&2
     echo "services: tansu built in $((SECONDS - started)) s" >&2
+}
+
+# The package's post-install script would start a system node listening on
+# every interface; a policy-rc.d answering 101 stops that (only ours runs,
+# on loopback).
+install_rabbitmq() {
+    [ -x "$RABBIT_SERVER" ] && return 0
+    echo "services: installing rabbitmq-server" >&2
+    local policy=/usr/sbin/policy-rc.d added=""
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+        as_root chmod +x "$policy"
+        added=1
+    fi
+    apt_install rabbitmq-server
+    if [ -n "$added" ]; then as_root rm -f "$policy"; fi
 }
 
 # PostgreSQL refuses to run as root: run it as the `postgres` user when root.
@@ -132,11 +155,46 @@ kafka_start() {
     wait_port "$KAFKA_PORT" tansu "$KAFKA_DIR/tansu.log"
 }
 
+# One node, no plugins, its state under $RABBIT_DIR; epmd, the node and its
+# Erlang distribution port listen on loopback only. HOME holds the Erlang
+# cookie rabbitmqctl needs.
+rabbit_exports() {
+    export HOME="$RABBIT_DIR" RABBITMQ_NODENAME="switchyard@localhost" \
+        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$RABBIT_PORT" \
+        RABBITMQ_DIST_PORT="$((RABBIT_PORT + 1))" ERL_EPMD_ADDRESS=127.0.0.1 \
+        RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+        RABBITMQ_MNESIA_BASE="$RABBIT_DIR/mnesia" RABBITMQ_LOG_BASE="$RABBIT_DIR/log" \
+        RABBITMQ_ENABLED_PLUGINS_FILE="$RABBIT_DIR/enabled_plugins" \
+        RABBITMQ_CONFIG_FILE="$RABBIT_DIR/rabbitmq" RABBITMQ_PID_FILE="$RABBIT_DIR/rabbit.pid"
+}
+
+rabbit_start() {
+    mkdir -p "$RABBIT_DIR/log"
+    pid_running "$RABBIT_DIR/rabbit.pid" && return 0
+    echo "[]." >"$RABBIT_DIR/enabled_plugins"
+    printf 'listeners.tcp.1 = 127.0.0.1:%s\n' "$RABBIT_PORT" >"$RABBIT_DIR/rabbitmq.conf"
+    (rabbit_exports && nohup "$RABBIT_SERVER" >"$RABBIT_DIR/server.log" 2>&1 &)
+    for _ in $(seq 1 600); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$RABBIT_PORT") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "services: rabbitmq-server did not start, see $RABBIT_DIR/server.log and $RABBIT_DIR/log" >&2
+    return 1
+}
+
+rabbit_stop() {
+    if pid_running "$RABBIT_DIR/rabbit.pid"; then
+        (rabbit_exports && /usr/lib/rabbitmq/bin/rabbitmqctl stop >/dev/null 2>&1) || pid_stop "$RABBIT_DIR/rabbit.pid"
+    fi
+}
+
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     echo "export SWITCHYARD_NATS_URL=nats://127.0.0.1:$NATS_PORT"
     echo "export SWITCHYARD_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT"
     echo "export SWITCHYARD_TANSU_BIN=$TANSU_BIN"
+    echo "export SWITCHYARD_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RABBIT_PORT/%2f"
+    echo "export SWITCHYARD_RABBITMQ_SERVER=$RABBIT_SERVER"
 }
 
 case "${1:-}" in
@@ -148,16 +206,18 @@ case "${1:-}" in
         pg_start
         nats_start
         kafka_start
+        rabbit_start
         print_env
         ;;
     stop)
+        rabbit_stop
         pid_stop "$KAFKA_DIR/tansu.pid"
         pid_stop "$NATS_DIR/nats.pid"
         pg_stop
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        for service in "nats-server:$NATS_DIR/nats.pid" "tansu:$KAFKA_DIR/tansu.pid"; do
+        for service in "nats-server:$NATS_DIR/nats.pid" "tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:$RABBIT_DIR/rabbit.pid"; do
             pidfile="${service#*:}"
             if pid_running "$pidfile"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
         done

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine with Rust: installs what is
 # missing (apt packages, the wasm32-wasip2 target, the tansu broker), starts
-# PostgreSQL, nats-server and tansu on loopback, builds the example plugins
-# and runs every test.
+# PostgreSQL, nats-server, tansu and RabbitMQ on loopback, builds the example
+# plugins and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -8,6 +8,7 @@ pub mod orders;
 pub mod outbox;
 pub mod plugins;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod relay;
 
 use std::time::{Duration, Instant};

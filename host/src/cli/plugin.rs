@@ -189,6 +189,7 @@ fn broker_check(
     match targets.and_then(|targets| targets.get(target)) {
         Some(TargetConfig::Nats(_)) => crate::sinks::nats::check_subject(topic).map_err(|e| e.message),
         Some(TargetConfig::Kafka(_)) => crate::sinks::kafka::check_topic(topic).map_err(|e| e.message),
+        Some(TargetConfig::Rabbitmq(_)) => crate::sinks::rabbitmq::check_routing_key(topic),
         _ => Ok(()),
     }
 }

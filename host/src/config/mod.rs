@@ -318,6 +318,8 @@ pub enum TargetConfig {
     Nats(crate::sinks::nats::NatsSinkConfig),
     /// A Kafka cluster.
     Kafka(crate::sinks::kafka::KafkaSinkConfig),
+    /// A RabbitMQ exchange.
+    Rabbitmq(crate::sinks::rabbitmq::RabbitMqSinkConfig),
     /// Standard output, for demos and debugging.
     Stdout(crate::sinks::stdout::StdoutSinkConfig),
     /// A JSON-lines file, for demos, debugging and tests.
@@ -330,6 +332,7 @@ impl TargetConfig {
         match self {
             TargetConfig::Nats(_) => "nats",
             TargetConfig::Kafka(_) => "kafka",
+            TargetConfig::Rabbitmq(_) => "rabbitmq",
             TargetConfig::Stdout(_) => "stdout",
             TargetConfig::File(_) => "file",
         }
@@ -470,6 +473,7 @@ impl Config {
             match target {
                 TargetConfig::Nats(nats) => nats.apply_env(&prefix, env),
                 TargetConfig::Kafka(kafka) => kafka.apply_env(&prefix, env),
+                TargetConfig::Rabbitmq(rabbitmq) => rabbitmq.apply_env(&prefix, env),
                 TargetConfig::Stdout(_) | TargetConfig::File(_) => {}
             }
         }

@@ -179,6 +179,11 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
                     problems_push(&mut check, format!("targets.{name}: {problem}"));
                 }
             }
+            TargetConfig::Rabbitmq(rabbitmq) => {
+                for problem in rabbitmq.validate() {
+                    problems_push(&mut check, format!("targets.{name}: {problem}"));
+                }
+            }
             TargetConfig::Stdout(_) => {}
             TargetConfig::File(file) => check(
                 !file.path.as_os_str().is_empty(),

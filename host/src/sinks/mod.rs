@@ -6,6 +6,7 @@
 pub mod file;
 pub mod kafka;
 pub mod nats;
+pub mod rabbitmq;
 pub mod stdout;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,10 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::config::TargetConfig;
+
+/// Header carrying the message key on brokers with no keys of their own
+/// (NATS, RabbitMQ).
+pub const KEY_HEADER: &str = "Switchyard-Key";
 
 /// One message, ready for a broker.
 #[derive(Debug, Clone, Default)]
@@ -109,6 +114,9 @@ impl Sinks {
                     kafka::KafkaSink::new(name, config, publish_timeout)
                         .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
                 ),
+                TargetConfig::Rabbitmq(config) => {
+                    Arc::new(rabbitmq::RabbitMqSink::new(name, config, publish_timeout))
+                }
                 TargetConfig::Stdout(config) => Arc::new(stdout::StdoutSink::new(name, config)),
                 TargetConfig::File(config) => Arc::new(
                     file::FileSink::open(name, config)

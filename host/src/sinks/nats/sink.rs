@@ -28,10 +28,7 @@ use futures::StreamExt;
 use futures::future::{BoxFuture, join_all};
 
 use super::config::{NatsMode, NatsSinkConfig};
-use crate::sinks::{OutgoingMessage, Sink, SinkError};
-
-/// Header carrying the message key on NATS, which has no keys of its own.
-pub const KEY_HEADER: &str = "Switchyard-Key";
+use crate::sinks::{KEY_HEADER, OutgoingMessage, Sink, SinkError};
 
 /// The server's default `max_control_line`: a publish whose protocol line
 /// (subject, reply, sizes) is longer makes the server close the connection,

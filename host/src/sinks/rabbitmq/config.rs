@@ -1,0 +1,117 @@
+//! Config for the RabbitMQ target.
+
+use serde::Deserialize;
+
+/// `[targets.NAME]` with `type = "rabbitmq"`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RabbitMqSinkConfig {
+    /// AMQP URL, e.g. `amqp://user:password@127.0.0.1:5672/%2f` (`amqps://`
+    /// for TLS). Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
+    pub url: String,
+    /// The exchange every message of this target goes to; it must exist
+    /// (the relay never declares it). `""` is the default exchange, where
+    /// the routing key names a queue.
+    pub exchange: String,
+    /// Delivery mode 2: queues that are durable keep the message across a
+    /// broker restart.
+    #[serde(default = "default_true")]
+    pub persistent: bool,
+    /// Name the connection shows on the broker.
+    #[serde(default = "default_connection_name")]
+    pub connection_name: String,
+}
+
+const fn default_true() -> bool {
+    true
+}
+
+fn default_connection_name() -> String {
+    "switchyard".to_string()
+}
+
+/// AMQP short strings (exchange names, routing keys, header names) hold at most 255 bytes.
+pub(super) const SHORT_STRING_MAX: usize = 255;
+
+impl RabbitMqSinkConfig {
+    pub(crate) fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+        if let Some(url) = env(&format!("{prefix}URL")) {
+            self.url = url;
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
+            problems.push(format!(
+                "url {:?} must use amqp:// or amqps://",
+                crate::redact::url(&self.url)
+            ));
+        } else if let Err(error) = self.url.parse::<lapin::uri::AMQPUri>() {
+            problems.push(format!(
+                "url {:?} is not a valid AMQP URL: {}",
+                crate::redact::url(&self.url),
+                crate::redact::url(&error)
+            ));
+        }
+        if self.exchange.len() > SHORT_STRING_MAX {
+            problems.push(format!("exchange is longer than {SHORT_STRING_MAX} bytes"));
+        }
+        if self.exchange.starts_with("amq.") && self.exchange != "amq.topic" && self.exchange != "amq.direct"
+        {
+            problems.push(format!(
+                "exchange {:?}: publishing to the broker's reserved amq.* exchanges other than amq.topic and amq.direct is refused by RabbitMQ",
+                self.exchange
+            ));
+        }
+        problems
+    }
+}
+
+/// The password in the URL is never printed.
+impl std::fmt::Debug for RabbitMqSinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqSinkConfig")
+            .field("url", &crate::redact::url(&self.url))
+            .field("exchange", &self.exchange)
+            .field("persistent", &self.persistent)
+            .field("connection_name", &self.connection_name)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(url: &str, exchange: &str) -> RabbitMqSinkConfig {
+        RabbitMqSinkConfig {
+            url: url.to_string(),
+            exchange: exchange.to_string(),
+            persistent: true,
+            connection_name: default_connection_name(),
+        }
+    }
+
+    #[test]
+    fn urls_and_exchanges_are_checked_without_showing_the_password() {
+        assert!(
+            config("amqp://127.0.0.1:5672/%2f", "orders")
+                .validate()
+                .is_empty()
+        );
+        assert!(
+            config("amqps://user:secret@broker:5671/prod", "")
+                .validate()
+                .is_empty()
+        );
+        let problems = config("http://user:secret@broker", "orders").validate();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("must use amqp://"), "{problems:?}");
+        assert!(!problems[0].contains("secret"), "{problems:?}");
+        let long = config("amqp://127.0.0.1", &"x".repeat(256)).validate();
+        assert!(long[0].contains("longer than 255 bytes"), "{long:?}");
+        let debug = format!("{:?}", config("amqp://user:secret@broker/", "orders"));
+        assert!(!debug.contains("secret"), "{debug}");
+    }
+}

@@ -1,0 +1,326 @@
+//! Publishing to RabbitMQ with publisher confirms. One connection and one
+//! confirm-mode channel per target, made lazily and replaced when the broker
+//! closes them; a batch is sent in order on one channel, so a queue receives
+//! each aggregate's messages in order.
+
+use std::time::Duration;
+
+use futures::future::{BoxFuture, join_all};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind, ExchangeKind,
+};
+use tokio::sync::Mutex;
+
+use super::config::{RabbitMqSinkConfig, SHORT_STRING_MAX};
+use crate::sinks::{KEY_HEADER, OutgoingMessage, Sink, SinkError};
+
+/// Upper bound on connecting; a broker that does not answer fails the batch fast.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A RabbitMQ exchange as a target.
+pub struct RabbitMqSink {
+    name: String,
+    config: RabbitMqSinkConfig,
+    publish_timeout: Duration,
+    link: Mutex<Option<Link>>,
+}
+
+/// A connection and its confirm-mode channel.
+struct Link {
+    connection: Connection,
+    channel: Channel,
+}
+
+impl RabbitMqSink {
+    /// A sink for `config`; it connects on first use (and the health check at startup).
+    pub fn new(name: &str, config: &RabbitMqSinkConfig, publish_timeout: Duration) -> RabbitMqSink {
+        RabbitMqSink {
+            name: name.to_string(),
+            config: config.clone(),
+            publish_timeout,
+            link: Mutex::new(None),
+        }
+    }
+
+    /// The channel to publish on: the current one while it is open, a new
+    /// one on the same connection after the broker closed the channel (a
+    /// missing exchange does), a new connection after it was lost.
+    async fn channel(&self) -> Result<Channel, SinkError> {
+        let mut link = self.link.lock().await;
+        if let Some(current) = link.as_ref() {
+            if current.channel.status().connected() {
+                return Ok(current.channel.clone());
+            }
+            if current.connection.status().connected() {
+                let channel = confirm_channel(&current.connection).await?;
+                if let Some(current) = link.as_mut() {
+                    current.channel = channel.clone();
+                }
+                return Ok(channel);
+            }
+        }
+        let properties =
+            ConnectionProperties::default().with_connection_name(self.config.connection_name.as_str().into());
+        let connection =
+            tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&self.config.url, properties))
+                .await
+                .map_err(|_| {
+                    SinkError::retryable(format!(
+                        "cannot connect to {}: no answer within {} s",
+                        crate::redact::url(&self.config.url),
+                        CONNECT_TIMEOUT.as_secs()
+                    ))
+                })?
+                .map_err(|error| {
+                    SinkError::retryable(format!(
+                        "cannot connect to {}: {}",
+                        crate::redact::url(&self.config.url),
+                        crate::redact::url(&error.to_string())
+                    ))
+                })?;
+        let channel = confirm_channel(&connection).await?;
+        *link = Some(Link {
+            connection,
+            channel: channel.clone(),
+        });
+        Ok(channel)
+    }
+
+    fn properties(&self, message: &OutgoingMessage) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        for (name, value) in &message.headers {
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(LongString::from(value.as_str())),
+            );
+        }
+        if let Some(key) = &message.key {
+            headers.insert(
+                KEY_HEADER.into(),
+                AMQPValue::LongString(LongString::from(key.as_str())),
+            );
+        }
+        let properties = BasicProperties::default()
+            .with_message_id(message.dedup_id.as_str().into())
+            .with_headers(headers);
+        if self.config.persistent {
+            properties.with_delivery_mode(2)
+        } else {
+            properties
+        }
+    }
+
+    async fn publish_all(&self, messages: Vec<OutgoingMessage>) -> Vec<Result<(), SinkError>> {
+        let channel = match self.channel().await {
+            Ok(channel) => channel,
+            Err(error) => return vec![Err(error); messages.len()],
+        };
+        let deadline = tokio::time::Instant::now() + self.publish_timeout;
+        let exchange: ShortString = self.config.exchange.as_str().into();
+        let mut sent = Vec::with_capacity(messages.len());
+        let mut broken: Option<SinkError> = None;
+        for message in &messages {
+            if let Some(error) = &broken {
+                sent.push(Err(error.clone()));
+                continue;
+            }
+            if let Some(problem) = unsendable(message) {
+                sent.push(Err(SinkError::permanent(problem)));
+                continue;
+            }
+            let options = BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            };
+            let publish = channel.basic_publish(
+                exchange.clone(),
+                message.topic.as_str().into(),
+                options,
+                &message.payload,
+                self.properties(message),
+            );
+            match publish.await {
+                Ok(confirm) => sent.push(Ok(confirm)),
+                Err(error) => {
+                    // The channel or connection is gone: the rest of the batch cannot go out on it.
+                    let error = self.classify(&error);
+                    broken = Some(error.clone());
+                    sent.push(Err(error));
+                }
+            }
+        }
+        let confirmed = sent.into_iter().map(|sent| async move {
+            let confirm = sent?;
+            match tokio::time::timeout_at(deadline, confirm).await {
+                Err(_) => Err(SinkError::retryable(format!(
+                    "not confirmed by the broker within {} ms",
+                    self.publish_timeout.as_millis()
+                ))),
+                Ok(Err(error)) => Err(self.classify(&error)),
+                Ok(Ok(confirmation)) => self.confirmation(confirmation, message_route(&self.config.exchange)),
+            }
+        });
+        join_all(confirmed).await
+    }
+
+    fn confirmation(&self, confirmation: Confirmation, exchange: String) -> Result<(), SinkError> {
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(SinkError::permanent(format!(
+                    "unroutable: {exchange} has no queue bound for routing key {:?} ({} {})",
+                    returned.delivery.routing_key.as_str(),
+                    returned.reply_code,
+                    returned.reply_text.as_str()
+                )))
+            }
+            Confirmation::Nack(None) => Err(SinkError::retryable(
+                "the broker did not take the message (nack)".to_string(),
+            )),
+            Confirmation::NotRequested => Err(SinkError::retryable(format!(
+                "target {:?}: the channel is not in confirm mode",
+                self.name
+            ))),
+        }
+    }
+
+    /// A missing exchange, refused access or a precondition the broker
+    /// insists on fail the same way every time; a lost connection or
+    /// channel does not.
+    fn classify(&self, error: &lapin::Error) -> SinkError {
+        let text = format!("{}: {}", message_route(&self.config.exchange), error);
+        match error.kind() {
+            ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+                AMQPErrorKind::Soft(
+                    AMQPSoftError::NOTFOUND
+                    | AMQPSoftError::ACCESSREFUSED
+                    | AMQPSoftError::PRECONDITIONFAILED
+                    | AMQPSoftError::CONTENTTOOLARGE,
+                ) => SinkError::permanent(text),
+                _ => SinkError::retryable(text),
+            },
+            _ => SinkError::retryable(text),
+        }
+    }
+}
+
+fn message_route(exchange: &str) -> String {
+    if exchange.is_empty() {
+        "the default exchange".to_string()
+    } else {
+        format!("exchange {exchange:?}")
+    }
+}
+
+async fn confirm_channel(connection: &Connection) -> Result<Channel, SinkError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| SinkError::retryable(format!("cannot open a channel: {e}")))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| SinkError::retryable(format!("cannot enable publisher confirms: {e}")))?;
+    Ok(channel)
+}
+
+/// Whether AMQP can carry `topic` as a routing key (a short string: at most 255 bytes).
+///
+/// # Errors
+/// Why not.
+pub fn check_routing_key(topic: &str) -> Result<(), String> {
+    if topic.len() > SHORT_STRING_MAX {
+        Err(format!(
+            "routing key of {} bytes; AMQP allows at most {SHORT_STRING_MAX}",
+            topic.len()
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Why AMQP cannot carry this message at all: routing keys and header
+/// names are short strings (at most 255 bytes).
+fn unsendable(message: &OutgoingMessage) -> Option<String> {
+    if let Err(problem) = check_routing_key(&message.topic) {
+        return Some(problem);
+    }
+    message
+        .headers
+        .iter()
+        .find(|(name, _)| name.len() > SHORT_STRING_MAX)
+        .map(|(name, _)| {
+            format!(
+                "header name of {} bytes; AMQP allows at most {SHORT_STRING_MAX}",
+                name.len()
+            )
+        })
+}
+
+impl Sink for RabbitMqSink {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn publish(&self, messages: Vec<OutgoingMessage>) -> BoxFuture<'_, Vec<Result<(), SinkError>>> {
+        Box::pin(self.publish_all(messages))
+    }
+
+    /// Connected, and the exchange exists (a passive declare, on a channel
+    /// of its own: a missing exchange closes the channel it was asked on).
+    fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            self.channel().await?;
+            if self.config.exchange.is_empty() {
+                return Ok(());
+            }
+            let connection = {
+                let link = self.link.lock().await;
+                match link.as_ref() {
+                    Some(link) => link
+                        .connection
+                        .create_channel()
+                        .await
+                        .map_err(|e| self.classify(&e))?,
+                    None => return Err(SinkError::retryable("not connected")),
+                }
+            };
+            let options = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let declared = connection
+                .exchange_declare(
+                    self.config.exchange.as_str().into(),
+                    ExchangeKind::Topic,
+                    options,
+                    FieldTable::default(),
+                )
+                .await;
+            let _ = connection.close(200, "".into()).await;
+            declared.map_err(|e| self.classify(&e))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amqp_limits_are_refused_per_message() {
+        let message = |topic: &str, header: &str| OutgoingMessage {
+            topic: topic.to_string(),
+            headers: vec![(header.to_string(), "v".to_string())],
+            ..OutgoingMessage::default()
+        };
+        assert_eq!(unsendable(&message("orders.created", "traceparent")), None);
+        let long_key = unsendable(&message(&"k".repeat(256), "traceparent")).unwrap();
+        assert!(long_key.contains("routing key of 256 bytes"), "{long_key}");
+        let long_header = unsendable(&message("orders", &"h".repeat(300))).unwrap();
+        assert!(long_header.contains("header name of 300 bytes"), "{long_header}");
+    }
+}

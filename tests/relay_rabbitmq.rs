@@ -1,0 +1,240 @@
+//! The RabbitMQ target end to end: fan-out to RabbitMQ, NATS and Kafka with
+//! RabbitMQ stopped for a while (only its deliveries are retried), a queue
+//! consumer checking order per aggregate, and the refusals a broker gives
+//! for good (missing exchange, no queue bound) dead-lettered with their reason.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use switchyard_tests::kafka::KafkaServer;
+use switchyard_tests::nats::{NatsServer, Received};
+use switchyard_tests::orders::{Expected, order_event, tally, write_orders};
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::postgres::{all_published, count_status, fresh_db, place_order_event};
+use switchyard_tests::rabbitmq::RabbitMq;
+use switchyard_tests::relay::{InProcess, RelaySection, parse};
+use switchyard_tests::{eventually, exclusive, init_logging};
+
+/// Every event to the RabbitMQ exchange `orders` (routing key
+/// `orders.<EventType>`), to Kafka `orders` and to NATS `audit.orders.<EventType>`.
+fn fan_out_config(db: &str, rabbit: &str, kafka: &str, nats: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{db}"
+max_connections = 8
+
+{relay}
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+[plugins.config]
+default = [
+  {{ target = "rabbit", topic = "orders.{{event_type}}", key = "{{aggregate_id}}" }},
+  {{ target = "kafka", topic = "orders", key = "{{aggregate_id}}" }},
+  {{ target = "audit", topic = "audit.orders.{{event_type}}" }},
+]
+
+[targets.rabbit]
+type = "rabbitmq"
+url = "{rabbit}"
+exchange = "orders"
+
+[targets.kafka]
+type = "kafka"
+bootstrap_servers = "{kafka}"
+[targets.kafka.properties]
+"linger.ms" = "2"
+
+[targets.audit]
+type = "nats"
+url = "{nats}"
+duplicate_window_seconds = 3600
+"#,
+        relay = RelaySection::new()
+            .set("max_attempts", "100")
+            .set("max_backoff_ms", "500")
+            .set("shutdown_timeout_ms", "5000")
+            .toml(),
+        plugin = plugin("fan_out").display(),
+    )
+}
+
+fn counts(received: &[Received], expected: &HashMap<String, Expected>) -> (usize, usize, usize) {
+    let tally = tally(received, expected);
+    assert_eq!(tally.unknown, 0, "messages for events nobody wrote");
+    (tally.lost, tally.duplicates, tally.reordered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_down_is_retried_alone_and_its_queue_gets_every_aggregate_in_order() {
+    init_logging();
+    let _heavy = exclusive().await;
+    let db = fresh_db().await;
+    let mut rabbit = RabbitMq::own().await;
+    let kafka = KafkaServer::start().await;
+    let nats = NatsServer::start().await;
+    rabbit.declare("orders", "orders-consumer", "orders.#").await;
+    kafka.create_topic("orders", 4).await;
+    nats.create_stream("AUDIT", &["audit.>"]).await;
+    let config = fan_out_config(&db.url, rabbit.url(), &kafka.bootstrap(), &nats.url());
+    let relay = InProcess::start(&parse(&config)).await;
+
+    // Half the events flow to all three; then RabbitMQ goes down.
+    let first = write_orders(&db.pool, 100, 5, 4).await;
+    all_published(&db.pool, 500, Duration::from_secs(120)).await;
+    rabbit.stop();
+    // The same orders go on: their next events wait for RabbitMQ.
+    let mut expected = first;
+    for seq in 5..10 {
+        for aggregate in 0..100 {
+            let event = order_event(aggregate, seq);
+            let id = place_order_event(&db.pool, &event, true).await;
+            let want = Expected {
+                aggregate_id: event.aggregate_id,
+                seq: seq as u64,
+                event_type: event.event_type,
+            };
+            expected.insert(id.to_string(), want);
+        }
+    }
+
+    // The new events reach Kafka and NATS; their rows wait for RabbitMQ.
+    eventually("rows retried for RabbitMQ alone", Duration::from_secs(60), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchyard_outbox
+              WHERE status <> 'published' AND attempts >= 3
+                AND last_error LIKE '%\"rabbit\"%'
+                AND deliveries -> (SELECT key FROM jsonb_each(deliveries) d WHERE d.value ->> 'target' = 'kafka') ->> 'acked_at' IS NOT NULL",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        (waiting >= 100).then_some(())
+    })
+    .await;
+    assert!(count_status(&db.pool, "published").await < 1000);
+
+    rabbit.start().await;
+    all_published(&db.pool, 1000, Duration::from_secs(180)).await;
+    relay.stop().await;
+
+    // Kafka and NATS: every event once, in order: retries did not resend them.
+    let on_kafka: Vec<Received> = kafka
+        .read_topic("orders", 1000, Duration::from_secs(60))
+        .await
+        .into_iter()
+        .map(|m| Received {
+            subject: "orders".into(),
+            headers: m.headers,
+            payload: m.payload,
+        })
+        .collect();
+    assert_eq!(
+        counts(&on_kafka, &expected),
+        (0, 0, 0),
+        "Kafka: lost, duplicates, reordered"
+    );
+    let on_nats = nats.read_stream("AUDIT").await;
+    assert_eq!(
+        counts(&on_nats, &expected),
+        (0, 0, 0),
+        "NATS: lost, duplicates, reordered"
+    );
+
+    // The queue: every event, each aggregate in order, persistent, keyed, with the event id as message id.
+    let queued = rabbit
+        .drain("orders-consumer", 1000, Duration::from_secs(60))
+        .await;
+    let (lost, _duplicates, reordered) = counts(&queued, &expected);
+    assert_eq!((lost, reordered), (0, 0), "RabbitMQ: lost, reordered");
+    for message in &queued {
+        let id = message.header("Switchyard-Event-Id").unwrap();
+        assert_eq!(message.header("Message-Id"), Some(id));
+        assert_eq!(message.header("Delivery-Mode"), Some("2"), "persistent");
+        let want = &expected[id];
+        assert_eq!(message.subject, format!("orders.{}", want.event_type));
+        assert_eq!(message.header("Switchyard-Key"), Some(want.aggregate_id.as_str()));
+        assert_eq!(message.json()["seq"], want.seq);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_exchange_and_an_unroutable_message_are_dead_lettered_with_their_reason() {
+    init_logging();
+    let db = fresh_db().await;
+    let rabbit = RabbitMq::shared();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let (doomed, unbound) = (format!("sy-doomed-{suffix}"), format!("sy-unbound-{suffix}"));
+    // Both exchanges exist at startup (the health check asks); one is deleted
+    // afterwards, the other never has a queue bound.
+    rabbit.declare(&doomed, "", "").await;
+    rabbit.declare(&unbound, "", "").await;
+    let config = format!(
+        r#"
+[database]
+url = "{db}"
+{relay}
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+[plugins.config]
+routes = {{ Gone = [{{ target = "doomed", topic = "orders.gone" }}], Lost = [{{ target = "unbound", topic = "orders.lost" }}] }}
+[targets.doomed]
+type = "rabbitmq"
+url = "{url}"
+exchange = "{doomed}"
+[targets.unbound]
+type = "rabbitmq"
+url = "{url}"
+exchange = "{unbound}"
+"#,
+        db = db.url,
+        relay = RelaySection::quick().toml(),
+        plugin = plugin("fan_out").display(),
+        url = rabbit.url(),
+    );
+    let relay = InProcess::start(&parse(&config)).await;
+    rabbit.delete_exchange(&doomed).await;
+    let ids = write_orders_of(&db.pool, &["Gone", "Lost"]).await;
+
+    // Permanent: dead on the first attempt.
+    let errors: Vec<(String, String)> = eventually("both dead-lettered", Duration::from_secs(60), || async {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT event_type, last_error FROM switchyard_outbox
+              WHERE status = 'dead' AND attempts = 1 ORDER BY event_type",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        (rows.len() == ids).then_some(rows)
+    })
+    .await;
+    relay.stop().await;
+    let (gone, lost) = (&errors[0].1, &errors[1].1);
+    assert!(
+        gone.contains(&format!("exchange {doomed:?}")) && gone.contains("NOT_FOUND - no exchange"),
+        "missing exchange: {gone}"
+    );
+    assert!(
+        lost.contains("unroutable") && lost.contains("NO_ROUTE"),
+        "no queue bound: {lost}"
+    );
+    assert!(lost.contains("orders.lost"), "names the routing key: {lost}");
+}
+
+/// One event of each type, on aggregates of their own; returns how many.
+async fn write_orders_of(pool: &sqlx::PgPool, event_types: &[&str]) -> usize {
+    for (i, event_type) in event_types.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', $1, $2, '{}'::jsonb)",
+        )
+        .bind(format!("order-{i}"))
+        .bind(event_type)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    event_types.len()
+}

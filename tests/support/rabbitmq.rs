@@ -1,0 +1,256 @@
+//! RabbitMQ in tests: the shared broker `scripts/services.sh` starts (each
+//! test declares exchanges and queues under names of its own), or a node of
+//! the test's own that it can stop and start again.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+use super::nats::Received;
+
+/// A RabbitMQ broker for a test.
+pub struct RabbitMq {
+    url: String,
+    node: Option<Node>,
+}
+
+/// A node this test started: its ports, files and process.
+struct Node {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RabbitMq {
+    /// The broker `scripts/services.sh start` runs (`SWITCHYARD_RABBITMQ_URL`).
+    ///
+    /// # Panics
+    /// When the variable is not set.
+    pub fn shared() -> RabbitMq {
+        let url = std::env::var("SWITCHYARD_RABBITMQ_URL")
+            .expect("SWITCHYARD_RABBITMQ_URL is not set: run `eval \"$(scripts/services.sh start)\"`");
+        RabbitMq { url, node: None }
+    }
+
+    /// A node of this test's own on free ports, for tests that stop the broker.
+    ///
+    /// # Panics
+    /// When the server cannot be started.
+    pub async fn own() -> RabbitMq {
+        let port = super::free_port();
+        let dir = std::env::temp_dir().join(format!("sy-rabbit-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(dir.join("log")).expect("node directory");
+        std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("plugins file");
+        std::fs::write(
+            dir.join("rabbitmq.conf"),
+            format!("listeners.tcp.1 = 127.0.0.1:{port}\n"),
+        )
+        .expect("conf");
+        let mut rabbit = RabbitMq {
+            url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            node: Some(Node {
+                port,
+                dir,
+                child: None,
+            }),
+        };
+        rabbit.start().await;
+        rabbit
+    }
+
+    /// The AMQP URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Starts (again) this test's node, with the state it had.
+    ///
+    /// # Panics
+    /// On the shared broker, or when the node does not come up.
+    pub async fn start(&mut self) {
+        let node = self.node.as_mut().expect("only a test's own node is started");
+        let server = std::env::var("SWITCHYARD_RABBITMQ_SERVER")
+            .unwrap_or_else(|_| "/usr/lib/rabbitmq/bin/rabbitmq-server".to_string());
+        let dist_port = super::free_port();
+        let child = Command::new(&server)
+            .env("HOME", &node.dir)
+            .env("RABBITMQ_NODENAME", format!("sy{}@localhost", node.port))
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", node.port.to_string())
+            .env("RABBITMQ_DIST_PORT", dist_port.to_string())
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env(
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+                "-kernel inet_dist_use_interface {127,0,0,1}",
+            )
+            .env("RABBITMQ_MNESIA_BASE", node.dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", node.dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", node.dir.join("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", node.dir.join("rabbitmq"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run {server} ({e}); run scripts/services.sh start to install it")
+            });
+        node.child = Some(child);
+        let started = Instant::now();
+        while Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .is_err()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "RabbitMQ on port {} did not start; see {}",
+                node.port,
+                node.dir.join("log").display()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Kills this test's node (like a crash: no goodbye to clients).
+    ///
+    /// # Panics
+    /// On the shared broker.
+    pub fn stop(&mut self) {
+        let node = self.node.as_mut().expect("only a test's own node is stopped");
+        if let Some(mut child) = node.child.take() {
+            // The server script runs the Erlang VM as a child of its own; the
+            // VM's command line names the node's directory (its HOME).
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-f"])
+                .arg(format!("home {}", node.dir.display()))
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+            let started = Instant::now();
+            while std::net::TcpStream::connect(("127.0.0.1", node.port)).is_ok() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "RabbitMQ on port {} did not stop",
+                    node.port
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    async fn channel(&self) -> (Connection, Channel) {
+        let connection = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .expect("connect to RabbitMQ");
+        let channel = connection.create_channel().await.expect("channel");
+        (connection, channel)
+    }
+
+    /// A durable topic exchange and a durable queue bound to it with `binding`.
+    pub async fn declare(&self, exchange: &str, queue: &str, binding: &str) {
+        let (_connection, channel) = self.channel().await;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                durable,
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare exchange");
+        if queue.is_empty() {
+            return;
+        }
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.into(), durable, FieldTable::default())
+            .await
+            .expect("declare queue");
+        channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                binding.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind queue");
+    }
+
+    /// Deletes an exchange.
+    pub async fn delete_exchange(&self, exchange: &str) {
+        let (_connection, channel) = self.channel().await;
+        channel
+            .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+            .await
+            .expect("delete exchange");
+    }
+
+    /// Takes every message from `queue` until `expected` arrived or nothing
+    /// came for a while within `limit`, in queue order, as a NATS-shaped
+    /// [`Received`] (routing key as subject, headers as text, message id as
+    /// `Message-Id`) so the order checks of the other brokers apply.
+    pub async fn drain(&self, queue: &str, expected: usize, limit: Duration) -> Vec<Received> {
+        let (_connection, channel) = self.channel().await;
+        let started = Instant::now();
+        let mut received = Vec::new();
+        while received.len() < expected && started.elapsed() < limit {
+            let got = channel
+                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                .await
+                .expect("basic.get");
+            let Some(message) = got else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let delivery = message.delivery;
+            let mut headers = HashMap::new();
+            if let Some(table) = delivery.properties.headers() {
+                for (name, value) in table.inner() {
+                    if let AMQPValue::LongString(text) = value {
+                        headers.insert(
+                            name.to_string(),
+                            String::from_utf8_lossy(text.as_bytes()).into_owned(),
+                        );
+                    }
+                }
+            }
+            if let Some(id) = delivery.properties.message_id() {
+                headers.insert("Message-Id".to_string(), id.to_string());
+            }
+            if delivery.properties.delivery_mode() == &Some(2) {
+                headers.insert("Delivery-Mode".to_string(), "2".to_string());
+            }
+            received.push(Received {
+                subject: delivery.routing_key.to_string(),
+                headers,
+                payload: delivery.data,
+            });
+        }
+        received
+    }
+}
+
+impl Drop for RabbitMq {
+    fn drop(&mut self) {
+        if self.node.is_some() {
+            self.stop();
+        }
+        if let Some(node) = &self.node {
+            let _ = std::fs::remove_dir_all(&node.dir);
+        }
+    }
+}
