@@ -199,20 +199,24 @@ impl RabbitMq {
             .expect("delete exchange");
     }
 
-    /// Takes every message from `queue` until `expected` arrived or nothing
-    /// came for a while within `limit`, in queue order, as a NATS-shaped
+    /// Takes every message from `queue`, in queue order, until at least
+    /// `expected` arrived and the queue is empty, or `limit` passed; as a NATS-shaped
     /// [`Received`] (routing key as subject, headers as text, message id as
     /// `Message-Id`) so the order checks of the other brokers apply.
     pub async fn drain(&self, queue: &str, expected: usize, limit: Duration) -> Vec<Received> {
         let (_connection, channel) = self.channel().await;
         let started = Instant::now();
         let mut received = Vec::new();
-        while received.len() < expected && started.elapsed() < limit {
+        while started.elapsed() < limit {
             let got = channel
                 .basic_get(queue.into(), BasicGetOptions { no_ack: true })
                 .await
                 .expect("basic.get");
             let Some(message) = got else {
+                // Redelivered copies count too: stop only once the queue is empty.
+                if received.len() >= expected {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
