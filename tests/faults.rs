@@ -512,6 +512,11 @@ async fn plugin_test_survives_a_plugin_that_prints() {
             stderr.contains(&format!("{mode}:")),
             "the plugin's print is logged: {stderr}"
         );
+        // Piped to a file or another program: no colour codes.
+        assert!(
+            !stderr.contains('\x1b'),
+            "ANSI escape codes in piped logs: {stderr:?}"
+        );
     }
 }
 

@@ -1,5 +1,7 @@
 //! Logging setup: `tracing` with an env filter, as text or JSON lines.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Log output format.
@@ -26,8 +28,12 @@ pub fn init_with_default(format: LogFormat, default_filter: &str) {
         .ok()
         .and_then(|spec| EnvFilter::try_new(spec).ok())
         .unwrap_or_else(|| EnvFilter::new(default_filter));
+    // Colour only for a person at a terminal: a file, a pipe or a log
+    // shipper gets plain text, and NO_COLOR is honoured.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     // A second init (tests) keeps the first subscriber.
     let _ = match format {
