@@ -520,6 +520,68 @@ async fn plugin_test_survives_a_plugin_that_prints() {
     }
 }
 
+/// `plugin test --json` reports each event's outcome for scripts, and
+/// `--payload-file` sends a binary payload through the plugin.
+#[tokio::test]
+async fn plugin_test_reports_json_and_takes_a_binary_payload() {
+    let event = switchyard_tests::workspace_root().join("examples/events/order-paid.json");
+    let payload = std::env::temp_dir().join(format!("sy-payload-{}.bin", uuid::Uuid::new_v4().simple()));
+    let bytes = [0u8, 0xff, 0x10, b'x', 0x80];
+    std::fs::write(&payload, bytes).unwrap();
+    let router = plugin("route_by_type");
+    let misbehave = plugin("misbehave");
+    let run = |file: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "plugin".to_string(),
+            "test".into(),
+            file.display().to_string(),
+            "--event".into(),
+            event.display().to_string(),
+            "--json".into(),
+            "--config".into(),
+            "target=out".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            switchyard_tests::cli(env!("CARGO_BIN_EXE_relay-process"), &args, &[]).await
+        }
+    };
+
+    let (code, out, err) = run(&router, &["--payload-file", payload.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON document");
+    assert_eq!(report["failed"], 0);
+    let first = &report["events"][0];
+    assert_eq!(first["outcome"], "published");
+    assert_eq!(first["event"]["event_type"], "OrderPaid");
+    let message = &first["messages"][0];
+    assert_eq!(message["target"], "out");
+    assert_eq!(message["key"], "order-42");
+    assert_eq!(message["headers"]["content-type"], "application/octet-stream");
+    assert!(message["payload"].is_null(), "not text: {message}");
+    use base64::Engine;
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(message["payload_base64"].as_str().expect("base64 payload"))
+        .unwrap();
+    assert_eq!(sent, bytes, "the bytes go through unchanged");
+
+    // A trap: still one JSON document, the outcome says why, and the exit code fails.
+    let (code, out, _) = run(&misbehave, &["--config", "mode=trap"]).await;
+    assert_ne!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON document");
+    assert_eq!(report["failed"], 1);
+    assert_eq!(report["events"][0]["outcome"], "crashed");
+    assert!(
+        report["events"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("trapped"),
+        "{report}"
+    );
+    let _ = std::fs::remove_file(payload);
+}
+
 /// Credentials in a target URL never reach an error message.
 #[tokio::test]
 async fn an_unreachable_nats_is_reported_without_its_password() {

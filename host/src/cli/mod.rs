@@ -120,6 +120,13 @@ pub enum PluginCommand {
         /// Database for --from-db.
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
+        /// Use this file's bytes as the event's payload, as a binary event
+        /// (`payload_bytes`) instead of the JSON `payload`.
+        #[arg(long, requires = "event", value_name = "FILE")]
+        payload_file: Option<PathBuf>,
+        /// Print the report as one JSON document (binary payloads in base64).
+        #[arg(long)]
+        json: bool,
     },
 }
 

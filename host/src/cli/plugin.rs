@@ -25,6 +25,8 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
             from_db,
             limit,
             database_url,
+            payload_file,
+            json,
         } => {
             let relay = relay_config.as_deref().map(Config::load).transpose()?;
             let plugin_config = plugin_config(&file, &config, relay.as_ref(), plugin.as_deref())?;
@@ -36,7 +38,7 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                 |r| r.plugin_runtime.cache_dir(),
             );
             let events = match (event, from_db) {
-                (Some(path), _) => vec![Ok(event_from_file(&path)?)],
+                (Some(path), _) => vec![Ok(event_from_file(&path, payload_file.as_deref())?)],
                 (None, true) => {
                     let url =
                         database_url.context("--from-db needs --database-url or SWITCHYARD_DATABASE_URL")?;
@@ -58,13 +60,21 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
             };
             let total = events.len();
             // Plugin calls block (WASI's host side): never on a runtime thread.
-            let failed = tokio::task::spawn_blocking(move || {
+            let report = tokio::task::spawn_blocking(move || {
                 test(&plugin_config, events, targets.as_ref(), cache_dir.as_deref())
             })
             .await??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_human(&report);
+            }
             // Non-zero exit, so that a plugin's own CI can gate on it.
-            if failed > 0 {
-                bail!("{failed} of {total} event(s) would not be published (refused, trapped or invalid)");
+            if report.failed > 0 {
+                bail!(
+                    "{} of {total} event(s) would not be published (refused, trapped or invalid)",
+                    report.failed
+                );
             }
             Ok(())
         }
@@ -161,18 +171,27 @@ const fn one() -> u32 {
     1
 }
 
-fn event_from_file(path: &Path) -> anyhow::Result<Event> {
+/// The event in `path`; with `payload_file`, that file's bytes are the
+/// payload, as a binary event (`payload_bytes`).
+fn event_from_file(path: &Path, payload_file: Option<&Path>) -> anyhow::Result<Event> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let event: EventFile =
         serde_json::from_str(&text).with_context(|| format!("{} is not a valid event", path.display()))?;
+    let (payload, payload_format) = match payload_file {
+        Some(file) => (
+            std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?,
+            PayloadFormat::Binary,
+        ),
+        None => (serde_json::to_vec(&event.payload)?, PayloadFormat::Json),
+    };
     Ok(Event {
         row_id: 0,
         event_id: event.event_id.unwrap_or_else(uuid::Uuid::new_v4).to_string(),
         aggregate_type: event.aggregate_type,
         aggregate_id: event.aggregate_id,
         event_type: event.event_type,
-        payload: serde_json::to_vec(&event.payload)?,
-        payload_format: PayloadFormat::Json,
+        payload,
+        payload_format,
         headers: event.headers.into_iter().collect(),
         tenant: event.tenant,
         created_at_ms: chrono::Utc::now().timestamp_millis(),
@@ -194,16 +213,72 @@ fn broker_check(
     }
 }
 
-/// Routes every event and prints what would be published; returns how many
-/// events would not be (refused, trapped, invalid output, unroutable row).
+/// What `plugin test` found for one event.
+#[derive(Debug, serde::Serialize)]
+struct EventReport {
+    /// The event (absent when the row could not be read as an event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    event: Option<EventSummary>,
+    /// `published`, `dropped`, `invalid_output`, `refused_transient`,
+    /// `refused_permanent`, `crashed` or `not_routable`.
+    outcome: &'static str,
+    /// Why, unless published or dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// How long the `route` call took, in microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    took_us: Option<u64>,
+    /// What would be published.
+    messages: Vec<MessageReport>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct EventSummary {
+    event_id: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct MessageReport {
+    target: String,
+    topic: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    headers: BTreeMap<String, String>,
+    /// The payload as text, when it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<String>,
+    /// The payload in base64, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+}
+
+impl EventReport {
+    fn published(&self) -> bool {
+        matches!(self.outcome, "published" | "dropped")
+    }
+}
+
+/// The whole `plugin test` run, as `--json` prints it.
+#[derive(Debug, serde::Serialize)]
+struct TestReport {
+    plugin: String,
+    compile_ms: u64,
+    events: Vec<EventReport>,
+    /// Events that would not be published.
+    failed: usize,
+}
+
+/// Routes every event and reports what would be published.
 fn test(
     config: &PluginConfig,
     events: Vec<Result<Event, String>>,
     targets: Option<&BTreeMap<String, TargetConfig>>,
     cache_dir: Option<&Path>,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<TestReport> {
     let engine = PluginEngine::new(cache_dir)?;
-    let mut failed = 0;
     // Without a relay config any target name is accepted.
     let known = |name: &str| match targets {
         Some(targets) => targets.get(name).map(|target| match target {
@@ -214,25 +289,23 @@ fn test(
     };
     let version = engine.load(config)?;
     let label = version.label();
-    println!(
-        "plugin {label} loaded in {} ms",
-        version.compile_time().as_millis()
-    );
     let mut instance = Some(version.checkout()?);
     let limits = limits();
+    let mut reports = Vec::with_capacity(events.len());
     for event in events {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                println!("\n{error}\n  not routable: would be dead-lettered");
-                failed += 1;
+                reports.push(EventReport {
+                    event: None,
+                    outcome: "not_routable",
+                    reason: Some(error),
+                    took_us: None,
+                    messages: Vec::new(),
+                });
                 continue;
             }
         };
-        println!(
-            "\nevent {} {}/{} {}",
-            event.event_id, event.aggregate_type, event.aggregate_id, event.event_type
-        );
         let current = match instance.take() {
             Some(current) => current,
             None => version.checkout()?,
@@ -240,54 +313,112 @@ fn test(
         let started = Instant::now();
         let (result, back) = version.route(current, &event);
         instance = back;
-        let took = started.elapsed();
-        match result {
-            Ok(messages) if messages.is_empty() => println!("  dropped on purpose (no messages) [{took:?}]"),
+        let took_us = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+        let (outcome, reason, messages) = match result {
+            Ok(messages) if messages.is_empty() => ("dropped", None, Vec::new()),
             Ok(messages) => {
-                match router::assemble(&event, messages, &label, &limits, &known, None).and_then(|routed| {
-                    for message in &routed {
-                        broker_check(targets, &message.target, &message.message.topic)
-                            .map_err(|e| format!("target {:?}: {e}", message.target))?;
-                    }
-                    Ok(routed)
-                }) {
-                    Ok(routed) => {
-                        for message in routed {
-                            let m = &message.message;
-                            println!(
-                                "  -> target={} topic={} key={} [{took:?}]",
-                                message.target,
-                                m.topic,
-                                m.key.as_deref().unwrap_or("-")
-                            );
-                            for (name, value) in &m.headers {
-                                println!("     {name}: {value}");
-                            }
-                            match std::str::from_utf8(&m.payload) {
-                                Ok(text) => println!("     {text}"),
-                                Err(_) => println!("     <{} binary bytes>", m.payload.len()),
-                            }
+                let routed =
+                    router::assemble(&event, messages, &label, &limits, &known, None).and_then(|routed| {
+                        for message in &routed {
+                            broker_check(targets, &message.target, &message.message.topic)
+                                .map_err(|e| format!("target {:?}: {e}", message.target))?;
                         }
+                        Ok(routed)
+                    });
+                match routed {
+                    Ok(routed) => (
+                        "published",
+                        None,
+                        routed.into_iter().map(message_report).collect(),
+                    ),
+                    Err(error) => ("invalid_output", Some(error), Vec::new()),
+                }
+            }
+            Err(CallFailure::Transient(reason)) => ("refused_transient", Some(reason), Vec::new()),
+            Err(CallFailure::Permanent(reason)) => ("refused_permanent", Some(reason), Vec::new()),
+            Err(CallFailure::Crashed(reason)) => {
+                ("crashed", Some(format!("plugin {label} {reason}")), Vec::new())
+            }
+        };
+        reports.push(EventReport {
+            event: Some(EventSummary {
+                event_id: event.event_id,
+                aggregate_type: event.aggregate_type,
+                aggregate_id: event.aggregate_id,
+                event_type: event.event_type,
+            }),
+            outcome,
+            reason,
+            took_us,
+            messages,
+        });
+    }
+    Ok(TestReport {
+        plugin: label,
+        compile_ms: u64::try_from(version.compile_time().as_millis()).unwrap_or(u64::MAX),
+        failed: reports.iter().filter(|r| !r.published()).count(),
+        events: reports,
+    })
+}
+
+fn message_report(routed: crate::router::Routed) -> MessageReport {
+    use base64::Engine;
+    let m = routed.message;
+    let (payload, payload_base64) = match String::from_utf8(m.payload.to_vec()) {
+        Ok(text) => (Some(text), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(&m.payload)),
+        ),
+    };
+    MessageReport {
+        target: routed.target,
+        topic: m.topic,
+        key: m.key,
+        headers: m.headers.into_iter().collect(),
+        payload,
+        payload_base64,
+    }
+}
+
+/// The report for people.
+fn print_human(report: &TestReport) {
+    println!("plugin {} loaded in {} ms", report.plugin, report.compile_ms);
+    for event in &report.events {
+        match &event.event {
+            Some(e) => println!(
+                "\nevent {} {}/{} {}",
+                e.event_id, e.aggregate_type, e.aggregate_id, e.event_type
+            ),
+            None => println!(),
+        }
+        let took = event.took_us.map(|us| format!(" [{us} µs]")).unwrap_or_default();
+        let reason = event.reason.as_deref().unwrap_or_default();
+        match event.outcome {
+            "published" => {
+                for m in &event.messages {
+                    println!(
+                        "  -> target={} topic={} key={}{took}",
+                        m.target,
+                        m.topic,
+                        m.key.as_deref().unwrap_or("-")
+                    );
+                    for (name, value) in &m.headers {
+                        println!("     {name}: {value}");
                     }
-                    Err(error) => {
-                        failed += 1;
-                        println!("  invalid output, would be dead-lettered: {error}");
+                    match (&m.payload, &m.payload_base64) {
+                        (Some(text), _) => println!("     {text}"),
+                        (None, Some(encoded)) => println!("     <binary, base64> {encoded}"),
+                        (None, None) => {}
                     }
                 }
             }
-            Err(failure) => {
-                failed += 1;
-                match failure {
-                    CallFailure::Transient(reason) => {
-                        println!("  refused (transient, would retry): {reason}")
-                    }
-                    CallFailure::Permanent(reason) => {
-                        println!("  refused (permanent, would dead-letter): {reason}")
-                    }
-                    CallFailure::Crashed(reason) => println!("  plugin {label} {reason}"),
-                }
-            }
+            "dropped" => println!("  dropped on purpose (no messages){took}"),
+            "invalid_output" => println!("  invalid output, would be dead-lettered: {reason}"),
+            "refused_transient" => println!("  refused (transient, would retry): {reason}"),
+            "refused_permanent" => println!("  refused (permanent, would dead-letter): {reason}"),
+            "not_routable" => println!("{reason}\n  not routable: would be dead-lettered"),
+            _ => println!("  {reason}"),
         }
     }
-    Ok(failed)
 }
