@@ -13,6 +13,7 @@ use crate::telemetry::LogFormat;
 
 mod ops;
 mod plugin;
+mod scaffold;
 
 pub use ops::DlqCommand;
 
@@ -87,6 +88,18 @@ pub enum Command {
 /// `switchyard plugin ...`
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
+    /// Start a plugin project in NAME/ that builds and passes `plugin test`
+    /// as written (the WIT vendored in, a sample event).
+    New {
+        /// Project and plugin name (lowercase letters, digits, '-', '_').
+        name: String,
+        /// Language of the project.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: scaffold::Lang,
+        /// Where to create NAME/ (default: the current directory).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
     /// Is FILE a valid component for the switchyard:plugin/router world?
     /// Prints its version hash, exports, imports and compile time.
     Check {

@@ -1,4 +1,5 @@
-//! `switchyard plugin check|test`: inspect and dry-run plugins without a relay.
+//! `switchyard plugin check|test`: inspect and dry-run plugins without a relay
+//! (`plugin new` is in [`super::scaffold`]).
 
 use std::path::Path;
 use std::time::Instant;
@@ -15,6 +16,7 @@ use crate::store::OutboxStore;
 
 pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
     match command {
+        PluginCommand::New { name, lang, dir } => super::scaffold::new_plugin(&name, lang, &dir),
         PluginCommand::Check { file } => check(&file),
         PluginCommand::Test {
             file,

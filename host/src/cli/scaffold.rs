@@ -1,0 +1,64 @@
+//! `switchyard plugin new`: writes a plugin project that builds and passes
+//! `switchyard plugin test` as written, with the WIT vendored in.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+/// The plugin contract, vendored into every new project.
+const WIT: &str = include_str!("../../../wit/switchyard.wit");
+const SAMPLE_EVENT: &str = include_str!("templates/sample-event.json");
+const RUST_CARGO: &str = include_str!("templates/rust/Cargo.toml.in");
+const RUST_LIB: &str = include_str!("templates/rust/lib.rs.in");
+
+/// A plugin language `plugin new` can start a project in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    /// Rust with wit-bindgen, built with `cargo build --target wasm32-wasip2`.
+    Rust,
+}
+
+/// Writes the project for `name` into `parent/name` and prints the next steps.
+pub(super) fn new_plugin(name: &str, lang: Lang, parent: &Path) -> anyhow::Result<()> {
+    if name.is_empty()
+        || !name.starts_with(|c: char| c.is_ascii_lowercase())
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+    {
+        bail!("plugin name {name:?}: use lowercase letters, digits, '-' and '_', starting with a letter");
+    }
+    let dir = parent.join(name);
+    if dir.exists() {
+        bail!(
+            "{} already exists; choose another name or directory",
+            dir.display()
+        );
+    }
+    let files: Vec<(PathBuf, String)> = match lang {
+        Lang::Rust => vec![
+            ("Cargo.toml".into(), RUST_CARGO.replace("{name}", name)),
+            (
+                ".cargo/config.toml".into(),
+                "[build]\ntarget = \"wasm32-wasip2\"\n".into(),
+            ),
+            ("src/lib.rs".into(), RUST_LIB.replace("{name}", name)),
+            ("wit/switchyard.wit".into(), WIT.to_string()),
+            ("events/sample.json".into(), SAMPLE_EVENT.to_string()),
+            (".gitignore".into(), "/target\n".into()),
+        ],
+    };
+    for (path, text) in &files {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
+    println!("Created {} ({lang:?} plugin). Next:", dir.display());
+    println!("  cd {}", dir.display());
+    println!("  rustup target add wasm32-wasip2 && cargo build --release");
+    println!("  switchyard plugin test {wasm} --event events/sample.json --config target=events");
+    Ok(())
+}
