@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh machine with Rust: installs what is
 # missing (apt packages, the wasm32-wasip2 target, the tansu broker), starts
 # PostgreSQL, nats-server, tansu and RabbitMQ on loopback, builds the example
-# plugins and runs every test.
+# plugins (Rust, and the Python port through scripts/plugin-toolchains.sh)
+# and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,7 @@ psql "$DATABASE_URL" -qAt -c "SELECT 'DROP DATABASE IF EXISTS ' || quote_ident(d
 
 echo "== plugins (wasm32-wasip2)"
 (cd plugins && cargo build --release --quiet)
+scripts/plugin-toolchains.sh
 host="$(rustc -vV | sed -n 's/^host: //p')"
 (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs (if missing) the toolchains that build plugins in other languages
+# and builds the repository's plugins in them:
+#   Python: componentize-py (from the Python package registry) in a virtual
+#           environment under $SWITCHYARD_TOOLS_DIR.
+# Components land in plugins/target/<language>/. Idempotent: a component
+# newer than its sources is not built again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
+COMPONENTIZE_PY_VERSION=0.25.1
+PY_ENV="$TOOLS_DIR/python"
+OUT=plugins/target
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+install_python() {
+    if [ -x "$PY_ENV/bin/componentize-py" ] &&
+        "$PY_ENV/bin/componentize-py" --version 2>/dev/null | grep -q "$COMPONENTIZE_PY_VERSION"; then
+        return 0
+    fi
+    if ! python3 -m venv --help >/dev/null 2>&1; then
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    echo "plugin-toolchains: installing componentize-py $COMPONENTIZE_PY_VERSION into $PY_ENV" >&2
+    rm -rf "$PY_ENV"
+    python3 -m venv "$PY_ENV"
+    "$PY_ENV/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION"
+}
+
+# build <dir> <output.wasm> <command...>: runs the command in <dir> unless the
+# output is newer than everything in <dir> and the WIT.
+build() {
+    local dir=$1 out=$2
+    shift 2
+    if [ -f "$out" ] && [ -z "$(find "$dir" wit -newer "$out" -type f -not -path "*/__pycache__/*" -print -quit)" ]; then
+        return 0
+    fi
+    mkdir -p "$(dirname "$out")"
+    (cd "$dir" && PYTHONDONTWRITEBYTECODE=1 "$@")
+}
+
+install_python
+build plugins/python/route-by-type "$OUT/python/route_by_type.wasm" \
+    "$PY_ENV/bin/componentize-py" -d ../../../wit -w router componentize app \
+    -o "$PWD/$OUT/python/route_by_type.wasm"

@@ -1,0 +1,164 @@
+//! The same plugin in several languages behaves the same: route-by-type in
+//! Rust and its port in Python (built by `scripts/plugin-toolchains.sh`)
+//! give identical messages for the same events and configs, and refuse the
+//! same bad configs.
+
+use std::path::{Path, PathBuf};
+
+use switchyard::config::PluginConfig;
+use switchyard::plugin::{Event, PayloadFormat, PluginEngine};
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::workspace_root;
+
+/// The ports of route-by-type, by language.
+fn ports() -> Vec<(&'static str, PathBuf)> {
+    let python = workspace_root().join("plugins/target/python/route_by_type.wasm");
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/plugin-toolchains.sh",
+        python.display()
+    );
+    vec![("python", python)]
+}
+
+fn plugin_config(path: &Path, config: &str) -> PluginConfig {
+    let mut entry: PluginConfig = toml::from_str(&format!(
+        "name = \"conformance\"\npath = {:?}",
+        path.display().to_string()
+    ))
+    .unwrap();
+    // Interpreted plugins start slower; the per-call bound is not what this test checks.
+    entry.timeout_ms = 10_000;
+    entry.config = toml::from_str(config).unwrap();
+    entry
+}
+
+fn event(
+    event_type: &str,
+    aggregate_id: &str,
+    tenant: Option<&str>,
+    payload: &[u8],
+    format: PayloadFormat,
+) -> Event {
+    Event {
+        row_id: 7,
+        event_id: "0b6e1f6c-3c1c-4a59-9d7a-2f6f2b0f6a11".into(),
+        aggregate_type: "order".into(),
+        aggregate_id: aggregate_id.into(),
+        event_type: event_type.into(),
+        payload: payload.to_vec(),
+        payload_format: format,
+        headers: vec![(
+            "traceparent".into(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        )],
+        tenant: tenant.map(str::to_string),
+        created_at_ms: 1_763_856_000_000,
+        attempt: 1,
+    }
+}
+
+fn events() -> Vec<Event> {
+    vec![
+        event(
+            "OrderCreated",
+            "order-1",
+            None,
+            br#"{"total":1}"#,
+            PayloadFormat::Json,
+        ),
+        event(
+            "OrderPaid",
+            "order-2",
+            Some("acme"),
+            br#"{"card":"4111"}"#,
+            PayloadFormat::Json,
+        ),
+        event("OrderShipped", "order-3", None, b"{}", PayloadFormat::Json),
+        event(
+            "OrderCreated",
+            "ordre-\u{e9}t\u{e9}",
+            Some("\u{fc}ber"),
+            &[0, 159, 146, 150, 255],
+            PayloadFormat::Binary,
+        ),
+        event("", "", None, b"", PayloadFormat::Json),
+    ]
+}
+
+const CONFIGS: [&str; 5] = [
+    r#"target = "out""#,
+    r#"target = "out"
+topic = "orders.{event_type}"
+key = """#,
+    r#"target = "out"
+routes = { OrderPaid = "payments.{tenant}.{aggregate_id}" }
+drop = ["OrderShipped"]"#,
+    r#"target = "kafka"
+key = "{tenant}-{aggregate_id}"
+topic = "{tenant}/{aggregate_type}/{event_type}/{aggregate_id}""#,
+    r#"target = "out"
+routes = { OrderCreated = "created", OrderShipped = "shipped" }
+drop = ["OrderPaid"]"#,
+];
+
+const BAD_CONFIGS: [&str; 6] = [
+    "",
+    r#"target = """#,
+    r#"target = "out"
+topic = "{nope}""#,
+    r#"target = "out"
+topic = "{unclosed""#,
+    r#"target = "out"
+extra = 1"#,
+    r#"target = "out"
+drop = "OrderPaid""#,
+];
+
+/// What a plugin answered, as text (the bindings' types have no equality).
+fn answers(engine: &PluginEngine, path: &Path, config: &str) -> Result<Vec<String>, String> {
+    let version = engine
+        .load(&plugin_config(path, config))
+        .map_err(|e| e.to_string())?;
+    let mut instance = Some(version.checkout().map_err(|e| e.to_string())?);
+    let mut out = Vec::new();
+    for event in events() {
+        let (result, back) = version.route(instance.take().expect("instance"), &event);
+        instance = back;
+        out.push(format!("{result:?}"));
+    }
+    Ok(out)
+}
+
+#[test]
+fn route_by_type_gives_the_same_messages_in_every_language() {
+    let cache = std::env::temp_dir().join("sy-conformance-cache");
+    let engine = PluginEngine::new(Some(&cache)).unwrap();
+    let rust = plugin("route_by_type");
+    for (language, port) in ports() {
+        for config in CONFIGS {
+            let want = answers(&engine, &rust, config).expect("the Rust plugin accepts the config");
+            let got = answers(&engine, &port, config)
+                .unwrap_or_else(|e| panic!("{language} refused config {config:?}: {e}"));
+            for ((want, got), event) in want.iter().zip(&got).zip(events()) {
+                assert_eq!(
+                    got, want,
+                    "{language}, config {config:?}, event {} {:?}",
+                    event.event_type, event.aggregate_id
+                );
+            }
+        }
+        for config in BAD_CONFIGS {
+            assert!(
+                answers(&engine, &rust, config).is_err(),
+                "Rust accepted {config:?}"
+            );
+            let refused = answers(&engine, &port, config);
+            assert!(refused.is_err(), "{language} accepted bad config {config:?}");
+            assert!(
+                refused.unwrap_err().contains("failed init"),
+                "{language}: {config:?}"
+            );
+        }
+    }
+}
