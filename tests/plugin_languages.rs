@@ -162,3 +162,62 @@ fn route_by_type_gives_the_same_messages_in_every_language() {
         }
     }
 }
+
+/// A newcomer's Python path: `plugin new --lang python`, `./build.sh`,
+/// `plugin test`, with nothing edited.
+#[tokio::test]
+async fn a_new_python_plugin_project_builds_and_passes_plugin_test_unchanged() {
+    let tools = std::env::var("SWITCHYARD_TOOLS_DIR").map_or_else(
+        |_| PathBuf::from(std::env::var("HOME").unwrap()).join(".local/share/switchyard"),
+        PathBuf::from,
+    );
+    let componentize = tools.join("python/bin/componentize-py");
+    assert!(componentize.is_file(), "run scripts/plugin-toolchains.sh");
+    let parent = std::env::temp_dir().join(format!("sy-plugin-new-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&parent).unwrap();
+    let switchyard = env!("CARGO_BIN_EXE_relay-process");
+    let (code, out, err) = switchyard_tests::cli(
+        switchyard,
+        &[
+            "plugin",
+            "new",
+            "py-router",
+            "--lang",
+            "python",
+            "--dir",
+            parent.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("./build.sh"), "{out}");
+    let project = parent.join("py-router");
+    let built = tokio::process::Command::new("./build.sh")
+        .current_dir(&project)
+        .env("COMPONENTIZE_PY", &componentize)
+        .status()
+        .await
+        .expect("build.sh runs");
+    assert!(built.success(), "the new project builds as written");
+    let (code, out, err) = switchyard_tests::cli(
+        switchyard,
+        &[
+            "plugin",
+            "test",
+            project.join("py_router.wasm").to_str().unwrap(),
+            "--event",
+            project.join("events/sample.json").to_str().unwrap(),
+            "--config",
+            "target=events",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("-> target=events topic=order.OrderPlaced key=order-42"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(parent);
+}

@@ -10,12 +10,19 @@ const WIT: &str = include_str!("../../../wit/switchyard.wit");
 const SAMPLE_EVENT: &str = include_str!("templates/sample-event.json");
 const RUST_CARGO: &str = include_str!("templates/rust/Cargo.toml.in");
 const RUST_LIB: &str = include_str!("templates/rust/lib.rs.in");
+const PYTHON_APP: &str = include_str!("templates/python/app.py.in");
+const PYTHON_BUILD: &str = include_str!("templates/python/build.sh.in");
+
+/// The componentize-py release new Python projects build with.
+const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 
 /// A plugin language `plugin new` can start a project in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
     /// Rust with wit-bindgen, built with `cargo build --target wasm32-wasip2`.
     Rust,
+    /// Python, built with componentize-py (which bundles the interpreter).
+    Python,
 }
 
 /// Writes the project for `name` into `parent/name` and prints the next steps.
@@ -47,6 +54,18 @@ pub(super) fn new_plugin(name: &str, lang: Lang, parent: &Path) -> anyhow::Resul
             ("events/sample.json".into(), SAMPLE_EVENT.to_string()),
             (".gitignore".into(), "/target\n".into()),
         ],
+        Lang::Python => vec![
+            ("app.py".into(), PYTHON_APP.replace("{name}", name)),
+            (
+                "build.sh".into(),
+                PYTHON_BUILD
+                    .replace("{wasm}", &wasm_name(name))
+                    .replace("{componentize_py}", COMPONENTIZE_PY_VERSION),
+            ),
+            ("wit/switchyard.wit".into(), WIT.to_string()),
+            ("events/sample.json".into(), SAMPLE_EVENT.to_string()),
+            (".gitignore".into(), "/.venv\n__pycache__/\n*.wasm\n".into()),
+        ],
     };
     for (path, text) in &files {
         let path = dir.join(path);
@@ -55,10 +74,25 @@ pub(super) fn new_plugin(name: &str, lang: Lang, parent: &Path) -> anyhow::Resul
         }
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
+    #[cfg(unix)]
+    if lang == Lang::Python {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("build.sh"), std::fs::Permissions::from_mode(0o755))?;
+    }
+    let (build, wasm) = match lang {
+        Lang::Rust => (
+            "rustup target add wasm32-wasip2 && cargo build --release".to_string(),
+            format!("target/wasm32-wasip2/release/{}", wasm_name(name)),
+        ),
+        Lang::Python => ("./build.sh".to_string(), wasm_name(name)),
+    };
     println!("Created {} ({lang:?} plugin). Next:", dir.display());
-    println!("  cd {}", dir.display());
-    println!("  rustup target add wasm32-wasip2 && cargo build --release");
+    println!("  cd {} && {build}", dir.display());
     println!("  switchyard plugin test {wasm} --event events/sample.json --config target=events");
     Ok(())
+}
+
+/// The component's file name: `-` becomes `_`, as Cargo does.
+fn wasm_name(name: &str) -> String {
+    format!("{}.wasm", name.replace('-', "_"))
 }
