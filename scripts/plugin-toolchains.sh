@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs (if missing) the toolchains that build plugins in other languages
 # and builds the repository's plugins in them:
-#   Python: componentize-py (from the Python package registry) in a virtual
-#           environment under $SWITCHYARD_TOOLS_DIR.
+#   Python:     componentize-py (from the Python package registry) in a
+#               virtual environment under $SWITCHYARD_TOOLS_DIR;
+#   JavaScript: @bytecodealliance/componentize-js (from the npm registry)
+#               under $SWITCHYARD_TOOLS_DIR/node.
 # Components land in plugins/target/<language>/. Idempotent: a component
 # newer than its sources is not built again.
 set -euo pipefail
@@ -11,6 +13,9 @@ cd "$(dirname "$0")/.."
 TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
 COMPONENTIZE_PY_VERSION=0.25.1
 PY_ENV="$TOOLS_DIR/python"
+COMPONENTIZE_JS_VERSION=0.23.0
+NODE_DIR="$TOOLS_DIR/node"
+COMPONENTIZE_JS="$NODE_DIR/node_modules/.bin/componentize-js"
 OUT=plugins/target
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -30,6 +35,22 @@ install_python() {
     "$PY_ENV/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION"
 }
 
+install_js() {
+    if [ -x "$COMPONENTIZE_JS" ] &&
+        grep -q "\"version\": \"$COMPONENTIZE_JS_VERSION\"" \
+            "$NODE_DIR/node_modules/@bytecodealliance/componentize-js/package.json" 2>/dev/null; then
+        return 0
+    fi
+    if ! command -v npm >/dev/null; then
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    echo "plugin-toolchains: installing componentize-js $COMPONENTIZE_JS_VERSION into $NODE_DIR" >&2
+    mkdir -p "$NODE_DIR"
+    npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" \
+        "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" >&2
+}
+
 # build <dir> <output.wasm> <command...>: runs the command in <dir> unless the
 # output is newer than everything in <dir> and the WIT.
 build() {
@@ -46,3 +67,10 @@ install_python
 build plugins/python/route-by-type "$OUT/python/route_by_type.wasm" \
     "$PY_ENV/bin/componentize-py" -d ../../../wit -w router componentize app \
     -o "$PWD/$OUT/python/route_by_type.wasm"
+
+# The world has no wasi:http: without `--disable http fetch-event` the
+# component would import it and the relay would refuse it.
+install_js
+build plugins/js/route-by-type "$OUT/js/route_by_type.wasm" \
+    "$COMPONENTIZE_JS" app.js --wit ../../../wit --world-name router \
+    --disable http fetch-event -o "$PWD/$OUT/js/route_by_type.wasm"

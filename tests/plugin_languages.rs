@@ -1,7 +1,7 @@
 //! The same plugin in several languages behaves the same: route-by-type in
-//! Rust and its port in Python (built by `scripts/plugin-toolchains.sh`)
-//! give identical messages for the same events and configs, and refuse the
-//! same bad configs.
+//! Rust and its ports in Python and JavaScript (built by
+//! `scripts/plugin-toolchains.sh`) give identical messages for the same
+//! events and configs, and refuse the same bad configs.
 
 use std::path::{Path, PathBuf};
 
@@ -12,13 +12,18 @@ use switchyard_tests::workspace_root;
 
 /// The ports of route-by-type, by language.
 fn ports() -> Vec<(&'static str, PathBuf)> {
-    let python = workspace_root().join("plugins/target/python/route_by_type.wasm");
-    assert!(
-        python.is_file(),
-        "{} is missing: run scripts/plugin-toolchains.sh",
-        python.display()
-    );
-    vec![("python", python)]
+    ["python", "js"]
+        .into_iter()
+        .map(|language| {
+            let path = workspace_root().join(format!("plugins/target/{language}/route_by_type.wasm"));
+            assert!(
+                path.is_file(),
+                "{} is missing: run scripts/plugin-toolchains.sh",
+                path.display()
+            );
+            (language, path)
+        })
+        .collect()
 }
 
 fn plugin_config(path: &Path, config: &str) -> PluginConfig {
@@ -163,61 +168,75 @@ fn route_by_type_gives_the_same_messages_in_every_language() {
     }
 }
 
-/// A newcomer's Python path: `plugin new --lang python`, `./build.sh`,
-/// `plugin test`, with nothing edited.
+/// A newcomer's path in Python and JavaScript: `plugin new --lang ...`,
+/// `./build.sh`, `plugin test`, with nothing edited.
 #[tokio::test]
-async fn a_new_python_plugin_project_builds_and_passes_plugin_test_unchanged() {
+async fn new_python_and_js_plugin_projects_build_and_pass_plugin_test_unchanged() {
     let tools = std::env::var("SWITCHYARD_TOOLS_DIR").map_or_else(
         |_| PathBuf::from(std::env::var("HOME").unwrap()).join(".local/share/switchyard"),
         PathBuf::from,
     );
-    let componentize = tools.join("python/bin/componentize-py");
-    assert!(componentize.is_file(), "run scripts/plugin-toolchains.sh");
     let parent = std::env::temp_dir().join(format!("sy-plugin-new-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&parent).unwrap();
     let switchyard = env!("CARGO_BIN_EXE_relay-process");
-    let (code, out, err) = switchyard_tests::cli(
-        switchyard,
-        &[
-            "plugin",
-            "new",
-            "py-router",
-            "--lang",
+    for (lang, variable, toolchain) in [
+        (
             "python",
-            "--dir",
-            parent.to_str().unwrap(),
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("./build.sh"), "{out}");
-    let project = parent.join("py-router");
-    let built = tokio::process::Command::new("./build.sh")
-        .current_dir(&project)
-        .env("COMPONENTIZE_PY", &componentize)
-        .status()
-        .await
-        .expect("build.sh runs");
-    assert!(built.success(), "the new project builds as written");
-    let (code, out, err) = switchyard_tests::cli(
-        switchyard,
-        &[
-            "plugin",
-            "test",
-            project.join("py_router.wasm").to_str().unwrap(),
-            "--event",
-            project.join("events/sample.json").to_str().unwrap(),
-            "--config",
-            "target=events",
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(code, 0, "{out}\n{err}");
-    assert!(
-        out.contains("-> target=events topic=order.OrderPlaced key=order-42"),
-        "{out}"
-    );
+            "COMPONENTIZE_PY",
+            tools.join("python/bin/componentize-py"),
+        ),
+        (
+            "js",
+            "COMPONENTIZE_JS",
+            tools.join("node/node_modules/.bin/componentize-js"),
+        ),
+    ] {
+        assert!(toolchain.is_file(), "run scripts/plugin-toolchains.sh");
+        let name = format!("{lang}-router");
+        let (code, out, err) = switchyard_tests::cli(
+            switchyard,
+            &[
+                "plugin",
+                "new",
+                &name,
+                "--lang",
+                lang,
+                "--dir",
+                parent.to_str().unwrap(),
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("./build.sh"), "{out}");
+        let project = parent.join(&name);
+        let built = tokio::process::Command::new("./build.sh")
+            .current_dir(&project)
+            .env(variable, &toolchain)
+            .status()
+            .await
+            .expect("build.sh runs");
+        assert!(built.success(), "{lang}: the new project builds as written");
+        let wasm = project.join(format!("{lang}_router.wasm"));
+        let (code, out, err) = switchyard_tests::cli(
+            switchyard,
+            &[
+                "plugin",
+                "test",
+                wasm.to_str().unwrap(),
+                "--event",
+                project.join("events/sample.json").to_str().unwrap(),
+                "--config",
+                "target=events",
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 0, "{lang}: {out}\n{err}");
+        assert!(
+            out.contains("-> target=events topic=order.OrderPlaced key=order-42"),
+            "{lang}: {out}"
+        );
+    }
     let _ = std::fs::remove_dir_all(parent);
 }

@@ -12,9 +12,13 @@ const RUST_CARGO: &str = include_str!("templates/rust/Cargo.toml.in");
 const RUST_LIB: &str = include_str!("templates/rust/lib.rs.in");
 const PYTHON_APP: &str = include_str!("templates/python/app.py.in");
 const PYTHON_BUILD: &str = include_str!("templates/python/build.sh.in");
+const JS_APP: &str = include_str!("templates/js/app.js.in");
+const JS_BUILD: &str = include_str!("templates/js/build.sh.in");
 
 /// The componentize-py release new Python projects build with.
 const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
+/// The componentize-js release new JavaScript projects build with.
+const COMPONENTIZE_JS_VERSION: &str = "0.23.0";
 
 /// A plugin language `plugin new` can start a project in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -23,6 +27,8 @@ pub enum Lang {
     Rust,
     /// Python, built with componentize-py (which bundles the interpreter).
     Python,
+    /// JavaScript, built with componentize-js (which bundles the engine).
+    Js,
 }
 
 /// Writes the project for `name` into `parent/name` and prints the next steps.
@@ -66,6 +72,18 @@ pub(super) fn new_plugin(name: &str, lang: Lang, parent: &Path) -> anyhow::Resul
             ("events/sample.json".into(), SAMPLE_EVENT.to_string()),
             (".gitignore".into(), "/.venv\n__pycache__/\n*.wasm\n".into()),
         ],
+        Lang::Js => vec![
+            ("app.js".into(), JS_APP.replace("{name}", name)),
+            (
+                "build.sh".into(),
+                JS_BUILD
+                    .replace("{wasm}", &wasm_name(name))
+                    .replace("{componentize_js}", COMPONENTIZE_JS_VERSION),
+            ),
+            ("wit/switchyard.wit".into(), WIT.to_string()),
+            ("events/sample.json".into(), SAMPLE_EVENT.to_string()),
+            (".gitignore".into(), "/node_modules\n*.wasm\n".into()),
+        ],
     };
     for (path, text) in &files {
         let path = dir.join(path);
@@ -75,7 +93,7 @@ pub(super) fn new_plugin(name: &str, lang: Lang, parent: &Path) -> anyhow::Resul
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
     #[cfg(unix)]
-    if lang == Lang::Python {
+    if lang != Lang::Rust {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.join("build.sh"), std::fs::Permissions::from_mode(0o755))?;
     }
@@ -84,7 +102,7 @@ pub(super) fn new_plugin(name: &str, lang: Lang, parent: &Path) -> anyhow::Resul
             "rustup target add wasm32-wasip2 && cargo build --release".to_string(),
             format!("target/wasm32-wasip2/release/{}", wasm_name(name)),
         ),
-        Lang::Python => ("./build.sh".to_string(), wasm_name(name)),
+        Lang::Python | Lang::Js => ("./build.sh".to_string(), wasm_name(name)),
     };
     println!("Created {} ({lang:?} plugin). Next:", dir.display());
     println!("  cd {} && {build}", dir.display());
