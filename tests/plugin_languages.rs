@@ -240,3 +240,45 @@ async fn new_python_and_js_plugin_projects_build_and_pass_plugin_test_unchanged(
     }
     let _ = std::fs::remove_dir_all(parent);
 }
+
+/// `plugin check` compiles through the compiled cache, so checking a large
+/// component again does not compile it again.
+#[tokio::test]
+async fn plugin_check_uses_the_compiled_cache() {
+    let cache = std::env::temp_dir().join(format!("sy-check-cache-{}", uuid::Uuid::new_v4().simple()));
+    let component = workspace_root().join("plugins/target/js/route_by_type.wasm");
+    let check = || async {
+        switchyard_tests::cli(
+            env!("CARGO_BIN_EXE_relay-process"),
+            &["plugin", "check", component.to_str().unwrap()],
+            &[("XDG_CACHE_HOME", cache.to_str().unwrap())],
+        )
+        .await
+    };
+    let (code, out, err) = check().await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("valid switchyard:plugin/router component"), "{out}");
+    let cached = walk(&cache.join("switchyard"));
+    assert!(cached > 0, "the compiled component is in the cache");
+    let (code, out, _) = check().await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        walk(&cache.join("switchyard")),
+        cached,
+        "the second check reuses it: {out}"
+    );
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+/// Files under `dir`, recursively.
+fn walk(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|entry| {
+                let path = entry.path();
+                if path.is_dir() { walk(&path) } else { 1 }
+            })
+            .sum()
+    })
+}

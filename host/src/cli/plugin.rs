@@ -88,7 +88,9 @@ fn limits() -> Limits {
 }
 
 fn check(file: &Path) -> anyhow::Result<()> {
-    let engine = PluginEngine::new(None)?;
+    // The relay's default cache: a large component (an interpreter inside)
+    // compiles once, for `check`, `test` and the relay alike.
+    let engine = PluginEngine::new(PluginRuntimeConfig::default().cache_dir().as_deref())?;
     let inspection = engine.inspect(file)?;
     println!("{}: valid switchyard:plugin/router component", file.display());
     println!("  version:  {}", inspection.version);
