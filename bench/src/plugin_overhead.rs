@@ -10,6 +10,9 @@
 //! JSON order document: lowering the event into the instance, the guest's
 //! work, and lifting the message back, on both compilers. The native baseline
 //! builds the same message in Rust; the difference is the plugin overhead.
+//! The Python and JavaScript ports of route-by-type (built by
+//! `scripts/plugin-toolchains.sh`) are measured too when present, with a
+//! tenth of the calls: they are interpreters inside the component.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -120,22 +123,48 @@ fn main() -> anyhow::Result<()> {
     let winch = wasm(&baseline, &event, iterations)?;
     let ns = |d: Duration| d.as_nanos();
     println!();
-    println!("| router                          | ns/event | overhead vs native |");
-    println!("|---------------------------------|---------:|-------------------:|");
+    println!("| router                                  | ns/event | overhead vs native |");
+    println!("|-----------------------------------------|---------:|-------------------:|");
     println!(
-        "| native Rust (baseline)          | {:>8} |                  - |",
+        "| native Rust (baseline)                  | {:>8} |                  - |",
         ns(native)
     );
     println!(
-        "| wasm, Cranelift (steady state)  | {:>8} | {:>15} ns |",
+        "| wasm, Cranelift (steady state)          | {:>8} | {:>15} ns |",
         ns(cranelift),
         ns(cranelift).saturating_sub(ns(native))
     );
     println!(
-        "| wasm, Winch (just reloaded)     | {:>8} | {:>15} ns |",
+        "| wasm, Winch (just reloaded)             | {:>8} | {:>15} ns |",
         ns(winch),
         ns(winch).saturating_sub(ns(native))
     );
+    for (language, file) in [("Python", "python"), ("JavaScript", "js")] {
+        let path = root.join(format!("plugins/target/{file}/route_by_type.wasm"));
+        if !path.is_file() {
+            println!("| {language:<39} |  skipped | run scripts/plugin-toolchains.sh |");
+            continue;
+        }
+        let config = PluginConfig {
+            path: path.clone(),
+            timeout_ms: 10_000,
+            ..config.clone()
+        };
+        let started = Instant::now();
+        let version = engine.load(&config)?;
+        let compile = started.elapsed();
+        let per_call = wasm(&version, &event, (iterations / 10).max(100))?;
+        println!(
+            "| {:<39} | {:>8} | {:>15} ns |",
+            format!(
+                "{language} ({} MB, compiled in {:.1} s)",
+                std::fs::metadata(&path)?.len() / 1_000_000,
+                compile.as_secs_f64()
+            ),
+            ns(per_call),
+            ns(per_call).saturating_sub(ns(native))
+        );
+    }
     println!();
     let target = Duration::from_micros(3);
     println!(
