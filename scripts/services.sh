@@ -115,9 +115,15 @@ pg_stop() {
     fi
 }
 
-# Processes tracked by a pid file: running?, wait for the port, stop.
-pid_running() {
-    [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+# Processes tracked by a pid file: running?, wait for the port, stop. A pid
+# file left by a killed run (or a machine restarted since) may name a pid now
+# reused by another program, so the command line must match too.
+pid_running() { # pidfile [command-name]
+    [ -f "$1" ] || return 1
+    local pid
+    pid="$(cat "$1")"
+    kill -0 "$pid" 2>/dev/null || return 1
+    [ -z "${2:-}" ] || tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2"
 }
 
 wait_port() { # port name log
@@ -129,28 +135,28 @@ wait_port() { # port name log
     return 1
 }
 
-pid_stop() {
-    if pid_running "$1"; then
+pid_stop() { # pidfile command-name
+    if pid_running "$1" "$2"; then
         kill "$(cat "$1")"
-        for _ in $(seq 1 50); do pid_running "$1" || break; sleep 0.1; done
+        for _ in $(seq 1 50); do pid_running "$1" "$2" || break; sleep 0.1; done
     fi
     rm -f "$1"
 }
 
 nats_start() {
     mkdir -p "$NATS_DIR"
-    pid_running "$NATS_DIR/nats.pid" && return 0
+    pid_running "$NATS_DIR/nats.pid" nats-server && return 0
     nohup nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$NATS_DIR/js" \
-        -P "$NATS_DIR/nats.pid" -l "$NATS_DIR/nats.log" >/dev/null 2>&1 &
+        -P "$NATS_DIR/nats.pid" -l "$NATS_DIR/nats.log" </dev/null >/dev/null 2>&1 &
     wait_port "$NATS_PORT" nats-server "$NATS_DIR/nats.log"
 }
 
 kafka_start() {
     mkdir -p "$KAFKA_DIR"
-    pid_running "$KAFKA_DIR/tansu.pid" && return 0
+    pid_running "$KAFKA_DIR/tansu.pid" tansu && return 0
     local url="tcp://127.0.0.1:$KAFKA_PORT"
     RUST_LOG=warn nohup "$TANSU_BIN" broker --listener-url "$url" --advertised-listener-url "$url" \
-        --storage-engine memory://tansu/ >"$KAFKA_DIR/tansu.log" 2>&1 &
+        --storage-engine memory://tansu/ </dev/null >"$KAFKA_DIR/tansu.log" 2>&1 &
     echo $! >"$KAFKA_DIR/tansu.pid"
     wait_port "$KAFKA_PORT" tansu "$KAFKA_DIR/tansu.log"
 }
@@ -170,10 +176,12 @@ rabbit_exports() {
 
 rabbit_start() {
     mkdir -p "$RABBIT_DIR/log"
-    pid_running "$RABBIT_DIR/rabbit.pid" && return 0
+    pid_running "$RABBIT_DIR/rabbit.pid" beam && return 0
     echo "[]." >"$RABBIT_DIR/enabled_plugins"
     printf 'listeners.tcp.1 = 127.0.0.1:%s\n' "$RABBIT_PORT" >"$RABBIT_DIR/rabbitmq.conf"
-    (rabbit_exports && nohup "$RABBIT_SERVER" >"$RABBIT_DIR/server.log" 2>&1 &)
+    # Not `(exports && server &)`: bash runs that list in the foreground of
+    # the subshell and this script would wait for the server to exit.
+    (rabbit_exports && exec "$RABBIT_SERVER") </dev/null >"$RABBIT_DIR/server.log" 2>&1 &
     for _ in $(seq 1 600); do
         if (exec 3<>"/dev/tcp/127.0.0.1/$RABBIT_PORT") 2>/dev/null; then return 0; fi
         sleep 0.1
@@ -183,8 +191,8 @@ rabbit_start() {
 }
 
 rabbit_stop() {
-    if pid_running "$RABBIT_DIR/rabbit.pid"; then
-        (rabbit_exports && /usr/lib/rabbitmq/bin/rabbitmqctl stop >/dev/null 2>&1) || pid_stop "$RABBIT_DIR/rabbit.pid"
+    if pid_running "$RABBIT_DIR/rabbit.pid" beam; then
+        (rabbit_exports && /usr/lib/rabbitmq/bin/rabbitmqctl stop >/dev/null 2>&1) || pid_stop "$RABBIT_DIR/rabbit.pid" beam
     fi
 }
 
@@ -211,15 +219,15 @@ case "${1:-}" in
         ;;
     stop)
         rabbit_stop
-        pid_stop "$KAFKA_DIR/tansu.pid"
-        pid_stop "$NATS_DIR/nats.pid"
+        pid_stop "$KAFKA_DIR/tansu.pid" tansu
+        pid_stop "$NATS_DIR/nats.pid" nats-server
         pg_stop
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        for service in "nats-server:$NATS_DIR/nats.pid" "tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:$RABBIT_DIR/rabbit.pid"; do
-            pidfile="${service#*:}"
-            if pid_running "$pidfile"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
+        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid"; do
+            pidfile="${service##*:}" command="${service#*:}" command="${command%%:*}"
+            if pid_running "$pidfile" "$command"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
         done
         ;;
     env)
