@@ -1,8 +1,11 @@
 //! The relay benchmark, run by hand: drain throughput to NATS JetStream and
 //! to Kafka against the raw SQL claim/ack ceiling measured in the same run,
-//! the wasm plugin against a native router, commit-to-consumer latency at
-//! steady rates, hot reload under load, and peak memory. Prints one table
-//! and writes a latency plot (SVG).
+//! the claim path v2 against the v1 statements (on an outbox migrated only
+//! that far) and against a minimal SKIP LOCKED claim + mark-published loop,
+//! PostgreSQL CPU per event, claim latency on stale statistics, the wasm
+//! plugin against a native router, commit-to-consumer latency at steady
+//! rates, hot reload under load, and peak memory. Prints one table and
+//! writes a latency plot (SVG).
 //!
 //! ```text
 //! scripts/services.sh start && eval "$(scripts/services.sh env)"
@@ -23,7 +26,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use sqlx::PgPool;
 use switchyard::plugin::{Event, Message};
-use switchyard::store::{OutboxStore, Outcome, RowOutcome};
+use switchyard::store::{OutboxStore, Outcome, PublishedRows, RowOutcome};
 use switchyard::{Config, Relay};
 use tokio_util::sync::CancellationToken;
 
@@ -84,6 +87,59 @@ impl Services {
             Some((base, _)) => format!("{base}/{name}"),
             None => format!("{}/{name}", self.server_url),
         }
+    }
+}
+
+/// Which outbox schema a run uses: v1 (migrated up to the claim path v2,
+/// not including it: the relay then runs the v1 statements) or the latest.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Schema {
+    V1,
+    V2,
+}
+
+/// The first migration of the claim path v2.
+const V2_MIGRATION: i64 = 20_261_124_000_000;
+
+impl Schema {
+    fn template(self) -> &'static str {
+        match self {
+            Schema::V1 => "sy_bench_template_v1",
+            Schema::V2 => "sy_bench_template",
+        }
+    }
+
+    /// Whether no unfinished row is left: index probes, unlike `backlog()`
+    /// (a count over the whole backlog), which would load the database it measures.
+    fn drained_sql(self) -> &'static str {
+        match self {
+            Schema::V1 => {
+                "SELECT NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE status IN ('pending', 'in_flight'))"
+            }
+            Schema::V2 => {
+                "SELECT NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 1)
+                    AND NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 2)
+                    AND NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 3)"
+            }
+        }
+    }
+
+    async fn migrate(self, pool: &PgPool) -> anyhow::Result<()> {
+        let mut migrator = sqlx::migrate::Migrator {
+            migrations: switchyard::store::MIGRATOR.migrations.clone(),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        if self == Schema::V1 {
+            migrator.migrations = migrator
+                .migrations
+                .iter()
+                .filter(|m| m.version < V2_MIGRATION)
+                .cloned()
+                .collect::<Vec<_>>()
+                .into();
+        }
+        migrator.run(pool).await?;
+        Ok(())
     }
 }
 
@@ -191,14 +247,13 @@ async fn recreate_db(admin: &PgPool, name: &str, template: Option<&str>) -> anyh
 
 /// A migrated database holding `rows` ~200-byte order documents over
 /// `aggregates` orders, written in id order like real traffic.
-async fn build_template(services: &Services, args: &Args) -> anyhow::Result<Duration> {
+async fn build_template(services: &Services, args: &Args, schema: Schema) -> anyhow::Result<Duration> {
     let admin = admin_pool(services).await?;
     let started = Instant::now();
-    recreate_db(&admin, "sy_bench_template", None).await?;
-    let url = services.db_url("sy_bench_template");
-    let store = OutboxStore::connect(&url, 2).await?;
-    store.migrate().await?;
-    let pool = store.pg_pool().context("PostgreSQL store")?.clone();
+    recreate_db(&admin, schema.template(), None).await?;
+    let url = services.db_url(schema.template());
+    let pool = PgPool::connect(&url).await?;
+    schema.migrate(&pool).await?;
     let chunk = 100_000u64;
     let mut from = 0;
     while from < args.rows {
@@ -242,16 +297,69 @@ async fn drop_db(services: &Services, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A fresh copy of the template (a file copy: seconds, not a reload).
-async fn clone_db(services: &Services, name: &str) -> anyhow::Result<String> {
+/// A fresh copy of a template (a file copy: seconds, not a reload).
+async fn clone_db(services: &Services, name: &str, schema: Schema) -> anyhow::Result<String> {
     let admin = admin_pool(services).await?;
-    recreate_db(&admin, name, Some("sy_bench_template")).await?;
+    recreate_db(&admin, name, Some(schema.template())).await?;
     Ok(services.db_url(name))
 }
 
-/// The same claim and mark-published statements the relay runs, with no
-/// plugin and no broker: what the database allows.
-async fn ceiling(url: &str, args: &Args) -> anyhow::Result<Drain> {
+/// The physical reference: the least a claim + mark-published loop can do on
+/// this table (v2 schema), with SKIP LOCKED and nothing else - no head-of-line
+/// test, no lease, no outcome columns.
+async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(args.concurrency + 1)
+        .connect(url)
+        .await?;
+    let cpu = CpuTimes::now();
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency {
+        let pool = pool.clone();
+        let batch = i64::from(args.batch_size);
+        workers.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            loop {
+                let mut tx = pool.begin().await?;
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "SELECT id FROM switchyard_outbox WHERE queue = 1
+                      ORDER BY GREATEST(next_attempt_at, not_before, created_at), id
+                      LIMIT $1 FOR UPDATE SKIP LOCKED",
+                )
+                .bind(batch)
+                .fetch_all(&mut *tx)
+                .await?;
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok::<_, anyhow::Error>(done);
+                }
+                sqlx::query(
+                    "UPDATE switchyard_outbox SET status = 'published', published_at = now()
+                      WHERE id = ANY($1)",
+                )
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                done += ids.len() as u64;
+            }
+        }));
+    }
+    let mut done = 0;
+    for worker in workers {
+        done += worker.await??;
+    }
+    Ok(Drain {
+        rate: done as f64 / started.elapsed().as_secs_f64(),
+        cpu: CpuTimes::now().since(cpu),
+        peak_rss: peak_rss(),
+    })
+}
+
+/// The claim and ack statements the relay runs (v1 or v2, as the schema
+/// says), with no plugin and no broker: what the database allows.
+async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain> {
     let store = OutboxStore::connect(url, args.concurrency * 2 + 2).await?;
     let cpu = CpuTimes::now();
     let started = Instant::now();
@@ -266,7 +374,10 @@ async fn ceiling(url: &str, args: &Args) -> anyhow::Result<Drain> {
             loop {
                 let claim = store.claim(&owner, batch, Duration::from_secs(30)).await?;
                 if claim.rows.is_empty() {
-                    if drained(&store).await? {
+                    if claim.parked > 0 {
+                        continue;
+                    }
+                    if drained(&store, schema).await? {
                         return Ok::<_, anyhow::Error>(());
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -297,16 +408,10 @@ async fn ceiling(url: &str, args: &Args) -> anyhow::Result<Drain> {
     })
 }
 
-/// Whether no unfinished row is left. An index probe, unlike `backlog()`
-/// (a count over the whole backlog), which would load the database it measures.
-async fn drained(store: &OutboxStore) -> anyhow::Result<bool> {
+/// Whether no unfinished row is left.
+async fn drained(store: &OutboxStore, schema: Schema) -> anyhow::Result<bool> {
     let pool = store.pg_pool().context("PostgreSQL store")?;
-    let any: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM switchyard_outbox WHERE status IN ('pending', 'in_flight'))",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(!any)
+    Ok(sqlx::query_scalar(schema.drained_sql()).fetch_one(pool).await?)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -321,6 +426,7 @@ fn relay_config(
     args: &Args,
     target: Target,
     plugin: &Path,
+    published_rows: PublishedRows,
 ) -> anyhow::Result<Config> {
     let (plugin_config, target_config) = match target {
         Target::Nats => (
@@ -343,6 +449,7 @@ max_connections = {max_connections}
 [relay]
 batch_size = {batch}
 concurrency = {concurrency}
+published_rows = "{published_rows}"
 [plugin_runtime]
 cache = false
 [admin]
@@ -359,6 +466,11 @@ path = "{plugin}"
         batch = args.batch_size,
         concurrency = args.concurrency,
         plugin = plugin.display(),
+        published_rows = match published_rows {
+            PublishedRows::Keep => "keep",
+            PublishedRows::Delete => "delete",
+            PublishedRows::Archive => "archive",
+        },
     );
     Config::from_toml(&text, Path::new("."), &|_| None).map_err(|e| anyhow::anyhow!("bench config: {e:?}"))
 }
@@ -409,23 +521,38 @@ struct Drain {
     peak_rss: u64,
 }
 
+/// One drain measurement: where to, through what, on which schema.
+#[derive(Clone, Copy)]
+struct DrainKind {
+    target: Target,
+    native: bool,
+    schema: Schema,
+    published_rows: PublishedRows,
+}
+
 /// Runs a relay on a copy of the backlog until it is empty.
-async fn drain(services: &Services, args: &Args, target: Target, native: bool) -> anyhow::Result<Drain> {
+async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Result<Drain> {
+    let DrainKind {
+        target,
+        native,
+        schema,
+        published_rows,
+    } = kind;
     let name = format!(
         "sy_bench_{}_{}",
         if target == Target::Nats { "nats" } else { "kafka" },
         if native { "native" } else { "wasm" }
     );
-    let url = clone_db(services, &name).await?;
+    let url = clone_db(services, &name, schema).await?;
     reset_brokers(services, target).await?;
-    let config = relay_config(&url, services, args, target, &plugin_file())?;
+    let config = relay_config(&url, services, args, target, &plugin_file(), published_rows)?;
     reset_peak_rss();
     let mut relay = switchyard::app::build(&config).await?;
     if native {
         relay = relay.with_native_router(native_router(target));
     }
     let cpu = CpuTimes::now();
-    let rate = run_until_drained(&relay, args.rows).await?;
+    let rate = run_until_drained(&relay, args.rows, schema).await?;
     let result = Drain {
         rate,
         cpu: CpuTimes::now().since(cpu),
@@ -436,7 +563,7 @@ async fn drain(services: &Services, args: &Args, target: Target, native: bool) -
     Ok(result)
 }
 
-async fn run_until_drained(relay: &Relay, rows: u64) -> anyhow::Result<f64> {
+async fn run_until_drained(relay: &Relay, rows: u64, schema: Schema) -> anyhow::Result<f64> {
     let stop = CancellationToken::new();
     let started = Instant::now();
     let task = tokio::spawn({
@@ -446,7 +573,7 @@ async fn run_until_drained(relay: &Relay, rows: u64) -> anyhow::Result<f64> {
     });
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if drained(relay.store()).await? {
+        if drained(relay.store(), schema).await? {
             break;
         }
         if task.is_finished() {
@@ -511,7 +638,14 @@ async fn latency(
     let plugin_path = dir.join("router.wasm");
     let original = std::fs::read(plugin_file())?;
     std::fs::write(&plugin_path, &original)?;
-    let config = relay_config(&url, services, args, Target::Nats, &plugin_path)?;
+    let config = relay_config(
+        &url,
+        services,
+        args,
+        Target::Nats,
+        &plugin_path,
+        PublishedRows::Keep,
+    )?;
     reset_peak_rss();
     let relay = switchyard::app::build(&config).await?;
     let stop = CancellationToken::new();
@@ -712,6 +846,87 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
+/// Claim times on statistics taken while the outbox was drained: 20,000
+/// published rows analyzed, autovacuum off, then 10,000 rows over 1,000
+/// aggregates whose heads wait in backoff and 500 fresh rows of other
+/// aggregates. Claims (lease 10 s, so cancelled after 5 s) until one finds
+/// nothing, at most 60 claims or 60 s.
+struct StaleClaims {
+    claims: usize,
+    slowest: Duration,
+    total: Duration,
+    fresh_claimed: usize,
+    cancelled: usize,
+}
+
+async fn stale_claims(services: &Services, schema: Schema) -> anyhow::Result<StaleClaims> {
+    let admin = admin_pool(services).await?;
+    let name = "sy_bench_stale";
+    recreate_db(&admin, name, None).await?;
+    let url = services.db_url(name);
+    let pool = PgPool::connect(&url).await?;
+    schema.migrate(&pool).await?;
+    let write = |prefix: &'static str, aggregates: i64, per: i64| {
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', $1 || '-' || (n % $2), 'OrderUpdated', jsonb_build_object('seq', n / $2)
+               FROM generate_series(0, $2 * $3 - 1) n",
+        )
+        .bind(prefix)
+        .bind(aggregates)
+        .bind(per)
+    };
+    sqlx::query("ALTER TABLE switchyard_outbox SET (autovacuum_enabled = false)")
+        .execute(&pool)
+        .await?;
+    write("history", 2_000, 10).execute(&pool).await?;
+    sqlx::query("UPDATE switchyard_outbox SET status = 'published', published_at = now(), attempts = 1")
+        .execute(&pool)
+        .await?;
+    sqlx::query("VACUUM ANALYZE switchyard_outbox")
+        .execute(&pool)
+        .await?;
+    write("backoff", 1_000, 10).execute(&pool).await?;
+    sqlx::query(
+        "UPDATE switchyard_outbox SET attempts = 1, next_attempt_at = now() + interval '1 hour'
+          WHERE id IN (SELECT min(id) FROM switchyard_outbox
+                        WHERE aggregate_id LIKE 'backoff-%' GROUP BY aggregate_id)",
+    )
+    .execute(&pool)
+    .await?;
+    write("fresh", 500, 1).execute(&pool).await?;
+    let store = OutboxStore::new(pool.clone());
+    let mut result = StaleClaims {
+        claims: 0,
+        slowest: Duration::ZERO,
+        total: Duration::ZERO,
+        fresh_claimed: 0,
+        cancelled: 0,
+    };
+    let started = Instant::now();
+    while result.claims < 60 && started.elapsed() < Duration::from_secs(60) {
+        let began = Instant::now();
+        let claim = store.claim("stale", 500, Duration::from_secs(10)).await;
+        let took = began.elapsed();
+        result.claims += 1;
+        result.slowest = result.slowest.max(took);
+        result.total += took;
+        match claim {
+            Ok(claim) => {
+                result.fresh_claimed += claim.rows.len();
+                if claim.rows.is_empty() && claim.parked == 0 {
+                    break;
+                }
+            }
+            Err(switchyard::store::Error::ClaimTimedOut { .. }) => result.cancelled += 1,
+            Err(other) => return Err(other.into()),
+        }
+    }
+    pool.close().await;
+    drop_db(services, name).await?;
+    Ok(result)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -746,43 +961,72 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!(
-        "building the backlog: {} rows over {} aggregates ...",
+        "building the backlog: {} rows over {} aggregates, v1 and v2 schema ...",
         args.rows, args.aggregates
     );
-    let load = build_template(&services, &args).await?;
+    let load = build_template(&services, &args, Schema::V2).await?;
+    build_template(&services, &args, Schema::V1).await?;
     eprintln!("  loaded in {:.1} s", load.as_secs_f64());
 
+    let nats = |schema, native, published_rows| DrainKind {
+        target: Target::Nats,
+        native,
+        schema,
+        published_rows,
+    };
+    let mut plan: Vec<(&str, DrainKind)> = vec![
+        ("nats_wasm_v1", nats(Schema::V1, false, PublishedRows::Keep)),
+        ("nats_wasm", nats(Schema::V2, false, PublishedRows::Keep)),
+        ("nats_native", nats(Schema::V2, true, PublishedRows::Keep)),
+        ("nats_wasm_delete", nats(Schema::V2, false, PublishedRows::Delete)),
+        (
+            "nats_wasm_archive",
+            nats(Schema::V2, false, PublishedRows::Archive),
+        ),
+    ];
+    if !args.no_kafka {
+        for native in [false, true] {
+            let key = if native { "kafka_native" } else { "kafka_wasm" };
+            plan.push((
+                key,
+                DrainKind {
+                    target: Target::Kafka,
+                    ..nats(Schema::V2, native, PublishedRows::Keep)
+                },
+            ));
+        }
+    }
     let mut runs: BTreeMap<&str, Vec<Drain>> = BTreeMap::new();
     for round in 0..args.repeat {
-        eprintln!("round {} of {}: SQL ceiling ...", round + 1, args.repeat);
-        let url = clone_db(&services, "sy_bench_ceiling").await?;
-        runs.entry("ceiling")
-            .or_default()
-            .push(ceiling(&url, &args).await?);
-        drop_db(&services, "sy_bench_ceiling").await?;
-        let mut targets = vec![(Target::Nats, "nats")];
-        if !args.no_kafka {
-            targets.push((Target::Kafka, "kafka"));
-        }
-        for (target, name) in targets {
-            // Alternate the order so neither side always runs on the warmer broker.
-            let order = if round % 2 == 0 {
-                [false, true]
-            } else {
-                [true, false]
+        eprintln!(
+            "round {} of {}: SQL reference and ceilings ...",
+            round + 1,
+            args.repeat
+        );
+        for (key, schema) in [
+            ("minimal", None),
+            ("ceiling_v1", Some(Schema::V1)),
+            ("ceiling", Some(Schema::V2)),
+        ] {
+            let url = clone_db(&services, "sy_bench_ceiling", schema.unwrap_or(Schema::V2)).await?;
+            let result = match schema {
+                None => minimal(&url, &args).await?,
+                Some(schema) => ceiling(&url, &args, schema).await?,
             };
-            for native in order {
-                let kind = if native { "native" } else { "wasm" };
-                eprintln!("round {}: relay, {kind}, {name} ...", round + 1);
-                let result = drain(&services, &args, target, native).await?;
-                let key = match (target, native) {
-                    (Target::Nats, false) => "nats_wasm",
-                    (Target::Nats, true) => "nats_native",
-                    (Target::Kafka, false) => "kafka_wasm",
-                    (Target::Kafka, true) => "kafka_native",
-                };
-                runs.entry(key).or_default().push(result);
-            }
+            runs.entry(key).or_default().push(result);
+            drop_db(&services, "sy_bench_ceiling").await?;
+        }
+        // Alternate the order so that no run always follows the same one.
+        let order: Vec<_> = if round % 2 == 0 {
+            plan.clone()
+        } else {
+            plan.iter().rev().cloned().collect()
+        };
+        for (key, kind) in order {
+            eprintln!("round {}: {key} ...", round + 1);
+            runs.entry(key)
+                .or_default()
+                .push(drain(&services, &args, kind).await?);
         }
     }
     let mut median = |key: &str| {
@@ -791,13 +1035,23 @@ async fn main() -> anyhow::Result<()> {
         let middle = all.len() / 2;
         Some((all.swap_remove(middle), all.len() + 1))
     };
-    let (ceiling, rounds) = median("ceiling").context("no ceiling run")?;
+    let (minimal, rounds) = median("minimal").context("no reference run")?;
+    let (ceiling_v1, _) = median("ceiling_v1").context("no ceiling run")?;
+    let (ceiling, _) = median("ceiling").context("no ceiling run")?;
+    let (nats_wasm_v1, _) = median("nats_wasm_v1").context("no NATS run")?;
     let (nats_wasm, _) = median("nats_wasm").context("no NATS run")?;
     let (nats_native, _) = median("nats_native").context("no NATS run")?;
+    let (nats_delete, _) = median("nats_wasm_delete").context("no NATS run")?;
+    let (nats_archive, _) = median("nats_wasm_archive").context("no NATS run")?;
     let kafka = median("kafka_wasm")
         .zip(median("kafka_native"))
         .map(|((w, _), (n, _))| (w, n));
-    drop_db(&services, "sy_bench_template").await?;
+    for schema in [Schema::V1, Schema::V2] {
+        drop_db(&services, schema.template()).await?;
+    }
+    eprintln!("claims on stale statistics, v1 and v2 ...");
+    let stale_v1 = stale_claims(&services, Schema::V1).await?;
+    let stale_v2 = stale_claims(&services, Schema::V2).await?;
     let latencies = if args.drains_only {
         None
     } else {
@@ -822,37 +1076,64 @@ async fn main() -> anyhow::Result<()> {
         println!("throughput figures: median of {rounds} rounds");
     }
     println!();
-    println!("{:<48} {:>14}  against", "measurement", "figure");
+    println!("{:<52} {:>14}  against", "measurement", "figure");
     println!(
-        "{:<48} {:>11.0} /s  1.00",
-        "SQL claim + mark-published ceiling", ceiling.rate
+        "{:<52} {:>11.0} /s  1.00",
+        "SQL minimal SKIP LOCKED claim + mark-published", minimal.rate
     );
-    let drains: Vec<(&str, &Drain, Option<&Drain>)> = [
+    for (label, d) in [
+        ("SQL claim + ack, v1 statements", &ceiling_v1),
+        ("SQL claim + ack, v2 statements", &ceiling),
+    ] {
+        println!(
+            "{label:<52} {:>11.0} /s  {:.2} of minimal",
+            d.rate,
+            d.rate / minimal.rate
+        );
+    }
+    let drains: Vec<(&str, &Drain, String)> = [
+        ("drain, wasm -> NATS JetStream, v1", &nats_wasm_v1, String::new()),
         (
-            "drain, wasm plugin -> NATS JetStream (acked)",
+            "drain, wasm -> NATS JetStream, v2",
             &nats_wasm,
-            Some(&nats_native),
+            format!(", {:.2} x v1", nats_wasm.rate / nats_wasm_v1.rate),
+        ),
+        ("drain, native -> NATS JetStream, v2", &nats_native, String::new()),
+        (
+            "drain, wasm -> NATS, v2, published_rows = delete",
+            &nats_delete,
+            format!(", {:.2} x keep", nats_delete.rate / nats_wasm.rate),
         ),
         (
-            "drain, native router -> NATS JetStream (acked)",
-            &nats_native,
-            None,
+            "drain, wasm -> NATS, v2, published_rows = archive",
+            &nats_archive,
+            format!(", {:.2} x keep", nats_archive.rate / nats_wasm.rate),
         ),
     ]
     .into_iter()
     .chain(kafka.iter().flat_map(|(wasm, native)| {
         [
-            ("drain, wasm plugin -> Kafka (acks=all)", wasm, Some(native)),
-            ("drain, native router -> Kafka (acks=all)", native, None),
+            ("drain, wasm -> Kafka (acks=all), v2", wasm, String::new()),
+            ("drain, native -> Kafka (acks=all), v2", native, String::new()),
         ]
     }))
     .collect();
-    for (label, d, native) in &drains {
-        let vs_native = native.map_or(String::new(), |n| format!(", {:.2} of native", d.rate / n.rate));
+    for (label, d, extra) in &drains {
         println!(
-            "{label:<48} {:>11.0} /s  {:.2} of ceiling{vs_native}",
+            "{label:<52} {:>11.0} /s  {:.2} of minimal{extra}",
             d.rate,
-            d.rate / ceiling.rate
+            d.rate / minimal.rate
+        );
+    }
+    for (label, stale) in [("v1", &stale_v1), ("v2", &stale_v2)] {
+        println!(
+            "{:<52} {:>11.1} ms  slowest of {} claims ({:.1} ms mean), {} cancelled at 5 s, {} of 500 fresh rows claimed",
+            format!("claim on stale statistics, {label}"),
+            stale.slowest.as_secs_f64() * 1e3,
+            stale.claims,
+            stale.total.as_secs_f64() * 1e3 / stale.claims.max(1) as f64,
+            stale.cancelled,
+            stale.fresh_claimed
         );
     }
     let mut peaks = vec![
@@ -898,14 +1179,21 @@ async fn main() -> anyhow::Result<()> {
     );
     println!();
     println!("CPU per 1,000 events, by process (2 cores = 2,000 ms per second)");
-    println!(
-        "{:<48} {}",
-        "SQL claim + mark-published ceiling",
-        ceiling.cpu.per_thousand(args.rows)
-    );
-    for (label, d, _) in &drains {
-        println!("{label:<48} {}", d.cpu.per_thousand(args.rows));
+    for (label, d) in [
+        ("SQL minimal SKIP LOCKED claim + mark-published", &minimal),
+        ("SQL claim + ack, v1 statements", &ceiling_v1),
+        ("SQL claim + ack, v2 statements", &ceiling),
+    ] {
+        println!("{label:<52} {}", d.cpu.per_thousand(args.rows));
     }
+    for (label, d, _) in &drains {
+        println!("{label:<52} {}", d.cpu.per_thousand(args.rows));
+    }
+    println!(
+        "{:<52} {:.2} of v1",
+        "PostgreSQL CPU per event, wasm -> NATS, v2",
+        nats_wasm.cpu.postgres / nats_wasm_v1.cpu.postgres
+    );
     if latencies.is_some() {
         println!();
         println!("latency plot: {}", args.plot.display());

@@ -23,7 +23,8 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     let store = OutboxStore::connect(&config.database.url, config.database.max_connections)
         .await
         .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))?
-        .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate);
+        .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
+        .with_published_rows(config.relay.published_rows);
     check_schema(&store).await?;
     let cache_dir = config.plugin_runtime.cache_dir();
     let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;

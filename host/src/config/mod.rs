@@ -236,6 +236,11 @@ pub struct RelayConfig {
     /// waiting until it is replayed or purged (strict order); when false they go on.
     #[serde(default)]
     pub dead_letter_blocks_aggregate: bool,
+    /// What the ack does with a published row: `keep` it (marked published,
+    /// for `[retention]`), `delete` it, or `archive` it (moved to
+    /// `switchyard_outbox_archive`), in the ack's own statement.
+    #[serde(default)]
+    pub published_rows: crate::store::PublishedRows,
     /// How long shutdown waits for in-flight batches before releasing their leases.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,

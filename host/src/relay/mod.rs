@@ -91,6 +91,8 @@ struct Inner {
 pub struct BatchReport {
     /// Rows claimed.
     pub claimed: usize,
+    /// Rows the claim set aside behind an unfinished event of their aggregate.
+    pub parked: usize,
     /// Rows published (including dropped ones).
     pub published: usize,
     /// Rows the plugin deliberately dropped.
@@ -239,6 +241,7 @@ impl Relay {
         if claim.took >= SLOW_CLAIM {
             warn!(
                 claim_ms = claim.took.as_millis() as u64,
+                statement_ms = claim.statement.map(|s| s.as_millis() as u64),
                 rows = claim.rows.len(),
                 lease_ms = inner.config.lease_duration_ms,
                 "Claim statement was slow."
@@ -246,7 +249,10 @@ impl Relay {
             self.claim_was_slow();
         }
         if claim.rows.is_empty() {
-            return Ok(BatchReport::default());
+            return Ok(BatchReport {
+                parked: claim.parked,
+                ..BatchReport::default()
+            });
         }
         self.process(claim).await
     }
@@ -256,6 +262,7 @@ impl Relay {
         let inner = &self.inner;
         inner.metrics.batch_size.observe(claim.rows.len() as f64);
         let claimed = claim.rows.len();
+        let parked = claim.parked;
         let mut routed = self.route(claim.rows, claim.deadline, claim.took).await;
         let may_publish = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < claim.deadline;
         let not_sent = || {
@@ -284,6 +291,7 @@ impl Relay {
             .map_err(BatchError::Ack)?;
         let report = BatchReport {
             claimed,
+            parked,
             lost: settled.outcomes.len() - acked.len(),
             ..settled.report
         };

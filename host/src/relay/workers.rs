@@ -29,6 +29,11 @@ impl Relay {
             wake.clone(),
             shutdown.clone(),
         ));
+        let sweeper = tokio::spawn(sweep_parked(
+            self.inner.store.clone(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
         let mut workers = JoinSet::new();
         let mut numbers = HashMap::new();
         let spawn = |workers: &mut JoinSet<()>, numbers: &mut HashMap<tokio::task::Id, u32>, worker: u32| {
@@ -74,6 +79,7 @@ impl Relay {
             .await
             .is_ok();
         listener.abort();
+        sweeper.abort();
         if drained {
             info!(
                 elapsed_ms = started.elapsed().as_millis() as u64,
@@ -122,6 +128,11 @@ impl Relay {
                     // The ack just freed the next event of each aggregate: look again now.
                     continue;
                 }
+                // The claim only set rows aside: others may be claimable behind them.
+                Ok(report) if report.parked > 0 => {
+                    db_backoff = Duration::from_millis(100);
+                    continue;
+                }
                 Ok(_) => {
                     db_backoff = Duration::from_millis(100);
                     tokio::select! {
@@ -139,6 +150,32 @@ impl Relay {
                     db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
                 }
             }
+        }
+    }
+}
+
+/// How often parked rows that no ack will free are looked for.
+const PARKED_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The backstop behind parking: now and then, parked rows whose
+/// predecessors are all gone without an ack (`dlq purge`, a delete by hand)
+/// go back to the queue.
+async fn sweep_parked(store: crate::store::OutboxStore, wake: Arc<Notify>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(PARKED_SWEEP_INTERVAL) => {}
+            () = shutdown.cancelled() => return,
+        }
+        match store.unpark_stranded(1000).await {
+            Ok(0) => {}
+            Ok(moved) => {
+                info!(
+                    moved,
+                    "Parked rows whose predecessors are gone went back to the queue."
+                );
+                wake.notify_one();
+            }
+            Err(error) => warn!(%error, "Looking for stranded parked rows failed; will try again."),
         }
     }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::Error;
 use super::types::{
-    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, RetentionMode, RowId, RowOutcome,
+    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, PublishedRows, RetentionMode,
+    RowId, RowOutcome,
 };
 
 /// One database holding the outbox table.
@@ -33,7 +34,14 @@ pub(super) trait Backend {
         lease: Duration,
     ) -> Result<Claim, Error>;
     /// Records outcomes under `lease` in one transaction; the ids updated.
-    async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error>;
+    async fn ack(
+        &self,
+        lease: LeaseId,
+        outcomes: &[RowOutcome],
+        published_rows: PublishedRows,
+    ) -> Result<Vec<RowId>, Error>;
+    /// Parked rows no ack will free back to the queue; how many.
+    async fn unpark_stranded(&self, dead_letter_blocks: bool, limit: u32) -> Result<u64, Error>;
     /// Unfinished rows in id order, changing nothing.
     async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error>;
     /// Releases every lease `owner` holds.

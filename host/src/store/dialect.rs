@@ -27,6 +27,15 @@ impl Dialect {
         }
     }
 
+    /// Which rows are dead letters. On PostgreSQL the condition also names
+    /// the partial index's predicate (the v2 schema), so that index is used.
+    pub(super) fn dead(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "status = 'dead' AND queue = 4",
+            Dialect::Sqlite => "status = 'dead'",
+        }
+    }
+
     /// The columns [`entry_from_record`] reads.
     pub(super) fn entry_columns(self) -> &'static str {
         match self {
@@ -36,7 +45,7 @@ impl Dialect {
     }
 }
 
-/// Rows pending or in flight.
+/// Rows pending or in flight (the v1 schema and SQLite).
 pub(super) const COUNT_BACKLOG: &str =
     "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')";
 
@@ -48,19 +57,34 @@ pub(super) const RELEASE_OWNER: &str = "UPDATE switchyard_outbox
   WHERE status = 'in_flight' AND lease_owner = $1";
 
 /// Dead letters per event type.
-pub(super) const DEAD_BY_TYPE: &str = "SELECT event_type, count(*) FROM switchyard_outbox
-  WHERE status = 'dead' GROUP BY event_type ORDER BY event_type";
+pub(super) fn dead_by_type_sql(dialect: Dialect) -> String {
+    format!(
+        "SELECT event_type, count(*) FROM switchyard_outbox
+          WHERE {} GROUP BY event_type ORDER BY event_type",
+        dialect.dead()
+    )
+}
 
 /// The status counts behind `switchyard status`: pending (due), delayed,
 /// in flight, retrying.
 pub(super) fn status_counts_sql(dialect: Dialect) -> String {
     let delayed = format!("coalesce(not_before > {}, false)", dialect.now());
+    // PostgreSQL (v2 schema): queued rows through the due index, and parked
+    // rows, waiting behind an earlier event of their aggregate, as pending.
+    let (parked, queued) = match dialect {
+        Dialect::Postgres => (
+            " + (SELECT count(*) FROM switchyard_outbox WHERE queue = 2)
+              + (SELECT count(*) FROM switchyard_outbox WHERE queue = 3)",
+            "queue = 1",
+        ),
+        Dialect::Sqlite => ("", "status IN ('pending', 'in_flight')"),
+    };
     format!(
-        "SELECT count(CASE WHEN status = 'pending' AND NOT {delayed} THEN 1 END),
+        "SELECT count(CASE WHEN status = 'pending' AND NOT {delayed} THEN 1 END){parked},
                 count(CASE WHEN status = 'pending' AND {delayed} THEN 1 END),
                 count(CASE WHEN status = 'in_flight' THEN 1 END),
                 count(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 END)
-           FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')"
+           FROM switchyard_outbox WHERE {queued}"
     )
 }
 
@@ -77,8 +101,9 @@ where
     String: Encode<'a, DB> + Type<DB>,
 {
     let mut query = QueryBuilder::new(format!(
-        "SELECT {} FROM switchyard_outbox WHERE status = 'dead' AND id > ",
-        dialect.entry_columns()
+        "SELECT {} FROM switchyard_outbox WHERE {} AND id > ",
+        dialect.entry_columns(),
+        dialect.dead()
     ));
     query.push_bind(after);
     push_filter(&mut query, dialect, filter);
@@ -96,7 +121,10 @@ where
     i64: Encode<'a, DB> + Type<DB>,
     String: Encode<'a, DB> + Type<DB>,
 {
-    let mut query = QueryBuilder::new("SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'");
+    let mut query = QueryBuilder::new(format!(
+        "SELECT count(*) FROM switchyard_outbox WHERE {}",
+        dialect.dead()
+    ));
     push_filter(&mut query, dialect, filter);
     query
 }
@@ -143,7 +171,10 @@ where
         (DeadLetterChange::Purge, _) => "DELETE FROM switchyard_outbox",
     };
     let mut query = QueryBuilder::new(head);
-    query.push(" WHERE id IN (SELECT id FROM switchyard_outbox WHERE status = 'dead' AND id > ");
+    query.push(format!(
+        " WHERE id IN (SELECT id FROM switchyard_outbox WHERE {} AND id > ",
+        dialect.dead()
+    ));
     query.push_bind(after);
     push_filter(&mut query, dialect, filter);
     query.push(" ORDER BY id LIMIT ").push_bind(i64::from(batch));
@@ -213,7 +244,7 @@ where
 }
 
 /// Appends `AND ...` for every set field of `filter` (the caller has already
-/// written `WHERE status = 'dead'`).
+/// written the dead-letter condition).
 fn push_filter<'a, DB>(query: &mut QueryBuilder<'a, DB>, dialect: Dialect, filter: &DeadLetterFilter)
 where
     DB: Database,

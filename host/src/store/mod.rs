@@ -33,7 +33,7 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use backend::Backend;
 pub use types::{
     Claim, DeadLetterFilter, Delivery, DeliveryKey, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome,
-    RetentionMode, RowId, RowOutcome,
+    PublishedRows, RetentionMode, RowId, RowOutcome,
 };
 
 /// The PostgreSQL outbox migrations, embedded in the binary.
@@ -105,6 +105,7 @@ macro_rules! dispatch {
 pub struct OutboxStore {
     backend: AnyBackend,
     dead_letter_blocks_aggregate: bool,
+    published_rows: PublishedRows,
 }
 
 impl OutboxStore {
@@ -157,8 +158,9 @@ impl OutboxStore {
     /// Wraps an existing PostgreSQL pool.
     pub fn new(pool: PgPool) -> OutboxStore {
         OutboxStore {
-            backend: AnyBackend::Postgres(postgres::Postgres { pool }),
+            backend: AnyBackend::Postgres(postgres::Postgres::new(pool)),
             dead_letter_blocks_aggregate: false,
+            published_rows: PublishedRows::Keep,
         }
     }
 
@@ -167,6 +169,7 @@ impl OutboxStore {
         OutboxStore {
             backend: AnyBackend::Sqlite(sqlite::Sqlite::new(pool)),
             dead_letter_blocks_aggregate: false,
+            published_rows: PublishedRows::Keep,
         }
     }
 
@@ -174,6 +177,13 @@ impl OutboxStore {
     #[must_use]
     pub fn with_dead_letter_blocking(mut self, blocks: bool) -> OutboxStore {
         self.dead_letter_blocks_aggregate = blocks;
+        self
+    }
+
+    /// What acks do with published rows: keep, delete or archive them.
+    #[must_use]
+    pub fn with_published_rows(mut self, published_rows: PublishedRows) -> OutboxStore {
+        self.published_rows = published_rows;
         self
     }
 
@@ -294,7 +304,20 @@ impl OutboxStore {
     }
 
     async fn ack_batch(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
-        dispatch!(self, backend => backend.ack(lease, outcomes).await)
+        let published_rows = self.published_rows;
+        dispatch!(self, backend => backend.ack(lease, outcomes, published_rows).await)
+    }
+
+    /// Moves back to the queue up to `limit` parked rows that nothing will
+    /// free any more (PostgreSQL): their predecessor was removed by hand or
+    /// by `dlq purge`. The relay runs it now and then; normally it finds
+    /// nothing. Returns how many moved.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn unpark_stranded(&self, limit: u32) -> Result<u64, Error> {
+        let blocks = self.dead_letter_blocks_aggregate;
+        dispatch!(self, backend => backend.unpark_stranded(blocks, limit).await)
     }
 
     /// Records one row; if the database refuses its outcome, records it dead

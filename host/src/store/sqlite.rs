@@ -14,8 +14,8 @@ use sqlx::{Row, SqlitePool};
 use super::backend::Backend;
 use super::dialect::{self, DeadLetterChange, Dialect, SQLITE_NOW_MS};
 use super::types::{
-    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome, RetentionMode, RowId,
-    RowOutcome,
+    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome, PublishedRows,
+    RetentionMode, RowId, RowOutcome,
 };
 use super::{Error, SQLITE_MIGRATOR};
 
@@ -177,10 +177,17 @@ impl Backend for Sqlite {
             rows,
             deadline: started + lease,
             took: started.elapsed(),
+            statement: None,
+            parked: 0,
         })
     }
 
-    async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
+    async fn ack(
+        &self,
+        lease: LeaseId,
+        outcomes: &[RowOutcome],
+        published_rows: PublishedRows,
+    ) -> Result<Vec<RowId>, Error> {
         let pool = &self.pool;
         let now = now_ms();
         let lease = lease.0.to_string();
@@ -195,6 +202,12 @@ impl Backend for Sqlite {
                 Outcome::Dead { error } => (0, Some(error.as_str()), false),
             };
             let status = row.outcome.status();
+            if row.outcome == Outcome::Published && published_rows != PublishedRows::Keep {
+                if remove_published(&mut tx, published_rows, row, now, &lease).await? {
+                    acked.push(row.id);
+                }
+                continue;
+            }
             let done = sqlx::query(
                 "UPDATE switchyard_outbox
                 SET status = ?1,
@@ -226,6 +239,11 @@ impl Backend for Sqlite {
         Ok(acked)
     }
 
+    async fn unpark_stranded(&self, _dead_letter_blocks: bool, _limit: u32) -> Result<u64, Error> {
+        // One writer: claims never park rows here.
+        Ok(0)
+    }
+
     async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {
         let sql = format!(
             "SELECT {ROW_COLUMNS} FROM switchyard_outbox WHERE status IN ('pending', 'in_flight') ORDER BY id LIMIT ?1"
@@ -249,7 +267,7 @@ impl Backend for Sqlite {
         let counts = sqlx::query_as(&dialect::status_counts_sql(DIALECT))
             .fetch_one(&self.pool)
             .await?;
-        let by_type = sqlx::query_as(dialect::DEAD_BY_TYPE)
+        let by_type = sqlx::query_as(&dialect::dead_by_type_sql(DIALECT))
             .fetch_all(&self.pool)
             .await?;
         Ok(OutboxStats::from_counts(counts, by_type))
@@ -354,4 +372,41 @@ impl Backend for Sqlite {
         tx.commit().await?;
         Ok(done.rows_affected())
     }
+}
+
+/// Deletes a published row (after copying it to the archive in `archive`
+/// mode) if its lease still holds; whether it did.
+async fn remove_published(
+    tx: &mut sqlx::SqliteConnection,
+    published_rows: PublishedRows,
+    row: &RowOutcome,
+    now: i64,
+    lease: &str,
+) -> Result<bool, Error> {
+    if published_rows == PublishedRows::Archive {
+        let columns = dialect::ARCHIVE_COLUMNS;
+        let values = columns
+            .replace("published_at", "?1")
+            .replace("deliveries", "?2")
+            .replace("plugin_version", "COALESCE(?3, plugin_version)");
+        sqlx::query(&format!(
+            "INSERT INTO switchyard_outbox_archive ({columns})
+             SELECT {values} FROM switchyard_outbox
+              WHERE id = ?4 AND status = 'in_flight' AND lease_id = ?5"
+        ))
+        .bind(now)
+        .bind(dialect::deliveries_json(&row.deliveries))
+        .bind(row.plugin_version.as_deref())
+        .bind(row.id.0)
+        .bind(lease)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let done =
+        sqlx::query("DELETE FROM switchyard_outbox WHERE id = ?1 AND status = 'in_flight' AND lease_id = ?2")
+            .bind(row.id.0)
+            .bind(lease)
+            .execute(&mut *tx)
+            .await?;
+    Ok(done.rows_affected() == 1)
 }

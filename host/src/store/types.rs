@@ -81,8 +81,16 @@ pub struct Claim {
     /// Local time after which the lease may already have been taken over.
     /// Work that would finish later must not start.
     pub deadline: Instant,
-    /// How long the claim statement took (it eats into the lease).
+    /// How long the claim took, from the pool to the commit (it eats into the lease).
     pub took: Duration,
+    /// How long the claim statement ran in the database, when it says
+    /// (PostgreSQL v2): a slow claim with a short statement waited for a
+    /// connection or the network, not for the database.
+    pub statement: Option<Duration>,
+    /// Rows the claim found waiting behind an earlier unfinished event of
+    /// their aggregate and set aside (PostgreSQL). When it set some aside
+    /// and claimed nothing, claiming again at once finds other rows.
+    pub parked: usize,
 }
 
 /// What happened to a row.
@@ -237,5 +245,18 @@ pub enum RetentionMode {
     #[default]
     Delete,
     /// Move them to `switchyard_outbox_archive`.
+    Archive,
+}
+
+/// What an ack does with a row every target took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PublishedRows {
+    /// Keeps it, marked published (for `[retention]` to remove later).
+    #[default]
+    Keep,
+    /// Deletes it in the ack's statement.
+    Delete,
+    /// Moves it to `switchyard_outbox_archive` in the ack's statement.
     Archive,
 }

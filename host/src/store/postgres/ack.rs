@@ -1,15 +1,20 @@
 //! Recording outcomes on PostgreSQL: all rows of a batch in one statement,
-//! fenced by the lease token.
+//! fenced by the lease token, then the parked rows the batch freed.
 
 use sqlx::{PgPool, Row};
 
 use crate::store::Error;
-use crate::store::dialect::deliveries_json;
-use crate::store::types::{LeaseId, Outcome, RowId, RowOutcome};
+use crate::store::dialect::{ARCHIVE_COLUMNS, deliveries_json};
+use crate::store::types::{LeaseId, Outcome, PublishedRows, RowId, RowOutcome};
 
-const ACK_SQL: &str = r#"
-UPDATE switchyard_outbox o
-   SET status = d.status,
+/// The batch's outcomes as arrays, bound as `$1`..`$7` and read back with
+/// `unnest` (one statement whatever the batch size).
+const OUTCOMES: &str =
+    "unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bool[])
+       AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund)";
+
+/// The columns every outcome sets.
+const SET_OUTCOME: &str = "status = d.status,
        published_at = CASE WHEN d.status = 'published' THEN now() ELSE NULL END,
        next_attempt_at = CASE WHEN d.status = 'pending'
                               THEN now() + d.backoff_ms * interval '1 millisecond'
@@ -20,18 +25,83 @@ UPDATE switchyard_outbox o
        plugin_version = COALESCE(d.plugin_version, o.plugin_version),
        lease_owner = NULL,
        lease_id = NULL,
-       lease_expires_at = NULL
-  FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bool[])
-       AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund)
- WHERE o.id = d.id
-   AND o.status = 'in_flight'
-   AND o.lease_id = $8
-RETURNING o.id
-"#;
+       lease_expires_at = NULL";
+
+/// The ack statements keeping, deleting and archiving published rows. Each
+/// returns `id, status, aggregate_type, aggregate_id` of the rows it changed.
+static ACK_STATEMENTS: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+    let update = |published: &str| {
+        format!(
+            "UPDATE switchyard_outbox o SET {SET_OUTCOME}
+               FROM d
+              WHERE o.id = d.id {published}
+                AND o.status = 'in_flight'
+                AND o.lease_id = $8
+             RETURNING o.id, o.status, o.aggregate_type, o.aggregate_id"
+        )
+    };
+    let removing = |archive: &str| {
+        format!(
+            "WITH d AS MATERIALIZED (SELECT * FROM {OUTCOMES}),
+             gone AS (
+                DELETE FROM switchyard_outbox o USING d
+                 WHERE o.id = d.id AND d.status = 'published'
+                   AND o.status = 'in_flight' AND o.lease_id = $8
+                RETURNING o.*, d.deliveries AS new_deliveries, d.plugin_version AS new_plugin_version
+             ){archive},
+             kept AS ({})
+             SELECT id, 'published' AS status, aggregate_type, aggregate_id FROM gone
+             UNION ALL SELECT * FROM kept",
+            update("AND d.status <> 'published'")
+        )
+    };
+    let archive = format!(
+        ", archived AS (
+            INSERT INTO switchyard_outbox_archive ({ARCHIVE_COLUMNS})
+            SELECT {}
+              FROM gone)",
+        ARCHIVE_COLUMNS
+            .replace("published_at", "now()")
+            .replace("deliveries", "new_deliveries::jsonb")
+            .replace("plugin_version", "COALESCE(new_plugin_version, plugin_version)")
+    );
+    [
+        format!("WITH d AS (SELECT * FROM {OUTCOMES}) {}", update("")),
+        removing(""),
+        removing(&archive),
+    ]
+});
+
+/// Moves the first parked row of each given aggregate back to the queue.
+/// Its predecessor has just finished; if another one is still unfinished,
+/// the next claim parks the row again behind that one. One probe into each
+/// parked index (behind an event, behind a dead letter) per aggregate.
+const UNPARK_SQL: &str = "
+UPDATE switchyard_outbox o
+   SET status = 'pending'
+ WHERE o.id = ANY (ARRAY(
+       SELECT LEAST(
+                (SELECT p.id FROM switchyard_outbox p
+                  WHERE p.aggregate_type = f.t AND p.aggregate_id = f.i AND p.queue = 2
+                  ORDER BY p.id LIMIT 1),
+                (SELECT p.id FROM switchyard_outbox p
+                  WHERE p.aggregate_type = f.t AND p.aggregate_id = f.i AND p.queue = 3
+                  ORDER BY p.id LIMIT 1))
+         FROM (SELECT DISTINCT t, i FROM unnest($1::text[], $2::text[]) AS f(t, i)) f))
+   AND o.queue IN (2, 3)";
 
 /// Records the outcomes of a batch claimed under `lease`; returns the ids
-/// actually updated (a row whose lease was lost is left alone).
-pub(super) async fn ack(pool: &PgPool, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
+/// actually updated (a row whose lease was lost is left alone). On the v2
+/// schema, in the same transaction, the next parked row of every aggregate
+/// whose row finished goes back to the queue: a later statement, so it sees
+/// what claims that waited for these rows' locks committed.
+pub(super) async fn ack(
+    pool: &PgPool,
+    v2: bool,
+    published_rows: PublishedRows,
+    lease: LeaseId,
+    outcomes: &[RowOutcome],
+) -> Result<Vec<RowId>, Error> {
     let mut ids = Vec::with_capacity(outcomes.len());
     let mut statuses = Vec::with_capacity(outcomes.len());
     let mut backoffs = Vec::with_capacity(outcomes.len());
@@ -61,7 +131,14 @@ pub(super) async fn ack(pool: &PgPool, lease: LeaseId, outcomes: &[RowOutcome]) 
         deliveries.push(deliveries_json(&row.deliveries));
         versions.push(row.plugin_version.clone());
     }
-    let updated = sqlx::query(ACK_SQL)
+    // The v1 schema predates deleting in the ack (and parking).
+    let statement = match (v2, published_rows) {
+        (false, _) | (true, PublishedRows::Keep) => &ACK_STATEMENTS[0],
+        (true, PublishedRows::Delete) => &ACK_STATEMENTS[1],
+        (true, PublishedRows::Archive) => &ACK_STATEMENTS[2],
+    };
+    let mut tx = pool.begin().await?;
+    let updated = sqlx::query(statement)
         .bind(&ids)
         .bind(&statuses)
         .bind(&backoffs)
@@ -70,11 +147,76 @@ pub(super) async fn ack(pool: &PgPool, lease: LeaseId, outcomes: &[RowOutcome]) 
         .bind(&versions)
         .bind(&refunds)
         .bind(lease.0)
-        .fetch_all(pool)
+        .fetch_all(&mut *tx)
         .await?;
-    updated
-        .iter()
-        .map(|row| row.try_get::<i64, _>("id").map(RowId))
-        .collect::<Result<_, _>>()
-        .map_err(Error::from)
+    let mut acked = Vec::with_capacity(updated.len());
+    let (mut types, mut aggregates) = (Vec::new(), Vec::new());
+    for row in &updated {
+        acked.push(RowId(row.try_get(0)?));
+        let status: &str = row.try_get(1)?;
+        if v2 && status != "pending" {
+            types.push(row.try_get::<String, _>(2)?);
+            aggregates.push(row.try_get::<String, _>(3)?);
+        }
+    }
+    if !types.is_empty() {
+        unpark(&mut tx, &types, &aggregates).await?;
+    }
+    tx.commit().await?;
+    Ok(acked)
+}
+
+/// Runs [`UNPARK_SQL`] for the given aggregates.
+pub(super) async fn unpark(
+    conn: &mut sqlx::PgConnection,
+    types: &[String],
+    aggregates: &[String],
+) -> Result<u64, Error> {
+    Ok(sqlx::query(UNPARK_SQL)
+        .bind(types)
+        .bind(aggregates)
+        .execute(conn)
+        .await?
+        .rows_affected())
+}
+
+/// The backstop for a parked row no ack will free (its predecessor was
+/// purged from the dead letters, or deleted by hand): up to `limit` parked
+/// rows with no earlier unfinished row in their aggregate go back to the
+/// queue. Parked rows count as unfinished here, so only the first of each
+/// aggregate moves.
+pub(super) async fn unpark_stranded(
+    pool: &PgPool,
+    dead_letter_blocks: bool,
+    limit: u32,
+) -> Result<u64, Error> {
+    let dead_filter = if dead_letter_blocks {
+        ""
+    } else {
+        "AND e.queue <> 4"
+    };
+    let sql = format!(
+        "UPDATE switchyard_outbox o
+            SET status = 'pending'
+          WHERE o.id IN (
+                SELECT p.id FROM switchyard_outbox p
+                 WHERE p.queue IN (2, 3)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM switchyard_outbox e
+                        WHERE e.aggregate_type = p.aggregate_type
+                          AND e.aggregate_id = p.aggregate_id
+                          AND e.id < p.id
+                          AND e.published_at IS NULL
+                          AND e.queue IS NOT NULL
+                          {dead_filter})
+                 ORDER BY p.aggregate_type, p.aggregate_id, p.id
+                 LIMIT $1
+                   FOR UPDATE SKIP LOCKED)
+            AND o.queue IN (2, 3)"
+    );
+    Ok(sqlx::query(&sql)
+        .bind(i64::from(limit))
+        .execute(pool)
+        .await?
+        .rows_affected())
 }

@@ -1,5 +1,6 @@
 //! Claiming a batch on PostgreSQL: one statement that picks the heads of
-//! aggregates, locks them with SKIP LOCKED and stamps a fresh lease on them.
+//! aggregates, locks them with SKIP LOCKED, stamps a fresh lease on them and
+//! parks the rows it found waiting behind an unfinished event.
 
 use std::time::{Duration, Instant};
 
@@ -40,10 +41,41 @@ fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Er
 /// SQLSTATE of a statement cancelled by `statement_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
-/// The claim statement, assembled once: index 0 lets later events of an
+/// The claim statements, assembled once: index 0 lets later events of an
 /// aggregate pass a dead-lettered one, index 1 keeps them waiting.
 static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    let base = CLAIM_SQL.replace("__ROW_COLUMNS__", ROW_COLUMNS);
+    let base = CLAIM_SQL
+        .replace("__ROW_COLUMNS__", ROW_COLUMNS)
+        .replace("__PARK_LIMIT__", &PARK_LIMIT.to_string());
+    [
+        base.replace("__DEAD_FILTER__", "AND e.queue <> 4")
+            .replace("__HELD__", HELD_CANDIDATES)
+            .replace("__OR_HELD__", "UNION ALL SELECT * FROM held_rows"),
+        base.replace("__DEAD_FILTER__", "")
+            .replace("__HELD__", "")
+            .replace("__OR_HELD__", ""),
+    ]
+});
+
+/// Rows one claim parks at most. Parking writes each row's index entries
+/// anew; a backlog of blocked rows is parked over several claims, each kept
+/// short, instead of in one long one.
+const PARK_LIMIT: u32 = 100;
+
+/// When dead letters do not block, rows parked behind one (while they did)
+/// are candidates too.
+const HELD_CANDIDATES: &str = "held_rows AS MATERIALIZED (
+    SELECT o.id, o.aggregate_type, o.aggregate_id
+      FROM switchyard_outbox o
+     WHERE o.queue = 3
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), ";
+
+/// The v1 statements, for an outbox not yet migrated to the v2 schema (and
+/// as the benchmark's baseline).
+static CLAIM_V1_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    let base = CLAIM_V1_SQL.replace("__ROW_COLUMNS__", ROW_COLUMNS);
     [
         base.replace("__DEAD_FILTER__", "AND e.status <> 'dead'"),
         base.replace("__DEAD_FILTER__", ""),
@@ -51,9 +83,85 @@ static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock:
 });
 
 // `$1` limit, `$2` owner, `$3` lease id, `$4` lease in ms.
-// The head-of-line test reads the aggregate index; its predicate
-// (`status <> 'published'`) appears verbatim so the planner can use it.
+//
+// Every step is an index probe per row - a LATERAL subquery, or `= ANY` of
+// an array - in a shape the planner cannot turn into a join over the
+// backlog, whatever its statistics say:
+// 1. `cand`: up to `$1` queued rows in the order they became due, from the
+//    due index (in-flight rows are passed over unless their lease expired;
+//    there are at most batch size times workers of them).
+// 2. `probe`: for each, the nearest earlier unfinished row of its aggregate
+//    (a LATERAL ... LIMIT 1 on the unfinished index).
+// 3. Candidates with none are heads: leased (`claimed`). The others are
+//    parked (`held` behind a dead letter), out of the due index, so no
+//    later claim walks them again - but
+//    only behind a predecessor locked here FOR SHARE and still unfinished
+//    (`held`, which lists the rows to park). The ack that finishes that predecessor has to wait for this
+//    statement, and the unpark it runs next sees the row parked. A
+//    predecessor locked elsewhere (being acked right now) is skipped: its
+//    followers stay queued and are looked at again by the next claim.
 const CLAIM_SQL: &str = r#"
+WITH due AS MATERIALIZED (
+    SELECT o.id, o.aggregate_type, o.aggregate_id
+      FROM switchyard_outbox o
+     WHERE o.queue = 1
+       AND GREATEST(o.next_attempt_at, o.not_before, o.created_at) <= now()
+       AND (o.status = 'pending' OR o.lease_expires_at < now())
+     ORDER BY GREATEST(o.next_attempt_at, o.not_before, o.created_at), o.id
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), __HELD__cand AS (
+    SELECT * FROM due __OR_HELD__
+), probe AS MATERIALIZED (
+    SELECT c.id, c.aggregate_type, c.aggregate_id, b.id AS blocker
+      FROM cand c
+      LEFT JOIN LATERAL (
+           SELECT e.id FROM switchyard_outbox e
+            WHERE e.aggregate_type = c.aggregate_type
+              AND e.aggregate_id = c.aggregate_id
+              AND e.id < c.id
+              AND e.published_at IS NULL
+              AND e.queue IS NOT NULL
+              __DEAD_FILTER__
+            ORDER BY e.id DESC
+            LIMIT 1) b ON true
+), held AS MATERIALIZED (
+    SELECT p.id, l.dead
+      FROM probe p
+     CROSS JOIN LATERAL (
+           SELECT e.queue = 4 AS dead FROM switchyard_outbox e
+            WHERE e.aggregate_type = p.aggregate_type
+              AND e.aggregate_id = p.aggregate_id
+              AND e.id = p.blocker
+              AND e.published_at IS NULL
+              AND e.queue IS NOT NULL
+              __DEAD_FILTER__
+              FOR SHARE SKIP LOCKED) l
+     LIMIT __PARK_LIMIT__
+), parked AS (
+    UPDATE switchyard_outbox o
+       SET status = CASE WHEN o.id = ANY (ARRAY(SELECT h.id FROM held h WHERE h.dead))
+                         THEN 'held' ELSE 'parked' END
+     WHERE o.id = ANY (ARRAY(SELECT h.id FROM held h))
+    RETURNING o.id
+), claimed AS (
+    UPDATE switchyard_outbox o
+       SET status = 'in_flight',
+           lease_owner = $2,
+           lease_id = $3,
+           lease_expires_at = now() + $4 * interval '1 millisecond',
+           attempts = o.attempts + 1
+     WHERE o.id = ANY (ARRAY(SELECT p.id FROM probe p WHERE p.blocker IS NULL))
+    RETURNING __ROW_COLUMNS__
+)
+SELECT c.*, (SELECT count(*) FROM parked) AS parked,
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s
+  FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+"#;
+
+// The v1 claim: a scan over every unfinished row with the head-of-line test
+// as NOT EXISTS, which the planner may turn into a join over the backlog.
+const CLAIM_V1_SQL: &str = r#"
 WITH heads AS (
     SELECT o.id
       FROM switchyard_outbox o
@@ -83,6 +191,25 @@ UPDATE switchyard_outbox o
 RETURNING __ROW_COLUMNS__
 "#;
 
+/// Settings for the claim transaction. The statement timeout bounds a claim
+/// to half the lease. The planner settings leave it one way to run the v2
+/// statement - index probes in nested loops - so statistics taken while the
+/// outbox was drained cannot send it into a scan of the backlog.
+fn claim_settings(lease_ms: i64, v2: bool) -> String {
+    let timeout = (lease_ms / 2).max(1);
+    if v2 {
+        format!(
+            "SELECT set_config('statement_timeout', '{timeout}', true),
+                    set_config('enable_seqscan', 'off', true),
+                    set_config('enable_bitmapscan', 'off', true),
+                    set_config('enable_hashjoin', 'off', true),
+                    set_config('enable_mergejoin', 'off', true)"
+        )
+    } else {
+        format!("SELECT set_config('statement_timeout', '{timeout}', true)")
+    }
+}
+
 /// Reads up to `limit` unfinished rows in id order without claiming or
 /// changing anything, in a read-only transaction (for dry runs).
 pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<OutboxRow>, Error> {
@@ -90,7 +217,7 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
     sqlx::query("SET TRANSACTION READ ONLY").execute(&mut *tx).await?;
     let sql = format!(
         "SELECT {ROW_COLUMNS} FROM switchyard_outbox o
-          WHERE o.status IN ('pending', 'in_flight') ORDER BY o.id LIMIT $1"
+          WHERE o.status IN ('pending', 'parked', 'held', 'in_flight') ORDER BY o.id LIMIT $1"
     );
     let records = sqlx::query(&sql)
         .bind(i64::from(limit))
@@ -100,9 +227,11 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
     Ok(records.iter().map(row_from_record).collect::<Result<_, _>>()?)
 }
 
-/// Claims up to `limit` rows for `owner`, leased for `lease`.
+/// Claims up to `limit` rows for `owner`, leased for `lease`; `v2` picks
+/// the statements of the v2 schema.
 pub(super) async fn claim(
     pool: &PgPool,
+    v2: bool,
     dead_letter_blocks_aggregate: bool,
     owner: &str,
     limit: u32,
@@ -110,19 +239,19 @@ pub(super) async fn claim(
 ) -> Result<Claim, Error> {
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
-    let sql = &CLAIM_STATEMENTS[usize::from(dead_letter_blocks_aggregate)];
+    let statements = if v2 {
+        &CLAIM_STATEMENTS
+    } else {
+        &CLAIM_V1_STATEMENTS
+    };
+    let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     // A claim slower than half the lease is of no use: its rows could not
-    // be published before the lease ends. Bounding it stops a plan gone
-    // wrong (statistics taken while the outbox was drained) from running
-    // for minutes; the relay then refreshes the statistics.
+    // be published before the lease ends.
     let mut tx = pool.begin().await?;
-    sqlx::query(&format!(
-        "SET LOCAL statement_timeout = {}",
-        (lease_ms / 2).max(1)
-    ))
-    .execute(&mut *tx)
-    .await?;
+    sqlx::query(&claim_settings(lease_ms, v2))
+        .execute(&mut *tx)
+        .await?;
     let records = match sqlx::query(sql)
         .bind(i64::from(limit))
         .bind(owner)
@@ -139,10 +268,22 @@ pub(super) async fn claim(
         records => records?,
     };
     tx.commit().await?;
-    let mut rows = records
-        .iter()
-        .map(row_from_record)
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut parked = 0;
+    let mut statement = None;
+    let mut rows = Vec::with_capacity(records.len());
+    for record in &records {
+        if v2 {
+            // The v2 statement returns one row even when it claimed none.
+            parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
+            let seconds: f64 = record.try_get("statement_s")?;
+            let ran = Duration::try_from_secs_f64(seconds).unwrap_or_default();
+            statement = Some(statement.map_or(ran, |s: Duration| s.max(ran)));
+            if record.try_get::<Option<i64>, _>(0)?.is_none() {
+                continue;
+            }
+        }
+        rows.push(row_from_record(record)?);
+    }
     // UPDATE ... RETURNING gives no order guarantee.
     rows.sort_by_key(|row| row.id);
     Ok(Claim {
@@ -150,5 +291,7 @@ pub(super) async fn claim(
         rows,
         deadline: started + lease,
         took: started.elapsed(),
+        statement,
+        parked,
     })
 }
