@@ -850,7 +850,7 @@ fn cpu_model() -> String {
 /// published rows analyzed, autovacuum off, then 10,000 rows over 1,000
 /// aggregates whose heads wait in backoff and 500 fresh rows of other
 /// aggregates. Claims (lease 10 s, so cancelled after 5 s) until one finds
-/// nothing, at most 60 claims or 60 s.
+/// nothing, at most 200 claims or 60 s.
 struct StaleClaims {
     claims: usize,
     slowest: Duration,
@@ -904,7 +904,7 @@ async fn stale_claims(services: &Services, schema: Schema) -> anyhow::Result<Sta
         cancelled: 0,
     };
     let started = Instant::now();
-    while result.claims < 60 && started.elapsed() < Duration::from_secs(60) {
+    while result.claims < 200 && started.elapsed() < Duration::from_secs(60) {
         let began = Instant::now();
         let claim = store.claim("stale", 500, Duration::from_secs(10)).await;
         let took = began.elapsed();

@@ -32,9 +32,10 @@ ALTER TABLE switchyard_outbox ADD COLUMN queue SMALLINT GENERATED ALWAYS AS (
         WHEN 'dead' THEN 4
     END) STORED;
 
--- Room on each page for the claim's new row version, which a heap-only
--- update must place on the same page.
-ALTER TABLE switchyard_outbox SET (fillfactor = 70);
+-- Half of each page kept free: room for every row's claim version, which a
+-- heap-only update must place on the same page (at 70, 4 claims in 10 were
+-- heap-only; at 50, 9 in 10). Applies to pages written from now on.
+ALTER TABLE switchyard_outbox SET (fillfactor = 50);
 
 -- Claim scan: queued rows by the time they became due.
 CREATE INDEX switchyard_outbox_due_idx

@@ -507,7 +507,7 @@ async fn replay(
     let counts = loop {
         let counts = store.status_counts(&ids).await?;
         let get = |status: &str| counts.get(status).copied().unwrap_or(0);
-        let waiting = get("pending") + get("in_flight");
+        let waiting = get("pending") + get("parked") + get("held") + get("in_flight");
         let line = format!(
             "replay: {} published, {} dead again, {waiting} waiting",
             get("published"),
@@ -524,7 +524,7 @@ async fn replay(
     };
     let get = |status: &str| counts.get(status).copied().unwrap_or(0);
     let (published, dead) = (get("published"), get("dead"));
-    let waiting = get("pending") + get("in_flight");
+    let waiting = get("pending") + get("parked") + get("held") + get("in_flight");
     let gone = ids.len() as i64 - published - dead - waiting;
     let mut summary = format!(
         "Replayed {} dead letter(s): {published} published, {dead} dead again",

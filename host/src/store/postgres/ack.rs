@@ -75,7 +75,8 @@ static ACK_STATEMENTS: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::n
 /// Moves the first parked row of each given aggregate back to the queue.
 /// Its predecessor has just finished; if another one is still unfinished,
 /// the next claim parks the row again behind that one. One probe into each
-/// parked index (behind an event, behind a dead letter) per aggregate.
+/// parked index (behind an event, behind a dead letter) per aggregate, when
+/// any row is parked at all.
 const UNPARK_SQL: &str = "
 UPDATE switchyard_outbox o
    SET status = 'pending'
@@ -87,7 +88,10 @@ UPDATE switchyard_outbox o
                 (SELECT p.id FROM switchyard_outbox p
                   WHERE p.aggregate_type = f.t AND p.aggregate_id = f.i AND p.queue = 3
                   ORDER BY p.id LIMIT 1))
-         FROM (SELECT DISTINCT t, i FROM unnest($1::text[], $2::text[]) AS f(t, i)) f))
+         FROM (SELECT DISTINCT t, i FROM unnest($1::text[], $2::text[]) AS f(t, i)) f
+        -- Evaluated once: most of the time nothing is parked anywhere.
+        WHERE EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 2)
+           OR EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 3)))
    AND o.queue IN (2, 3)";
 
 /// Records the outcomes of a batch claimed under `lease`; returns the ids

@@ -60,7 +60,7 @@ static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock:
 /// Rows one claim parks at most. Parking writes each row's index entries
 /// anew; a backlog of blocked rows is parked over several claims, each kept
 /// short, instead of in one long one.
-const PARK_LIMIT: u32 = 100;
+const PARK_LIMIT: u32 = 50;
 
 /// When dead letters do not block, rows parked behind one (while they did)
 /// are candidates too.
@@ -90,16 +90,18 @@ static CLAIM_V1_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLo
 // 1. `cand`: up to `$1` queued rows in the order they became due, from the
 //    due index (in-flight rows are passed over unless their lease expired;
 //    there are at most batch size times workers of them).
-// 2. `probe`: for each, the nearest earlier unfinished row of its aggregate
-//    (a LATERAL ... LIMIT 1 on the unfinished index).
+// 2. `probe`: for each, an earlier unfinished row of its aggregate: the
+//    previous candidate of the same aggregate if there is one (locked here
+//    already), else the nearest such row (a LATERAL ... LIMIT 1 on the
+//    unfinished index; one probe per aggregate, not per candidate).
 // 3. Candidates with none are heads: leased (`claimed`). The others are
 //    parked (`held` behind a dead letter), out of the due index, so no
-//    later claim walks them again - but
-//    only behind a predecessor locked here FOR SHARE and still unfinished
-//    (`held`, which lists the rows to park). The ack that finishes that predecessor has to wait for this
-//    statement, and the unpark it runs next sees the row parked. A
-//    predecessor locked elsewhere (being acked right now) is skipped: its
-//    followers stay queued and are looked at again by the next claim.
+//    later claim walks them again - but only behind a predecessor locked
+//    here (a candidate, or FOR SHARE) and still unfinished (`held`, which
+//    lists the rows to park). The ack that finishes that predecessor has
+//    to wait for this statement, and the unpark it runs next sees the row
+//    parked. A predecessor locked elsewhere (being acked right now) is
+//    skipped: its followers stay queued for the next claim to look at.
 const CLAIM_SQL: &str = r#"
 WITH due AS MATERIALIZED (
     SELECT o.id, o.aggregate_type, o.aggregate_id
@@ -112,31 +114,39 @@ WITH due AS MATERIALIZED (
        FOR UPDATE SKIP LOCKED
 ), __HELD__cand AS (
     SELECT * FROM due __OR_HELD__
-), probe AS MATERIALIZED (
-    SELECT c.id, c.aggregate_type, c.aggregate_id, b.id AS blocker
+), ranked AS (
+    SELECT c.*, lag(c.id) OVER (PARTITION BY c.aggregate_type, c.aggregate_id ORDER BY c.id) AS previous
       FROM cand c
+), probe AS MATERIALIZED (
+    SELECT r.id, r.aggregate_type, r.aggregate_id,
+           r.previous IS NOT NULL AS own,
+           COALESCE(r.previous, b.id) AS blocker
+      FROM ranked r
       LEFT JOIN LATERAL (
            SELECT e.id FROM switchyard_outbox e
-            WHERE e.aggregate_type = c.aggregate_type
-              AND e.aggregate_id = c.aggregate_id
-              AND e.id < c.id
+            WHERE r.previous IS NULL
+              AND e.aggregate_type = r.aggregate_type
+              AND e.aggregate_id = r.aggregate_id
+              AND e.id < r.id
               AND e.published_at IS NULL
               AND e.queue IS NOT NULL
               __DEAD_FILTER__
             ORDER BY e.id DESC
             LIMIT 1) b ON true
 ), held AS MATERIALIZED (
-    SELECT p.id, l.dead
+    SELECT p.id, COALESCE(l.dead, false) AS dead
       FROM probe p
-     CROSS JOIN LATERAL (
+      LEFT JOIN LATERAL (
            SELECT e.queue = 4 AS dead FROM switchyard_outbox e
-            WHERE e.aggregate_type = p.aggregate_type
+            WHERE NOT p.own
+              AND e.aggregate_type = p.aggregate_type
               AND e.aggregate_id = p.aggregate_id
               AND e.id = p.blocker
               AND e.published_at IS NULL
               AND e.queue IS NOT NULL
               __DEAD_FILTER__
-              FOR SHARE SKIP LOCKED) l
+              FOR SHARE SKIP LOCKED) l ON true
+     WHERE p.blocker IS NOT NULL AND (p.own OR l.dead IS NOT NULL)
      LIMIT __PARK_LIMIT__
 ), parked AS (
     UPDATE switchyard_outbox o
