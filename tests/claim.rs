@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, RowId, RowOutcome};
+use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{NewEvent, fresh_db, place_order_event};
 
@@ -40,6 +40,7 @@ on_both_backends!(
     no_single_rows_content_can_fail_the_batch_ack,
     writers_get_a_specific_error_for_oversized_keys,
     concurrent_workers_keep_each_aggregate_in_order_and_strand_nothing,
+    published_rows_can_be_deleted_or_archived_by_the_ack,
 );
 
 fn event(aggregate: usize, seq: usize) -> NewEvent {
@@ -496,5 +497,102 @@ async fn concurrent_workers_keep_each_aggregate_in_order_and_strand_nothing(db: 
             seqs, &expected,
             "aggregate {aggregate} published out of order or incompletely"
         );
+    }
+}
+
+/// `published_rows = delete | archive`: the ack removes a published row (and
+/// in `archive` mode moves it to the archive, as published) in its own
+/// statement; other outcomes are recorded as always, and the next event of
+/// the aggregate is claimable at once.
+async fn published_rows_can_be_deleted_or_archived_by_the_ack(db: TestOutbox) {
+    for aggregate in 0..4 {
+        db.insert(aggregate, 0, None).await;
+        db.insert(aggregate, 1, None).await;
+    }
+    for (round, mode) in [PublishedRows::Delete, PublishedRows::Archive]
+        .into_iter()
+        .enumerate()
+    {
+        let store = db.store.clone().with_published_rows(mode);
+        let claim = store.claim("a", 10, LEASE).await.unwrap();
+        let heads: Vec<_> = claim
+            .rows
+            .iter()
+            .filter(|r| r.aggregate_id == "o-0" || r.aggregate_id == "o-1")
+            .collect();
+        assert_eq!(heads.len(), 2, "{mode:?}: {:?}", claim.rows);
+        let outcomes: Vec<RowOutcome> = claim
+            .rows
+            .iter()
+            .map(|row| {
+                if heads.iter().any(|h| h.id == row.id) {
+                    outcome(row.id, Outcome::Published)
+                } else {
+                    outcome(
+                        row.id,
+                        Outcome::Retry {
+                            after: Duration::ZERO,
+                            error: "later".into(),
+                        },
+                    )
+                }
+            })
+            .collect();
+        assert_eq!(
+            store.ack(claim.lease, &outcomes).await.unwrap().len(),
+            outcomes.len()
+        );
+        for head in &heads {
+            let id = head.id.0;
+            assert_eq!(
+                db.scalar(&format!("SELECT count(*) FROM switchyard_outbox WHERE id = {id}"))
+                    .await,
+                0,
+                "{mode:?}: a published row stays in the outbox"
+            );
+            let archived = db
+                .scalar(&format!(
+                    "SELECT count(*) FROM switchyard_outbox_archive WHERE id = {id} AND published_at IS NOT NULL"
+                ))
+                .await;
+            assert_eq!(archived, i64::from(mode == PublishedRows::Archive), "{mode:?}");
+        }
+        assert_eq!(db.count("published").await, 0);
+        let waiting = db
+            .scalar("SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'parked')")
+            .await;
+        assert_eq!(
+            waiting,
+            8 - 2 * (round as i64 + 1),
+            "{mode:?}: the other rows are kept"
+        );
+        if round == 1 {
+            break;
+        }
+        // The next event of each published aggregate is its head now; it is
+        // put back (no attempt counted) for the archive round to publish.
+        let next = store.claim("b", 10, LEASE).await.unwrap();
+        for aggregate in ["o-0", "o-1"] {
+            assert!(
+                next.rows
+                    .iter()
+                    .any(|r| r.aggregate_id == aggregate && seq(r) == 1),
+                "{mode:?}: {aggregate}'s next event"
+            );
+        }
+        let release: Vec<RowOutcome> = next
+            .rows
+            .iter()
+            .map(|row| {
+                outcome(
+                    row.id,
+                    Outcome::Defer {
+                        after: Duration::ZERO,
+                        reason: "next round".into(),
+                    },
+                )
+            })
+            .collect();
+        store.ack(next.lease, &release).await.unwrap();
     }
 }

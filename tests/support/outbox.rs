@@ -153,4 +153,13 @@ impl TestOutbox {
             _ => unreachable!("one backend is set"),
         }
     }
+
+    /// The single integer an SQL query without parameters returns.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        match (&self.pg, &self.sqlite) {
+            (Some(pool), _) => sqlx::query_scalar(sql).fetch_one(pool).await.expect("scalar"),
+            (_, Some(pool)) => sqlx::query_scalar(sql).fetch_one(pool).await.expect("scalar"),
+            _ => unreachable!("one backend is set"),
+        }
+    }
 }
