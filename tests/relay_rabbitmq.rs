@@ -300,3 +300,67 @@ exchange = "orders"
         "lost, reordered ({duplicates} redelivered copies)"
     );
 }
+
+/// A restarted broker accepts connections before it has restored the
+/// bindings of its durable queues, and returns messages as unroutable
+/// meanwhile. Shortly after the connection came back an unroutable message
+/// is retried, not dead-lettered, and delivered once the binding is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_message_just_after_a_reconnect_is_retried() {
+    init_logging();
+    let _heavy = exclusive().await;
+    let db = fresh_db().await;
+    let mut rabbit = RabbitMq::own().await;
+    rabbit.declare("late", "", "").await;
+    let config = format!(
+        r#"
+[database]
+url = "{db}"
+{relay}
+[[plugins]]
+name = "router"
+path = "{plugin}"
+[plugins.config]
+target = "rabbit"
+topic = "orders.{{event_type}}"
+[targets.rabbit]
+type = "rabbitmq"
+url = "{url}"
+exchange = "late"
+unroutable_grace_ms = 60000
+"#,
+        db = db.url,
+        relay = RelaySection::new()
+            .set("max_attempts", "100")
+            .set("max_backoff_ms", "500")
+            .toml(),
+        plugin = plugin("route_by_type").display(),
+        url = rabbit.url(),
+    );
+    let relay = InProcess::start(&parse(&config)).await;
+    rabbit.stop();
+    rabbit.start().await;
+    write_orders_of(&db.pool, &["Placed"]).await;
+
+    let error: String = eventually(
+        "an unroutable attempt retried",
+        Duration::from_secs(60),
+        || async {
+            sqlx::query_scalar(
+                "SELECT last_error FROM switchyard_outbox
+              WHERE status = 'pending' AND attempts >= 1 AND last_error LIKE '%NO_ROUTE%'",
+            )
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    assert!(error.contains("restoring its bindings"), "{error}");
+    rabbit.declare("late", "late-consumer", "orders.#").await;
+    all_published(&db.pool, 1, Duration::from_secs(60)).await;
+    relay.stop().await;
+    assert_eq!(count_status(&db.pool, "dead").await, 0);
+    let queued = rabbit.drain("late-consumer", 1, Duration::from_secs(30)).await;
+    assert_eq!(queued.len(), 1);
+}

@@ -20,6 +20,16 @@ pub struct RabbitMqSinkConfig {
     /// Name the connection shows on the broker.
     #[serde(default = "default_connection_name")]
     pub connection_name: String,
+    /// For this long after a connection replaced a lost one (or followed a
+    /// failed attempt), an unroutable message is retried instead of
+    /// dead-lettered: a restarted broker accepts connections before it has
+    /// restored the bindings of its durable queues. 0 turns this off.
+    #[serde(default = "default_unroutable_grace_ms")]
+    pub unroutable_grace_ms: u64,
+}
+
+const fn default_unroutable_grace_ms() -> u64 {
+    10_000
 }
 
 const fn default_true() -> bool {
@@ -76,6 +86,7 @@ impl std::fmt::Debug for RabbitMqSinkConfig {
             .field("exchange", &self.exchange)
             .field("persistent", &self.persistent)
             .field("connection_name", &self.connection_name)
+            .field("unroutable_grace_ms", &self.unroutable_grace_ms)
             .finish()
     }
 }
@@ -90,6 +101,7 @@ mod tests {
             exchange: exchange.to_string(),
             persistent: true,
             connection_name: default_connection_name(),
+            unroutable_grace_ms: default_unroutable_grace_ms(),
         }
     }
 

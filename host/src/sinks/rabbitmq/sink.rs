@@ -3,7 +3,8 @@
 //! closes them; a batch is sent in order on one channel, so a queue receives
 //! each aggregate's messages in order.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, join_all};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -26,12 +27,18 @@ pub struct RabbitMqSink {
     config: RabbitMqSinkConfig,
     publish_timeout: Duration,
     link: Mutex<Option<Link>>,
+    /// A connection was lost or could not be made: the next one may be to a
+    /// broker that is still starting.
+    after_trouble: AtomicBool,
 }
 
 /// A connection and its confirm-mode channel.
 struct Link {
     connection: Connection,
     channel: Channel,
+    /// Until when an unroutable message counts as retryable (see
+    /// `unroutable_grace_ms`).
+    grace_until: Option<Instant>,
 }
 
 impl RabbitMqSink {
@@ -42,26 +49,49 @@ impl RabbitMqSink {
             config: config.clone(),
             publish_timeout,
             link: Mutex::new(None),
+            after_trouble: AtomicBool::new(false),
         }
     }
 
     /// The channel to publish on: the current one while it is open, a new
     /// one on the same connection after the broker closed the channel (a
-    /// missing exchange does), a new connection after it was lost.
-    async fn channel(&self) -> Result<Channel, SinkError> {
+    /// missing exchange does), a new connection after it was lost. With it,
+    /// until when an unroutable message is retried.
+    async fn channel(&self) -> Result<(Channel, Option<Instant>), SinkError> {
         let mut link = self.link.lock().await;
         if let Some(current) = link.as_ref() {
             if current.channel.status().connected() {
-                return Ok(current.channel.clone());
+                return Ok((current.channel.clone(), current.grace_until));
             }
             if current.connection.status().connected() {
                 let channel = confirm_channel(&current.connection).await?;
                 if let Some(current) = link.as_mut() {
                     current.channel = channel.clone();
                 }
-                return Ok(channel);
+                return Ok((channel, link.as_ref().and_then(|l| l.grace_until)));
+            }
+            self.after_trouble.store(true, Ordering::Relaxed);
+        }
+        match self.connect().await {
+            Ok((connection, channel)) => {
+                let grace = Duration::from_millis(self.config.unroutable_grace_ms);
+                let grace_until = (self.after_trouble.swap(false, Ordering::Relaxed) && !grace.is_zero())
+                    .then(|| Instant::now() + grace);
+                *link = Some(Link {
+                    connection,
+                    channel: channel.clone(),
+                    grace_until,
+                });
+                Ok((channel, grace_until))
+            }
+            Err(error) => {
+                self.after_trouble.store(true, Ordering::Relaxed);
+                Err(error)
             }
         }
+    }
+
+    async fn connect(&self) -> Result<(Connection, Channel), SinkError> {
         let properties =
             ConnectionProperties::default().with_connection_name(self.config.connection_name.as_str().into());
         let connection =
@@ -82,11 +112,7 @@ impl RabbitMqSink {
                     ))
                 })?;
         let channel = confirm_channel(&connection).await?;
-        *link = Some(Link {
-            connection,
-            channel: channel.clone(),
-        });
-        Ok(channel)
+        Ok((connection, channel))
     }
 
     fn properties(&self, message: &OutgoingMessage) -> BasicProperties {
@@ -114,8 +140,8 @@ impl RabbitMqSink {
     }
 
     async fn publish_all(&self, messages: Vec<OutgoingMessage>) -> Vec<Result<(), SinkError>> {
-        let channel = match self.channel().await {
-            Ok(channel) => channel,
+        let (channel, grace_until) = match self.channel().await {
+            Ok(link) => link,
             Err(error) => return vec![Err(error); messages.len()],
         };
         let deadline = tokio::time::Instant::now() + self.publish_timeout;
@@ -160,22 +186,28 @@ impl RabbitMqSink {
                     self.publish_timeout.as_millis()
                 ))),
                 Ok(Err(error)) => Err(self.classify(&error)),
-                Ok(Ok(confirmation)) => self.confirmation(confirmation, message_route(&self.config.exchange)),
+                Ok(Ok(confirmation)) => self.confirmation(confirmation, grace_until),
             }
         });
         join_all(confirmed).await
     }
 
-    fn confirmation(&self, confirmation: Confirmation, exchange: String) -> Result<(), SinkError> {
+    fn confirmation(
+        &self,
+        confirmation: Confirmation,
+        grace_until: Option<Instant>,
+    ) -> Result<(), SinkError> {
         match confirmation {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Err(SinkError::permanent(format!(
-                    "unroutable: {exchange} has no queue bound for routing key {:?} ({} {})",
+                let problem = format!(
+                    "unroutable: {} has no queue bound for routing key {:?} ({} {})",
+                    message_route(&self.config.exchange),
                     returned.delivery.routing_key.as_str(),
                     returned.reply_code,
                     returned.reply_text.as_str()
-                )))
+                );
+                Err(unroutable(problem, grace_until, Instant::now()))
             }
             Confirmation::Nack(None) => Err(SinkError::retryable(
                 "the broker did not take the message (nack)".to_string(),
@@ -204,6 +236,19 @@ impl RabbitMqSink {
             },
             _ => SinkError::retryable(text),
         }
+    }
+}
+
+/// An unroutable message is refused for good, except shortly after the
+/// connection came back: a restarted broker answers before it has restored
+/// its bindings (RabbitMQ returned NO_ROUTE for about 1.3 s after a SIGKILL
+/// and restart, with the durable queue and binding in place).
+fn unroutable(problem: String, grace_until: Option<Instant>, now: Instant) -> SinkError {
+    match grace_until {
+        Some(until) if now < until => SinkError::retryable(format!(
+            "{problem}; retried: the connection was re-established moments ago and the broker may still be restoring its bindings"
+        )),
+        _ => SinkError::permanent(problem),
     }
 }
 
@@ -322,5 +367,23 @@ mod tests {
         assert!(long_key.contains("routing key of 256 bytes"), "{long_key}");
         let long_header = unsendable(&message("orders", &"h".repeat(300))).unwrap();
         assert!(long_header.contains("header name of 300 bytes"), "{long_header}");
+    }
+
+    #[test]
+    fn unroutable_is_retried_only_within_the_grace_after_a_reconnect() {
+        let now = Instant::now();
+        let problem = || "unroutable: exchange \"orders\" ...".to_string();
+        let first_connection = unroutable(problem(), None, now);
+        assert!(!first_connection.retryable, "{}", first_connection.message);
+        let soon_after = unroutable(problem(), Some(now + Duration::from_secs(10)), now);
+        assert!(soon_after.retryable);
+        assert!(
+            soon_after.message.contains("restoring its bindings"),
+            "{}",
+            soon_after.message
+        );
+        let later = unroutable(problem(), Some(now), now + Duration::from_millis(1));
+        assert!(!later.retryable, "{}", later.message);
+        assert_eq!(later.message, problem());
     }
 }
