@@ -126,9 +126,20 @@ pid_running() { # pidfile [command-name]
     [ -z "${2:-}" ] || tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2"
 }
 
+# Whether something listens on a TCP port. Not by connecting: the service
+# ports lie in the kernel's ephemeral range, and a connect to a port nobody
+# listens on can pick that very port as its own and connect to itself. The
+# check then passes, and the server's bind fails with EADDRINUSE (RabbitMQ
+# did, once, in a clean CI run).
+listening() { # port
+    awk -v port="$(printf ':%04X' "$1")" \
+        '$4 == "0A" && substr($2, length($2) - 4) == port { found = 1 } END { exit !found }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
 wait_port() { # port name log
     for _ in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        if listening "$1"; then return 0; fi
         sleep 0.1
     done
     echo "services: $2 did not start, see $3" >&2
@@ -183,7 +194,7 @@ rabbit_start() {
     # the subshell and this script would wait for the server to exit.
     (rabbit_exports && exec "$RABBIT_SERVER") </dev/null >"$RABBIT_DIR/server.log" 2>&1 &
     for _ in $(seq 1 600); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$RABBIT_PORT") 2>/dev/null; then return 0; fi
+        if listening "$RABBIT_PORT"; then return 0; fi
         sleep 0.1
     done
     echo "services: rabbitmq-server did not start, see $RABBIT_DIR/server.log and $RABBIT_DIR/log" >&2

@@ -73,7 +73,13 @@ impl KafkaServer {
         let ready = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             // Connect only once the port listens: librdkafka logs every refused attempt.
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            // A connect to a free port in the ephemeral range can take that
+            // port as its own and reach itself: that is not tansu listening.
+            let listening = || {
+                std::net::TcpStream::connect(("127.0.0.1", port))
+                    .is_ok_and(|stream| stream.local_addr().is_ok_and(|local| local.port() != port))
+            };
+            while !listening() {
                 if started.elapsed() > Duration::from_secs(20) {
                     return false;
                 }
