@@ -14,52 +14,19 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
 use switchyard::store::{Claim, OutboxStore};
+use switchyard_tests::backlog::{drained_statistics, heads_in_backoff_on_stale_statistics, write_backlog};
 use switchyard_tests::postgres::fresh_db;
 
 const LEASE: Duration = Duration::from_secs(60);
 const BATCH: u32 = 500;
 const BOUND: Duration = Duration::from_millis(20);
 
-/// Writes `aggregates` x `per_aggregate` rows, aggregate by aggregate
-/// interleaved as real traffic is, under aggregate ids `<prefix>-<n>`.
-async fn write_backlog(pool: &PgPool, prefix: &str, aggregates: i64, per_aggregate: i64) {
-    sqlx::query(
-        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
-         SELECT 'order', $1 || '-' || (n % $2), 'OrderUpdated', jsonb_build_object('seq', n / $2)
-           FROM generate_series(0, $2 * $3 - 1) n",
-    )
-    .bind(prefix)
-    .bind(aggregates)
-    .bind(per_aggregate)
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
-/// An outbox whose planner statistics say it is drained: 20,000 published
-/// rows, analyzed, and autovacuum off so that nothing refreshes them.
+/// A fresh outbox whose planner statistics say it is drained.
 async fn outbox_with_drained_statistics() -> (switchyard_tests::postgres::TestDb, OutboxStore) {
     let db = fresh_db().await;
-    let pool = &db.pool;
-    sqlx::query("ALTER TABLE switchyard_outbox SET (autovacuum_enabled = false)")
-        .execute(pool)
-        .await
-        .unwrap();
-    write_backlog(pool, "history", 2_000, 10).await;
-    sqlx::query(
-        "UPDATE switchyard_outbox
-            SET status = 'published', published_at = now(), attempts = 1",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query("VACUUM ANALYZE switchyard_outbox")
-        .execute(pool)
-        .await
-        .unwrap();
-    let store = OutboxStore::new(pool.clone());
+    drained_statistics(&db.pool).await;
+    let store = OutboxStore::new(db.pool.clone());
     (db, store)
 }
 
@@ -121,17 +88,9 @@ async fn claims_stay_within_20_ms_on_stale_statistics_and_deep_blocked_backlogs(
     // 1. Statistics from a drained outbox, then 10,000 rows whose aggregate
     //    heads wait in backoff (the broker was down), then 500 fresh rows of
     //    other aggregates that must still be claimed.
-    let (db, store) = outbox_with_drained_statistics().await;
-    write_backlog(&db.pool, "backoff", 1_000, 10).await;
-    sqlx::query(
-        "UPDATE switchyard_outbox SET attempts = 1, next_attempt_at = now() + interval '1 hour'
-          WHERE id IN (SELECT min(id) FROM switchyard_outbox
-                        WHERE aggregate_id LIKE 'backoff-%' GROUP BY aggregate_id)",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    write_backlog(&db.pool, "fresh", 500, 1).await;
+    let db = fresh_db().await;
+    heads_in_backoff_on_stale_statistics(&db.pool).await;
+    let store = OutboxStore::new(db.pool.clone());
     let (claims, count, slowest) = claim_until_quiet(&store, "stale").await;
     let claimed: Vec<_> = claims.iter().flat_map(|c| &c.rows).collect();
     assert_eq!(

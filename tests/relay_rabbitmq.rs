@@ -239,14 +239,10 @@ async fn write_orders_of(pool: &sqlx::PgPool, event_types: &[&str]) -> usize {
     event_types.len()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_killed_while_confirms_are_pending_loses_nothing() {
-    init_logging();
-    let _heavy = exclusive().await;
-    let db = fresh_db().await;
-    let mut rabbit = RabbitMq::own().await;
-    rabbit.declare("orders", "orders-consumer", "orders.#").await;
-    let config = format!(
+/// route-by-type to one RabbitMQ target (`target` adds its settings), with
+/// retries for as long as a broker restart takes.
+fn patient_relay(db: &str, url: &str, target: &str) -> String {
+    format!(
         r#"
 [database]
 url = "{db}"
@@ -261,16 +257,24 @@ topic = "orders.{{event_type}}"
 [targets.rabbit]
 type = "rabbitmq"
 url = "{url}"
-exchange = "orders"
+{target}
 "#,
-        db = db.url,
         relay = RelaySection::new()
             .set("max_attempts", "100")
             .set("max_backoff_ms", "500")
             .toml(),
         plugin = plugin("route_by_type").display(),
-        url = rabbit.url(),
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_killed_while_confirms_are_pending_loses_nothing() {
+    init_logging();
+    let _heavy = exclusive().await;
+    let db = fresh_db().await;
+    let mut rabbit = RabbitMq::own().await;
+    rabbit.declare("orders", "orders-consumer", "orders.#").await;
+    let config = patient_relay(&db.url, rabbit.url(), "exchange = \"orders\"");
     let relay = InProcess::start(&parse(&config)).await;
 
     // The broker dies while the relay is mid-stream: some publishes were
@@ -312,30 +316,10 @@ async fn an_unroutable_message_just_after_a_reconnect_is_retried() {
     let db = fresh_db().await;
     let mut rabbit = RabbitMq::own().await;
     rabbit.declare("late", "", "").await;
-    let config = format!(
-        r#"
-[database]
-url = "{db}"
-{relay}
-[[plugins]]
-name = "router"
-path = "{plugin}"
-[plugins.config]
-target = "rabbit"
-topic = "orders.{{event_type}}"
-[targets.rabbit]
-type = "rabbitmq"
-url = "{url}"
-exchange = "late"
-unroutable_grace_ms = 60000
-"#,
-        db = db.url,
-        relay = RelaySection::new()
-            .set("max_attempts", "100")
-            .set("max_backoff_ms", "500")
-            .toml(),
-        plugin = plugin("route_by_type").display(),
-        url = rabbit.url(),
+    let config = patient_relay(
+        &db.url,
+        rabbit.url(),
+        "exchange = \"late\"\nunroutable_grace_ms = 60000",
     );
     let relay = InProcess::start(&parse(&config)).await;
     rabbit.stop();

@@ -28,6 +28,7 @@ use sqlx::PgPool;
 use switchyard::plugin::{Event, Message};
 use switchyard::store::{OutboxStore, Outcome, PublishedRows, RowOutcome};
 use switchyard::{Config, Relay};
+use switchyard_tests::postgres::{CLAIM_V2_MIGRATION, migrate_before};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -98,9 +99,6 @@ enum Schema {
     V2,
 }
 
-/// The first migration of the claim path v2.
-const V2_MIGRATION: i64 = 20_261_124_000_000;
-
 impl Schema {
     fn template(self) -> &'static str {
         match self {
@@ -125,20 +123,11 @@ impl Schema {
     }
 
     async fn migrate(self, pool: &PgPool) -> anyhow::Result<()> {
-        let mut migrator = sqlx::migrate::Migrator {
-            migrations: switchyard::store::MIGRATOR.migrations.clone(),
-            ..sqlx::migrate::Migrator::DEFAULT
+        let before = match self {
+            Schema::V1 => CLAIM_V2_MIGRATION,
+            Schema::V2 => i64::MAX,
         };
-        if self == Schema::V1 {
-            migrator.migrations = migrator
-                .migrations
-                .iter()
-                .filter(|m| m.version < V2_MIGRATION)
-                .cloned()
-                .collect::<Vec<_>>()
-                .into();
-        }
-        migrator.run(pool).await?;
+        migrate_before(pool, before).await?;
         Ok(())
     }
 }
@@ -866,35 +855,7 @@ async fn stale_claims(services: &Services, schema: Schema) -> anyhow::Result<Sta
     let url = services.db_url(name);
     let pool = PgPool::connect(&url).await?;
     schema.migrate(&pool).await?;
-    let write = |prefix: &'static str, aggregates: i64, per: i64| {
-        sqlx::query(
-            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
-             SELECT 'order', $1 || '-' || (n % $2), 'OrderUpdated', jsonb_build_object('seq', n / $2)
-               FROM generate_series(0, $2 * $3 - 1) n",
-        )
-        .bind(prefix)
-        .bind(aggregates)
-        .bind(per)
-    };
-    sqlx::query("ALTER TABLE switchyard_outbox SET (autovacuum_enabled = false)")
-        .execute(&pool)
-        .await?;
-    write("history", 2_000, 10).execute(&pool).await?;
-    sqlx::query("UPDATE switchyard_outbox SET status = 'published', published_at = now(), attempts = 1")
-        .execute(&pool)
-        .await?;
-    sqlx::query("VACUUM ANALYZE switchyard_outbox")
-        .execute(&pool)
-        .await?;
-    write("backoff", 1_000, 10).execute(&pool).await?;
-    sqlx::query(
-        "UPDATE switchyard_outbox SET attempts = 1, next_attempt_at = now() + interval '1 hour'
-          WHERE id IN (SELECT min(id) FROM switchyard_outbox
-                        WHERE aggregate_id LIKE 'backoff-%' GROUP BY aggregate_id)",
-    )
-    .execute(&pool)
-    .await?;
-    write("fresh", 500, 1).execute(&pool).await?;
+    switchyard_tests::backlog::heads_in_backoff_on_stale_statistics(&pool).await;
     let store = OutboxStore::new(pool.clone());
     let mut result = StaleClaims {
         claims: 0,

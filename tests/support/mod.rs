@@ -2,6 +2,7 @@
 //! test, nats-server processes per test, the example plugins built once, and
 //! helpers to write events the way an application would.
 
+pub mod backlog;
 pub mod kafka;
 pub mod nats;
 pub mod orders;

@@ -75,6 +75,38 @@ impl Drop for DropDatabase {
 /// # Panics
 /// When PostgreSQL is not reachable: start it with `scripts/services.sh start`.
 pub async fn fresh_db() -> TestDb {
+    fresh_db_before(i64::MAX).await
+}
+
+/// The migration that brought the claim path v2 (the computed `queue`
+/// column and its indexes).
+pub const CLAIM_V2_MIGRATION: i64 = 20_261_124_000_000;
+
+/// Runs the outbox migrations older than `version`: an outbox as an older
+/// release left it.
+///
+/// # Errors
+/// When a migration fails.
+pub async fn migrate_before(pool: &PgPool, version: i64) -> Result<(), sqlx::migrate::MigrateError> {
+    let migrations: Vec<_> = switchyard::store::MIGRATOR
+        .migrations
+        .iter()
+        .filter(|m| m.version < version)
+        .cloned()
+        .collect();
+    sqlx::migrate::Migrator {
+        migrations: migrations.into(),
+        ..sqlx::migrate::Migrator::DEFAULT
+    }
+    .run(pool)
+    .await
+}
+
+/// Like [`fresh_db`], with only the migrations older than `version`.
+///
+/// # Panics
+/// When PostgreSQL is not reachable: start it with `scripts/services.sh start`.
+pub async fn fresh_db_before(version: i64) -> TestDb {
     let server = server_url();
     let admin = server_pool().await;
     let name = format!("sy_{}", uuid::Uuid::new_v4().simple());
@@ -92,7 +124,7 @@ pub async fn fresh_db() -> TestDb {
         .connect(&url)
         .await
         .expect("connect to test database");
-    switchyard::store::MIGRATOR.run(&pool).await.expect("migrate");
+    migrate_before(&pool, version).await.expect("migrate");
     pool.execute(
         "CREATE TABLE orders (id TEXT PRIMARY KEY, status TEXT NOT NULL, total_cents BIGINT NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
     )

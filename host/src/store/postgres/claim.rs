@@ -38,6 +38,14 @@ fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Er
     })
 }
 
+/// What taking a row's lease sets, in both claim statements: `$2` owner,
+/// `$3` lease id, `$4` lease in ms. The lease id fences the ack.
+const TAKE_LEASE: &str = "status = 'in_flight',
+           lease_owner = $2,
+           lease_id = $3,
+           lease_expires_at = now() + $4 * interval '1 millisecond',
+           attempts = o.attempts + 1";
+
 /// SQLSTATE of a statement cancelled by `statement_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
@@ -45,6 +53,7 @@ const QUERY_CANCELED: &str = "57014";
 /// aggregate pass a dead-lettered one, index 1 keeps them waiting.
 static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
     let base = CLAIM_SQL
+        .replace("__TAKE_LEASE__", TAKE_LEASE)
         .replace("__ROW_COLUMNS__", ROW_COLUMNS)
         .replace("__PARK_LIMIT__", &PARK_LIMIT.to_string());
     [
@@ -75,7 +84,9 @@ const HELD_CANDIDATES: &str = "held_rows AS MATERIALIZED (
 /// The v1 statements, for an outbox not yet migrated to the v2 schema (and
 /// as the benchmark's baseline).
 static CLAIM_V1_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    let base = CLAIM_V1_SQL.replace("__ROW_COLUMNS__", ROW_COLUMNS);
+    let base = CLAIM_V1_SQL
+        .replace("__TAKE_LEASE__", TAKE_LEASE)
+        .replace("__ROW_COLUMNS__", ROW_COLUMNS);
     [
         base.replace("__DEAD_FILTER__", "AND e.status <> 'dead'"),
         base.replace("__DEAD_FILTER__", ""),
@@ -156,11 +167,7 @@ WITH due AS MATERIALIZED (
     RETURNING o.id
 ), claimed AS (
     UPDATE switchyard_outbox o
-       SET status = 'in_flight',
-           lease_owner = $2,
-           lease_id = $3,
-           lease_expires_at = now() + $4 * interval '1 millisecond',
-           attempts = o.attempts + 1
+       SET __TAKE_LEASE__
      WHERE o.id = ANY (ARRAY(SELECT p.id FROM probe p WHERE p.blocker IS NULL))
     RETURNING __ROW_COLUMNS__
 )
@@ -191,11 +198,7 @@ WITH heads AS (
        FOR UPDATE SKIP LOCKED
 )
 UPDATE switchyard_outbox o
-   SET status = 'in_flight',
-       lease_owner = $2,
-       lease_id = $3,
-       lease_expires_at = now() + $4 * interval '1 millisecond',
-       attempts = o.attempts + 1
+   SET __TAKE_LEASE__
   FROM heads
  WHERE o.id = heads.id
 RETURNING __ROW_COLUMNS__
