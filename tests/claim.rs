@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome};
 use switchyard_tests::outbox::TestOutbox;
-use switchyard_tests::postgres::{NewEvent, fresh_db, place_order_event};
+use switchyard_tests::postgres::{
+    CLAIM_V2_MIGRATION, NewEvent, fresh_db, fresh_db_before, place_order_event,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -595,4 +597,51 @@ async fn published_rows_can_be_deleted_or_archived_by_the_ack(db: TestOutbox) {
             .collect();
         store.ack(next.lease, &release).await.unwrap();
     }
+}
+
+/// An outbox still on the schema an older release left (before the v2
+/// migration) keeps working until `switchyard migrate` runs: claims and acks
+/// use the v1 statements, and `status` and the dead-letter commands answer
+/// (they used to name the v2 `queue` column and fail).
+#[tokio::test]
+async fn an_outbox_not_yet_migrated_is_relayed_and_operated_with_the_v1_statements() {
+    let db = fresh_db_before(CLAIM_V2_MIGRATION).await;
+    for (aggregate, seq) in [(0, 0), (0, 1), (1, 0)] {
+        place_order_event(&db.pool, &event(aggregate, seq), true).await;
+    }
+    let store = OutboxStore::new(db.pool.clone());
+    let first = store.claim("old", 10, LEASE).await.unwrap();
+    assert_eq!(first.rows.len(), 2, "one head per aggregate: {:?}", first.rows);
+    let outcomes: Vec<RowOutcome> = first
+        .rows
+        .iter()
+        .map(|row| {
+            if seq(row) == 0 && row.aggregate_id.ends_with('0') {
+                outcome(row.id, Outcome::Published)
+            } else {
+                outcome(
+                    row.id,
+                    Outcome::Dead {
+                        error: "refused".into(),
+                    },
+                )
+            }
+        })
+        .collect();
+    assert_eq!(store.ack(first.lease, &outcomes).await.unwrap().len(), 2);
+    let next = store.claim("old", 10, LEASE).await.unwrap();
+    assert_eq!(next.rows.len(), 1);
+    assert_eq!(seq(&next.rows[0]), 1);
+
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.dead, stats.in_flight), (1, 1));
+    let filter = switchyard::store::DeadLetterFilter::default();
+    assert_eq!(store.count_dead_letters(&filter).await.unwrap(), 1);
+    assert_eq!(store.dead_letters(&filter, 0, 10).await.unwrap().len(), 1);
+    let replayed = store.replay_dead_letters(&filter, 0, 10).await.unwrap();
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(
+        store.status_counts(&replayed).await.unwrap().get("pending"),
+        Some(&1)
+    );
 }

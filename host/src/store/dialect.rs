@@ -11,7 +11,11 @@ use super::types::{DeadLetterFilter, Delivery, DeliveryKey, OutboxEntry};
 /// Which SQL dialect a statement is written for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Dialect {
-    Postgres,
+    /// `queues`: the outbox has the v2 schema, whose partial indexes select
+    /// on the computed `queue` column; an outbox not yet migrated has not.
+    Postgres {
+        queues: bool,
+    },
     Sqlite,
 }
 
@@ -22,24 +26,24 @@ impl Dialect {
     /// The database's current time, as the time columns store it.
     pub(super) fn now(self) -> &'static str {
         match self {
-            Dialect::Postgres => "now()",
+            Dialect::Postgres { .. } => "now()",
             Dialect::Sqlite => SQLITE_NOW_MS,
         }
     }
 
-    /// Which rows are dead letters. On PostgreSQL the condition also names
-    /// the partial index's predicate (the v2 schema), so that index is used.
+    /// Which rows are dead letters. On the v2 schema the condition also
+    /// names the partial index's predicate, so that index is used.
     pub(super) fn dead(self) -> &'static str {
         match self {
-            Dialect::Postgres => "status = 'dead' AND queue = 4",
-            Dialect::Sqlite => "status = 'dead'",
+            Dialect::Postgres { queues: true } => "status = 'dead' AND queue = 4",
+            Dialect::Postgres { queues: false } | Dialect::Sqlite => "status = 'dead'",
         }
     }
 
     /// The columns [`entry_from_record`] reads.
     pub(super) fn entry_columns(self) -> &'static str {
         match self {
-            Dialect::Postgres => PG_ENTRY_COLUMNS,
+            Dialect::Postgres { .. } => PG_ENTRY_COLUMNS,
             Dialect::Sqlite => SQLITE_ENTRY_COLUMNS,
         }
     }
@@ -69,15 +73,15 @@ pub(super) fn dead_by_type_sql(dialect: Dialect) -> String {
 /// in flight, retrying.
 pub(super) fn status_counts_sql(dialect: Dialect) -> String {
     let delayed = format!("coalesce(not_before > {}, false)", dialect.now());
-    // PostgreSQL (v2 schema): queued rows through the due index, and parked
+    // The v2 schema: queued rows through the due index, and parked
     // rows, waiting behind an earlier event of their aggregate, as pending.
     let (parked, queued) = match dialect {
-        Dialect::Postgres => (
+        Dialect::Postgres { queues: true } => (
             " + (SELECT count(*) FROM switchyard_outbox WHERE queue = 2)
               + (SELECT count(*) FROM switchyard_outbox WHERE queue = 3)",
             "queue = 1",
         ),
-        Dialect::Sqlite => ("", "status IN ('pending', 'in_flight')"),
+        Dialect::Postgres { queues: false } | Dialect::Sqlite => ("", "status IN ('pending', 'in_flight')"),
     };
     format!(
         "SELECT count(CASE WHEN status = 'pending' AND NOT {delayed} THEN 1 END){parked},
@@ -162,7 +166,7 @@ where
     String: Encode<'a, DB> + Type<DB>,
 {
     let head = match (change, dialect) {
-        (DeadLetterChange::Replay, Dialect::Postgres) => {
+        (DeadLetterChange::Replay, Dialect::Postgres { .. }) => {
             "UPDATE switchyard_outbox SET status = 'pending', attempts = 0, next_attempt_at = '-infinity'"
         }
         (DeadLetterChange::Replay, Dialect::Sqlite) => {
@@ -178,7 +182,7 @@ where
     query.push_bind(after);
     push_filter(&mut query, dialect, filter);
     query.push(" ORDER BY id LIMIT ").push_bind(i64::from(batch));
-    if dialect == Dialect::Postgres {
+    if matches!(dialect, Dialect::Postgres { .. }) {
         query.push(" FOR UPDATE SKIP LOCKED");
     }
     query.push(") AND status = 'dead'");
@@ -271,7 +275,7 @@ where
     for (op, value) in [(">=", filter.created_since_ms), ("<", filter.created_before_ms)] {
         if let Some(ms) = value {
             match dialect {
-                Dialect::Postgres => query
+                Dialect::Postgres { .. } => query
                     .push(format!(" AND created_at {op} to_timestamp("))
                     .push_bind(ms)
                     .push(" / 1000.0)"),
@@ -281,7 +285,7 @@ where
     }
     if let Some(text) = &filter.error_contains {
         let function = match dialect {
-            Dialect::Postgres => "strpos",
+            Dialect::Postgres { .. } => "strpos",
             Dialect::Sqlite => "instr",
         };
         query

@@ -25,8 +25,6 @@ use super::types::{
 };
 use super::{Error, MIGRATOR};
 
-const DIALECT: Dialect = Dialect::Postgres;
-
 /// A PostgreSQL outbox.
 #[derive(Clone, Debug)]
 pub(super) struct Postgres {
@@ -41,6 +39,13 @@ impl Postgres {
             pool,
             schema: Arc::new(AtomicU8::new(0)),
         }
+    }
+
+    /// The dialect for this outbox's schema version.
+    async fn dialect(&self) -> Result<Dialect, Error> {
+        Ok(Dialect::Postgres {
+            queues: self.v2().await?,
+        })
     }
 
     /// Whether the outbox has the v2 schema (its `queue` column). Asked once;
@@ -79,7 +84,7 @@ impl Backend for Postgres {
     }
 
     async fn count_backlog(&self) -> Result<i64, Error> {
-        // v2: two partial indexes, each counted on its own.
+        // v2: each queue has a partial index of its own; counted one by one.
         let sql = if self.v2().await? {
             "SELECT (SELECT count(*) FROM switchyard_outbox WHERE queue = 1)
                   + (SELECT count(*) FROM switchyard_outbox WHERE queue = 2)
@@ -93,7 +98,7 @@ impl Backend for Postgres {
     async fn oldest_pending_age(&self) -> Result<Option<f64>, Error> {
         Ok(sqlx::query_scalar(
             "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
-               FROM switchyard_outbox WHERE status IN ('pending', 'parked', 'in_flight')
+               FROM switchyard_outbox WHERE status IN ('pending', 'parked', 'held', 'in_flight')
                 AND (not_before IS NULL OR not_before <= now())
               ORDER BY id LIMIT 1",
         )
@@ -160,10 +165,11 @@ impl Backend for Postgres {
     }
 
     async fn stats(&self) -> Result<OutboxStats, Error> {
-        let counts = sqlx::query_as(&dialect::status_counts_sql(DIALECT))
+        let dialect = self.dialect().await?;
+        let counts = sqlx::query_as(&dialect::status_counts_sql(dialect))
             .fetch_one(&self.pool)
             .await?;
-        let by_type = sqlx::query_as(&dialect::dead_by_type_sql(DIALECT))
+        let by_type = sqlx::query_as(&dialect::dead_by_type_sql(dialect))
             .fetch_all(&self.pool)
             .await?;
         Ok(OutboxStats::from_counts(counts, by_type))
@@ -175,7 +181,7 @@ impl Backend for Postgres {
         after: i64,
         limit: u32,
     ) -> Result<Vec<OutboxEntry>, Error> {
-        let records = dialect::dead_letters_query(DIALECT, filter, after, limit)
+        let records = dialect::dead_letters_query(self.dialect().await?, filter, after, limit)
             .build()
             .fetch_all(&self.pool)
             .await?;
@@ -186,7 +192,7 @@ impl Backend for Postgres {
     }
 
     async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<i64, Error> {
-        Ok(dialect::count_dead_letters_query(DIALECT, filter)
+        Ok(dialect::count_dead_letters_query(self.dialect().await?, filter)
             .build_query_scalar()
             .fetch_one(&self.pool)
             .await?)
@@ -195,7 +201,7 @@ impl Backend for Postgres {
     async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {
         let sql = format!(
             "SELECT {} FROM switchyard_outbox WHERE id = $1",
-            DIALECT.entry_columns()
+            self.dialect().await?.entry_columns()
         );
         let record = sqlx::query(&sql).bind(id).fetch_optional(&self.pool).await?;
         Ok(record.as_ref().map(dialect::entry_from_record).transpose()?)
@@ -207,8 +213,9 @@ impl Backend for Postgres {
         after: i64,
         batch: u32,
     ) -> Result<Vec<i64>, Error> {
+        let dialect = self.dialect().await?;
         Ok(
-            dialect::dead_letter_change_query(DIALECT, DeadLetterChange::Replay, filter, after, batch)
+            dialect::dead_letter_change_query(dialect, DeadLetterChange::Replay, filter, after, batch)
                 .build_query_scalar()
                 .fetch_all(&self.pool)
                 .await?,
@@ -216,20 +223,21 @@ impl Backend for Postgres {
     }
 
     async fn purge_dead_letters(&self, filter: &DeadLetterFilter, batch: u32) -> Result<u64, Error> {
-        let purged = dialect::dead_letter_change_query(DIALECT, DeadLetterChange::Purge, filter, 0, batch)
+        let dialect = self.dialect().await?;
+        let purged = dialect::dead_letter_change_query(dialect, DeadLetterChange::Purge, filter, 0, batch)
             .build()
             .execute(&self.pool)
             .await?
             .rows_affected();
         // In `hold` mode rows may be parked behind the purged ones.
-        if purged > 0 && self.v2().await? {
+        if purged > 0 && dialect == (Dialect::Postgres { queues: true }) {
             while ack::unpark_stranded(&self.pool, true, 1000).await? == 1000 {}
         }
         Ok(purged)
     }
 
     async fn status_counts(&self, ids: &[i64]) -> Result<BTreeMap<String, i64>, Error> {
-        let rows: Vec<(String, i64)> = dialect::status_of_query(DIALECT, ids)
+        let rows: Vec<(String, i64)> = dialect::status_of_query(self.dialect().await?, ids)
             .build_query_as()
             .fetch_all(&self.pool)
             .await?;
