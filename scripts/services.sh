@@ -192,7 +192,8 @@ rabbit_start() {
     printf 'listeners.tcp.1 = 127.0.0.1:%s\n' "$RABBIT_PORT" >"$RABBIT_DIR/rabbitmq.conf"
     # Not `(exports && server &)`: bash runs that list in the foreground of
     # the subshell and this script would wait for the server to exit.
-    (rabbit_exports && exec "$RABBIT_SERVER") </dev/null >"$RABBIT_DIR/server.log" 2>&1 &
+    # In its own directory: Mnesia writes crash dumps into the working one.
+    (rabbit_exports && cd "$RABBIT_DIR" && exec "$RABBIT_SERVER") </dev/null >"$RABBIT_DIR/server.log" 2>&1 &
     for _ in $(seq 1 600); do
         if listening "$RABBIT_PORT"; then return 0; fi
         sleep 0.1

@@ -79,7 +79,9 @@ impl RabbitMq {
         let server = std::env::var("SWITCHYARD_RABBITMQ_SERVER")
             .unwrap_or_else(|_| "/usr/lib/rabbitmq/bin/rabbitmq-server".to_string());
         let dist_port = super::free_port();
+        // Mnesia writes its crash dumps into the working directory.
         let child = Command::new(&server)
+            .current_dir(&node.dir)
             .env("HOME", &node.dir)
             .env("RABBITMQ_NODENAME", format!("sy{}@localhost", node.port))
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
