@@ -26,6 +26,9 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
         .with_published_rows(config.relay.published_rows);
     check_schema(&store).await?;
+    if let Some(problem) = crate::cli::check_source(config, &store).await? {
+        anyhow::bail!(problem);
+    }
     let cache_dir = config.plugin_runtime.cache_dir();
     let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;
     // Compiling and running `init` is blocking work: keep it off the runtime.

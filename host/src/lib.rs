@@ -13,6 +13,7 @@
 //! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
 //! - [`relay`]: the worker loop tying the above together.
 //! - [`retention`]: removing published rows past their age.
+//! - [`source`]: relaying an outbox table the services already write.
 //! - [`trace`]: continuing the writer's W3C `traceparent` through the relay.
 //! - [`admin`], [`metrics`]: the HTTP endpoint, Prometheus metrics, status.
 //! - [`demo`]: `switchyard demo`, the embedded default end to end.
@@ -33,6 +34,7 @@ pub mod relay;
 pub mod retention;
 pub mod router;
 pub mod sinks;
+pub mod source;
 pub mod store;
 pub mod telemetry;
 pub mod trace;

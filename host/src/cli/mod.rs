@@ -11,10 +11,12 @@ use crate::config::Config;
 use crate::store::OutboxStore;
 use crate::telemetry::LogFormat;
 
+mod migrate;
 mod ops;
 mod plugin;
 mod scaffold;
 
+pub use migrate::check_source;
 pub use ops::DlqCommand;
 
 /// Switchyard: relays outbox rows through WebAssembly routing plugins to NATS and Kafka.
@@ -38,16 +40,26 @@ pub enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Create or upgrade the outbox schema.
+    /// Create or upgrade the outbox schema and, with `[source]`, install the
+    /// trigger that copies the services' table into it.
     Migrate {
-        /// Take the database URL from this config file.
+        /// Take the database URL (and `[source]`) from this config file.
         #[arg(long, short)]
         config: Option<PathBuf>,
         /// The database URL.
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
+        /// Print the SQL that would run on this database; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also copy the rows already in the `[source]` table, in the
+        /// trigger's transaction (do it once: rows copied again are relayed
+        /// again unless their event id is still in the outbox).
+        #[arg(long, requires = "config")]
+        backfill: bool,
     },
-    /// Check a config file and print every problem.
+    /// Check a config file and print every problem; with `[source]`, check
+    /// the mapping against the live table too.
     Validate {
         /// The relay config (TOML).
         #[arg(long, short)]
@@ -187,6 +199,14 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
         Command::Run { config } => crate::app::run(Config::load(&config)?).await,
         Command::Validate { config } => {
             let loaded = Config::load(&config)?;
+            if loaded.source.is_some() {
+                let store = OutboxStore::connect(&loaded.database.url, 2)
+                    .await
+                    .context("cannot connect to the database to check [source]")?;
+                if let Some(problem) = migrate::check_source(&loaded, &store).await? {
+                    println!("warning: {problem}");
+                }
+            }
             for warning in loaded.warnings() {
                 println!("warning: {warning}");
             }
@@ -195,20 +215,20 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
         }
         Command::Plugin(command) => plugin::run(command).await,
         Command::Demo { dir, plugins } => crate::demo::run(dir, plugins).await,
-        Command::Migrate { config, database_url } => {
-            let url = match (config, database_url) {
-                (Some(path), _) => Config::load(&path)?.database.url,
-                (None, Some(url)) => url,
-                (None, None) => {
-                    anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
-                }
-            };
-            let store = OutboxStore::connect(&url, 2)
-                .await
-                .context("cannot connect to the database")?;
-            store.migrate().await.context("migration failed")?;
-            println!("outbox schema is up to date");
-            Ok(())
+        Command::Migrate {
+            config,
+            database_url,
+            dry_run,
+            backfill,
+        } => {
+            let config = config.map(|path| Config::load(&path)).transpose()?;
+            migrate::run(migrate::Migrate {
+                config,
+                database_url,
+                dry_run,
+                backfill,
+            })
+            .await
         }
     }
 }

@@ -66,6 +66,10 @@ pub struct Config {
     /// they stay in the outbox for ever.
     #[serde(default)]
     pub retention: Option<RetentionConfig>,
+    /// An outbox table the services already write, copied into the relay's
+    /// own by a trigger that `switchyard migrate` installs.
+    #[serde(default)]
+    pub source: Option<crate::source::SourceConfig>,
 }
 
 /// `[retention]`: published rows older than `published_max_age_seconds` are
@@ -505,6 +509,7 @@ fn section_errors(text: &str) -> Vec<String> {
             "plugin_runtime" => check::<PluginRuntimeConfig>(key, value, &mut problems),
             "admin" => check::<AdminConfig>(key, value, &mut problems),
             "retention" => check::<RetentionConfig>(key, value, &mut problems),
+            "source" => check::<crate::source::SourceConfig>(key, value, &mut problems),
             "plugins" => match value.as_array() {
                 Some(plugins) => {
                     for (index, plugin) in plugins.iter().enumerate() {

@@ -40,6 +40,12 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         "database.max_connections must be at least 2".into(),
     );
 
+    if let Some(source) = &config.source {
+        for problem in crate::source::static_problems(source, &db.url) {
+            check(false, problem);
+        }
+    }
+
     if let Some(retention) = &config.retention {
         check(
             retention.published_max_age_seconds >= 1,

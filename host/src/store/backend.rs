@@ -17,6 +17,9 @@ pub(super) trait Backend {
     async fn migrate(&self) -> Result<(), Error>;
     /// Whether the outbox table exists.
     async fn schema_exists(&self) -> Result<bool, Error>;
+    /// Versions of the migrations applied (none when `migrate` never ran);
+    /// reads only.
+    async fn applied_migrations(&self) -> Result<Vec<i64>, Error>;
     /// Rows pending or in flight.
     async fn count_backlog(&self) -> Result<i64, Error>;
     /// Age in seconds of the oldest due unfinished row.

@@ -211,6 +211,30 @@ impl OutboxStore {
         dispatch!(self, backend => backend.migrate().await)
     }
 
+    /// The migrations `migrate` would apply, in order: `(version,
+    /// description, SQL)`. Reads only.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn pending_migrations(&self) -> Result<Vec<(i64, String, String)>, Error> {
+        let applied = dispatch!(self, backend => backend.applied_migrations().await)?;
+        let migrator = match &self.backend {
+            AnyBackend::Postgres(_) => &MIGRATOR,
+            AnyBackend::Sqlite(_) => &SQLITE_MIGRATOR,
+        };
+        Ok(migrator
+            .iter()
+            .filter(|migration| !applied.contains(&migration.version))
+            .map(|migration| {
+                (
+                    migration.version,
+                    migration.description.to_string(),
+                    migration.sql.to_string(),
+                )
+            })
+            .collect())
+    }
+
     /// Whether the outbox table exists (i.e. `migrate` ran).
     ///
     /// # Errors

@@ -112,6 +112,20 @@ impl Backend for Sqlite {
         Ok(())
     }
 
+    async fn applied_migrations(&self) -> Result<Vec<i64>, Error> {
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if exists == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     async fn schema_exists(&self) -> Result<bool, Error> {
         let tables: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'switchyard_outbox'",

@@ -75,6 +75,18 @@ impl Backend for Postgres {
         Ok(())
     }
 
+    async fn applied_migrations(&self) -> Result<Vec<i64>, Error> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     async fn schema_exists(&self) -> Result<bool, Error> {
         Ok(
             sqlx::query_scalar("SELECT to_regclass('switchyard_outbox') IS NOT NULL")

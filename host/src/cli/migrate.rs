@@ -1,0 +1,116 @@
+//! `switchyard migrate`: the relay's schema and, with `[source]`, the
+//! capture trigger on the services' table; `--dry-run` prints the SQL.
+
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::source::{self, Installed};
+use crate::store::OutboxStore;
+
+/// What `migrate` was asked to do.
+pub struct Migrate {
+    /// The config, when given (its database URL and `[source]`).
+    pub config: Option<Config>,
+    /// The database URL, when no config is given.
+    pub database_url: Option<String>,
+    /// Print, change nothing.
+    pub dry_run: bool,
+    /// Copy the rows already in the source table.
+    pub backfill: bool,
+}
+
+/// Runs `switchyard migrate`.
+///
+/// # Errors
+/// No database given, connection, a source mapping that does not fit the
+/// table, or a failed statement.
+pub async fn run(args: Migrate) -> anyhow::Result<()> {
+    let url = match (&args.config, &args.database_url) {
+        (Some(config), _) => config.database.url.clone(),
+        (None, Some(url)) => url.clone(),
+        (None, None) => anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)"),
+    };
+    let source = args.config.as_ref().and_then(|config| config.source.as_ref());
+    anyhow::ensure!(
+        !args.backfill || source.is_some(),
+        "--backfill copies the rows of a [source] table, and the config has no [source]"
+    );
+    let store = OutboxStore::connect(&url, 2)
+        .await
+        .context("cannot connect to the database")?;
+    let capture = match (source, store.pg_pool()) {
+        (Some(source), Some(pool)) => Some(source::check(pool, source).await?),
+        _ => None,
+    };
+    let pending = store.pending_migrations().await.context("cannot read the migration history")?;
+    let installed = match (&capture, store.pg_pool()) {
+        (Some(capture), Some(pool)) if pending.is_empty() => Some(capture.installed(pool).await?),
+        // Before the relay's own table exists, a trigger copying into it
+        // cannot be current.
+        (Some(_), _) => Some(Installed::Missing),
+        (None, _) => None,
+    };
+    let install = capture
+        .as_ref()
+        .filter(|_| args.backfill || installed != Some(Installed::Current));
+
+    if args.dry_run {
+        println!("-- switchyard migrate --dry-run: nothing below has been run.");
+        for (version, description, sql) in &pending {
+            println!("\n-- migration {version}: {description}\n{}", sql.trim_end());
+        }
+        if let Some(capture) = install {
+            println!("\n-- capture trigger on {} (one transaction)", capture.table());
+            for statement in capture.install_sql(args.backfill) {
+                println!("{};", statement.trim_end().trim_end_matches(';'));
+            }
+        }
+        if pending.is_empty() && install.is_none() {
+            println!("-- nothing to do: the schema is up to date.");
+        }
+        return Ok(());
+    }
+
+    store.migrate().await.context("migration failed")?;
+    println!("outbox schema is up to date");
+    if let (Some(capture), Some(pool)) = (install, store.pg_pool()) {
+        let copied = capture
+            .install(pool, args.backfill)
+            .await
+            .with_context(|| format!("installing the capture trigger on {} failed", capture.table()))?;
+        println!("capture trigger on {} installed", capture.table());
+        if args.backfill {
+            println!("{copied} existing row(s) of {} copied", capture.table());
+        }
+    } else if let Some(capture) = &capture {
+        println!("capture trigger on {} is up to date", capture.table());
+    }
+    Ok(())
+}
+
+/// With `[source]`: checks the mapping against the live table, then says
+/// what is wrong with the trigger installed from it (`None`: nothing). For
+/// `validate` (a warning) and relay startup (an error).
+///
+/// # Errors
+/// Every mismatch between the mapping and the table.
+pub async fn check_source(config: &Config, store: &OutboxStore) -> anyhow::Result<Option<String>> {
+    let (Some(source), Some(pool)) = (&config.source, store.pg_pool()) else {
+        return Ok(None);
+    };
+    let capture = source::check(pool, source).await?;
+    let fix = "review `switchyard migrate --dry-run --config FILE`, then run `switchyard migrate --config FILE`";
+    Ok(
+        match capture.installed(pool).await.context("cannot read the source table's triggers")? {
+            Installed::Current => None,
+            Installed::Missing => Some(format!(
+                "{} has no capture trigger, so no row written there is relayed: {fix}",
+                capture.table()
+            )),
+            Installed::Outdated => Some(format!(
+                "the capture trigger on {} was made from another [source] mapping: {fix}",
+                capture.table()
+            )),
+        },
+    )
+}
