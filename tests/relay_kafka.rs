@@ -5,130 +5,16 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use switchyard_tests::kafka::{KafkaReceived, KafkaServer};
+use switchyard_tests::fanout::{
+    AUDIT_STREAM, Copies, fan_out_config, relay_section, verify_kafka, verify_nats,
+};
+use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, assert_trace_continued, order_event, write_orders};
+use switchyard_tests::orders::{Expected, order_event, write_orders};
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{NewEvent, all_published, count_status, fresh_db, place_order_event};
-use switchyard_tests::relay::{InProcess, RelaySection, parse};
+use switchyard_tests::relay::{InProcess, parse};
 use switchyard_tests::{eventually, exclusive, init_logging};
-
-const AUDIT_STREAM: &str = "AUDIT";
-
-/// Relay tuning for these tests: many attempts (a broker is stopped on purpose), short backoff.
-fn relay_section() -> RelaySection {
-    RelaySection::new()
-        .set("max_attempts", "100")
-        .set("max_backoff_ms", "500")
-        .set("shutdown_timeout_ms", "5000")
-}
-
-/// Every event goes to Kafka `orders` (keyed by order id), to the second
-/// cluster's `orders-analytics`, and to NATS `audit.orders.<EventType>`.
-fn fan_out_config(db: &str, kafka: &str, analytics: &str, nats: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-max_connections = 8
-
-{relay}
-
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-[plugins.config]
-default = [
-  {{ target = "kafka", topic = "orders", key = "{{aggregate_id}}" }},
-  {{ target = "analytics", topic = "orders-analytics" }},
-  {{ target = "audit", topic = "audit.orders.{{event_type}}" }},
-]
-
-[targets.kafka]
-type = "kafka"
-bootstrap_servers = "{kafka}"
-[targets.kafka.properties]
-"linger.ms" = "2"
-
-[targets.analytics]
-type = "kafka"
-bootstrap_servers = "{analytics}"
-
-[targets.audit]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-"#,
-        relay = relay_section().toml(),
-        plugin = plugin("fan_out").display(),
-    )
-}
-
-/// Checks one Kafka topic: every event exactly once, each aggregate in a
-/// single partition in offset order, key and headers as the row had them.
-fn verify_kafka(received: &[KafkaReceived], expected: &HashMap<String, Expected>) {
-    let mut seen = HashSet::new();
-    let mut by_aggregate: HashMap<&str, Vec<&KafkaReceived>> = HashMap::new();
-    for message in received {
-        let id = message.header("Switchyard-Event-Id").expect("event id header");
-        let want = expected
-            .get(id)
-            .unwrap_or_else(|| panic!("unexpected event {id}"));
-        assert!(seen.insert(id), "event {id} arrived twice on Kafka");
-        assert_eq!(
-            message.header("Switchyard-Event-Type"),
-            Some(want.event_type.as_str())
-        );
-        assert_trace_continued(message.header("traceparent"), want);
-        assert_eq!(message.json()["seq"], want.seq);
-        assert_eq!(message.key.as_deref(), Some(want.aggregate_id.as_str()));
-        by_aggregate
-            .entry(want.aggregate_id.as_str())
-            .or_default()
-            .push(message);
-    }
-    assert_eq!(seen.len(), expected.len(), "every event on Kafka");
-    for (aggregate, mut messages) in by_aggregate {
-        let partitions: HashSet<i32> = messages.iter().map(|m| m.partition).collect();
-        assert_eq!(
-            partitions.len(),
-            1,
-            "{aggregate} spread over partitions {partitions:?}"
-        );
-        messages.sort_by_key(|m| m.offset);
-        let seqs: Vec<u64> = messages
-            .iter()
-            .map(|m| m.json()["seq"].as_u64().unwrap())
-            .collect();
-        let ordered: Vec<u64> = (0..seqs.len() as u64).collect();
-        assert_eq!(seqs, ordered, "{aggregate} out of offset order");
-    }
-}
-
-/// Checks the NATS audit stream: every event once, per aggregate in stream order.
-fn verify_nats(received: &[switchyard_tests::nats::Received], expected: &HashMap<String, Expected>) {
-    let mut seen = HashSet::new();
-    let mut next: HashMap<&str, u64> = HashMap::new();
-    for message in received {
-        let id = message.header("Switchyard-Event-Id").expect("event id header");
-        let want = expected
-            .get(id)
-            .unwrap_or_else(|| panic!("unexpected event {id}"));
-        assert!(seen.insert(id), "event {id} arrived twice on NATS");
-        assert_eq!(message.subject, format!("audit.orders.{}", want.event_type));
-        assert_eq!(message.header("Nats-Msg-Id"), Some(id));
-        assert_trace_continued(message.header("traceparent"), want);
-        let slot = next.entry(want.aggregate_id.as_str()).or_insert(0);
-        assert_eq!(
-            message.json()["seq"],
-            *slot,
-            "{} out of order on NATS",
-            want.aggregate_id
-        );
-        *slot += 1;
-    }
-    assert_eq!(seen.len(), expected.len(), "every event on NATS");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_events_fan_out_to_two_kafka_clusters_and_nats() {
@@ -141,7 +27,13 @@ async fn ten_thousand_events_fan_out_to_two_kafka_clusters_and_nats() {
     kafka.create_topic("orders", 8).await;
     analytics.create_topic("orders-analytics", 3).await;
     nats.create_stream(AUDIT_STREAM, &["audit.>"]).await;
-    let config = fan_out_config(&db.url, &kafka.bootstrap(), &analytics.bootstrap(), &nats.url());
+    let config = fan_out_config(
+        &relay_section(),
+        &db.url,
+        &kafka.bootstrap(),
+        &analytics.bootstrap(),
+        &nats.url(),
+    );
     let relay = InProcess::start(&parse(&config)).await;
 
     let expected = write_orders(&db.pool, 500, 20, 8).await;
@@ -150,7 +42,7 @@ async fn ten_thousand_events_fan_out_to_two_kafka_clusters_and_nats() {
     relay.stop().await;
 
     let orders = kafka.read_topic("orders", 10_000, Duration::from_secs(60)).await;
-    verify_kafka(&orders, &expected);
+    verify_kafka(&orders, &expected, Copies::Once);
     let partitions: HashSet<i32> = orders.iter().map(|m| m.partition).collect();
     assert!(
         partitions.len() > 4,
@@ -159,7 +51,7 @@ async fn ten_thousand_events_fan_out_to_two_kafka_clusters_and_nats() {
     let copies = analytics
         .read_topic("orders-analytics", 10_000, Duration::from_secs(60))
         .await;
-    verify_kafka(&copies, &expected);
+    verify_kafka(&copies, &expected, Copies::Once);
     verify_nats(&nats.read_stream(AUDIT_STREAM).await, &expected);
 
     // Every row records one acknowledged delivery per target.
@@ -184,7 +76,13 @@ async fn a_target_down_is_retried_alone_and_the_healthy_ones_get_no_duplicates()
     kafka.create_topic("orders", 4).await;
     analytics.create_topic("orders-analytics", 2).await;
     nats.create_stream(AUDIT_STREAM, &["audit.>"]).await;
-    let config = fan_out_config(&db.url, &kafka.bootstrap(), &analytics.bootstrap(), &nats.url());
+    let config = fan_out_config(
+        &relay_section(),
+        &db.url,
+        &kafka.bootstrap(),
+        &analytics.bootstrap(),
+        &nats.url(),
+    );
     let relay = InProcess::start(&parse(&config)).await;
 
     nats.stop();
@@ -244,10 +142,15 @@ async fn a_target_down_is_retried_alone_and_the_healthy_ones_get_no_duplicates()
     all_published(&db.pool, 500, Duration::from_secs(120)).await;
     relay.stop().await;
     // verify_kafka fails on any event seen twice.
-    verify_kafka(&kafka.read_topic("orders", 500, limit).await, &expected);
+    verify_kafka(
+        &kafka.read_topic("orders", 500, limit).await,
+        &expected,
+        Copies::Once,
+    );
     verify_kafka(
         &analytics.read_topic("orders-analytics", 500, limit).await,
         &expected,
+        Copies::Once,
     );
     verify_nats(&nats.read_stream(AUDIT_STREAM).await, &expected);
 }
@@ -332,5 +235,6 @@ bootstrap_servers = "{kafka}"
     verify_kafka(
         &kafka.read_topic("orders", 20, Duration::from_secs(30)).await,
         &expected,
+        Copies::Once,
     );
 }

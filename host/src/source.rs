@@ -189,7 +189,8 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
             "source.table: table {qualified} does not exist (or the relay's role cannot see it)"
         )]));
     };
-    let (oid, kind, schema): (i64, String, String) = (table.try_get(0)?, table.try_get(1)?, table.try_get(2)?);
+    let (oid, kind, schema): (i64, String, String) =
+        (table.try_get(0)?, table.try_get(1)?, table.try_get(2)?);
     let display = format!("{}.{}", ident(&schema), ident(&source.table));
     if kind != "r" && kind != "p" {
         return Err(CheckError::Mismatch(vec![format!(
@@ -223,7 +224,9 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
                 problems.push(format!("{key}: {display} has no column {}", ident(name)));
                 None
             }
-            Some((kind, _)) if !allowed.is_empty() && !allowed.iter().any(|set| set.contains(&kind.as_str())) => {
+            Some((kind, _))
+                if !allowed.is_empty() && !allowed.iter().any(|set| set.contains(&kind.as_str())) =>
+            {
                 problems.push(format!(
                     "{key}: column {} of {display} is {kind}; {need}",
                     ident(name)
@@ -234,14 +237,24 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
         }
     };
     let cols = &source.columns;
-    column("source.columns.aggregate_type", &cols.aggregate_type, &[TEXT_TYPES], "it needs a text type");
+    column(
+        "source.columns.aggregate_type",
+        &cols.aggregate_type,
+        &[TEXT_TYPES],
+        "it needs a text type",
+    );
     column(
         "source.columns.aggregate_id",
         &cols.aggregate_id,
         &[TEXT_TYPES, KEY_TYPES],
         "it needs a text, uuid or integer type",
     );
-    column("source.columns.event_type", &cols.event_type, &[TEXT_TYPES], "it needs a text type");
+    column(
+        "source.columns.event_type",
+        &cols.event_type,
+        &[TEXT_TYPES],
+        "it needs a text type",
+    );
     let payload = column(
         "source.columns.payload",
         &cols.payload,
@@ -249,10 +262,20 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
         "it needs jsonb, json, a text type or bytea",
     );
     if let Some(headers) = &cols.headers {
-        column("source.columns.headers", headers, &[&["jsonb"]], "it needs jsonb (an object of strings)");
+        column(
+            "source.columns.headers",
+            headers,
+            &[&["jsonb"]],
+            "it needs jsonb (an object of strings)",
+        );
     }
     if let Some(tenant) = &cols.tenant {
-        column("source.columns.tenant", tenant, &[TEXT_TYPES], "it needs a text type");
+        column(
+            "source.columns.tenant",
+            tenant,
+            &[TEXT_TYPES],
+            "it needs a text type",
+        );
     }
     for (header, name) in &source.header_columns {
         column(&format!("source.header_columns.{header}"), name, &[], "");
@@ -350,21 +373,19 @@ impl Capture {
             limit("aggregate_type", &cols.aggregate_type, 255),
             limit("aggregate_id", &cols.aggregate_id, 1024),
             et = col(&cols.event_type),
-            et_null = literal(&format!("event_type (column {}) is NULL", ident(&cols.event_type))),
+            et_null = literal(&format!(
+                "event_type (column {}) is NULL",
+                ident(&cols.event_type)
+            )),
         );
         let (payload, payload_bytes) = match self.payload {
             PayloadKind::Jsonb => (col(&cols.payload), "NULL::bytea".to_string()),
             PayloadKind::Bytea => ("NULL::jsonb".to_string(), col(&cols.payload)),
-            PayloadKind::JsonText => {
-                let parsed = format!("{}({}::text)", self.try_jsonb(), col(&cols.payload));
-                (
-                    parsed.clone(),
-                    format!(
-                        "CASE WHEN {parsed} IS NULL THEN convert_to({}::text, 'UTF8') END",
-                        col(&cols.payload)
-                    ),
-                )
-            }
+            // Bytes only when it does not parse (see the outer SELECT).
+            PayloadKind::JsonText => (
+                format!("{}({}::text)", self.try_jsonb(), col(&cols.payload)),
+                format!("convert_to({}::text, 'UTF8')", col(&cols.payload)),
+            ),
         };
         let mut headers = match &cols.headers {
             Some(name) => format!("coalesce({}, '{{}}'::jsonb)", col(name)),
@@ -377,17 +398,29 @@ impl Capture {
                 .iter()
                 .map(|(header, name)| format!("{}, {}::text", literal(header), col(name)))
                 .collect();
-            headers = format!("{headers} || jsonb_strip_nulls(jsonb_build_object({}))", pairs.join(", "));
+            headers = format!(
+                "{headers} || jsonb_strip_nulls(jsonb_build_object({}))",
+                pairs.join(", ")
+            );
         }
         let event_id = match &cols.event_id {
             Some(name) => format!("coalesce({}, gen_random_uuid())", col(name)),
             None => "gen_random_uuid()".to_string(),
         };
-        let tenant = cols.tenant.as_deref().map_or("NULL::text".to_string(), |name| format!("{}::text", col(name)));
+        let tenant = cols
+            .tenant
+            .as_deref()
+            .map_or("NULL::text".to_string(), |name| format!("{}::text", col(name)));
         let order = order_by.map_or(String::new(), |name| format!("\n     ORDER BY {}", col(name)));
-        let conflict = if on_conflict { "\n    ON CONFLICT (event_id) DO NOTHING" } else { "" };
+        let conflict = if on_conflict {
+            "\n    ON CONFLICT (event_id) DO NOTHING"
+        } else {
+            ""
+        };
         // A row that cannot be relayed keeps its place as a dead letter
         // (keys cut to fit the outbox's bounds) rather than fail the writer.
+        // OFFSET 0 keeps the subquery whole: the parse attempt, a
+        // subtransaction, runs once per row, not once per reference.
         format!(
             "INSERT INTO {outbox}.switchyard_outbox
         (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
@@ -395,7 +428,8 @@ impl Capture {
     SELECT c.event_id,
            CASE WHEN c.problem IS NULL THEN c.aggregate_type ELSE left(coalesce(c.aggregate_type, ''), 60) END,
            CASE WHEN c.problem IS NULL THEN c.aggregate_id ELSE left(coalesce(c.aggregate_id, ''), 250) END,
-           coalesce(c.event_type, ''), c.payload, c.payload_bytes, c.headers, c.tenant,
+           coalesce(c.event_type, ''), c.payload,
+           CASE WHEN c.payload IS NULL THEN c.payload_bytes END, c.headers, c.tenant,
            CASE WHEN c.problem IS NULL THEN 'pending' ELSE 'dead' END,
            {where_from} || c.problem
       FROM (SELECT {event_id} AS event_id,
@@ -407,7 +441,8 @@ impl Capture {
                    {headers} AS headers,
                    {tenant} AS tenant,
                    {problem} AS problem
-              FROM {from} AS s{order}) AS c{conflict}",
+              FROM {from} AS s{order}
+            OFFSET 0) AS c{conflict}",
             outbox = ident(&self.outbox_schema),
             where_from = literal(&format!("cannot be relayed from {}: ", self.display)),
             aggregate_type = col(&cols.aggregate_type),
@@ -602,7 +637,10 @@ mod tests {
         let two = capture(other, PayloadKind::Jsonb);
         assert_eq!(one.version(), capture(debezium(), PayloadKind::Jsonb).version());
         assert_ne!(one.version(), two.version());
-        assert_ne!(one.version(), capture(debezium(), PayloadKind::JsonText).version());
+        assert_ne!(
+            one.version(),
+            capture(debezium(), PayloadKind::JsonText).version()
+        );
     }
 
     #[test]
@@ -613,8 +651,16 @@ mod tests {
         let problems = static_problems(&source, "sqlite:x.db");
         assert_eq!(problems.len(), 4, "{problems:?}");
         assert!(problems[0].contains("PostgreSQL only"));
-        assert!(problems.iter().any(|p| p.starts_with("source.columns.aggregate_id: is empty")));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("source.columns.aggregate_id: is empty"))
+        );
         assert!(problems.iter().any(|p| p.contains("not a header name")));
-        assert!(problems.iter().any(|p| p.contains("longer than PostgreSQL's 63-byte names")));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("longer than PostgreSQL's 63-byte names"))
+        );
     }
 }

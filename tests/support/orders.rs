@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use sqlx::PgPool;
 
 use super::nats::Received;
-use super::postgres::{NewEvent, place_order_event};
+use super::postgres::{NewEvent, Outbox, place_event};
 
 /// What the test expects for one event.
 #[derive(Debug, Clone)]
@@ -86,6 +86,17 @@ pub async fn write_orders(
     per_aggregate: usize,
     writers: usize,
 ) -> HashMap<String, Expected> {
+    write_orders_to(pool, Outbox::Switchyard, aggregates, per_aggregate, writers).await
+}
+
+/// [`write_orders`] into the given outbox table.
+pub async fn write_orders_to(
+    pool: &PgPool,
+    outbox: Outbox,
+    aggregates: usize,
+    per_aggregate: usize,
+    writers: usize,
+) -> HashMap<String, Expected> {
     let mut tasks = Vec::new();
     for writer in 0..writers {
         let pool = pool.clone();
@@ -94,7 +105,7 @@ pub async fn write_orders(
             for seq in 0..per_aggregate {
                 for aggregate in (writer..aggregates).step_by(writers) {
                     let event = order_event(aggregate, seq);
-                    let id = place_order_event(&pool, &event, true).await;
+                    let id = place_event(&pool, outbox, &event, true).await;
                     written.push((
                         id.to_string(),
                         Expected {

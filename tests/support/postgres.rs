@@ -153,9 +153,51 @@ pub struct NewEvent {
     pub headers: serde_json::Value,
 }
 
+/// The outbox table a service writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outbox {
+    /// `switchyard_outbox`.
+    Switchyard,
+    /// A table of the service's own in Debezium's outbox-router shape
+    /// ([`DEBEZIUM_OUTBOX`]); the service knows nothing of Switchyard.
+    Debezium,
+}
+
+/// Debezium's outbox table, as services using its outbox router create it.
+pub const DEBEZIUM_OUTBOX: &str = r#"CREATE TABLE outbox (
+    id                 uuid PRIMARY KEY,
+    aggregatetype      varchar(255) NOT NULL,
+    aggregateid        varchar(255) NOT NULL,
+    type               varchar(255) NOT NULL,
+    payload            jsonb,
+    "timestamp"        timestamptz NOT NULL DEFAULT now(),
+    tracingspancontext varchar(256)
+)"#;
+
+/// `[source]` mapping [`DEBEZIUM_OUTBOX`] (the W3C trace context travels in
+/// `tracingspancontext`).
+pub const DEBEZIUM_SOURCE: &str = r#"
+[source]
+table = "outbox"
+order_by = "timestamp"
+[source.columns]
+event_id = "id"
+aggregate_type = "aggregatetype"
+aggregate_id = "aggregateid"
+event_type = "type"
+payload = "payload"
+[source.header_columns]
+traceparent = "tracingspancontext"
+"#;
+
 /// The sample order service: one business transaction updates the order row
 /// and writes the outbox row, committing both or neither. Returns the event id.
 pub async fn place_order_event(pool: &PgPool, event: &NewEvent, commit: bool) -> uuid::Uuid {
+    place_event(pool, Outbox::Switchyard, event, commit).await
+}
+
+/// [`place_order_event`] into the given outbox table.
+pub async fn place_event(pool: &PgPool, outbox: Outbox, event: &NewEvent, commit: bool) -> uuid::Uuid {
     let mut tx = pool.begin().await.expect("begin");
     sqlx::query(
         "INSERT INTO orders (id, status, total_cents) VALUES ($1, $2, $3)
@@ -173,15 +215,26 @@ pub async fn place_order_event(pool: &PgPool, event: &NewEvent, commit: bool) ->
     .execute(&mut *tx)
     .await
     .expect("business write");
-    let event_id: uuid::Uuid = sqlx::query_scalar(
-        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
-         VALUES ($1, $2, $3, $4, $5) RETURNING event_id",
-    )
-    .bind(&event.aggregate_type)
-    .bind(&event.aggregate_id)
-    .bind(&event.event_type)
-    .bind(&event.payload)
-    .bind(&event.headers)
+    let event_id: uuid::Uuid = match outbox {
+        Outbox::Switchyard => sqlx::query_scalar(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ($1, $2, $3, $4, $5) RETURNING event_id",
+        )
+        .bind(&event.aggregate_type)
+        .bind(&event.aggregate_id)
+        .bind(&event.event_type)
+        .bind(&event.payload)
+        .bind(&event.headers),
+        Outbox::Debezium => sqlx::query_scalar(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tracingspancontext)
+             VALUES (gen_random_uuid(), $1, $2, $3, $4, $5 ->> 'traceparent') RETURNING id",
+        )
+        .bind(&event.aggregate_type)
+        .bind(&event.aggregate_id)
+        .bind(&event.event_type)
+        .bind(&event.payload)
+        .bind(&event.headers),
+    }
     .fetch_one(&mut *tx)
     .await
     .expect("outbox write");

@@ -28,7 +28,9 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     let url = match (&args.config, &args.database_url) {
         (Some(config), _) => config.database.url.clone(),
         (None, Some(url)) => url.clone(),
-        (None, None) => anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)"),
+        (None, None) => {
+            anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
+        }
     };
     let source = args.config.as_ref().and_then(|config| config.source.as_ref());
     anyhow::ensure!(
@@ -42,7 +44,10 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         (Some(source), Some(pool)) => Some(source::check(pool, source).await?),
         _ => None,
     };
-    let pending = store.pending_migrations().await.context("cannot read the migration history")?;
+    let pending = store
+        .pending_migrations()
+        .await
+        .context("cannot read the migration history")?;
     let installed = match (&capture, store.pg_pool()) {
         (Some(capture), Some(pool)) if pending.is_empty() => Some(capture.installed(pool).await?),
         // Before the relay's own table exists, a trigger copying into it
@@ -99,9 +104,14 @@ pub async fn check_source(config: &Config, store: &OutboxStore) -> anyhow::Resul
         return Ok(None);
     };
     let capture = source::check(pool, source).await?;
-    let fix = "review `switchyard migrate --dry-run --config FILE`, then run `switchyard migrate --config FILE`";
+    let fix =
+        "review `switchyard migrate --dry-run --config FILE`, then run `switchyard migrate --config FILE`";
     Ok(
-        match capture.installed(pool).await.context("cannot read the source table's triggers")? {
+        match capture
+            .installed(pool)
+            .await
+            .context("cannot read the source table's triggers")?
+        {
             Installed::Current => None,
             Installed::Missing => Some(format!(
                 "{} has no capture trigger, so no row written there is relayed: {fix}",

@@ -121,9 +121,11 @@ impl Backend for Sqlite {
         if exists == 0 {
             return Ok(Vec::new());
         }
-        Ok(sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     async fn schema_exists(&self) -> Result<bool, Error> {

@@ -82,9 +82,11 @@ impl Backend for Postgres {
         if !exists {
             return Ok(Vec::new());
         }
-        Ok(sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     async fn schema_exists(&self) -> Result<bool, Error> {

@@ -1,0 +1,429 @@
+//! An outbox table the services already write (`[source]`): a service that
+//! knows nothing of Switchyard writes Debezium's outbox shape in its
+//! transactions; `migrate` installs the capture trigger after `--dry-run`
+//! showed it; relays publish to NATS and Kafka with order kept through a
+//! SIGKILL; writers are never failed by the copy.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sqlx::{Executor, PgPool};
+use switchyard_tests::fanout::{
+    AUDIT_STREAM, Copies, fan_out_config, relay_section, verify_kafka, verify_nats,
+};
+use switchyard_tests::kafka::KafkaServer;
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::write_orders_to;
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::postgres::{
+    DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, all_published, count_status, fresh_db, fresh_db_before,
+};
+use switchyard_tests::relay::{Process, parse};
+use switchyard_tests::{cli, eventually, init_logging};
+
+const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
+
+/// A copied row: payload, payload bytes, status, last error.
+type Copy = (Option<serde_json::Value>, Option<Vec<u8>>, String, Option<String>);
+
+fn write_config(text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("sy-source-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A relay config for `[source]` checks: the Debezium mapping, one plugin,
+/// the stdout target.
+fn stdout_config(db: &str, source: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{db}"
+
+[[plugins]]
+name = "router"
+path = "{route}"
+[plugins.config]
+target = "out"
+topic = "orders.{{event_type}}"
+
+[targets.out]
+type = "stdout"
+{source}"#,
+        route = plugin("route_by_type").display(),
+    )
+}
+
+/// Tables, triggers, functions and migrations: what a change would alter.
+async fn catalog(pool: &PgPool) -> (i64, i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_trigger),
+                (SELECT count(*) FROM pg_proc), (SELECT count(*) FROM _sqlx_migrations)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debezium_outbox_reaches_nats_and_kafka_in_order_through_a_relay_killed_mid_stream() {
+    init_logging();
+    let db = fresh_db().await;
+    db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
+    let kafka = KafkaServer::start().await;
+    let nats = NatsServer::start().await;
+    kafka.create_topic("orders", 4).await;
+    kafka.create_topic("orders-analytics", 2).await;
+    nats.create_stream(AUDIT_STREAM, &["audit.>"]).await;
+    // Short leases so the killed relay's rows come back quickly.
+    let relay = relay_section()
+        .set("lease_duration_ms", "3000")
+        .set("publish_timeout_ms", "1000");
+    let config = format!(
+        "{}{DEBEZIUM_SOURCE}",
+        fan_out_config(
+            &relay,
+            &db.url,
+            &kafka.bootstrap(),
+            &kafka.bootstrap(),
+            &nats.url()
+        )
+    );
+    let path = write_config(&config);
+    let (code, out, err) = cli(SWITCHYARD, &["migrate", "--config", path.to_str().unwrap()], &[]).await;
+    assert_eq!(code, 0, "migrate: {out}{err}");
+    assert!(
+        out.contains("capture trigger on \"public\".\"outbox\" installed"),
+        "{out}"
+    );
+
+    // The service writes while both relays run: captures race claims.
+    let writer = {
+        let pool = db.pool.clone();
+        tokio::spawn(async move { write_orders_to(&pool, Outbox::Debezium, 150, 20, 6).await })
+    };
+    let mut b = Process::spawn(SWITCHYARD, &config, "relay-b");
+    let held_by_a = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let mut orphaned = 0;
+    for _ in 0..5 {
+        let mut a = Process::spawn(SWITCHYARD, &config, "relay-a");
+        eventually("relay-a holds leases", Duration::from_secs(60), || async {
+            (held_by_a().await > 0).then_some(())
+        })
+        .await;
+        a.kill();
+        // An ack sent just before the kill still commits; let it land.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        orphaned = held_by_a().await;
+        if orphaned > 0 {
+            break;
+        }
+    }
+    assert!(orphaned > 0, "relay-a was never killed holding leases");
+    let expected = writer.await.unwrap();
+    assert_eq!(expected.len(), 3000);
+    all_published(&db.pool, 3000, Duration::from_secs(180)).await;
+    b.terminate();
+
+    assert_eq!(count_status(&db.pool, "dead").await, 0);
+    let taken_over: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        taken_over >= orphaned,
+        "the killed relay's {orphaned} rows were re-claimed ({taken_over} retried)"
+    );
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 3000, "the service's own table is left as it wrote it");
+
+    verify_nats(&nats.read_stream(AUDIT_STREAM).await, &expected);
+    let limit = Duration::from_secs(60);
+    // The killed relay's last batch may reach Kafka twice; order is judged
+    // on first copies, and the copies are bounded by what it held.
+    let copies = verify_kafka(
+        &kafka.read_topic("orders", 3000, limit).await,
+        &expected,
+        Copies::AtLeastOnce,
+    );
+    assert!(copies <= 400, "{copies} extra copies on Kafka");
+    verify_kafka(
+        &kafka.read_topic("orders-analytics", 3000, limit).await,
+        &expected,
+        Copies::AtLeastOnce,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_dry_run_shows_the_capture_and_changes_nothing_then_migrate_installs_it() {
+    init_logging();
+    // No outbox schema yet: the service's table only.
+    let db = fresh_db_before(0).await;
+    db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
+    // Two rows from before the relay, the later one written first.
+    db.pool
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, \"timestamp\") VALUES
+               (gen_random_uuid(), 'order', 'order-1', 'OrderPaid', '{\"seq\": 1}', now()),
+               (gen_random_uuid(), 'order', 'order-1', 'OrderCreated', '{\"seq\": 0}', now() - interval '1 hour')",
+        )
+        .await
+        .unwrap();
+    let config = stdout_config(&db.url, DEBEZIUM_SOURCE);
+    let path = write_config(&config);
+    let path = path.to_str().unwrap();
+
+    let before = catalog(&db.pool).await;
+    let (code, out, err) = cli(
+        SWITCHYARD,
+        &["migrate", "--dry-run", "--backfill", "--config", path],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    for part in [
+        "CREATE TABLE switchyard_outbox",
+        "CREATE TRIGGER switchyard_capture AFTER INSERT ON \"public\".\"outbox\"",
+        "SECURITY DEFINER",
+        "-- Backfill: the rows already in \"public\".\"outbox\"",
+        "ORDER BY s.\"timestamp\"",
+    ] {
+        assert!(out.contains(part), "dry run lacks {part:?}:\n{out}");
+    }
+    assert_eq!(catalog(&db.pool).await, before, "--dry-run changed the database");
+    let (code, out, _) = cli(SWITCHYARD, &["validate", "--config", path], &[]).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("warning: \"public\".\"outbox\" has no capture trigger"),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(SWITCHYARD, &["migrate", "--backfill", "--config", path], &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("2 existing row(s) of \"public\".\"outbox\" copied"),
+        "{out}"
+    );
+    db.pool
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+             VALUES (gen_random_uuid(), 'order', 'order-1', 'OrderShipped', '{\"seq\": 2}')",
+        )
+        .await
+        .unwrap();
+    let copied: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT o.event_type, (o.payload ->> 'seq')::int8 FROM switchyard_outbox o
+           JOIN outbox s ON s.id = o.event_id ORDER BY o.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        copied,
+        [
+            ("OrderCreated".to_string(), 0),
+            ("OrderPaid".into(), 1),
+            ("OrderShipped".into(), 2)
+        ],
+        "backfilled in `order_by` order, then captured; each keeps the service's id"
+    );
+    let (code, out, _) = cli(SWITCHYARD, &["migrate", "--dry-run", "--config", path], &[]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing to do"), "{out}");
+
+    // Another mapping: the installed trigger no longer matches, and a relay
+    // refuses to start rather than relay by the old one.
+    let changed = stdout_config(
+        &db.url,
+        &DEBEZIUM_SOURCE.replace(
+            "[source.columns]\n",
+            "[source.columns]\ntenant = \"aggregatetype\"\n",
+        ),
+    );
+    let error = switchyard::app::build(&parse(&changed))
+        .await
+        .err()
+        .expect("a relay does not start on an outdated capture trigger");
+    assert!(
+        error
+            .to_string()
+            .contains("was made from another [source] mapping"),
+        "{error}"
+    );
+    let changed_path = write_config(&changed);
+    let changed_path = changed_path.to_str().unwrap();
+    let (code, out, err) = cli(SWITCHYARD, &["migrate", "--config", changed_path], &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(switchyard::app::build(&parse(&changed)).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_lists_every_mismatch_with_the_live_table() {
+    init_logging();
+    let db = fresh_db().await;
+    db.pool
+        .execute("CREATE TABLE legacy_events (id text, kind integer, body integer, occurred timestamptz)")
+        .await
+        .unwrap();
+    let source = r#"
+[source]
+table = "legacy_events"
+[source.columns]
+event_id = "id"
+aggregate_type = "kind"
+aggregate_id = "entity"
+event_type = "name"
+payload = "body"
+"#;
+    let path = write_config(&stdout_config(&db.url, source));
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", path.to_str().unwrap()], &[]).await;
+    assert_ne!(code, 0, "{out}");
+    for problem in [
+        "source.columns.event_id: column \"id\" of \"public\".\"legacy_events\" is text; it needs uuid",
+        "source.columns.aggregate_type: column \"kind\" of \"public\".\"legacy_events\" is integer; it needs a text type",
+        "source.columns.aggregate_id: \"public\".\"legacy_events\" has no column \"entity\"",
+        "source.columns.event_type: \"public\".\"legacy_events\" has no column \"name\"",
+        "source.columns.payload: column \"body\" of \"public\".\"legacy_events\" is integer; it needs jsonb, json, a text type or bytea",
+    ] {
+        assert!(err.contains(problem), "missing {problem:?} in:\n{err}");
+    }
+
+    let missing = stdout_config(&db.url, &source.replace("legacy_events", "no_such_table"));
+    let path = write_config(&missing);
+    let (code, _, err) = cli(SWITCHYARD, &["validate", "--config", path.to_str().unwrap()], &[]).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("table \"no_such_table\" does not exist"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_is_never_failed_by_the_copy_and_needs_no_privilege_on_the_relay_table() {
+    init_logging();
+    let db = fresh_db().await;
+    // A hand-rolled outbox: bigint ids, a text payload, nullable keys.
+    db.pool
+        .execute(
+            "CREATE TABLE events (id bigserial PRIMARY KEY, aggregate_type text, aggregate_id text,
+                                  event_type text, body text, processed_at timestamptz)",
+        )
+        .await
+        .unwrap();
+    let source = r#"
+[source]
+table = "events"
+[source.columns]
+aggregate_type = "aggregate_type"
+aggregate_id = "aggregate_id"
+event_type = "event_type"
+payload = "body"
+"#;
+    let config = parse(&stdout_config(&db.url, source));
+    let capture = switchyard::source::check(&db.pool, config.source.as_ref().unwrap())
+        .await
+        .unwrap();
+    capture.install(&db.pool, false).await.unwrap();
+
+    // The service's role may insert into its table and nothing else.
+    let role = format!("{}_writer", db.name);
+    db.pool
+        .execute(
+            format!(
+                "CREATE ROLE {role};
+                 GRANT INSERT ON events TO {role};
+                 GRANT USAGE ON SEQUENCE events_id_seq TO {role};"
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    let privileged: bool = sqlx::query_scalar(&format!(
+        "SELECT has_table_privilege('{role}', 'switchyard_outbox', 'INSERT')"
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(!privileged);
+    let long_key = "k".repeat(2000);
+    let rows: [(&str, Option<&str>, &str, &str); 7] = [
+        ("a-1", Some("a-1"), "Created", r#"{"seq": 0}"#),
+        ("a-1", Some("a-1"), "Paid", r#"{"seq": 1}"#),
+        ("a-1", Some("a-1"), "Shipped", r#"{"seq": 2}"#),
+        ("bytes", Some("b-1"), "Note", "not json at all"),
+        ("nul", Some("n-1"), "Note", r#"{"text": "\u0000"}"#),
+        ("null-key", None, "Note", "{}"),
+        ("long-key", Some(long_key.as_str()), "Note", "{}"),
+    ];
+    let mut tx = db.pool.begin().await.unwrap();
+    tx.execute(format!("SET LOCAL ROLE {role}").as_str())
+        .await
+        .unwrap();
+    // One statement, several rows of one aggregate: copied in their order.
+    let mut insert =
+        sqlx::QueryBuilder::new("INSERT INTO events (aggregate_type, aggregate_id, event_type, body) ");
+    insert.push_values(rows.iter(), |mut row, (kind, id, event_type, body)| {
+        let kind = if *kind == "a-1" { "order" } else { kind };
+        row.push_bind(kind)
+            .push_bind(*id)
+            .push_bind(*event_type)
+            .push_bind(*body);
+    });
+    insert
+        .build()
+        .execute(&mut *tx)
+        .await
+        .expect("the service's insert");
+    tx.commit().await.expect("the service's commit");
+
+    let copies: Vec<Copy> = sqlx::query_as(
+        "SELECT payload, payload_bytes, status, last_error FROM switchyard_outbox ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(copies.len(), 7);
+    let seqs: Vec<_> = copies[..3]
+        .iter()
+        .map(|c| c.0.as_ref().unwrap()["seq"].clone())
+        .collect();
+    assert_eq!(seqs, [0, 1, 2], "one statement's rows keep their order");
+    assert!(copies[..3].iter().all(|c| c.2 == "pending"));
+    assert_eq!(
+        copies[3].1.as_deref(),
+        Some(&b"not json at all"[..]),
+        "not JSON: carried as bytes"
+    );
+    assert_eq!(copies[3].2, "pending");
+    assert_eq!(
+        copies[4].1.as_deref(),
+        Some(br#"{"text": "\u0000"}"#.as_slice()),
+        "JSON jsonb refuses: carried as bytes"
+    );
+    assert_eq!(copies[5].2, "dead");
+    assert_eq!(
+        copies[5].3.as_deref(),
+        Some("cannot be relayed from \"public\".\"events\": aggregate_id (column \"aggregate_id\") is NULL")
+    );
+    assert_eq!(copies[6].2, "dead");
+    assert!(
+        copies[6]
+            .3
+            .as_deref()
+            .unwrap()
+            .ends_with("aggregate_id (column \"aggregate_id\") is 2000 bytes; at most 1024"),
+        "{:?}",
+        copies[6].3
+    );
+    db.pool
+        .execute(format!("DROP OWNED BY {role}; DROP ROLE {role}").as_str())
+        .await
+        .unwrap();
+}
