@@ -1,4 +1,5 @@
-//! The example idempotent consumer applies a redelivered event once, on NATS and on Kafka.
+//! The example idempotent consumer applies a redelivered event once, on
+//! NATS, Kafka and RabbitMQ.
 
 use std::time::Duration;
 
@@ -124,6 +125,67 @@ async fn a_redelivered_kafka_event_is_applied_once() {
     );
     // The group's committed offsets: a second run finds nothing new.
     let again = consume(Duration::from_secs(3)).await.unwrap();
+    assert_eq!((again.applied, again.skipped), (0, 0));
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_rabbitmq_event_is_applied_once() {
+    use lapin::BasicProperties;
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    use switchyard_tests::rabbitmq::RabbitMq;
+
+    init_logging();
+    let rabbit = RabbitMq::shared();
+    let name = format!("consumer-{}", uuid::Uuid::new_v4().simple());
+    rabbit.declare(&name, &name, "#").await;
+    let (connection, channel) = rabbit.channel().await;
+    for (id, event_type) in [
+        ("11111111-1111-4111-8111-111111111111", "OrderCreated"),
+        ("11111111-1111-4111-8111-111111111111", "OrderCreated"),
+        ("22222222-2222-4222-8222-222222222222", "OrderPaid"),
+    ] {
+        // As the relay sends them: the event id as message id, and headers.
+        let mut headers = FieldTable::default();
+        for (name, value) in [
+            ("Switchyard-Event-Type", event_type),
+            ("Switchyard-Aggregate-Id", "order-1"),
+        ] {
+            headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+        }
+        let properties = BasicProperties::default()
+            .with_message_id(id.into())
+            .with_headers(headers);
+        channel
+            .basic_publish(
+                name.as_str().into(),
+                "orders.x".into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    drop(connection);
+
+    let path = std::env::temp_dir().join(format!("sy-inbox-{}.db", uuid::Uuid::new_v4().simple()));
+    let inbox = Inbox::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let consume = |idle| consumer::rabbitmq::consume(rabbit.url(), &name, &inbox, idle, |_, _| {});
+    let tally = consume(Duration::from_secs(2)).await.unwrap();
+    assert_eq!((tally.applied, tally.skipped), (2, 1));
+    assert_eq!(
+        inbox.events_applied("order-1").await.unwrap(),
+        2,
+        "the duplicate changed nothing"
+    );
+    // Acked messages left the queue: a second run finds nothing.
+    let again = consume(Duration::from_secs(1)).await.unwrap();
     assert_eq!((again.applied, again.skipped), (0, 0));
     let _ = std::fs::remove_file(path);
 }

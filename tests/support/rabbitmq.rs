@@ -145,7 +145,11 @@ impl RabbitMq {
         }
     }
 
-    async fn channel(&self) -> (Connection, Channel) {
+    /// A connection and a channel on this broker, for publishing by hand.
+    ///
+    /// # Panics
+    /// When the broker is not reachable.
+    pub async fn channel(&self) -> (Connection, Channel) {
         let connection = Connection::connect(&self.url, ConnectionProperties::default())
             .await
             .expect("connect to RabbitMQ");

@@ -1,12 +1,13 @@
 //! An idempotent consumer, as a service receiving Switchyard's events should
-//! be written, for NATS JetStream and for Kafka. Delivery is at-least-once,
+//! be written, for NATS JetStream, Kafka and RabbitMQ. Delivery is at-least-once,
 //! so the consumer keeps an inbox table keyed by the event id
-//! (`Switchyard-Event-Id`) and applies an event only if inserting its id into
+//! (`Switchyard-Event-Id`, or the AMQP message id) and applies an event only if inserting its id into
 //! the inbox succeeds, in the same transaction as the change it makes. A
 //! redelivered event finds its id and is skipped.
 
 pub mod kafka;
 pub mod nats;
+pub mod rabbitmq;
 
 use std::collections::HashMap;
 
@@ -126,7 +127,10 @@ impl Delivered {
     /// # Errors
     /// A missing event id or a database error; nothing is applied then.
     pub async fn apply(&self, inbox: &Inbox) -> anyhow::Result<bool> {
-        let event_id = self.header("Switchyard-Event-Id");
+        let event_id = match self.header("Switchyard-Event-Id") {
+            "" => self.header("Message-Id"),
+            id => id,
+        };
         anyhow::ensure!(
             !event_id.is_empty(),
             "message on {} has no Switchyard-Event-Id",
@@ -147,7 +151,10 @@ impl Delivered {
             "{source}  key={key}  event={id}  plugin={plugin}  {verdict}\n    {payload}",
             source = self.source,
             key = self.key.as_deref().unwrap_or(""),
-            id = self.header("Switchyard-Event-Id"),
+            id = match self.header("Switchyard-Event-Id") {
+                "" => self.header("Message-Id"),
+                id => id,
+            },
             plugin = self.header("Switchyard-Plugin"),
             verdict = if applied { "applied" } else { "duplicate, skipped" },
             payload = String::from_utf8_lossy(&self.payload),

@@ -1,9 +1,10 @@
-//! Sample consumer: applies every event of a JetStream stream or a Kafka
-//! topic once (inbox table keyed by event id) and prints what it did.
+//! Sample consumer: applies every event of a JetStream stream, a Kafka
+//! topic or a RabbitMQ queue once (inbox table keyed by event id) and prints what it did.
 //!
 //! ```text
 //! cargo run -p consumer -- nats --url nats://127.0.0.1:54222 --stream ORDERS
 //! cargo run -p consumer -- kafka --bootstrap-servers 127.0.0.1:59092 --topic orders
+//! cargo run -p consumer -- rabbitmq --url amqp://guest:guest@127.0.0.1:55672/%2f --queue orders
 //! ```
 
 use std::time::Duration;
@@ -51,6 +52,15 @@ enum Source {
         #[arg(long, default_value = "order-view")]
         group: String,
     },
+    /// A RabbitMQ queue (acked messages leave it).
+    Rabbitmq {
+        /// AMQP URL.
+        #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:55672/%2f")]
+        url: String,
+        /// Queue.
+        #[arg(long, default_value = "orders")]
+        queue: String,
+    },
 }
 
 #[tokio::main]
@@ -69,6 +79,9 @@ async fn main() -> anyhow::Result<()> {
             topic,
             group,
         } => consumer::kafka::consume(&bootstrap_servers, &topic, &group, &inbox, idle, print).await?,
+        Source::Rabbitmq { url, queue } => {
+            consumer::rabbitmq::consume(&url, &queue, &inbox, idle, print).await?
+        }
     };
     println!(
         "applied {}, skipped {} redeliveries",
