@@ -5,7 +5,8 @@
 //! PostgreSQL CPU per event, claim latency on stale statistics, the wasm
 //! plugin against a native router, commit-to-consumer latency at steady
 //! rates, hot reload under load, and peak memory. Prints one table and
-//! writes a latency plot (SVG).
+//! writes a latency plot (SVG). `--large-reload` measures the hot reload of
+//! the 18 MB Python component under load instead.
 //!
 //! ```text
 //! scripts/services.sh start && eval "$(scripts/services.sh env)"
@@ -30,6 +31,8 @@ use switchyard::store::{OutboxStore, Outcome, PublishedRows, RowOutcome};
 use switchyard::{Config, Relay};
 use switchyard_tests::postgres::{CLAIM_V2_MIGRATION, migrate_before};
 use tokio_util::sync::CancellationToken;
+
+mod large_reload;
 
 #[derive(Debug, Parser)]
 #[command(about = "Relay throughput, latency, plugin overhead and memory against the SQL ceiling")]
@@ -62,6 +65,10 @@ struct Args {
     /// Only the ceiling and the drains (no latency, reload or plot).
     #[arg(long, conflicts_with = "latency_only")]
     drains_only: bool,
+    /// Only the hot reload of the large Python component under load (needs
+    /// scripts/plugin-toolchains.sh).
+    #[arg(long, conflicts_with_all = ["latency_only", "drains_only"])]
+    large_reload: bool,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -900,6 +907,9 @@ async fn main() -> anyhow::Result<()> {
     );
     let services = Services::from_env();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    if args.large_reload {
+        return large_reload::run(&services, &args).await;
+    }
     if args.latency_only {
         let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;
         let fast = latency(&services, &args, 10_000, args.latency_seconds, false).await?;
