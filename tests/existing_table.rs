@@ -427,3 +427,43 @@ payload = "body"
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_trigger_disabled_or_dropped_while_the_relay_runs_makes_it_unready() {
+    init_logging();
+    let db = fresh_db().await;
+    db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
+    let config = parse(&stdout_config(&db.url, DEBEZIUM_SOURCE));
+    let capture = switchyard::source::check(&db.pool, config.source.as_ref().unwrap())
+        .await
+        .unwrap();
+    capture.install(&db.pool, false).await.unwrap();
+    let relay = switchyard::app::build(&config).await.expect("relay starts");
+    let capture_check = || async {
+        let readiness = switchyard::admin::readiness(&relay).await;
+        let capture = readiness.capture.expect("a capture check with [source]");
+        (readiness.ready, capture.to_string())
+    };
+    assert_eq!(capture_check().await, (true, "ok".to_string()));
+
+    db.pool
+        .execute("ALTER TABLE outbox DISABLE TRIGGER switchyard_capture")
+        .await
+        .unwrap();
+    let (ready, check) = capture_check().await;
+    assert!(!ready);
+    assert!(
+        check.contains("the capture trigger on \"public\".\"outbox\" is disabled"),
+        "{check}"
+    );
+    let refused = switchyard::app::build(&config).await.err().expect("refused");
+    assert!(refused.to_string().contains("is disabled"), "{refused}");
+
+    db.pool
+        .execute("DROP TRIGGER switchyard_capture ON outbox")
+        .await
+        .unwrap();
+    let (ready, check) = capture_check().await;
+    assert!(!ready);
+    assert!(check.contains("has no capture trigger"), "{check}");
+}

@@ -140,6 +140,10 @@ pub struct Readiness {
     pub database: Check,
     /// Each target's health check.
     pub targets: BTreeMap<String, Check>,
+    /// With `[source]`: the capture trigger is there, enabled, and made
+    /// from this mapping (someone may drop or disable it while we run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Check>,
     /// Plugin name to `name@version` or `not loaded`.
     pub plugins: BTreeMap<String, String>,
 }
@@ -163,7 +167,18 @@ pub async fn readiness(relay: &Relay) -> Readiness {
         };
         (name.to_string(), state)
     }));
-    let (database, targets) = futures::join!(database, targets);
+    let capture = async {
+        let (capture, pool) = (relay.capture()?, relay.store().pg_pool()?);
+        Some(
+            match tokio::time::timeout(CHECK_TIMEOUT, capture.problem(pool)).await {
+                Ok(Ok(None)) => Check::Ok,
+                Ok(Ok(Some(problem))) => Check::Failed(problem),
+                Ok(Err(error)) => Check::Failed(error.to_string()),
+                Err(_) => Check::Failed("no answer in time".to_string()),
+            },
+        )
+    };
+    let (database, targets, capture) = futures::join!(database, targets, capture);
     let plugins: BTreeMap<String, String> = relay
         .plugins()
         .slots()
@@ -178,6 +193,7 @@ pub async fn readiness(relay: &Relay) -> Readiness {
     let workers = Check::from_result(relay.workers_health());
     let ready = database.is_ok()
         && workers.is_ok()
+        && capture.as_ref().is_none_or(Check::is_ok)
         && targets.iter().all(|(_, state)| state.is_ok())
         && plugins.values().all(|state| state != "not loaded");
     Readiness {
@@ -185,6 +201,7 @@ pub async fn readiness(relay: &Relay) -> Readiness {
         workers,
         database,
         targets: targets.into_iter().collect(),
+        capture,
         plugins,
     }
 }

@@ -26,9 +26,11 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
         .with_published_rows(config.relay.published_rows);
     check_schema(&store).await?;
-    if let Some(problem) = crate::cli::check_source(config, &store).await? {
-        anyhow::bail!(problem);
-    }
+    let capture = match crate::cli::check_source(config, &store).await? {
+        Some((_, Some(problem))) => anyhow::bail!(problem),
+        Some((capture, None)) => Some(capture),
+        None => None,
+    };
     let cache_dir = config.plugin_runtime.cache_dir();
     let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;
     // Compiling and running `init` is blocking work: keep it off the runtime.
@@ -51,7 +53,9 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         None
     };
     let sinks = Sinks::connect(&config.targets, &config.relay).await?;
-    Ok(Relay::new(store, plugins, sinks, config.relay.clone()).with_watcher(watcher))
+    Ok(Relay::new(store, plugins, sinks, config.relay.clone())
+        .with_watcher(watcher)
+        .with_capture(capture))
 }
 
 async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {

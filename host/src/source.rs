@@ -329,6 +329,8 @@ pub enum Installed {
     Missing,
     /// A capture trigger made from another mapping (or edited by hand).
     Outdated,
+    /// The trigger is there but disabled (`ALTER TABLE ... DISABLE TRIGGER`).
+    Disabled,
 }
 
 const TRIGGER: &str = "switchyard_capture";
@@ -540,18 +542,44 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {table}
     /// # Errors
     /// The database's.
     pub async fn installed(&self, pool: &PgPool) -> Result<Installed, sqlx::Error> {
-        let comment: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT obj_description(t.oid, 'pg_trigger') FROM pg_trigger t
+        let trigger: Option<(Option<String>, bool)> = sqlx::query_as(
+            "SELECT obj_description(t.oid, 'pg_trigger'), t.tgenabled <> 'D' FROM pg_trigger t
               WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2",
         )
         .bind(&self.display)
         .bind(TRIGGER)
         .fetch_optional(pool)
         .await?;
-        Ok(match comment {
+        Ok(match trigger {
             None => Installed::Missing,
-            Some(Some(comment)) if comment == self.comment() => Installed::Current,
+            Some((_, false)) => Installed::Disabled,
+            Some((Some(comment), true)) if comment == self.comment() => Installed::Current,
             Some(_) => Installed::Outdated,
+        })
+    }
+
+    /// What is wrong with the installed trigger, said for an operator
+    /// (`None`: nothing). Rows written meanwhile stay in the services' table
+    /// and are not relayed.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn problem(&self, pool: &PgPool) -> Result<Option<String>, sqlx::Error> {
+        let fix = "review `switchyard migrate --dry-run --config FILE`, then run `switchyard migrate --config FILE`";
+        let table = &self.display;
+        Ok(match self.installed(pool).await? {
+            Installed::Current => None,
+            Installed::Missing => Some(format!(
+                "{table} has no capture trigger, so no row written there is relayed: {fix}"
+            )),
+            Installed::Outdated => Some(format!(
+                "the capture trigger on {table} was made from another [source] mapping: {fix}"
+            )),
+            Installed::Disabled => Some(format!(
+                "the capture trigger on {table} is disabled, so no row written there is relayed: \
+                 ALTER TABLE {table} ENABLE TRIGGER {TRIGGER}, then copy what was written \
+                 meanwhile (rows inserted while it was off are not in switchyard_outbox)"
+            )),
         })
     }
 

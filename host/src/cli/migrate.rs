@@ -93,34 +93,23 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With `[source]`: checks the mapping against the live table, then says
-/// what is wrong with the trigger installed from it (`None`: nothing). For
+/// With `[source]`: the mapping checked against the live table, and what
+/// is wrong with the trigger installed from it (`None`: nothing). For
 /// `validate` (a warning) and relay startup (an error).
 ///
 /// # Errors
 /// Every mismatch between the mapping and the table.
-pub async fn check_source(config: &Config, store: &OutboxStore) -> anyhow::Result<Option<String>> {
+pub async fn check_source(
+    config: &Config,
+    store: &OutboxStore,
+) -> anyhow::Result<Option<(source::Capture, Option<String>)>> {
     let (Some(source), Some(pool)) = (&config.source, store.pg_pool()) else {
         return Ok(None);
     };
     let capture = source::check(pool, source).await?;
-    let fix =
-        "review `switchyard migrate --dry-run --config FILE`, then run `switchyard migrate --config FILE`";
-    Ok(
-        match capture
-            .installed(pool)
-            .await
-            .context("cannot read the source table's triggers")?
-        {
-            Installed::Current => None,
-            Installed::Missing => Some(format!(
-                "{} has no capture trigger, so no row written there is relayed: {fix}",
-                capture.table()
-            )),
-            Installed::Outdated => Some(format!(
-                "the capture trigger on {} was made from another [source] mapping: {fix}",
-                capture.table()
-            )),
-        },
-    )
+    let problem = capture
+        .problem(pool)
+        .await
+        .context("cannot read the source table's triggers")?;
+    Ok(Some((capture, problem)))
 }

@@ -203,7 +203,7 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
                 let store = OutboxStore::connect(&loaded.database.url, 2)
                     .await
                     .context("cannot connect to the database to check [source]")?;
-                if let Some(problem) = migrate::check_source(&loaded, &store).await? {
+                if let Some((_, Some(problem))) = migrate::check_source(&loaded, &store).await? {
                     println!("warning: {problem}");
                 }
             }

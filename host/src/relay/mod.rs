@@ -76,6 +76,8 @@ struct Inner {
     watcher: OnceLock<std::sync::Mutex<crate::plugin::watch::PluginWatcher>>,
     /// Set once, by [`Relay::with_native_router`].
     native_router: OnceLock<NativeRouter>,
+    /// Set once, by [`Relay::with_capture`].
+    capture: OnceLock<crate::source::Capture>,
     store: OutboxStore,
     plugins: Plugins,
     sinks: Sinks,
@@ -116,6 +118,7 @@ impl Relay {
                 health: WorkerHealth::default(),
                 watcher: OnceLock::new(),
                 native_router: OnceLock::new(),
+                capture: OnceLock::new(),
                 retry: RetryPolicy::from_config(&config),
                 metrics,
                 store,
@@ -148,6 +151,23 @@ impl Relay {
             warn!("This relay already has a native router; the new one is ignored.");
         }
         self
+    }
+
+    /// The `[source]` capture trigger this relay depends on: `/readyz`
+    /// checks that it is still there and enabled.
+    #[must_use]
+    pub fn with_capture(self, capture: Option<crate::source::Capture>) -> Relay {
+        if let Some(capture) = capture
+            && self.inner.capture.set(capture).is_err()
+        {
+            warn!("This relay already has a capture trigger to watch; the new one is ignored.");
+        }
+        self
+    }
+
+    /// The capture trigger of `[source]`, if the relay has one.
+    pub fn capture(&self) -> Option<&crate::source::Capture> {
+        self.inner.capture.get()
     }
 
     /// The plugins this relay routes with (for status and tests).
