@@ -241,6 +241,29 @@ async fn migrate_dry_run_shows_the_capture_and_changes_nothing_then_migrate_inst
     assert_eq!(code, 0);
     assert!(out.contains("nothing to do"), "{out}");
 
+    // Debezium's pattern, twice with the same event id: insert, delete in
+    // the same transaction, then the same event again. The writer commits;
+    // the event is copied once.
+    for _ in 0..2 {
+        db.pool
+            .execute(
+                "BEGIN;
+                 INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+                 VALUES ('7b0f3c4e-8a9d-4c1e-9f2a-3d5e6f708192', 'order', 'order-2', 'OrderCreated', '{}');
+                 DELETE FROM outbox WHERE id = '7b0f3c4e-8a9d-4c1e-9f2a-3d5e6f708192';
+                 COMMIT;",
+            )
+            .await
+            .expect("the writer's transaction commits");
+    }
+    let copies: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE event_id = '7b0f3c4e-8a9d-4c1e-9f2a-3d5e6f708192'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(copies, 1);
+
     // Another mapping: the installed trigger no longer matches, and a relay
     // refuses to start rather than relay by the old one.
     let changed = stdout_config(

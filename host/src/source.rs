@@ -354,7 +354,7 @@ impl Capture {
 
     /// `INSERT INTO switchyard_outbox ... SELECT ... FROM <from> AS s`: the
     /// copy of each row, as the trigger and the backfill make it.
-    fn copy_sql(&self, from: &str, order_by: Option<&str>, on_conflict: bool) -> String {
+    fn copy_sql(&self, from: &str, order_by: Option<&str>) -> String {
         let cols = &self.source.columns;
         let col = |name: &str| format!("s.{}", ident(name));
         let limit = |field: &str, name: &str, bytes: usize| {
@@ -414,15 +414,13 @@ impl Capture {
             .as_deref()
             .map_or("NULL::text".to_string(), |name| format!("{}::text", col(name)));
         let order = order_by.map_or(String::new(), |name| format!("\n     ORDER BY {}", col(name)));
-        let conflict = if on_conflict {
-            "\n    ON CONFLICT (event_id) DO NOTHING"
-        } else {
-            ""
-        };
         // A row that cannot be relayed keeps its place as a dead letter
         // (keys cut to fit the outbox's bounds) rather than fail the writer.
         // OFFSET 0 keeps the subquery whole: the parse attempt, a
-        // subtransaction, runs once per row, not once per reference.
+        // subtransaction, runs once per row, not once per reference. An
+        // event id already copied is the same event (a writer that deleted
+        // its row and wrote it again, or a second backfill): not copied
+        // twice, and the writer's INSERT does not fail on it.
         format!(
             "INSERT INTO {outbox}.switchyard_outbox
         (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
@@ -444,7 +442,8 @@ impl Capture {
                    {tenant} AS tenant,
                    {problem} AS problem
               FROM {from} AS s{order}
-            OFFSET 0) AS c{conflict}",
+            OFFSET 0) AS c
+    ON CONFLICT (event_id) DO NOTHING",
             outbox = ident(&self.outbox_schema),
             where_from = literal(&format!("cannot be relayed from {}: ", self.display)),
             aggregate_type = col(&cols.aggregate_type),
@@ -494,7 +493,7 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {table}
 ",
             table = self.display,
             function = self.function(),
-            copy = self.copy_sql(TRANSITION, None, false),
+            copy = self.copy_sql(TRANSITION, None),
         )
     }
 
@@ -531,7 +530,7 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {table}
             statements.push(format!(
                 "-- Backfill: the rows already in {}.\n{}",
                 self.display,
-                self.copy_sql(&self.display, self.source.order_by.as_deref(), true)
+                self.copy_sql(&self.display, self.source.order_by.as_deref())
             ));
         }
         statements
