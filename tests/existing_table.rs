@@ -490,3 +490,75 @@ async fn a_capture_trigger_disabled_or_dropped_while_the_relay_runs_makes_it_unr
     assert!(!ready);
     assert!(check.contains("has no capture trigger"), "{check}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_need_quoting_are_captured() {
+    init_logging();
+    let db = fresh_db().await;
+    db.pool
+        .execute(
+            r#"CREATE SCHEMA "Shop Data";
+               CREATE TABLE "Shop Data"."Outbox Events" (
+                   "Id" uuid PRIMARY KEY, "Aggregate %s Type" text NOT NULL, "aggregate-id" text,
+                   "Type" text NOT NULL, "Pay%load" jsonb)"#,
+        )
+        .await
+        .unwrap();
+    let source = r#"
+[source]
+schema = "Shop Data"
+table = "Outbox Events"
+[source.columns]
+event_id = "Id"
+aggregate_type = "Aggregate %s Type"
+aggregate_id = "aggregate-id"
+event_type = "Type"
+payload = "Pay%load"
+"#;
+    let config = parse(&stdout_config(&db.url, source));
+    let capture = switchyard::source::check(&db.pool, config.source.as_ref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(capture.table(), r#""Shop Data"."Outbox Events""#);
+    capture.install(&db.pool, false).await.unwrap();
+    db.pool
+        .execute(
+            r#"INSERT INTO "Shop Data"."Outbox Events" VALUES
+                 (gen_random_uuid(), 'order', 'o-1', 'OrderCreated', '{"a": 1}'),
+                 (gen_random_uuid(), 'order', NULL, 'OrderPaid', '{}'),
+                 (gen_random_uuid(), repeat('t', 300), 'o-2', 'OrderPaid', '{}')"#,
+        )
+        .await
+        .unwrap();
+    let copies: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT aggregate_id, status, last_error FROM switchyard_outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        copies,
+        [
+            ("o-1".to_string(), "pending".to_string(), None),
+            (
+                String::new(),
+                "dead".into(),
+                Some(
+                    r#"cannot be relayed from "Shop Data"."Outbox Events": aggregate_id (column "aggregate-id") is NULL"#
+                        .into()
+                )
+            ),
+            (
+                "o-2".into(),
+                "dead".into(),
+                Some(
+                    r#"cannot be relayed from "Shop Data"."Outbox Events": aggregate_type (column "Aggregate %s Type") is 300 bytes; at most 255"#
+                        .into()
+                )
+            ),
+        ]
+    );
+    assert!(
+        switchyard::app::build(&config).await.is_ok(),
+        "the installed trigger is current"
+    );
+}

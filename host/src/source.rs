@@ -166,9 +166,11 @@ const KEY_TYPES: &[&str] = &["uuid", "smallint", "integer", "bigint", "numeric"]
 /// # Errors
 /// Every mismatch, one line each; or the database error that stopped the check.
 pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, CheckError> {
+    // The bare name (regnamespace's text form would come quoted already).
     let outbox_schema: String = sqlx::query_scalar(
-        "SELECT coalesce((SELECT relnamespace::regnamespace::text FROM pg_class
-                           WHERE oid = to_regclass('switchyard_outbox')),
+        "SELECT coalesce((SELECT n.nspname::text FROM pg_class c
+                            JOIN pg_namespace n ON n.oid = c.relnamespace
+                           WHERE c.oid = to_regclass('switchyard_outbox')),
                          current_schema())",
     )
     .fetch_one(pool)
