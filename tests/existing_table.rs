@@ -18,8 +18,8 @@ use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{
     DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, all_published, count_status, fresh_db, fresh_db_before,
 };
-use switchyard_tests::relay::{Process, parse};
-use switchyard_tests::{cli, eventually, init_logging};
+use switchyard_tests::relay::{Process, kill_while_holding_leases, parse};
+use switchyard_tests::{cli, init_logging};
 
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 
@@ -52,6 +52,15 @@ type = "stdout"
 {source}"#,
         route = plugin("route_by_type").display(),
     )
+}
+
+/// Checks `config`'s `[source]` against the database and installs its trigger.
+async fn install_capture(pool: &PgPool, config: &switchyard::Config) -> switchyard::source::Capture {
+    let capture = switchyard::source::check(pool, config.source.as_ref().unwrap())
+        .await
+        .unwrap();
+    capture.install(pool, false).await.unwrap();
+    capture
 }
 
 /// Tables, triggers, functions and migrations: what a change would alter.
@@ -103,30 +112,7 @@ async fn a_debezium_outbox_reaches_nats_and_kafka_in_order_through_a_relay_kille
         tokio::spawn(async move { write_orders_to(&pool, Outbox::Debezium, 150, 20, 6).await })
     };
     let mut b = Process::spawn(SWITCHYARD, &config, "relay-b");
-    let held_by_a = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-    };
-    let mut orphaned = 0;
-    for _ in 0..5 {
-        let mut a = Process::spawn(SWITCHYARD, &config, "relay-a");
-        eventually("relay-a holds leases", Duration::from_secs(60), || async {
-            (held_by_a().await > 0).then_some(())
-        })
-        .await;
-        a.kill();
-        // An ack sent just before the kill still commits; let it land.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        orphaned = held_by_a().await;
-        if orphaned > 0 {
-            break;
-        }
-    }
-    assert!(orphaned > 0, "relay-a was never killed holding leases");
+    let orphaned = kill_while_holding_leases(SWITCHYARD, &config, &db.pool, || {}).await;
     let expected = writer.await.unwrap();
     assert_eq!(expected.len(), 3000);
     all_published(&db.pool, 3000, Duration::from_secs(180)).await;
@@ -350,10 +336,7 @@ event_type = "event_type"
 payload = "body"
 "#;
     let config = parse(&stdout_config(&db.url, source));
-    let capture = switchyard::source::check(&db.pool, config.source.as_ref().unwrap())
-        .await
-        .unwrap();
-    capture.install(&db.pool, false).await.unwrap();
+    install_capture(&db.pool, &config).await;
 
     // The service's role may insert into its table and nothing else.
     let role = format!("{}_writer", db.name);
@@ -457,10 +440,7 @@ async fn a_capture_trigger_disabled_or_dropped_while_the_relay_runs_makes_it_unr
     let db = fresh_db().await;
     db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
     let config = parse(&stdout_config(&db.url, DEBEZIUM_SOURCE));
-    let capture = switchyard::source::check(&db.pool, config.source.as_ref().unwrap())
-        .await
-        .unwrap();
-    capture.install(&db.pool, false).await.unwrap();
+    install_capture(&db.pool, &config).await;
     let relay = switchyard::app::build(&config).await.expect("relay starts");
     let capture_check = || async {
         let readiness = switchyard::admin::readiness(&relay).await;
@@ -516,11 +496,8 @@ event_type = "Type"
 payload = "Pay%load"
 "#;
     let config = parse(&stdout_config(&db.url, source));
-    let capture = switchyard::source::check(&db.pool, config.source.as_ref().unwrap())
-        .await
-        .unwrap();
+    let capture = install_capture(&db.pool, &config).await;
     assert_eq!(capture.table(), r#""Shop Data"."Outbox Events""#);
-    capture.install(&db.pool, false).await.unwrap();
     db.pool
         .execute(
             r#"INSERT INTO "Shop Data"."Outbox Events" VALUES

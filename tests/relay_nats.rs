@@ -7,7 +7,9 @@ use std::time::Duration;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{order_event, verify, write_orders};
 use switchyard_tests::postgres::{all_published, count_status, fresh_db, place_order_event};
-use switchyard_tests::relay::{InProcess, Process, Settings, example_config, parse};
+use switchyard_tests::relay::{
+    InProcess, Process, Settings, example_config, kill_while_holding_leases, parse,
+};
 use switchyard_tests::{eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -149,35 +151,12 @@ async fn two_relay_processes_share_a_table_and_survive_a_kill() {
     // A starts first so that it meets a full backlog: started after B, it
     // could find B had drained most of it and never be caught holding leases.
     let mut b = None;
-    // Kill A while it holds leases mid-stream. If A happens to hold none at
-    // the instant of the kill, start another A and try again.
-    let mut orphaned = 0;
-    for _ in 0..5 {
-        let mut a = Process::spawn(RELAY_BIN, &config, "relay-a");
+    let orphaned = kill_while_holding_leases(RELAY_BIN, &config, &db.pool, || {
         if b.is_none() {
             b = Some(Process::spawn(RELAY_BIN, &config, "relay-b"));
         }
-        let held_by_a = || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-        };
-        eventually("relay-a holds leases", Duration::from_secs(60), || async {
-            (held_by_a().await > 0).then_some(())
-        })
-        .await;
-        a.kill();
-        // An ack A sent just before dying still commits server-side; let it land.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        orphaned = held_by_a().await;
-        if orphaned > 0 {
-            break;
-        }
-    }
-    assert!(orphaned > 0, "relay-a was never killed holding leases");
+    })
+    .await;
     all_published(&db.pool, 10_000, Duration::from_secs(180)).await;
     if let Some(mut b) = b {
         b.terminate();

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use switchyard_tests::fanout::relay_section;
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::{NatsServer, Received};
 use switchyard_tests::orders::{Expected, order_event, tally, write_orders};
@@ -51,11 +52,7 @@ type = "nats"
 url = "{nats}"
 duplicate_window_seconds = 3600
 "#,
-        relay = RelaySection::new()
-            .set("max_attempts", "100")
-            .set("max_backoff_ms", "500")
-            .set("shutdown_timeout_ms", "5000")
-            .toml(),
+        relay = relay_section().toml(),
         plugin = plugin("fan_out").display(),
     )
 }

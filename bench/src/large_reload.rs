@@ -9,9 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use switchyard::{Config, OutboxStore};
-use tokio_util::sync::CancellationToken;
 
-use super::{Args, Services, Target, admin_pool, drop_db, now_us, plugin_file, recreate_db, reset_brokers};
+use super::{
+    Args, Running, Services, Target, admin_pool, drop_db, now_us, plugin_file, recreate_db, reset_brokers,
+};
 
 /// Orders per second through the Rust plugin.
 const RATE: u64 = 1_000;
@@ -98,12 +99,7 @@ pub(crate) async fn run(services: &Services, _args: &Args) -> anyhow::Result<()>
         original.len() / 1_000_000
     );
     let relay = switchyard::app::build(&config(&url, services, &python)?).await?;
-    let stop = CancellationToken::new();
-    let relay_task = tokio::spawn({
-        let relay = relay.clone();
-        let stop = stop.clone();
-        async move { relay.run(stop).await }
-    });
+    let running = Running::start(&relay);
 
     let client = async_nats::connect(&services.nats_url).await?;
     let mut subscription = client.subscribe("bench.>").await?;
@@ -167,8 +163,7 @@ pub(crate) async fn run(services: &Services, _args: &Args) -> anyhow::Result<()>
         ticks += 1;
     }
     let arrivals = consumer.await?;
-    stop.cancel();
-    relay_task.await??;
+    running.stop().await?;
     drop(relay);
     pool.close().await;
     drop_db(services, name).await?;

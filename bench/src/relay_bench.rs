@@ -559,26 +559,44 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
     Ok(result)
 }
 
+/// A relay running on a task of its own until [`Running::stop`].
+struct Running {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    fn start(relay: &Relay) -> Running {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let relay = relay.clone();
+            let stop = stop.clone();
+            async move { relay.run(stop).await }
+        });
+        Running { stop, task }
+    }
+
+    /// Asks the relay to finish its batches and waits for it.
+    async fn stop(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        self.task.await?
+    }
+}
+
 async fn run_until_drained(relay: &Relay, rows: u64, schema: Schema) -> anyhow::Result<f64> {
-    let stop = CancellationToken::new();
     let started = Instant::now();
-    let task = tokio::spawn({
-        let relay = relay.clone();
-        let stop = stop.clone();
-        async move { relay.run(stop).await }
-    });
+    let running = Running::start(relay);
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         if drained(relay.store(), schema).await? {
             break;
         }
-        if task.is_finished() {
+        if running.task.is_finished() {
             anyhow::bail!("the relay stopped early");
         }
     }
     let elapsed = started.elapsed();
-    stop.cancel();
-    task.await??;
+    running.stop().await?;
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'")
         .fetch_one(relay.store().pg_pool().context("PostgreSQL")?)
         .await?;
@@ -644,12 +662,7 @@ async fn latency(
     )?;
     reset_peak_rss();
     let relay = switchyard::app::build(&config).await?;
-    let stop = CancellationToken::new();
-    let relay_task = tokio::spawn({
-        let relay = relay.clone();
-        let stop = stop.clone();
-        async move { relay.run(stop).await }
-    });
+    let running = Running::start(&relay);
 
     let client = async_nats::connect(&services.nats_url).await?;
     let mut subscription = client.subscribe("bench.>").await?;
@@ -723,8 +736,7 @@ async fn latency(
         sent += n;
     }
     let mut sorted_us = consumer.await?;
-    stop.cancel();
-    relay_task.await??;
+    running.stop().await?;
     sorted_us.sort_unstable();
     let reload_ms = match (reload_started, reload_seen.lock().ok().and_then(|s| *s)) {
         (Some(from), Some(to)) => Some(to.saturating_duration_since(from).as_secs_f64() * 1000.0),

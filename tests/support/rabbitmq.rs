@@ -2,7 +2,6 @@
 //! test declares exchanges and queues under names of its own), or a node of
 //! the test's own that it can stop and start again.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use super::nats::Received;
@@ -227,20 +226,8 @@ impl RabbitMq {
                 continue;
             };
             let delivery = message.delivery;
-            let mut headers = HashMap::new();
-            if let Some(table) = delivery.properties.headers() {
-                for (name, value) in table.inner() {
-                    if let AMQPValue::LongString(text) = value {
-                        headers.insert(
-                            name.to_string(),
-                            String::from_utf8_lossy(text.as_bytes()).into_owned(),
-                        );
-                    }
-                }
-            }
-            if let Some(id) = delivery.properties.message_id() {
-                headers.insert("Message-Id".to_string(), id.to_string());
-            }
+            // Headers as the example consumer reads them (message id included).
+            let mut headers = consumer::rabbitmq::delivered(queue, &delivery).headers;
             if delivery.properties.delivery_mode() == &Some(2) {
                 headers.insert("Delivery-Mode".to_string(), "2".to_string());
             }

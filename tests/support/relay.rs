@@ -271,3 +271,45 @@ impl Drop for Process {
         let _ = std::fs::remove_file(&self._config);
     }
 }
+
+/// SIGKILLs a relay process `relay-a` on `config` while it holds leases:
+/// spawns it, waits until it holds some, kills it, and tries again (up to
+/// five times) when an ack that landed at the instant of the kill left it
+/// holding none. `after_spawn` runs after each spawn (to start a companion
+/// relay once A has met the backlog). Returns the rows A held when it died.
+///
+/// # Panics
+/// When A never holds leases, or is never caught holding them.
+pub async fn kill_while_holding_leases(
+    binary: &str,
+    config: &str,
+    pool: &sqlx::PgPool,
+    mut after_spawn: impl FnMut(),
+) -> i64 {
+    let held_by_a = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM switchyard_outbox WHERE lease_owner = 'relay-a' AND status = 'in_flight'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    for _ in 0..5 {
+        let mut a = Process::spawn(binary, config, "relay-a");
+        after_spawn();
+        crate::eventually(
+            "relay-a holds leases",
+            std::time::Duration::from_secs(60),
+            || async { (held_by_a().await > 0).then_some(()) },
+        )
+        .await;
+        a.kill();
+        // An ack A sent just before dying still commits server-side; let it land.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let orphaned = held_by_a().await;
+        if orphaned > 0 {
+            return orphaned;
+        }
+    }
+    panic!("relay-a was never killed holding leases");
+}
