@@ -114,11 +114,17 @@ async fn claims_stay_within_20_ms_on_stale_statistics_and_deep_blocked_backlogs(
     assert!(claimed.iter().all(|row| row.aggregate_id.starts_with("fresh-")));
     eprintln!("100,000 rows behind 100 heads: {count} claims, slowest {slowest:?}");
     // Once parked, the blocked rows cost nothing: an empty claim is quick.
-    let idle = store.claim("idle", BATCH, LEASE).await.unwrap();
-    assert!(idle.rows.is_empty() && idle.parked == 0);
+    // The fastest of five: one sample can lose its core to another process
+    // (5.35 ms once in CI), while a claim that walked the parked rows would
+    // be slow every time.
+    let mut fastest = Duration::MAX;
+    for _ in 0..5 {
+        let idle = store.claim("idle", BATCH, LEASE).await.unwrap();
+        assert!(idle.rows.is_empty() && idle.parked == 0);
+        fastest = fastest.min(idle.took);
+    }
     assert!(
-        idle.took <= Duration::from_millis(5),
-        "an empty claim took {:?}",
-        idle.took
+        fastest <= Duration::from_millis(5),
+        "an empty claim took {fastest:?} at best of five"
     );
 }
