@@ -63,14 +63,21 @@ build() {
     (cd "$dir" && PYTHONDONTWRITEBYTECODE=1 "$@")
 }
 
+# Each port is built for both worlds from one source: route_by_type.wasm
+# (router) and route_by_type_batch.wasm (batch-router).
 install_python
-build plugins/python/route-by-type "$OUT/python/route_by_type.wasm" \
-    "$PY_ENV/bin/componentize-py" -d ../../../wit -w router componentize app \
-    -o "$PWD/$OUT/python/route_by_type.wasm"
+for world in router batch-router; do
+    out="$OUT/python/route_by_type$([ "$world" = router ] || echo _batch).wasm"
+    build plugins/python/route-by-type "$out" \
+        "$PY_ENV/bin/componentize-py" -d ../../../wit -w "$world" componentize app -o "$PWD/$out"
+done
 
 # The world has no wasi:http: without `--disable http fetch-event` the
 # component would import it and the relay would refuse it.
 install_js
-build plugins/js/route-by-type "$OUT/js/route_by_type.wasm" \
-    "$COMPONENTIZE_JS" app.js --wit ../../../wit --world-name router \
-    --disable http fetch-event -o "$PWD/$OUT/js/route_by_type.wasm"
+for world in router batch-router; do
+    out="$OUT/js/route_by_type$([ "$world" = router ] || echo _batch).wasm"
+    build plugins/js/route-by-type "$out" \
+        "$COMPONENTIZE_JS" app.js --wit ../../../wit --world-name "$world" \
+        --disable http fetch-event -o "$PWD/$out"
+done

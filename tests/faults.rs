@@ -188,6 +188,90 @@ async fn hostile_plugins_fail_only_their_own_rows() {
     assert_eq!(next.values().sum::<u64>(), 200, "every good event published");
 }
 
+/// Through a whole relay: a batch plugin gets each claimed batch in one
+/// call, and events that trap it, spin or make it answer short are
+/// dead-lettered alone. Every other event is published once, in order, on
+/// its first attempt, though it shared a batch with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_plugin_fails_only_the_events_at_fault() {
+    init_logging();
+    let db = Sqlite::new().await;
+    let out = db.dir.join("out.jsonl");
+    let text = format!(
+        "[database]\nurl = \"{}\"\nmax_connections = 4\n{RELAY}[[plugins]]\nname = \"batch\"\npath = \"{}\"\ntimeout_ms = 20\n[plugins.config]\ntarget = \"out\"\ntrap = [\"Trap\"]\nloop = [\"Spin\"]\nshort = [\"Short\"]\n[targets.out]\ntype = \"file\"\npath = \"{}\"\n",
+        db.url,
+        plugin("batch_probe").display(),
+        out.display(),
+        RELAY = *RELAY
+    );
+    for seq in 0..20 {
+        for aggregate in 0..10 {
+            db.insert(&format!("o-{aggregate}"), "OrderUpdated", seq).await;
+        }
+        if seq % 5 == 2 {
+            for poison in ["Trap", "Spin", "Short"] {
+                db.insert(&format!("p-{poison}-{seq}"), poison, 0).await;
+            }
+        }
+    }
+    let relay = InProcess::start(&parse(&text)).await;
+    eventually("every row finished", Duration::from_secs(60), || async {
+        let open = db.count("pending").await + db.count("in_flight").await;
+        (open == 0).then_some(())
+    })
+    .await;
+    relay.stop().await;
+
+    for (poison, error) in [
+        ("Trap", "`unreachable` instruction executed"),
+        ("Spin", "exceeded its time limit of 20 ms"),
+        ("Short", "returned 0 results for 1 events"),
+    ] {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT status, coalesce(last_error, '') FROM switchyard_outbox WHERE event_type = ?1",
+        )
+        .bind(poison)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), 4);
+        for (status, last_error) in rows {
+            assert_eq!(status, "dead", "{poison}: {last_error}");
+            assert!(
+                last_error.contains(error) && last_error.contains("plugin batch@"),
+                "{poison}: {last_error}"
+            );
+        }
+    }
+    let retried: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE event_type = 'OrderUpdated' AND attempts <> 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(retried, 0, "no good event needed a second attempt");
+
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut next: HashMap<String, u64> = HashMap::new();
+    let mut largest_batch = 0;
+    for line in text.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        let key = line["key"].as_str().unwrap().to_string();
+        assert!(key.starts_with("o-"), "a poisoned event was published: {line}");
+        let want = next.entry(key.clone()).or_insert(0);
+        assert_eq!(
+            line["payload"]["seq"].as_u64(),
+            Some(*want),
+            "{key} out of order or twice"
+        );
+        *want += 1;
+        let size: usize = line["headers"]["x-batch-size"].as_str().unwrap().parse().unwrap();
+        largest_batch = largest_batch.max(size);
+    }
+    assert_eq!(next.values().sum::<u64>(), 200, "every good event published once");
+    assert!(largest_batch > 1, "events were routed in batches, not one by one");
+}
+
 /// A plugin whose `init` never returns is refused at startup with its time
 /// limit named; it neither hangs the start nor starts a relay without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

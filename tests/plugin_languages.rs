@@ -1,7 +1,8 @@
 //! The same plugin in several languages behaves the same: route-by-type in
 //! Rust and its ports in Python and JavaScript (built by
-//! `scripts/plugin-toolchains.sh`) give identical messages for the same
-//! events and configs, and refuse the same bad configs.
+//! `scripts/plugin-toolchains.sh`, each for the router and the batch-router
+//! world) give identical messages for the same events and configs, and
+//! refuse the same bad configs.
 
 use std::path::{Path, PathBuf};
 
@@ -10,20 +11,23 @@ use switchyard::plugin::{Event, PayloadFormat, PluginEngine};
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::workspace_root;
 
-/// The ports of route-by-type, by language.
-fn ports() -> Vec<(&'static str, PathBuf)> {
-    ["python", "js"]
+/// The ports of route-by-type, by language and world, and the Rust one
+/// built for the batch-router world.
+fn ports() -> Vec<(String, PathBuf)> {
+    let rust_batch = ("rust_batch".to_string(), plugin("route_by_type_batch"));
+    let ports = ["python", "js"]
         .into_iter()
-        .map(|language| {
-            let path = workspace_root().join(format!("plugins/target/{language}/route_by_type.wasm"));
+        .flat_map(|language| [(language, ""), (language, "_batch")])
+        .map(|(language, world)| {
+            let path = workspace_root().join(format!("plugins/target/{language}/route_by_type{world}.wasm"));
             assert!(
                 path.is_file(),
                 "{} is missing: run scripts/plugin-toolchains.sh",
                 path.display()
             );
-            (language, path)
-        })
-        .collect()
+            (format!("{language}{world}"), path)
+        });
+    std::iter::once(rust_batch).chain(ports).collect()
 }
 
 fn plugin_config(path: &Path, config: &str) -> PluginConfig {
@@ -120,19 +124,21 @@ extra = 1"#,
 drop = "OrderPaid""#,
 ];
 
-/// What a plugin answered, as text (the bindings' types have no equality).
+/// What a plugin answered, as text (the bindings' types have no equality),
+/// all events routed as the relay routes a claimed batch.
 fn answers(engine: &PluginEngine, path: &Path, config: &str) -> Result<Vec<String>, String> {
     let version = engine
         .load(&plugin_config(path, config))
         .map_err(|e| e.to_string())?;
-    let mut instance = Some(version.checkout().map_err(|e| e.to_string())?);
-    let mut out = Vec::new();
-    for event in events() {
-        let (result, back) = version.route(instance.take().expect("instance"), &event);
-        instance = back;
-        out.push(format!("{result:?}"));
-    }
-    Ok(out)
+    let batch = path.to_string_lossy().ends_with("_batch.wasm");
+    assert_eq!(version.batched(), batch, "{}", path.display());
+    let events = events();
+    let mut calls = 0;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (answers, _) = version.route_many(None, &events, &[], until, &mut |_, _| calls += 1);
+    let expected_calls = if batch { 1 } else { events.len() };
+    assert_eq!(calls, expected_calls, "{}", path.display());
+    Ok(answers.iter().map(|answer| format!("{answer:?}")).collect())
 }
 
 #[test]
@@ -218,6 +224,13 @@ async fn new_python_and_js_plugin_projects_build_and_pass_plugin_test_unchanged(
             .expect("build.sh runs");
         assert!(built.success(), "{lang}: the new project builds as written");
         let wasm = project.join(format!("{lang}_router.wasm"));
+        let (code, out, err) =
+            switchyard_tests::cli(switchyard, &["plugin", "check", wasm.to_str().unwrap()], &[]).await;
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(
+            out.contains("valid switchyard:plugin/batch-router"),
+            "{lang}: a batch plugin: {out}"
+        );
         let (code, out, err) = switchyard_tests::cli(
             switchyard,
             &[
@@ -257,7 +270,10 @@ async fn plugin_check_uses_the_compiled_cache() {
     };
     let (code, out, err) = check().await;
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("valid switchyard:plugin/router component"), "{out}");
+    assert!(
+        out.contains("valid switchyard:plugin/router (route: one call per event) component"),
+        "{out}"
+    );
     let cached = walk(&cache.join("switchyard"));
     assert!(cached > 0, "the compiled component is in the cache");
     let (code, out, _) = check().await;

@@ -228,7 +228,7 @@ async fn broken_files_never_replace_a_working_plugin_and_deletion_parks_events()
         (
             "other world",
             std::fs::read(plugin("wrong_world")).unwrap(),
-            "does not implement the switchyard:plugin/router world",
+            "does not implement the switchyard:plugin router or batch-router world",
         ),
         (
             "init traps",
@@ -480,6 +480,163 @@ fn a_trapped_instance_is_discarded_and_init_errors_are_reported() {
     assert!(
         text.contains("failed init") && text.contains("missing field `target`"),
         "{text}"
+    );
+}
+
+fn batch_event(event_type: &str, aggregate: usize, payload: Vec<u8>) -> Event {
+    Event {
+        aggregate_id: format!("o-{aggregate}"),
+        event_type: event_type.into(),
+        payload,
+        ..probe_event()
+    }
+}
+
+/// An event's answer as (topic, batch size of the call that routed it), or
+/// the failure's text.
+type Routed = Result<(String, usize), String>;
+
+/// Each event's answer from `route_many`, and each call's event count.
+fn batch_answers(version: &switchyard::plugin::PluginVersion, events: &[Event]) -> (Vec<Routed>, Vec<usize>) {
+    let mut calls = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    let (answers, instance) = version.route_many(None, events, &[], until, &mut |_, n| calls.push(n));
+    if let Some(instance) = instance {
+        version.put_back(instance);
+    }
+    let answers = answers
+        .into_iter()
+        .map(|answer| match answer.expect("routed before the deadline") {
+            Ok(messages) => {
+                let message = &messages[0];
+                let size = message
+                    .headers
+                    .iter()
+                    .find(|(name, _)| name == "x-batch-size")
+                    .map(|(_, value)| value.parse().unwrap())
+                    .unwrap();
+                Ok((message.topic.clone(), size))
+            }
+            Err(failure) => Err(format!("{failure:?}")),
+        })
+        .collect();
+    (answers, calls)
+}
+
+/// A batch plugin is called once for a whole batch. An event that traps it,
+/// runs it past its time or makes it answer short fails alone: the call is
+/// repeated one event at a time, and every other event of the batch is
+/// routed on this attempt.
+#[test]
+fn one_event_cannot_fail_its_batch() {
+    let engine = PluginEngine::new(None).unwrap();
+    let config = |extra: &str| {
+        let mut entry = plugin_config(
+            "batch",
+            &plugin("batch_probe"),
+            &format!("target = \"t\"\n{extra}"),
+        );
+        entry.timeout_ms = 50;
+        entry
+    };
+    let version = engine.load(&config("")).unwrap();
+    assert!(version.batched(), "the batch export is found");
+    let events: Vec<Event> = (0..40)
+        .map(|i| batch_event("OrderUpdated", i % 7, b"{}".to_vec()))
+        .collect();
+    let (answers, calls) = batch_answers(&version, &events);
+    assert_eq!(calls, vec![40], "one call for the batch");
+    assert!(
+        answers
+            .iter()
+            .all(|a| a == &Ok(("batch.OrderUpdated".to_string(), 40))),
+        "{answers:?}"
+    );
+
+    let poisons = [
+        ("trap = [\"Poison\"]", "`unreachable` instruction executed"),
+        ("loop = [\"Poison\"]", "exceeded its time limit of 50 ms"),
+        ("short = [\"Poison\"]", "returned 0 results for 1 events"),
+        (
+            "transient = [\"Poison\"]",
+            "Transient(\"Poison refused for now\")",
+        ),
+    ];
+    for (extra, failure) in poisons {
+        let version = engine.load(&config(extra)).unwrap();
+        let mut events = events.clone();
+        events[17] = batch_event("Poison", 3, b"{}".to_vec());
+        let started = Instant::now();
+        let (answers, calls) = batch_answers(&version, &events);
+        let took = started.elapsed();
+        let fallback = !extra.starts_with("transient");
+        for (at, answer) in answers.iter().enumerate() {
+            if at == 17 {
+                assert!(
+                    matches!(answer, Err(e) if e.contains(failure)),
+                    "{extra}: {answer:?}"
+                );
+            } else {
+                let size = if fallback { 1 } else { 40 };
+                assert_eq!(
+                    answer,
+                    &Ok(("batch.OrderUpdated".to_string(), size)),
+                    "{extra}: event {at}"
+                );
+            }
+        }
+        let expected_calls = if fallback { 41 } else { 1 };
+        assert_eq!(calls.len(), expected_calls, "{extra}: {calls:?}");
+        // A spinning batch call may run 50 ms per event (2 s), then the
+        // poisoned event its own 50 ms.
+        assert!(took < Duration::from_secs(5), "{extra}: {took:?}");
+    }
+}
+
+/// A batch of large payloads is handed over in pieces that fit the plugin's
+/// memory: 40 payloads of 600 KB (24 MB) to a plugin allowed 16 MB would
+/// trap when copied in as one list.
+#[test]
+fn large_batches_are_split_to_fit_the_plugin_memory() {
+    let engine = PluginEngine::new(None).unwrap();
+    let mut entry = plugin_config("batch", &plugin("batch_probe"), "target = \"t\"");
+    entry.max_memory_bytes = 16 * 1024 * 1024;
+    let version = engine.load(&entry).unwrap();
+    let events: Vec<Event> = (0..40)
+        .map(|i| batch_event("Big", i, vec![b'x'; 600 * 1024]))
+        .collect();
+    let (answers, calls) = batch_answers(&version, &events);
+    // 16 MB / 8 = 2 MB a call: three 600 KB events each.
+    assert_eq!(calls, [vec![3; 13], vec![1]].concat());
+    for answer in &answers {
+        assert!(matches!(answer, Ok((_, 3 | 1))), "{answer:?}");
+    }
+}
+
+/// A component built against `switchyard:plugin@0.1.0`, before the batch
+/// world existed, still loads and routes.
+#[test]
+fn components_built_against_wit_0_1_0_still_load() {
+    let engine = PluginEngine::new(None).unwrap();
+    let path = plugin("v0_1_0");
+    let inspection = engine.inspect(&path).unwrap();
+    assert!(
+        inspection
+            .imports
+            .iter()
+            .any(|i| i == "switchyard:plugin/host@0.1.0"),
+        "{:?}",
+        inspection.imports
+    );
+    let version = engine
+        .load(&plugin_config("old", &path, "target = \"t\""))
+        .unwrap();
+    assert!(!version.batched());
+    let (result, _) = version.route(version.checkout().unwrap(), &probe_event());
+    let messages = result.unwrap();
+    assert_eq!(
+        (messages[0].target.as_str(), messages[0].topic.as_str()),
+        ("t", "v0-1-0.Probe")
     );
 }
 

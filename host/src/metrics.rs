@@ -28,7 +28,7 @@ pub mod names {
     pub const BATCH_SIZE: &str = "switchyard_batch_size";
     /// From the row's commit (`created_at`) to the ack of its last delivery.
     pub const COMMIT_TO_PUBLISH: &str = "switchyard_commit_to_publish_seconds";
-    /// One plugin `route` call.
+    /// Plugin time per event: a `route` call, or an event's share of a `route-batch` call.
     pub const PLUGIN_CALL: &str = "switchyard_plugin_call_seconds";
     /// Rows pending or in flight.
     pub const BACKLOG: &str = "switchyard_backlog_rows";
@@ -170,7 +170,7 @@ impl Metrics {
         );
         registry.register(
             PLUGIN_CALL,
-            "Duration of one plugin route call",
+            "Plugin time per event: one route call, or an equal share of a route-batch call",
             metrics.plugin_call.clone(),
         );
         registry.register(

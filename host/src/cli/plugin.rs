@@ -2,7 +2,7 @@
 //! (`plugin new` is in [`super::scaffold`]).
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
@@ -92,7 +92,12 @@ fn check(file: &Path) -> anyhow::Result<()> {
     // compiles once, for `check`, `test` and the relay alike.
     let engine = PluginEngine::new(PluginRuntimeConfig::default().cache_dir().as_deref())?;
     let inspection = engine.inspect(file)?;
-    println!("{}: valid switchyard:plugin/router component", file.display());
+    let world = if inspection.batched {
+        "batch-router (route-batch: one call per batch of events)"
+    } else {
+        "router (route: one call per event)"
+    };
+    println!("{}: valid switchyard:plugin/{world} component", file.display());
     println!("  version:  {}", inspection.version);
     println!("  size:     {} bytes", inspection.size);
     println!("  compiled: {} ms", inspection.compile_time.as_millis());
@@ -293,31 +298,51 @@ fn test(
     };
     let version = engine.load(config)?;
     let label = version.label();
-    let mut instance = Some(version.checkout()?);
+    let instance = version.checkout()?;
     let limits = limits();
-    let mut reports = Vec::with_capacity(events.len());
-    for event in events {
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => {
-                reports.push(EventReport {
-                    event: None,
-                    outcome: "not_routable",
-                    reason: Some(error),
-                    took_us: None,
-                    messages: Vec::new(),
-                });
-                continue;
-            }
-        };
-        let current = match instance.take() {
-            Some(current) => current,
-            None => version.checkout()?,
-        };
-        let started = Instant::now();
-        let (result, back) = version.route(current, &event);
-        instance = back;
-        let took_us = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+    // Every routable event in one `route_many`, as the relay routes a
+    // claimed batch: a batch plugin gets them in one `route-batch` call.
+    let (routable, unroutable): (Vec<_>, Vec<_>) =
+        events.into_iter().enumerate().partition(|(_, e)| e.is_ok());
+    let (positions, routable): (Vec<usize>, Vec<Event>) = routable
+        .into_iter()
+        .filter_map(|(at, e)| Some((at, e.ok()?)))
+        .unzip();
+    let count = u32::try_from(routable.len()).unwrap_or(u32::MAX);
+    let mut calls = Vec::new();
+    let started = Instant::now();
+    let until = started
+        + Duration::from_secs(3600)
+        + Duration::from_millis(config.timeout_ms).saturating_mul(count.saturating_mul(2));
+    let (answers, _) = version.route_many(Some(instance), &routable, &[], until, &mut |took, _| {
+        calls.push(took)
+    });
+    // A batch call's time is shared by its events.
+    let shared = started.elapsed() / count.max(1);
+    let per_call = !version.batched() && calls.len() == routable.len();
+    let mut reports: Vec<(usize, EventReport)> = unroutable
+        .into_iter()
+        .filter_map(|(at, e)| e.err().map(|error| (at, error)))
+        .map(|(at, error)| {
+            let report = EventReport {
+                event: None,
+                outcome: "not_routable",
+                reason: Some(error),
+                took_us: None,
+                messages: Vec::new(),
+            };
+            (at, report)
+        })
+        .collect();
+    for (at, (event, (answer, position))) in routable
+        .into_iter()
+        .zip(answers.into_iter().zip(positions))
+        .enumerate()
+    {
+        let took = if per_call { calls[at] } else { shared };
+        let took_us = Some(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+        let result =
+            answer.unwrap_or_else(|| Err(CallFailure::Unavailable("not routed in time".to_string())));
         let (outcome, reason, messages) = match result {
             Ok(messages) if messages.is_empty() => ("dropped", None, Vec::new()),
             Ok(messages) => {
@@ -343,8 +368,9 @@ fn test(
             Err(CallFailure::Crashed(reason)) => {
                 ("crashed", Some(format!("plugin {label} {reason}")), Vec::new())
             }
+            Err(CallFailure::Unavailable(reason)) => ("crashed", Some(reason), Vec::new()),
         };
-        reports.push(EventReport {
+        let report = EventReport {
             event: Some(EventSummary {
                 event_id: event.event_id,
                 aggregate_type: event.aggregate_type,
@@ -355,8 +381,11 @@ fn test(
             reason,
             took_us,
             messages,
-        });
+        };
+        reports.push((position, report));
     }
+    reports.sort_by_key(|(at, _)| *at);
+    let reports: Vec<EventReport> = reports.into_iter().map(|(_, report)| report).collect();
     Ok(TestReport {
         plugin: label,
         compile_ms: u64::try_from(version.compile_time().as_millis()).unwrap_or(u64::MAX),

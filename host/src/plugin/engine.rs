@@ -10,10 +10,10 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
 
-use super::bindings::{Router, RouterPre};
+use super::bindings::{BatchRouterPre, Router, RouterPre};
 use super::error::{LoadError, one_line};
 use super::host::State;
-use super::version::PluginVersion;
+use super::version::{PluginVersion, Pre};
 use crate::config::PluginConfig;
 
 /// How often the engine's epoch advances; the unit of plugin time limits.
@@ -112,7 +112,7 @@ impl PluginEngine {
             .map(|cache| (cache.cache_hits(), cache.cache_misses()))
     }
 
-    /// Compiles and type-checks a file against the router world without
+    /// Compiles and type-checks a file against the plugin worlds without
     /// running it: what `switchyard plugin check` reports.
     ///
     /// # Errors
@@ -120,13 +120,14 @@ impl PluginEngine {
     pub fn inspect(&self, path: &Path) -> Result<Inspection, LoadError> {
         let bytes = read(path)?;
         let started = Instant::now();
-        let (component, _) = compile(&self.optimized, path, &bytes)?;
+        let (component, pre) = compile(&self.optimized, path, &bytes)?;
         let engine = &self.optimized.engine;
         let component_type = component.component_type();
         Ok(Inspection {
             version: content_hash(&bytes),
             size: bytes.len(),
             compile_time: started.elapsed(),
+            batched: matches!(pre, Pre::Batch(_)),
             exports: component_type
                 .exports(engine)
                 .map(|(name, _)| name.to_string())
@@ -191,13 +192,10 @@ fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
     })
 }
 
-/// Compiles `bytes` and checks them against the router world: the steps
-/// `inspect` and `load` share.
-fn compile(
-    compiler: &Compiler,
-    path: &Path,
-    bytes: &[u8],
-) -> Result<(Component, RouterPre<State>), LoadError> {
+/// Compiles `bytes` and checks them against the world their exports name
+/// (`route-batch`: batch-router, otherwise router): the steps `inspect` and
+/// `load` share.
+fn compile(compiler: &Compiler, path: &Path, bytes: &[u8]) -> Result<(Component, Pre), LoadError> {
     let component = Component::new(&compiler.engine, bytes).map_err(|e| LoadError::Compile {
         path: path.to_path_buf(),
         reason: one_line(&format!("{e:#}")),
@@ -207,7 +205,15 @@ fn compile(
         reason: one_line(&format!("{e:#}")),
     };
     let instance_pre = compiler.linker.instantiate_pre(&component).map_err(contract)?;
-    let pre = RouterPre::new(instance_pre).map_err(contract)?;
+    let batched = component
+        .component_type()
+        .exports(&compiler.engine)
+        .any(|(name, _)| name == "route-batch");
+    let pre = if batched {
+        Pre::Batch(BatchRouterPre::new(instance_pre).map_err(contract)?)
+    } else {
+        Pre::Single(RouterPre::new(instance_pre).map_err(contract)?)
+    };
     Ok((component, pre))
 }
 
@@ -220,6 +226,8 @@ pub struct Inspection {
     pub size: usize,
     /// Compile time (near zero on a cache hit).
     pub compile_time: Duration,
+    /// Whether it exports `route-batch` (the batch-router world).
+    pub batched: bool,
     /// Export names.
     pub exports: Vec<String>,
     /// Import names (WASI interfaces and `switchyard:plugin/host`).

@@ -26,8 +26,8 @@ pub enum LoadError {
         /// What wasmtime said.
         reason: String,
     },
-    /// A component, but not for this WIT world (missing exports, wrong types, unknown imports).
-    #[error("{path} does not implement the switchyard:plugin/router world: {reason}")]
+    /// A component, but not for either WIT world (missing exports, wrong types, unknown imports).
+    #[error("{path} does not implement the switchyard:plugin router or batch-router world: {reason}")]
     Contract {
         /// The file.
         path: PathBuf,
@@ -53,8 +53,11 @@ pub enum CallFailure {
     Transient(String),
     /// The plugin refused: dead-letter now.
     Permanent(String),
-    /// The plugin trapped, ran out of time or memory; the instance was discarded.
+    /// The plugin trapped, ran out of time or memory (the instance was
+    /// discarded), or answered a batch with the wrong number of results.
     Crashed(String),
+    /// No instance could be started to make the call (the message says why).
+    Unavailable(String),
 }
 
 /// Most of a plugin's stderr quoted in `last_error` after a trap.

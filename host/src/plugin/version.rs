@@ -1,13 +1,15 @@
 //! One compiled plugin version: its pre-instantiated component, a pool of
-//! instances that passed `init`, and the bounded `route` call.
+//! instances that passed `init`, and the bounded calls: `route` one event at
+//! a time, or `route-batch` many at once with a fallback that isolates the
+//! event at fault.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Store};
 
-use super::bindings::{Router, RouterPre};
+use super::bindings::{BatchRouter, BatchRouterPre, Router, RouterPre};
 use super::engine::{EPOCH_TICK, Tier};
 use super::error::{CallFailure, LoadError, describe_trap, with_stderr};
 use super::host::State;
@@ -18,7 +20,7 @@ pub struct PluginVersion {
     pub(super) name: Arc<str>,
     pub(super) version: Arc<str>,
     pub(super) path: PathBuf,
-    pub(super) pre: RouterPre<State>,
+    pub(super) pre: Pre,
     pub(super) engine: Engine,
     pub(super) tier: Tier,
     pub(super) config_json: String,
@@ -28,11 +30,35 @@ pub struct PluginVersion {
     pub(super) compile_time: Duration,
 }
 
+/// A component checked against one of the two worlds, ready to instantiate.
+pub(super) enum Pre {
+    /// Exports `route`.
+    Single(RouterPre<State>),
+    /// Exports `route-batch`.
+    Batch(BatchRouterPre<State>),
+}
+
+enum Exports {
+    Single(Router),
+    Batch(BatchRouter),
+}
+
 /// A live instance: its store and bindings. Used by one batch at a time.
 pub struct Instance {
     store: Store<State>,
-    router: Router,
+    exports: Exports,
 }
+
+/// What a plugin made of one event: messages to publish, or why none.
+pub type Answer = Result<Vec<Message>, CallFailure>;
+
+/// Answers for one call's events, or why the call as a whole gave none.
+type BatchAnswer = Result<Vec<Answer>, String>;
+
+/// Most event bytes handed to one `route-batch` call, as a share of the
+/// plugin's memory limit: a batch of large payloads is split so that
+/// copying it in cannot exhaust the instance's memory.
+const BATCH_MEMORY_SHARE: usize = 8;
 
 impl PluginVersion {
     /// The plugin's configured name.
@@ -65,10 +91,13 @@ impl PluginVersion {
         format!("{}@{}", self.name, self.version)
     }
 
+    /// Whether this version exports `route-batch`.
+    pub fn batched(&self) -> bool {
+        matches!(self.pre, Pre::Batch(_))
+    }
+
     fn deadline_ticks(&self) -> u64 {
-        let ticks = self.timeout.as_micros().div_ceil(EPOCH_TICK.as_micros());
-        // One extra tick: the current one may be about to end.
-        u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1)
+        ticks(self.timeout)
     }
 
     /// A fresh instance that passed `init`. WASI's host calls block on a
@@ -109,15 +138,19 @@ impl PluginVersion {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
         store.set_epoch_deadline(self.deadline_ticks());
-        let router = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| init_error(describe_trap(&e, self.timeout, self.max_memory_bytes)))?;
+        let trap = |e: wasmtime::Error| init_error(describe_trap(&e, self.timeout, self.max_memory_bytes));
+        let exports = match &self.pre {
+            Pre::Single(pre) => Exports::Single(pre.instantiate(&mut store).map_err(trap)?),
+            Pre::Batch(pre) => Exports::Batch(pre.instantiate(&mut store).map_err(trap)?),
+        };
         store.set_epoch_deadline(self.deadline_ticks());
-        let result = router.call_init(&mut store, &self.config_json);
+        let result = match &exports {
+            Exports::Single(router) => router.call_init(&mut store, &self.config_json),
+            Exports::Batch(router) => router.call_init(&mut store, &self.config_json),
+        };
         let stderr = store.data().flush_output();
         match result {
-            Ok(Ok(())) => Ok(Instance { store, router }),
+            Ok(Ok(())) => Ok(Instance { store, exports }),
             Ok(Err(reason)) => Err(init_error(reason)),
             Err(e) => Err(init_error(with_stderr(
                 describe_trap(&e, self.timeout, self.max_memory_bytes),
@@ -145,20 +178,26 @@ impl PluginVersion {
         }
     }
 
-    /// Calls `route` for one event on `instance`. After a `Crashed` failure the
-    /// instance is gone (its memory may be corrupt); otherwise it is handed back.
+    /// Routes one event on `instance` (a batch plugin gets a batch of one).
+    /// After a trap the instance is gone (its memory may be corrupt);
+    /// otherwise it is handed back.
     pub fn route(
         &self,
         mut instance: Instance,
         event: &Event,
     ) -> (Result<Vec<Message>, CallFailure>, Option<Instance>) {
+        let Exports::Single(router) = &instance.exports else {
+            let (answer, back) = self.call_batch(instance, std::slice::from_ref(event), self.timeout);
+            let answer = answer
+                .map_err(CallFailure::Crashed)
+                .and_then(|mut answers| answers.pop().unwrap_or_else(|| Ok(Vec::new())));
+            return (answer, back);
+        };
         instance.store.set_epoch_deadline(self.deadline_ticks());
-        let result = instance.router.call_route(&mut instance.store, event);
+        let result = router.call_route(&mut instance.store, event);
         let stderr = instance.store.data().flush_output();
         match result {
-            Ok(Ok(messages)) => (Ok(messages), Some(instance)),
-            Ok(Err(Refusal::Transient(reason))) => (Err(CallFailure::Transient(reason)), Some(instance)),
-            Ok(Err(Refusal::Permanent(reason))) => (Err(CallFailure::Permanent(reason)), Some(instance)),
+            Ok(answer) => (answer.map_err(refused), Some(instance)),
             Err(e) => (
                 Err(CallFailure::Crashed(with_stderr(
                     describe_trap(&e, self.timeout, self.max_memory_bytes),
@@ -168,4 +207,189 @@ impl PluginVersion {
             ),
         }
     }
+
+    /// Routes `events` with as few calls as the plugin's world allows: one
+    /// `route-batch` call per chunk (split by size), or one `route` call per
+    /// event. A batch call gets `timeout_ms` per event, but at most half the
+    /// time left before `until`, so that after it traps, runs out of time or
+    /// answers with the wrong number of results there is time to route its
+    /// events one at a time: only the event at fault fails, not its batch.
+    ///
+    /// Answers are in the order of `events`; `None` for an event not reached
+    /// before `until`. A call for one event runs in that event's span from
+    /// `spans`, if given. `observe` is told each call's duration and event count.
+    pub fn route_many(
+        &self,
+        mut instance: Option<Instance>,
+        events: &[Event],
+        spans: &[tracing::Span],
+        until: Instant,
+        observe: &mut dyn FnMut(Duration, usize),
+    ) -> (Vec<Option<Answer>>, Option<Instance>) {
+        let mut answers = Vec::with_capacity(events.len());
+        let one_at_a_time = |at: usize,
+                             instance: &mut Option<Instance>,
+                             observe: &mut dyn FnMut(Duration, usize)| {
+            let span = spans.get(at).cloned().unwrap_or_else(tracing::Span::none);
+            (Instant::now() < until).then(|| span.in_scope(|| self.route_one(instance, &events[at], observe)))
+        };
+        if !self.batched() {
+            for at in 0..events.len() {
+                answers.push(one_at_a_time(at, &mut instance, observe));
+            }
+            return (answers, instance);
+        }
+        let mut first = 0;
+        for chunk in chunks(events, self.max_memory_bytes / BATCH_MEMORY_SHARE) {
+            let range = first..first + chunk.len();
+            first = range.end;
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                answers.extend(chunk.iter().map(|_| None));
+                continue;
+            }
+            let current = match instance.take().map_or_else(|| self.checkout(), Ok) {
+                Ok(current) => current,
+                Err(error) => {
+                    let error = CallFailure::Unavailable(error.to_string());
+                    answers.extend(chunk.iter().map(|_| Some(Err(error.clone()))));
+                    continue;
+                }
+            };
+            let per_event = self
+                .timeout
+                .saturating_mul(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
+            let limit = per_event.min(left / 2).max(self.timeout);
+            let started = Instant::now();
+            let (answer, back) = self.call_batch(current, chunk, limit);
+            observe(started.elapsed(), chunk.len());
+            instance = back;
+            match answer {
+                Ok(chunk_answers) => answers.extend(chunk_answers.into_iter().map(Some)),
+                Err(reason) => {
+                    tracing::warn!(
+                        plugin.name = &*self.name,
+                        plugin.version = &*self.version,
+                        events = chunk.len(),
+                        "A route-batch call {reason}; routing its events one at a time."
+                    );
+                    for at in range {
+                        answers.push(one_at_a_time(at, &mut instance, observe));
+                    }
+                }
+            }
+        }
+        (answers, instance)
+    }
+
+    fn route_one(
+        &self,
+        instance: &mut Option<Instance>,
+        event: &Event,
+        observe: &mut dyn FnMut(Duration, usize),
+    ) -> Result<Vec<Message>, CallFailure> {
+        let current = match instance.take().map_or_else(|| self.checkout(), Ok) {
+            Ok(current) => current,
+            Err(error) => return Err(CallFailure::Unavailable(error.to_string())),
+        };
+        let started = Instant::now();
+        let (answer, back) = self.route(current, event);
+        observe(started.elapsed(), 1);
+        *instance = back;
+        answer
+    }
+
+    /// One `route-batch` call within `limit`. The instance is handed back
+    /// unless the call trapped.
+    fn call_batch(
+        &self,
+        mut instance: Instance,
+        events: &[Event],
+        limit: Duration,
+    ) -> (BatchAnswer, Option<Instance>) {
+        let Exports::Batch(router) = &instance.exports else {
+            return (
+                Err("was called as a batch plugin but exports `route`".to_string()),
+                Some(instance),
+            );
+        };
+        instance.store.set_epoch_deadline(ticks(limit));
+        let result = router.call_route_batch(&mut instance.store, events);
+        let stderr = instance.store.data().flush_output();
+        match result {
+            Ok(answers) if answers.len() == events.len() => (
+                Ok(answers
+                    .into_iter()
+                    .map(|answer| answer.map_err(refused))
+                    .collect()),
+                Some(instance),
+            ),
+            Ok(answers) => (
+                Err(format!(
+                    "returned {} results for {} events",
+                    answers.len(),
+                    events.len()
+                )),
+                Some(instance),
+            ),
+            Err(e) => (
+                Err(with_stderr(
+                    describe_trap(&e, limit, self.max_memory_bytes),
+                    &stderr,
+                )),
+                None,
+            ),
+        }
+    }
+}
+
+fn refused(refusal: Refusal) -> CallFailure {
+    match refusal {
+        Refusal::Transient(reason) => CallFailure::Transient(reason),
+        Refusal::Permanent(reason) => CallFailure::Permanent(reason),
+    }
+}
+
+/// Epoch ticks for a time limit.
+fn ticks(limit: Duration) -> u64 {
+    let ticks = limit.as_micros().div_ceil(EPOCH_TICK.as_micros());
+    // One extra tick: the current one may be about to end.
+    u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1)
+}
+
+/// Consecutive runs of `events` whose bytes stay under `budget` (at least one event each).
+fn chunks(events: &[Event], budget: usize) -> impl Iterator<Item = &[Event]> {
+    let mut rest = events;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut used = 0usize;
+        let mut end = 0;
+        while end < rest.len() {
+            used = used.saturating_add(event_bytes(&rest[end]));
+            if end > 0 && used > budget {
+                break;
+            }
+            end += 1;
+        }
+        let (chunk, tail) = rest.split_at(end);
+        rest = tail;
+        Some(chunk)
+    })
+}
+
+fn event_bytes(event: &Event) -> usize {
+    let headers: usize = event
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len())
+        .sum();
+    event.payload.len()
+        + headers
+        + event.event_id.len()
+        + event.aggregate_type.len()
+        + event.aggregate_id.len()
+        + event.event_type.len()
+        + event.tenant.as_ref().map_or(0, String::len)
 }

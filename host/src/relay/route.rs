@@ -1,8 +1,10 @@
 //! The route stage: every claimed row through its plugin (or the native
 //! router), giving either the messages to publish or the row's outcome.
-//! Runs on a blocking thread: wasm calls are synchronous CPU work.
+//! Runs on a blocking thread: wasm calls are synchronous CPU work. A
+//! plugin's rows are handed to it together, so a batch plugin is called
+//! once per claimed batch rather than once per row.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +14,7 @@ use super::Relay;
 use super::retry::lease_spent;
 use crate::config::UnmatchedPolicy;
 use crate::metrics::PluginLabel;
-use crate::plugin::{CallFailure, Event, Instance, Message, PluginVersion, Refusal};
+use crate::plugin::{CallFailure, Event, Message, PluginVersion, Refusal};
 use crate::router::{self, Routed};
 use crate::store::{OutboxRow, Outcome};
 use crate::trace::TraceParent;
@@ -57,22 +59,35 @@ impl RoutedRow {
     }
 }
 
-/// The plugin versions a batch started with, and one instance of each:
-/// a hot reload during the batch does not change how its rows are routed.
-#[derive(Default)]
-struct Pinned {
-    versions: HashMap<usize, Arc<PluginVersion>>,
-    instances: HashMap<usize, Instance>,
+/// A row waiting for its plugin, with what its outcome needs.
+struct Waiting {
+    /// Its place in the claimed batch.
+    at: usize,
+    row: OutboxRow,
+    attempts: u32,
+    child: Option<TraceParent>,
 }
 
-impl Pinned {
-    fn put_back(self) {
-        for (slot, instance) in self.instances {
-            if let Some(version) = self.versions.get(&slot) {
-                version.put_back(instance);
-            }
-        }
-    }
+/// One plugin slot's rows in a batch, in claim order, and the version the
+/// batch started with: a hot reload during the batch does not change how
+/// its rows are routed.
+struct SlotRows {
+    version: Arc<PluginVersion>,
+    waiting: Vec<Waiting>,
+    events: Vec<Event>,
+    spans: Vec<tracing::Span>,
+}
+
+/// A row after the checks that need no plugin call.
+enum Prepared {
+    Done(RoutedRow),
+    Wait {
+        slot: usize,
+        version: Arc<PluginVersion>,
+        waiting: Waiting,
+        event: Event,
+        span: tracing::Span,
+    },
 }
 
 impl Relay {
@@ -106,34 +121,64 @@ impl Relay {
         let route_until = deadline
             .checked_sub(config.publish_timeout() + super::ACK_RESERVE)
             .unwrap_or(deadline);
-        let mut pinned = Pinned::default();
-        let routed = rows
-            .into_iter()
-            .map(|row| self.route_row(row, &mut pinned, route_until, claim_took))
-            .collect();
-        pinned.put_back();
-        routed
+        let mut done: Vec<Option<RoutedRow>> = Vec::new();
+        done.resize_with(rows.len(), || None);
+        let mut slots: BTreeMap<usize, SlotRows> = BTreeMap::new();
+        for (at, row) in rows.into_iter().enumerate() {
+            let pinned = |slot: usize| slots.get(&slot).map(|rows| rows.version.clone());
+            match self.prepare(at, row, pinned, route_until, claim_took) {
+                Prepared::Done(routed) => done[at] = Some(routed),
+                Prepared::Wait {
+                    slot,
+                    version,
+                    waiting,
+                    event,
+                    span,
+                } => {
+                    let rows = slots.entry(slot).or_insert_with(|| SlotRows {
+                        version,
+                        waiting: Vec::new(),
+                        events: Vec::new(),
+                        spans: Vec::new(),
+                    });
+                    rows.waiting.push(waiting);
+                    rows.events.push(event);
+                    rows.spans.push(span);
+                }
+            }
+        }
+        for rows in slots.into_values() {
+            self.route_slot(rows, route_until, claim_took, &mut done);
+        }
+        done.into_iter().flatten().collect()
     }
 
-    fn route_row(
+    /// Everything up to the plugin call: the attempt limit, the event, the
+    /// native router, which plugin, whether it is loaded and time is left.
+    fn prepare(
         &self,
-        row: OutboxRow,
-        pinned: &mut Pinned,
+        at: usize,
+        mut row: OutboxRow,
+        pinned: impl Fn(usize) -> Option<Arc<PluginVersion>>,
         route_until: Instant,
         claim_took: Duration,
-    ) -> RoutedRow {
+    ) -> Prepared {
         let inner = &self.inner;
         let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
         if attempts > inner.config.max_attempts {
             // Only reached when leases keep expiring (e.g. the relay crashed
             // while holding this row every time).
             let error = format!("lease expired {} times without an outcome", attempts - 1);
-            return RoutedRow::failed(row, Outcome::Dead { error }, None);
+            return Prepared::Done(RoutedRow::failed(row, Outcome::Dead { error }, None));
         }
         let event = match router::event_from_row(&row, &inner.limits) {
             Ok(event) => event,
-            Err(error) => return RoutedRow::failed(row, Outcome::Dead { error }, None),
+            Err(error) => return Prepared::Done(RoutedRow::failed(row, Outcome::Dead { error }, None)),
         };
+        // The event has its own copy of the payload and nothing after routing
+        // reads the row's: a batch waiting for its plugins holds each once.
+        row.payload_json = None;
+        row.payload_bytes = None;
         // The row's span continues the writer's trace; its id is what the
         // broker message carries as `traceparent`.
         let parent = TraceParent::from_headers(&event.headers);
@@ -156,7 +201,7 @@ impl Relay {
             self.observe_call("native", started);
             let state =
                 span.in_scope(|| self.call_outcome(result, &event, "native", None, attempts, child.as_ref()));
-            return RoutedRow { row, state, span };
+            return Prepared::Done(RoutedRow { row, state, span });
         }
         let Some(slot) = inner.plugins.select(&event.aggregate_type, &event.event_type) else {
             let state = match inner.config.unmatched {
@@ -174,50 +219,104 @@ impl Relay {
                     version: None,
                 },
             };
-            return RoutedRow { row, state, span };
+            return Prepared::Done(RoutedRow { row, state, span });
         };
         if Instant::now() >= route_until {
             let error = lease_spent(claim_took, inner.config.lease_duration(), "routing");
             let outcome = self.inner.retry.after_failure(attempts, error);
-            return RoutedRow::failed(row, outcome, None).in_span(&span);
+            return Prepared::Done(RoutedRow::failed(row, outcome, None).in_span(&span));
         }
-        let version = match pinned.versions.get(&slot) {
-            Some(version) => version.clone(),
-            None => match inner.plugins.slots()[slot].current() {
-                Some(version) => pinned.versions.entry(slot).or_insert(version).clone(),
-                None => {
-                    let config = inner.plugins.slots()[slot].config();
-                    let reason = format!(
-                        "plugin {} is unloaded (its file {} was deleted); waiting for it to return",
-                        config.name,
-                        config.path.display()
-                    );
-                    let after = Duration::from_millis(inner.config.poll_interval_ms.max(1000));
-                    return RoutedRow::failed(row, Outcome::Defer { after, reason }, None).in_span(&span);
-                }
-            },
+        let Some(version) = pinned(slot).or_else(|| inner.plugins.slots()[slot].current()) else {
+            let config = inner.plugins.slots()[slot].config();
+            let reason = format!(
+                "plugin {} is unloaded (its file {} was deleted); waiting for it to return",
+                config.name,
+                config.path.display()
+            );
+            let after = Duration::from_millis(inner.config.poll_interval_ms.max(1000));
+            return Prepared::Done(
+                RoutedRow::failed(row, Outcome::Defer { after, reason }, None).in_span(&span),
+            );
         };
-        let version_id = Some(version.version().to_string());
-        let instance = match pinned.instances.remove(&slot) {
-            Some(instance) => instance,
-            None => match version.checkout() {
-                Ok(instance) => instance,
-                Err(error) => {
-                    let outcome = self.inner.retry.after_failure(attempts, error.to_string());
-                    return RoutedRow::failed(row, outcome, version_id).in_span(&span);
-                }
+        Prepared::Wait {
+            slot,
+            version,
+            waiting: Waiting {
+                at,
+                row,
+                attempts,
+                child,
             },
-        };
-        let label = version.label();
-        let started = Instant::now();
-        let (result, instance) = span.in_scope(|| version.route(instance, &event));
-        self.observe_call(version.name(), started);
+            event,
+            span,
+        }
+    }
+
+    /// One plugin's rows of the batch through as few calls as its world allows.
+    fn route_slot(
+        &self,
+        rows: SlotRows,
+        route_until: Instant,
+        claim_took: Duration,
+        done: &mut [Option<RoutedRow>],
+    ) {
+        let SlotRows {
+            version,
+            waiting,
+            events,
+            spans,
+        } = rows;
+        let mut calls = Vec::new();
+        let (answers, instance) =
+            version.route_many(None, &events, &spans, route_until, &mut |took, events| {
+                calls.push((took, events))
+            });
         if let Some(instance) = instance {
-            pinned.instances.insert(slot, instance);
+            version.put_back(instance);
         }
-        let state =
-            span.in_scope(|| self.call_outcome(result, &event, &label, version_id, attempts, child.as_ref()));
-        RoutedRow { row, state, span }
+        self.observe_calls(version.name(), &calls);
+        let label = version.label();
+        let version_id = Some(version.version().to_string());
+        for (((waiting, event), span), answer) in waiting.into_iter().zip(&events).zip(spans).zip(answers) {
+            let state = match answer {
+                Some(result) => span.in_scope(|| {
+                    self.call_outcome(
+                        result,
+                        event,
+                        &label,
+                        version_id.clone(),
+                        waiting.attempts,
+                        waiting.child.as_ref(),
+                    )
+                }),
+                None => {
+                    let error = lease_spent(claim_took, self.inner.config.lease_duration(), "routing");
+                    RowState::Failed {
+                        outcome: self.inner.retry.after_failure(waiting.attempts, error),
+                        version: None,
+                    }
+                }
+            };
+            done[waiting.at] = Some(RoutedRow {
+                row: waiting.row,
+                state,
+                span,
+            });
+        }
+    }
+
+    /// Each event's share of the calls that routed it: a batch call's time
+    /// is split among its events.
+    fn observe_calls(&self, plugin: &str, calls: &[(Duration, usize)]) {
+        let histogram = self.inner.metrics.plugin_call.get_or_create(&PluginLabel {
+            plugin: plugin.to_string(),
+        });
+        for &(took, events) in calls {
+            let each = took.as_secs_f64() / events.max(1) as f64;
+            for _ in 0..events {
+                histogram.observe(each);
+            }
+        }
     }
 
     fn observe_call(&self, plugin: &str, started: Instant) {
@@ -254,6 +353,7 @@ impl Relay {
                 .inner
                 .retry
                 .after_failure(attempts, format!("plugin {label} {reason}")),
+            Err(CallFailure::Unavailable(reason)) => self.inner.retry.after_failure(attempts, reason),
         };
         RowState::Failed { outcome, version }
     }

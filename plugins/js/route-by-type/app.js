@@ -9,10 +9,13 @@
 //   drop    []                                event types to drop deliberately
 // Templates may name {aggregate_type}, {aggregate_id}, {event_type} and {tenant}.
 //
-// Build: componentize-js app.js --wit ../../../wit --world-name router \
-//          --disable http fetch-event -o route_by_type.wasm
+// Build, for the router world (one `route` call per event):
+//   componentize-js app.js --wit ../../../wit --world-name router \
+//     --disable http fetch-event -o route_by_type.wasm
+// or for the batch-router world (one `routeBatch` call per batch: the engine
+// is entered once for many events): --world-name batch-router.
 
-import { log } from "switchyard:plugin/host@0.1.0";
+import { log } from "switchyard:plugin/host@0.1.1";
 
 const FIELDS = {
   aggregate_type: (event) => event.aggregateType,
@@ -110,4 +113,16 @@ export function route(event) {
       headers: [["content-type", contentType]],
     },
   ];
+}
+
+// One answer per event, in order: what `route` returns, or its refusal.
+export function routeBatch(events) {
+  return events.map((event) => {
+    try {
+      return { tag: "ok", val: route(event) };
+    } catch (refusal) {
+      if (refusal?.tag === "transient" || refusal?.tag === "permanent") return { tag: "err", val: refusal };
+      throw refusal;
+    }
+  });
 }

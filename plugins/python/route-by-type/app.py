@@ -11,13 +11,17 @@ Config (the plugin's `config` table in the relay config):
 
 Templates may name {aggregate_type}, {aggregate_id}, {event_type} and {tenant}.
 
-Build: componentize-py -d ../../../wit -w router componentize app -o route_by_type.wasm
+Build, for the router world (one `route` call per event):
+  componentize-py -d ../../../wit -w router componentize app -o route_by_type.wasm
+or for the batch-router world (one `route_batch` call per batch: the
+interpreter is entered once for many events):
+  componentize-py -d ../../../wit -w batch-router componentize app -o route_by_type_batch.wasm
 """
 
 import json
 
 import wit_world
-from componentize_py_types import Err
+from componentize_py_types import Err, Ok
 from wit_world.imports import host, types
 
 KNOWN_FIELDS = ("aggregate_type", "aggregate_id", "event_type", "tenant")
@@ -132,3 +136,13 @@ class WitWorld(wit_world.WitWorld):
                 headers=[("content-type", content_type)],
             )
         ]
+
+    def route_batch(self, events: list) -> list:
+        """One answer per event, in order: what `route` answers, or its refusal."""
+        answers = []
+        for event in events:
+            try:
+                answers.append(Ok(self.route(event)))
+            except Err as refusal:
+                answers.append(refusal)
+        return answers

@@ -17,7 +17,12 @@ use std::sync::OnceLock;
 use serde::Deserialize;
 use switchyard_plugin_common::{Fields, Template};
 
+// The same source builds for either world: `route-by-type` (router) and,
+// with the `batch` feature, `route-by-type-batch` (batch-router).
+#[cfg(not(feature = "batch"))]
 wit_bindgen::generate!({ path: "../../wit", world: "router" });
+#[cfg(feature = "batch")]
+wit_bindgen::generate!({ path: "../../wit", world: "batch-router" });
 
 use switchyard::plugin::host::{Level, log};
 
@@ -78,39 +83,59 @@ fn parse_config(json: &str) -> Result<Config, String> {
 
 struct RouteByType;
 
+fn configure(config: String) -> Result<(), String> {
+    let parsed = parse_config(&config)?;
+    log(Level::Debug, &format!("routing to target {:?}", parsed.target));
+    // A second init in the same instance keeps the first config: the
+    // relay calls init once per instance.
+    let _ = CONFIG.set(parsed);
+    Ok(())
+}
+
+#[cfg(not(feature = "batch"))]
 impl Guest for RouteByType {
     fn init(config: String) -> Result<(), String> {
-        let parsed = parse_config(&config)?;
-        log(Level::Debug, &format!("routing to target {:?}", parsed.target));
-        // A second init in the same instance keeps the first config: the
-        // relay calls init once per instance.
-        let _ = CONFIG.set(parsed);
-        Ok(())
+        configure(config)
     }
 
     fn route(event: Event) -> Result<Vec<Message>, Refusal> {
-        let config = CONFIG
-            .get()
-            .ok_or_else(|| Refusal::Permanent("route called before init".to_string()))?;
-        if config.drop.iter().any(|t| *t == event.event_type) {
-            return Ok(Vec::new());
-        }
-        let fields = Fields {
-            aggregate_type: &event.aggregate_type,
-            aggregate_id: &event.aggregate_id,
-            event_type: &event.event_type,
-            tenant: event.tenant.as_deref().unwrap_or(""),
-        };
-        let topic = config.routes.get(&event.event_type).unwrap_or(&config.topic);
-        let content_type = content_type(&event);
-        Ok(vec![Message {
-            target: config.target.clone(),
-            topic: topic.render(&fields),
-            key: config.key.as_ref().map(|key| key.render(&fields)),
-            payload: event.payload,
-            headers: vec![("content-type".to_string(), content_type.to_string())],
-        }])
+        route_event(event)
     }
+}
+
+#[cfg(feature = "batch")]
+impl Guest for RouteByType {
+    fn init(config: String) -> Result<(), String> {
+        configure(config)
+    }
+
+    fn route_batch(events: Vec<Event>) -> Vec<Result<Vec<Message>, Refusal>> {
+        events.into_iter().map(route_event).collect()
+    }
+}
+
+fn route_event(event: Event) -> Result<Vec<Message>, Refusal> {
+    let config = CONFIG
+        .get()
+        .ok_or_else(|| Refusal::Permanent("route called before init".to_string()))?;
+    if config.drop.iter().any(|t| *t == event.event_type) {
+        return Ok(Vec::new());
+    }
+    let fields = Fields {
+        aggregate_type: &event.aggregate_type,
+        aggregate_id: &event.aggregate_id,
+        event_type: &event.event_type,
+        tenant: event.tenant.as_deref().unwrap_or(""),
+    };
+    let topic = config.routes.get(&event.event_type).unwrap_or(&config.topic);
+    let content_type = content_type(&event);
+    Ok(vec![Message {
+        target: config.target.clone(),
+        topic: topic.render(&fields),
+        key: config.key.as_ref().map(|key| key.render(&fields)),
+        payload: event.payload,
+        headers: vec![("content-type".to_string(), content_type.to_string())],
+    }])
 }
 
 fn content_type(event: &Event) -> &'static str {
