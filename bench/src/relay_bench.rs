@@ -6,7 +6,8 @@
 //! plugin against a native router, commit-to-consumer latency at steady
 //! rates, hot reload under load, and peak memory. Prints one table and
 //! writes a latency plot (SVG). `--large-reload` measures the hot reload of
-//! the 18 MB Python component under load instead.
+//! the 18 MB Python component under load instead; `--interpreted` drains
+//! through the Python and JavaScript ports, router and batch-router builds.
 //!
 //! ```text
 //! scripts/services.sh start && eval "$(scripts/services.sh env)"
@@ -69,6 +70,11 @@ struct Args {
     /// scripts/plugin-toolchains.sh).
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only"])]
     large_reload: bool,
+    /// Only NATS drains through the Python and JavaScript ports of
+    /// route-by-type, each built for the router and the batch-router world
+    /// (needs scripts/plugin-toolchains.sh).
+    #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload"])]
+    interpreted: bool,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -147,8 +153,11 @@ fn workspace_root() -> PathBuf {
 }
 
 fn plugin_file() -> PathBuf {
-    workspace_root().join("plugins/target/wasm32-wasip2/release/route_by_type.wasm")
+    workspace_root().join(format!("plugins/target/{RUST_PLUGIN}"))
 }
+
+/// The Rust route-by-type, under `plugins/target`.
+const RUST_PLUGIN: &str = "wasm32-wasip2/release/route_by_type.wasm";
 
 /// Peak resident set of this process since the last reset, in bytes.
 fn peak_rss() -> u64 {
@@ -521,6 +530,8 @@ struct Drain {
 #[derive(Clone, Copy)]
 struct DrainKind {
     target: Target,
+    /// The plugin file, under `plugins/target`.
+    plugin: &'static str,
     native: bool,
     schema: Schema,
     published_rows: PublishedRows,
@@ -530,6 +541,7 @@ struct DrainKind {
 async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Result<Drain> {
     let DrainKind {
         target,
+        plugin,
         native,
         schema,
         published_rows,
@@ -541,7 +553,8 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
     );
     let url = clone_db(services, &name, schema).await?;
     reset_brokers(services, target).await?;
-    let config = relay_config(&url, services, args, target, &plugin_file(), published_rows)?;
+    let plugin = workspace_root().join("plugins/target").join(plugin);
+    let config = relay_config(&url, services, args, target, &plugin, published_rows)?;
     reset_peak_rss();
     let mut relay = switchyard::app::build(&config).await?;
     if native {
@@ -951,8 +964,12 @@ async fn main() -> anyhow::Result<()> {
     build_template(&services, &args, Schema::V1).await?;
     eprintln!("  loaded in {:.1} s", load.as_secs_f64());
 
+    if args.interpreted {
+        return interpreted(&services, &args).await;
+    }
     let nats = |schema, native, published_rows| DrainKind {
         target: Target::Nats,
+        plugin: RUST_PLUGIN,
         native,
         schema,
         published_rows,
@@ -1180,6 +1197,55 @@ async fn main() -> anyhow::Result<()> {
     if latencies.is_some() {
         println!();
         println!("latency plot: {}", args.plot.display());
+    }
+    Ok(())
+}
+
+/// NATS drains through the interpreted ports, one call per event against one
+/// call per batch, beside the Rust plugin in the same run.
+async fn interpreted(services: &Services, args: &Args) -> anyhow::Result<()> {
+    let ports = [
+        RUST_PLUGIN,
+        "python/route_by_type.wasm",
+        "python/route_by_type_batch.wasm",
+        "js/route_by_type.wasm",
+        "js/route_by_type_batch.wasm",
+    ];
+    for port in ports {
+        let path = workspace_root().join("plugins/target").join(port);
+        anyhow::ensure!(
+            path.is_file(),
+            "{} is missing: run scripts/plugin-toolchains.sh",
+            path.display()
+        );
+    }
+    eprintln!(
+        "building the backlog: {} rows over {} aggregates ...",
+        args.rows, args.aggregates
+    );
+    build_template(services, args, Schema::V2).await?;
+    println!();
+    println!(
+        "| plugin (NATS JetStream, {} rows, batches of {}) | events/s | relay CPU s | peak RSS |",
+        args.rows, args.batch_size
+    );
+    println!("|---|---:|---:|---:|");
+    for plugin in ports {
+        eprintln!("{plugin} ...");
+        let kind = DrainKind {
+            target: Target::Nats,
+            plugin,
+            native: false,
+            schema: Schema::V2,
+            published_rows: PublishedRows::Keep,
+        };
+        let drain = drain(services, args, kind).await?;
+        println!(
+            "| {plugin} | {:.0} | {:.1} | {} MB |",
+            drain.rate,
+            drain.cpu.relay,
+            drain.peak_rss / 1_000_000
+        );
     }
     Ok(())
 }

@@ -104,7 +104,12 @@ pub(super) fn new_plugin(name: &str, lang: Lang, parent: &Path) -> anyhow::Resul
         ),
         Lang::Python | Lang::Js => ("./build.sh".to_string(), wasm_name(name)),
     };
-    println!("Created {} ({lang:?} plugin). Next:", dir.display());
+    let language = match lang {
+        Lang::Rust => "Rust",
+        Lang::Python => "Python",
+        Lang::Js => "JavaScript",
+    };
+    println!("Created {} ({language} plugin). Next:", dir.display());
     println!("  cd {} && {build}", dir.display());
     println!("  switchyard plugin test {wasm} --event events/sample.json --config target=events");
     Ok(())
