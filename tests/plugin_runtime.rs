@@ -104,6 +104,9 @@ async fn fifty_reloads_under_load_lose_nothing_and_each_event_has_one_version() 
         running,
     } = Setup::start().await;
     let mut versions = HashSet::from([switchyard::plugin::content_hash(&base)]);
+    // Every other version is the same routing built for the batch-router
+    // world: a reload may switch a plugin between worlds.
+    let batch = std::fs::read(plugin("route_by_type_batch")).unwrap();
 
     let writer = {
         let pool = db.pool.clone();
@@ -111,7 +114,7 @@ async fn fifty_reloads_under_load_lose_nothing_and_each_event_has_one_version() 
     };
     let mut latencies = Vec::new();
     for n in 1..=50u32 {
-        let bytes = with_custom_section(&base, n);
+        let bytes = with_custom_section(if n % 2 == 0 { &batch } else { &base }, n);
         let hash = switchyard::plugin::content_hash(&bytes);
         replace_atomically(&path, &bytes);
         let renamed = Instant::now();
