@@ -225,7 +225,7 @@ async fn a_batch_plugin_fails_only_the_events_at_fault() {
     for (poison, error) in [
         ("Trap", "`unreachable` instruction executed"),
         ("Spin", "exceeded its time limit of 20 ms"),
-        ("Short", "returned 0 results for 1 events"),
+        ("Short", "returned 0 results for 1 event"),
     ] {
         let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT status, coalesce(last_error, '') FROM switchyard_outbox WHERE event_type = ?1",

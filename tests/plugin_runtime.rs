@@ -559,7 +559,7 @@ fn one_event_cannot_fail_its_batch() {
     let poisons = [
         ("trap = [\"Poison\"]", "`unreachable` instruction executed"),
         ("loop = [\"Poison\"]", "exceeded its time limit of 50 ms"),
-        ("short = [\"Poison\"]", "returned 0 results for 1 events"),
+        ("short = [\"Poison\"]", "returned 0 results for 1 event"),
         (
             "transient = [\"Poison\"]",
             "Transient(\"Poison refused for now\")",

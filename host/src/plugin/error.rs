@@ -60,6 +60,15 @@ pub enum CallFailure {
     Unavailable(String),
 }
 
+impl From<super::Refusal> for CallFailure {
+    fn from(refusal: super::Refusal) -> CallFailure {
+        match refusal {
+            super::Refusal::Transient(reason) => CallFailure::Transient(reason),
+            super::Refusal::Permanent(reason) => CallFailure::Permanent(reason),
+        }
+    }
+}
+
 /// Most of a plugin's stderr quoted in `last_error` after a trap.
 const STDERR_IN_ERROR: usize = 512;
 

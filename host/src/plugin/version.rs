@@ -13,7 +13,7 @@ use super::bindings::{BatchRouter, BatchRouterPre, Router, RouterPre};
 use super::engine::{EPOCH_TICK, Tier};
 use super::error::{CallFailure, LoadError, describe_trap, with_stderr};
 use super::host::State;
-use super::{Event, Message, Refusal};
+use super::{Event, Message};
 
 /// One compiled, initialised plugin version.
 pub struct PluginVersion {
@@ -197,7 +197,7 @@ impl PluginVersion {
         let result = router.call_route(&mut instance.store, event);
         let stderr = instance.store.data().flush_output();
         match result {
-            Ok(answer) => (answer.map_err(refused), Some(instance)),
+            Ok(answer) => (answer.map_err(CallFailure::from), Some(instance)),
             Err(e) => (
                 Err(CallFailure::Crashed(with_stderr(
                     describe_trap(&e, self.timeout, self.max_memory_bytes),
@@ -320,15 +320,15 @@ impl PluginVersion {
             Ok(answers) if answers.len() == events.len() => (
                 Ok(answers
                     .into_iter()
-                    .map(|answer| answer.map_err(refused))
+                    .map(|answer| answer.map_err(CallFailure::from))
                     .collect()),
                 Some(instance),
             ),
             Ok(answers) => (
                 Err(format!(
-                    "returned {} results for {} events",
-                    answers.len(),
-                    events.len()
+                    "returned {} for {}",
+                    counted(answers.len(), "result"),
+                    counted(events.len(), "event")
                 )),
                 Some(instance),
             ),
@@ -343,10 +343,11 @@ impl PluginVersion {
     }
 }
 
-fn refused(refusal: Refusal) -> CallFailure {
-    match refusal {
-        Refusal::Transient(reason) => CallFailure::Transient(reason),
-        Refusal::Permanent(reason) => CallFailure::Permanent(reason),
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 

@@ -14,7 +14,7 @@ use super::Relay;
 use super::retry::lease_spent;
 use crate::config::UnmatchedPolicy;
 use crate::metrics::PluginLabel;
-use crate::plugin::{CallFailure, Event, Message, PluginVersion, Refusal};
+use crate::plugin::{CallFailure, Event, Message, PluginVersion};
 use crate::router::{self, Routed};
 use crate::store::{OutboxRow, Outcome};
 use crate::trace::TraceParent;
@@ -194,10 +194,7 @@ impl Relay {
         );
         if let Some(native) = inner.native_router.get() {
             let started = Instant::now();
-            let result = span.in_scope(|| native(&event)).map_err(|refusal| match refusal {
-                Refusal::Transient(reason) => CallFailure::Transient(reason),
-                Refusal::Permanent(reason) => CallFailure::Permanent(reason),
-            });
+            let result = span.in_scope(|| native(&event)).map_err(CallFailure::from);
             self.observe_call("native", started);
             let state =
                 span.in_scope(|| self.call_outcome(result, &event, "native", None, attempts, child.as_ref()));
