@@ -594,6 +594,26 @@ fn one_event_cannot_fail_its_batch() {
         // poisoned event its own 50 ms.
         assert!(took < Duration::from_secs(5), "{extra}: {took:?}");
     }
+
+    // On its next attempt the event that spun is routed on its own, so it
+    // costs its own time limit, not a whole batch call's.
+    let version = engine.load(&config("loop = [\"Poison\"]")).unwrap();
+    let mut events = events.clone();
+    events[17] = Event {
+        attempt: 2,
+        ..batch_event("Poison", 3, b"{}".to_vec())
+    };
+    let started = Instant::now();
+    let (answers, calls) = batch_answers(&version, &events);
+    let took = started.elapsed();
+    assert_eq!(calls, vec![17, 1, 22]);
+    assert!(
+        matches!(&answers[17], Err(e) if e.contains("exceeded its time limit of 50 ms")),
+        "{:?}",
+        answers[17]
+    );
+    assert!(answers.iter().enumerate().all(|(at, a)| at == 17 || a.is_ok()));
+    assert!(took < Duration::from_secs(1), "{took:?}");
 }
 
 /// A batch of large payloads is handed over in pieces that fit the plugin's

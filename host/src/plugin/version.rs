@@ -214,74 +214,44 @@ impl PluginVersion {
     /// time left before `until`, so that after it traps, runs out of time or
     /// answers with the wrong number of results there is time to route its
     /// events one at a time: only the event at fault fails, not its batch.
+    /// An event on a later attempt is routed on its own: if it made a batch
+    /// fail before, it does not cost a whole batch call again.
     ///
     /// Answers are in the order of `events`; `None` for an event not reached
     /// before `until`. A call for one event runs in that event's span from
     /// `spans`, if given. `observe` is told each call's duration and event count.
     pub fn route_many(
         &self,
-        mut instance: Option<Instance>,
+        instance: Option<Instance>,
         events: &[Event],
         spans: &[tracing::Span],
         until: Instant,
         observe: &mut dyn FnMut(Duration, usize),
     ) -> (Vec<Option<Answer>>, Option<Instance>) {
-        let mut answers = Vec::with_capacity(events.len());
-        let one_at_a_time = |at: usize,
-                             instance: &mut Option<Instance>,
-                             observe: &mut dyn FnMut(Duration, usize)| {
-            let span = spans.get(at).cloned().unwrap_or_else(tracing::Span::none);
-            (Instant::now() < until).then(|| span.in_scope(|| self.route_one(instance, &events[at], observe)))
+        let mut calls = Calls {
+            version: self,
+            instance,
+            events,
+            spans,
+            until,
+            observe,
+            answers: Vec::with_capacity(events.len()),
         };
-        if !self.batched() {
-            for at in 0..events.len() {
-                answers.push(one_at_a_time(at, &mut instance, observe));
-            }
-            return (answers, instance);
-        }
-        let mut first = 0;
-        for chunk in chunks(events, self.max_memory_bytes / BATCH_MEMORY_SHARE) {
-            let range = first..first + chunk.len();
-            first = range.end;
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                answers.extend(chunk.iter().map(|_| None));
+        let mut at = 0;
+        while at < events.len() {
+            if !self.batched() || events[at].attempt > 1 {
+                calls.one_at_a_time(at);
+                at += 1;
                 continue;
             }
-            let current = match instance.take().map_or_else(|| self.checkout(), Ok) {
-                Ok(current) => current,
-                Err(error) => {
-                    let error = CallFailure::Unavailable(error.to_string());
-                    answers.extend(chunk.iter().map(|_| Some(Err(error.clone()))));
-                    continue;
-                }
-            };
-            let per_event = self
-                .timeout
-                .saturating_mul(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
-            let limit = per_event.min(left / 2).max(self.timeout);
-            let started = Instant::now();
-            let (answer, back) = self.call_batch(current, chunk, limit);
-            observe(started.elapsed(), chunk.len());
-            instance = back;
-            match answer {
-                Ok(chunk_answers) => answers.extend(chunk_answers.into_iter().map(Some)),
-                Err(reason) => {
-                    tracing::warn!(
-                        plugin.name = &*self.name,
-                        plugin.version = &*self.version,
-                        events = chunk.len(),
-                        "A route-batch call {reason}; routing its events one at a time."
-                    );
-                    for at in range {
-                        answers.push(one_at_a_time(at, &mut instance, observe));
-                    }
-                }
-            }
+            let end = (at..events.len())
+                .find(|&i| events[i].attempt > 1)
+                .unwrap_or(events.len());
+            calls.batched(at..end);
+            at = end;
         }
-        (answers, instance)
+        (calls.answers, calls.instance)
     }
-
     fn route_one(
         &self,
         instance: &mut Option<Instance>,
@@ -339,6 +309,78 @@ impl PluginVersion {
                 )),
                 None,
             ),
+        }
+    }
+}
+
+/// One `route_many`: the instance in use and the answers so far.
+struct Calls<'a> {
+    version: &'a PluginVersion,
+    instance: Option<Instance>,
+    events: &'a [Event],
+    spans: &'a [tracing::Span],
+    until: Instant,
+    observe: &'a mut dyn FnMut(Duration, usize),
+    answers: Vec<Option<Answer>>,
+}
+
+impl Calls<'_> {
+    fn one_at_a_time(&mut self, at: usize) {
+        let answer = (Instant::now() < self.until).then(|| {
+            let span = self.spans.get(at).cloned().unwrap_or_else(tracing::Span::none);
+            span.in_scope(|| {
+                self.version
+                    .route_one(&mut self.instance, &self.events[at], &mut *self.observe)
+            })
+        });
+        self.answers.push(answer);
+    }
+
+    /// `events[range]` in `route-batch` calls, each chunk one at a time
+    /// again if its call fails as a whole.
+    fn batched(&mut self, range: std::ops::Range<usize>) {
+        let version = self.version;
+        let budget = version.max_memory_bytes / BATCH_MEMORY_SHARE;
+        let mut first = range.start;
+        for chunk in chunks(&self.events[range], budget) {
+            let chunk_range = first..first + chunk.len();
+            first = chunk_range.end;
+            let left = self.until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.answers.extend(chunk.iter().map(|_| None));
+                continue;
+            }
+            let current = match self.instance.take().map_or_else(|| version.checkout(), Ok) {
+                Ok(current) => current,
+                Err(error) => {
+                    let error = CallFailure::Unavailable(error.to_string());
+                    self.answers
+                        .extend(chunk.iter().map(|_| Some(Err(error.clone()))));
+                    continue;
+                }
+            };
+            let per_event = version
+                .timeout
+                .saturating_mul(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
+            let limit = per_event.min(left / 2).max(version.timeout);
+            let started = Instant::now();
+            let (answer, back) = version.call_batch(current, chunk, limit);
+            (self.observe)(started.elapsed(), chunk.len());
+            self.instance = back;
+            match answer {
+                Ok(chunk_answers) => self.answers.extend(chunk_answers.into_iter().map(Some)),
+                Err(reason) => {
+                    tracing::warn!(
+                        plugin.name = &*version.name,
+                        plugin.version = &*version.version,
+                        events = chunk.len(),
+                        "A route-batch call {reason}; routing its events one at a time."
+                    );
+                    for at in chunk_range {
+                        self.one_at_a_time(at);
+                    }
+                }
+            }
         }
     }
 }
