@@ -272,6 +272,97 @@ async fn a_batch_plugin_fails_only_the_events_at_fault() {
     assert!(largest_batch > 1, "events were routed in batches, not one by one");
 }
 
+/// `plugin test` takes several events (repeated `--event`, or a file with
+/// an array) and routes them together as the relay routes a claimed batch:
+/// a batch plugin sees them in one call, and an event that traps it is the
+/// only one reported, in the order given.
+#[tokio::test]
+async fn plugin_test_routes_several_events_as_one_batch() {
+    let dir = std::env::temp_dir().join(format!("sy-batch-test-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let array = dir.join("three.json");
+    std::fs::write(
+        &array,
+        r#"[{"aggregate_type": "order", "aggregate_id": "o-1", "event_type": "Placed", "payload": {"n": 1}},
+            {"aggregate_type": "order", "aggregate_id": "o-1", "event_type": "Poison", "payload": {"n": 2}},
+            {"aggregate_type": "order", "aggregate_id": "o-2", "event_type": "Paid", "payload": {"n": 3}}]"#,
+    )
+    .unwrap();
+    let one = switchyard_tests::workspace_root().join("examples/events/order-paid.json");
+    let probe = plugin("batch_probe");
+    let run = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "plugin".to_string(),
+            "test".into(),
+            probe.display().to_string(),
+            "--event".into(),
+            array.display().to_string(),
+            "--event".into(),
+            one.display().to_string(),
+            "--json".into(),
+            "--config".into(),
+            "target=out".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (code, out, err) =
+                switchyard_tests::cli(env!("CARGO_BIN_EXE_relay-process"), &args, &[]).await;
+            let report: serde_json::Value =
+                serde_json::from_str(&out).unwrap_or_else(|_| panic!("one JSON document: {out}\n{err}"));
+            (code, report)
+        }
+    };
+    let summary = |report: &serde_json::Value| -> Vec<(String, String, String)> {
+        report["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|event| {
+                let size = event["messages"][0]["headers"]["x-batch-size"]
+                    .as_str()
+                    .unwrap_or("-");
+                (
+                    event["event"]["event_type"].as_str().unwrap().to_string(),
+                    event["outcome"].as_str().unwrap().to_string(),
+                    size.to_string(),
+                )
+            })
+            .collect()
+    };
+    let owned = |rows: &[(&str, &str, &str)]| -> Vec<(String, String, String)> {
+        rows.iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect()
+    };
+
+    let (code, report) = run(&[]).await;
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(
+        summary(&report),
+        owned(&[
+            ("Placed", "published", "4"),
+            ("Poison", "published", "4"),
+            ("Paid", "published", "4"),
+            ("OrderPaid", "published", "4"),
+        ])
+    );
+
+    let (code, report) = run(&["--config", "trap=[\"Poison\"]"]).await;
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(report["failed"], 1);
+    assert_eq!(
+        summary(&report),
+        owned(&[
+            ("Placed", "published", "1"),
+            ("Poison", "crashed", "-"),
+            ("Paid", "published", "1"),
+            ("OrderPaid", "published", "1"),
+        ])
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A plugin whose `init` never returns is refused at startup with its time
 /// limit named; it neither hangs the start nor starts a relay without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,15 +118,17 @@ pub enum PluginCommand {
         /// The `.wasm` component.
         file: PathBuf,
     },
-    /// Run FILE on an event (or on pending rows) and print what it would
+    /// Run FILE on events (or on pending rows) and print what it would
     /// publish. Publishes nothing and changes nothing.
     Test {
         /// The `.wasm` component.
         file: PathBuf,
         /// A JSON event: {"aggregate_type", "aggregate_id", "event_type",
-        /// "payload", optional "headers", "tenant", "event_id", "attempt"}.
+        /// "payload", optional "headers", "tenant", "event_id", "attempt"},
+        /// or an array of them. Repeatable; all events are routed together,
+        /// as the relay routes a claimed batch.
         #[arg(long, required_unless_present = "from_db")]
-        event: Option<PathBuf>,
+        event: Vec<PathBuf>,
         /// Plugin config entries `key=value` (value parsed as JSON when it is JSON).
         #[arg(long = "config", value_name = "KEY=VALUE")]
         config: Vec<String>,
@@ -146,7 +148,7 @@ pub enum PluginCommand {
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
         /// Use this file's bytes as the event's payload, as a binary event
-        /// (`payload_bytes`) instead of the JSON `payload`.
+        /// (`payload_bytes`) instead of the JSON `payload` (one event only).
         #[arg(long, requires = "event", value_name = "FILE")]
         payload_file: Option<PathBuf>,
         /// Print the report as one JSON document (binary payloads in base64).

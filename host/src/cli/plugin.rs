@@ -1,7 +1,7 @@
 //! `switchyard plugin check|test`: inspect and dry-run plugins without a relay
 //! (`plugin new` is in [`super::scaffold`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -39,9 +39,12 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                 || PluginRuntimeConfig::default().cache_dir(),
                 |r| r.plugin_runtime.cache_dir(),
             );
-            let events = match (event, from_db) {
-                (Some(path), _) => vec![Ok(event_from_file(&path, payload_file.as_deref())?)],
-                (None, true) => {
+            let events: Vec<Result<Event, String>> = match (event.is_empty(), from_db) {
+                (false, _) => events_from_files(&event, payload_file.as_deref())?
+                    .into_iter()
+                    .map(Ok)
+                    .collect(),
+                (true, true) => {
                     let url =
                         database_url.context("--from-db needs --database-url or SWITCHYARD_DATABASE_URL")?;
                     let store = OutboxStore::connect(&url, 2)
@@ -58,7 +61,7 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                         })
                         .collect()
                 }
-                (None, false) => bail!("give --event FILE or --from-db"),
+                (true, false) => bail!("give --event FILE or --from-db"),
             };
             let total = events.len();
             // Plugin calls block (WASI's host side): never on a runtime thread.
@@ -180,12 +183,46 @@ const fn one() -> u32 {
     1
 }
 
-/// The event in `path`; with `payload_file`, that file's bytes are the
+/// The events in `paths` (each file one event or an array of them), in
+/// order; with `payload_file`, that file's bytes are the single event's
 /// payload, as a binary event (`payload_bytes`).
-fn event_from_file(path: &Path, payload_file: Option<&Path>) -> anyhow::Result<Event> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let event: EventFile =
-        serde_json::from_str(&text).with_context(|| format!("{} is not a valid event", path.display()))?;
+fn events_from_files(paths: &[PathBuf], payload_file: Option<&Path>) -> anyhow::Result<Vec<Event>> {
+    let mut events = Vec::new();
+    for path in paths {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let files = match value {
+            serde_json::Value::Array(items) => items
+                .into_iter()
+                .enumerate()
+                .map(|(at, item)| {
+                    serde_json::from_value(item)
+                        .with_context(|| format!("{} item {at} is not a valid event", path.display()))
+                })
+                .collect::<anyhow::Result<Vec<EventFile>>>()?,
+            value => vec![
+                serde_json::from_value(value)
+                    .with_context(|| format!("{} is not a valid event", path.display()))?,
+            ],
+        };
+        events.extend(files);
+    }
+    if payload_file.is_some() && events.len() != 1 {
+        bail!(
+            "--payload-file gives one event its payload, but there are {} events",
+            events.len()
+        );
+    }
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(at, event)| event_from(event, i64::try_from(at).unwrap_or(i64::MAX) + 1, payload_file))
+        .collect()
+}
+
+fn event_from(event: EventFile, row_id: i64, payload_file: Option<&Path>) -> anyhow::Result<Event> {
     let (payload, payload_format) = match payload_file {
         Some(file) => (
             std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?,
@@ -194,7 +231,7 @@ fn event_from_file(path: &Path, payload_file: Option<&Path>) -> anyhow::Result<E
         None => (serde_json::to_vec(&event.payload)?, PayloadFormat::Json),
     };
     Ok(Event {
-        row_id: 0,
+        row_id,
         event_id: event.event_id.unwrap_or_else(uuid::Uuid::new_v4).to_string(),
         aggregate_type: event.aggregate_type,
         aggregate_id: event.aggregate_id,
