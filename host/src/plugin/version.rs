@@ -436,3 +436,43 @@ fn event_bytes(event: &Event) -> usize {
         + event.event_type.len()
         + event.tenant.as_ref().map_or(0, String::len)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::PayloadFormat;
+
+    fn event(payload: usize) -> Event {
+        Event {
+            row_id: 1,
+            event_id: String::new(),
+            aggregate_type: String::new(),
+            aggregate_id: String::new(),
+            event_type: String::new(),
+            payload: vec![0; payload],
+            payload_format: PayloadFormat::Binary,
+            headers: Vec::new(),
+            tenant: None,
+            created_at_ms: 0,
+            attempt: 1,
+        }
+    }
+
+    fn sizes(events: &[Event], budget: usize) -> Vec<usize> {
+        chunks(events, budget).map(<[Event]>::len).collect()
+    }
+
+    #[test]
+    fn chunks_keep_under_the_budget_and_give_an_oversized_event_its_own() {
+        assert_eq!(sizes(&[], 100), Vec::<usize>::new());
+        let small: Vec<Event> = (0..10).map(|_| event(30)).collect();
+        assert_eq!(sizes(&small, 100), vec![3, 3, 3, 1]);
+        assert_eq!(sizes(&small, usize::MAX), vec![10]);
+        let mixed = vec![event(30), event(500), event(30), event(30)];
+        assert_eq!(
+            sizes(&mixed, 100),
+            vec![1, 1, 2],
+            "an event over the budget goes alone"
+        );
+    }
+}
