@@ -91,7 +91,7 @@ async fn sqlite_relay_keeps_order_retries_dead_letters_and_survives_a_crash() {
             (count("published").await >= 100 * round).then_some(())
         })
         .await;
-        first.abort(); // crash: in-flight leases stay behind
+        first.abort().await; // crash: in-flight leases stay behind
         tokio::time::sleep(Duration::from_millis(50)).await;
         caught = count("in_flight").await;
         if caught > 0 {

@@ -193,9 +193,14 @@ impl InProcess {
         }
     }
 
-    /// A crash: the task is dropped mid-batch, nothing is finished or released.
-    pub fn abort(self) {
+    /// A crash: the task is dropped mid-batch, nothing is finished or
+    /// released. As when a process dies, its database connections are then
+    /// closed: a SQLite write lock held by a dropped transaction ends with
+    /// them, not whenever the pool next uses the connection.
+    pub async fn abort(self) {
         self.handle.abort();
+        let _ = self.handle.await;
+        self.relay.store().close().await;
     }
 
     /// Graceful stop.

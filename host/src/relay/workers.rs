@@ -11,6 +11,7 @@ use futures::FutureExt;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::{Relay, listen};
@@ -24,16 +25,18 @@ impl Relay {
     /// and broker errors are retried inside.
     pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let wake = Arc::new(Notify::new());
-        let listener = tokio::spawn(listen::listen(
+        // Ended with this future even when it is dropped rather than shut
+        // down: a detached listener or sweeper would outlive its relay.
+        let listener = AbortOnDropHandle::new(tokio::spawn(listen::listen(
             self.inner.store.clone(),
             wake.clone(),
             shutdown.clone(),
-        ));
-        let sweeper = tokio::spawn(sweep_parked(
+        )));
+        let sweeper = AbortOnDropHandle::new(tokio::spawn(sweep_parked(
             self.inner.store.clone(),
             wake.clone(),
             shutdown.clone(),
-        ));
+        )));
         let mut workers = JoinSet::new();
         let mut numbers = HashMap::new();
         let spawn = |workers: &mut JoinSet<()>, numbers: &mut HashMap<tokio::task::Id, u32>, worker: u32| {

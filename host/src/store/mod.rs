@@ -195,6 +195,15 @@ impl OutboxStore {
         }
     }
 
+    /// Closes the pool: connections in use are closed as they come back,
+    /// which ends any transaction a dropped task left open on them.
+    pub async fn close(&self) {
+        match &self.backend {
+            AnyBackend::Postgres(backend) => backend.pool.close().await,
+            AnyBackend::Sqlite(backend) => backend.pool.close().await,
+        }
+    }
+
     /// `"postgres"` or `"sqlite"`.
     pub fn kind(&self) -> &'static str {
         match &self.backend {
