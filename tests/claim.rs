@@ -43,6 +43,8 @@ on_both_backends!(
     writers_get_a_specific_error_for_oversized_keys,
     concurrent_workers_keep_each_aggregate_in_order_and_strand_nothing,
     published_rows_can_be_deleted_or_archived_by_the_ack,
+    a_row_the_relay_cannot_read_is_refused_alone,
+    payloads_over_the_limit_are_let_go_as_the_claim_reads_them,
 );
 
 fn event(aggregate: usize, seq: usize) -> NewEvent {
@@ -401,6 +403,217 @@ async fn sqlite_event_ids_must_be_uuids() {
         refused, 2,
         "both unreadable ids are refused, not mapped to one shared id"
     );
+}
+
+/// A value of the wrong type, written past the table's checks (an UPDATE
+/// by hand, a row older than the checks), used to fail the claim of its
+/// whole batch, lease after lease: the relay stopped at that row. It is
+/// claimed and refused alone, naming the column, and the operations that
+/// read rows (backlog age, entries) still work.
+async fn a_row_the_relay_cannot_read_is_refused_alone(db: TestOutbox) {
+    for aggregate in 0..4 {
+        db.insert(aggregate, 0, None).await;
+    }
+    let broken: &[(&str, &str)] = if db.kind == "postgres" {
+        &[(
+            "UPDATE switchyard_outbox SET created_at = '-infinity' WHERE aggregate_id = 'o-0'",
+            "created_at is -infinity or infinity",
+        )]
+    } else {
+        &[
+            (
+                "UPDATE switchyard_outbox SET created_at = '2026-11-23 10:00:00' WHERE aggregate_id = 'o-0'",
+                "column created_at holds TEXT where INTEGER is expected",
+            ),
+            (
+                "UPDATE switchyard_outbox SET headers = X'00ff' WHERE aggregate_id = 'o-1'",
+                "column headers holds BLOB where TEXT is expected",
+            ),
+            (
+                "UPDATE switchyard_outbox SET not_before = 'tomorrow' WHERE aggregate_id = 'o-2'",
+                "column not_before holds TEXT where INTEGER",
+            ),
+        ]
+    };
+    for (sql, _) in broken {
+        db.execute(sql).await;
+    }
+    db.store.oldest_pending_age().await.expect("the backlog's age");
+
+    let claim = db.store.claim("a", 10, LEASE).await.expect("the claim goes on");
+    assert_eq!(
+        claim.rows.len(),
+        4,
+        "every row is claimed, the one delayed by text too"
+    );
+    let limits = switchyard::router::Limits::from_config(&switchyard::config::RelayConfig::default());
+    let refused: Vec<String> = claim
+        .rows
+        .iter()
+        .filter_map(|row| switchyard::router::event_from_row(row, &limits).err())
+        .collect();
+    assert_eq!(refused.len(), broken.len(), "only the broken rows: {refused:?}");
+    for ((_, expected), error) in broken.iter().zip(&refused) {
+        assert!(error.contains(expected), "{error}");
+    }
+    for row in &claim.rows {
+        db.store.entry(row.id.0).await.expect("entry").expect("the row");
+    }
+}
+
+/// A payload over `relay.max_payload_bytes` is refused at routing anyway;
+/// the claim used to read every such payload of the batch into memory
+/// first (500 rows of 20 MB: 10 GB, an out-of-memory crash, the same claim
+/// again after the restart). The claim keeps only the size and the reason.
+async fn payloads_over_the_limit_are_let_go_as_the_claim_reads_them(db: TestOutbox) {
+    let store = db.store.clone().with_max_payload_bytes(1000);
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(4000));
+    for aggregate in 0..3 {
+        db.execute(&format!(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'big-{aggregate}', 'OrderUpdated', '{big}')"
+        ))
+        .await;
+    }
+    let ten_bytes = if db.kind == "postgres" {
+        "'\\x00112233445566778899'::bytea"
+    } else {
+        "X'00112233445566778899'"
+    };
+    db.execute(&format!(
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload_bytes)
+         VALUES ('order', 'big-bytes', 'OrderUpdated', {ten_bytes})"
+    ))
+    .await;
+    db.insert(0, 0, None).await;
+
+    let small = store.clone().with_max_payload_bytes(8);
+    let claim = small.claim("a", 10, LEASE).await.unwrap();
+    let refused: BTreeMap<&str, Option<&str>> = claim
+        .rows
+        .iter()
+        .map(|row| (row.aggregate_id.as_str(), row.malformed.as_deref()))
+        .collect();
+    assert_eq!(
+        refused.get("big-bytes"),
+        Some(&Some("payload is 10 bytes, over relay.max_payload_bytes (8)"))
+    );
+    assert!(
+        refused["o-0"]
+            .unwrap()
+            .contains("over relay.max_payload_bytes (8)")
+    );
+    // Claimed again, under a limit of 1,000 bytes.
+    db.execute("UPDATE switchyard_outbox SET status = 'pending', lease_id = NULL, attempts = 0")
+        .await;
+
+    let claim = store.claim("b", 10, LEASE).await.unwrap();
+    assert_eq!(claim.rows.len(), 5);
+    for row in &claim.rows {
+        if row.aggregate_id.starts_with("big-") && row.aggregate_id != "big-bytes" {
+            assert_eq!(
+                row.malformed.as_deref(),
+                Some(
+                    format!(
+                        "payload is {} bytes, over relay.max_payload_bytes (1000)",
+                        big.len()
+                    )
+                    .as_str()
+                ),
+            );
+            assert!(
+                row.payload_json.is_none() && row.payload_bytes.is_none(),
+                "let go"
+            );
+        } else {
+            assert_eq!(row.malformed, None, "{}", row.aggregate_id);
+        }
+    }
+}
+
+/// SQLite stores a value of any type in any column. A service that writes
+/// an ISO date into created_at, or text into payload_bytes, is told so at
+/// its INSERT, as PostgreSQL's column types would tell it.
+#[tokio::test]
+async fn sqlite_writers_get_a_specific_error_for_mistyped_columns() {
+    let db = TestOutbox::sqlite().await;
+    let pool = db.sqlite_pool();
+    for (column, value, expected) in [
+        (
+            "created_at",
+            "'2026-11-23 10:00:00'",
+            "created_at and not_before must be INTEGER",
+        ),
+        (
+            "not_before",
+            "'tomorrow'",
+            "created_at and not_before must be INTEGER",
+        ),
+        ("headers", "X'00ff'", "headers must be a JSON object as TEXT"),
+        ("headers", "'not json'", "headers must be a JSON object as TEXT"),
+        ("payload", "X'7b7d'", "payload must be JSON as TEXT"),
+        ("payload_bytes", "'text'", "payload_bytes a BLOB"),
+        ("tenant", "X'00'", "tenant TEXT"),
+    ] {
+        let sql = format!(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, {column})
+             VALUES ('order', 'o-1', 'OrderUpdated', {value})"
+        );
+        let error = sqlx::query(&sql).execute(&pool).await.unwrap_err().to_string();
+        assert!(error.contains(expected), "{column} = {value}: {error}");
+    }
+    // What SQLite converts to the column's type on its own is fine.
+    sqlx::query(
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, created_at, tenant)
+         VALUES ('order', 7, 'OrderUpdated', '1795458299678', 42)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(db.count("pending").await, 1);
+}
+
+/// Services write the SQLite outbox with their own SQLite library, often
+/// older than the relay's (Debian 12 and its Python ship 3.40). The first
+/// schema's created_at default needed 3.42: every INSERT that left
+/// created_at out failed there with "NOT NULL constraint failed".
+#[tokio::test]
+async fn a_service_on_the_systems_sqlite_can_write_the_outbox() {
+    let db = TestOutbox::sqlite().await;
+    let script = r#"
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+con.execute("INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'o-1', 'OrderPlaced', '{}')")
+con.commit()
+print(sqlite3.sqlite_version)
+"#;
+    let before = now_ms();
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(db.sqlite_path())
+        .output()
+        .expect("python3 (installed with the plugin toolchains)");
+    let after = now_ms();
+    assert!(
+        out.status.success(),
+        "a Python service's INSERT: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created = db.scalar("SELECT created_at FROM switchyard_outbox").await;
+    assert!(
+        (before - 1000..=after + 1000).contains(&created),
+        "created_at {created} is the insert's time ({before}..{after}), SQLite {}",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    let claim = db.store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(claim.rows.len(), 1);
+    assert_eq!(claim.rows[0].malformed, None);
+}
+
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    i64::try_from(since.expect("after 1970").as_millis()).expect("ms fit")
 }
 
 /// Each test's database goes away with the test, instead of piling up.

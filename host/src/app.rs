@@ -24,7 +24,8 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         .await
         .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))?
         .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
-        .with_published_rows(config.relay.published_rows);
+        .with_published_rows(config.relay.published_rows)
+        .with_max_payload_bytes(config.relay.max_payload_bytes);
     check_schema(&store).await?;
     let capture = match crate::cli::check_source(config, &store).await? {
         Some((_, Some(problem))) => anyhow::bail!(problem),

@@ -72,10 +72,9 @@ pub fn event_from_row(row: &OutboxRow, limits: &Limits) -> Result<Event, String>
         }
     };
     if payload.len() > limits.max_payload_bytes {
-        return Err(format!(
-            "payload is {} bytes, over relay.max_payload_bytes ({})",
+        return Err(crate::store::payload_over_limit(
             payload.len(),
-            limits.max_payload_bytes
+            limits.max_payload_bytes,
         ));
     }
     Ok(Event {

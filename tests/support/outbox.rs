@@ -12,6 +12,7 @@ pub struct TestOutbox {
     _database: Option<super::postgres::DropDatabase>,
     pg: Option<sqlx::PgPool>,
     sqlite: Option<sqlx::SqlitePool>,
+    sqlite_path: Option<std::path::PathBuf>,
     /// `"postgres"` or `"sqlite"`.
     pub kind: &'static str,
 }
@@ -25,6 +26,7 @@ impl TestOutbox {
             _database: Some(db.guard),
             pg: Some(db.pool),
             sqlite: None,
+            sqlite_path: None,
             kind: "postgres",
         }
     }
@@ -41,6 +43,7 @@ impl TestOutbox {
             _database: None,
             pg: None,
             sqlite: Some(pool),
+            sqlite_path: Some(path),
             kind: "sqlite",
         }
     }
@@ -51,6 +54,27 @@ impl TestOutbox {
     /// On a PostgreSQL outbox.
     pub fn sqlite_pool(&self) -> sqlx::SqlitePool {
         self.sqlite.clone().expect("a SQLite outbox")
+    }
+
+    /// The SQLite file, for a SQLite outbox.
+    ///
+    /// # Panics
+    /// On a PostgreSQL outbox.
+    pub fn sqlite_path(&self) -> &std::path::Path {
+        self.sqlite_path.as_deref().expect("a SQLite outbox")
+    }
+
+    /// Runs one SQL statement without parameters.
+    ///
+    /// # Panics
+    /// If the database refuses it.
+    pub async fn execute(&self, sql: &str) {
+        match (&self.pg, &self.sqlite) {
+            (Some(pool), _) => sqlx::query(sql).execute(pool).await.map(drop),
+            (_, Some(pool)) => sqlx::query(sql).execute(pool).await.map(drop),
+            _ => unreachable!("one backend is set"),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     /// Writes an event with payload `{"seq": seq}` for aggregate `o-<aggregate>`,

@@ -28,13 +28,16 @@ pub(super) trait Backend {
     async fn refresh_statistics(&self) -> Result<(), Error>;
     /// A trivial query.
     async fn ping(&self) -> Result<(), Error>;
-    /// Leases up to `limit` heads of aggregates to `owner`.
+    /// Leases up to `limit` heads of aggregates to `owner`; payloads over
+    /// `max_payload_bytes` are refused as they are read (see
+    /// [`OutboxRow::refuse_payload_over`](super::types::OutboxRow::refuse_payload_over)).
     async fn claim(
         &self,
         dead_letter_blocks: bool,
         owner: &str,
         limit: u32,
         lease: Duration,
+        max_payload_bytes: usize,
     ) -> Result<Claim, Error>;
     /// Records outcomes under `lease` in one transaction; the ids updated.
     async fn ack(

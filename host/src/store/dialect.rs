@@ -19,8 +19,9 @@ pub(super) enum Dialect {
     Sqlite,
 }
 
-/// SQLite's clock in milliseconds since the epoch, as its times are stored.
-pub(super) const SQLITE_NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+/// SQLite's clock in milliseconds since the epoch, as its times are stored
+/// (`unixepoch('subsec')` needs SQLite 3.42; services may run older ones).
+pub(super) const SQLITE_NOW_MS: &str = "CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)";
 
 impl Dialect {
     /// The database's current time, as the time columns store it.
@@ -200,7 +201,9 @@ pub(super) enum DeadLetterChange {
 }
 
 const PG_ENTRY_COLUMNS: &str = "id, event_id::text AS event_id, aggregate_type, aggregate_id, event_type,
-    status, attempts, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms, last_error,
+    status, attempts,
+    CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::bigint END AS created_at_ms,
+    last_error,
     plugin_version, tenant, headers::text AS headers_json, payload::text AS payload_json,
     octet_length(payload_bytes)::bigint AS payload_bytes_len, deliveries::text AS deliveries_json";
 
@@ -221,10 +224,13 @@ where
     for<'r> i32: sqlx::Decode<'r, R::Database> + Type<R::Database>,
     for<'r> String: sqlx::Decode<'r, R::Database> + Type<R::Database>,
 {
-    let created_at_ms: i64 = record.try_get("created_at_ms")?;
-    let headers: String = record.try_get("headers_json")?;
-    let payload: Option<String> = record.try_get("payload_json")?;
-    let deliveries: String = record.try_get("deliveries_json")?;
+    // Shown whatever a service wrote: a value of the wrong type shows as
+    // empty rather than failing the listing it is in.
+    let ignored = &mut None;
+    let created_at_ms: Option<i64> = lenient(record, "created_at_ms", "created_at", ignored);
+    let headers: String = lenient(record, "headers_json", "headers", ignored);
+    let payload: Option<String> = lenient(record, "payload_json", "payload", ignored);
+    let deliveries: String = lenient(record, "deliveries_json", "deliveries", ignored);
     Ok(OutboxEntry {
         id: record.try_get("id")?,
         event_id: record.try_get("event_id")?,
@@ -233,12 +239,15 @@ where
         event_type: record.try_get("event_type")?,
         status: record.try_get("status")?,
         attempts: record.try_get("attempts")?,
-        created_at: chrono::DateTime::from_timestamp_millis(created_at_ms)
-            .unwrap_or_default()
-            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        created_at: created_at_ms
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map_or_else(
+                || "not a point in time".into(),
+                |at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            ),
         last_error: record.try_get("last_error")?,
         plugin_version: record.try_get("plugin_version")?,
-        tenant: record.try_get("tenant")?,
+        tenant: lenient(record, "tenant", "tenant", ignored),
         // Shown as stored; text that is not JSON is shown as a string.
         headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
         payload: payload.map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))),
@@ -304,4 +313,43 @@ pub(super) fn deliveries_json(deliveries: &BTreeMap<DeliveryKey, Delivery>) -> S
     } else {
         json
     }
+}
+
+/// Reads one column of a claimed row. A value the relay cannot read (a
+/// wrong type written past the table's checks, by an UPDATE or before they
+/// existed) must not fail the claim of the whole batch, which would stop
+/// the relay at that row: it is noted in `problem` (the first one counts)
+/// and replaced by the default, and the row is dead-lettered saying why.
+pub(super) fn lenient<'r, R, I, T>(record: &'r R, index: I, column: &str, problem: &mut Option<String>) -> T
+where
+    R: Row,
+    I: sqlx::ColumnIndex<R>,
+    T: Default + sqlx::Decode<'r, R::Database> + Type<R::Database>,
+{
+    record.try_get(index).unwrap_or_else(|error| {
+        problem.get_or_insert_with(|| {
+            let detail = match &error {
+                sqlx::Error::ColumnDecode { source, .. } => source.to_string(),
+                other => other.to_string(),
+            };
+            match mismatched_types(&detail) {
+                Some((expected, found)) => {
+                    format!("column {column} holds {found} where {expected} is expected")
+                }
+                None => format!("column {column} cannot be read: {detail}"),
+            }
+        });
+        T::default()
+    })
+}
+
+/// The SQL types in sqlx's "mismatched types; Rust type `..` (as SQL type
+/// `EXPECTED`) is not compatible with SQL type `FOUND`", which a user reads
+/// better without the Rust part.
+fn mismatched_types(detail: &str) -> Option<(&str, &str)> {
+    let (_, rest) = detail.split_once("(as SQL type `")?;
+    let (expected, rest) = rest.split_once('`')?;
+    let (_, rest) = rest.split_once("is not compatible with SQL type `")?;
+    let (found, _) = rest.split_once('`')?;
+    Some((expected, found))
 }

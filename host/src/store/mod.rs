@@ -33,7 +33,7 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use backend::Backend;
 pub use types::{
     Claim, DeadLetterFilter, Delivery, DeliveryKey, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome,
-    PublishedRows, RetentionMode, RowId, RowOutcome,
+    PublishedRows, RetentionMode, RowId, RowOutcome, payload_over_limit,
 };
 
 /// The PostgreSQL outbox migrations, embedded in the binary.
@@ -106,6 +106,7 @@ pub struct OutboxStore {
     backend: AnyBackend,
     dead_letter_blocks_aggregate: bool,
     published_rows: PublishedRows,
+    max_payload_bytes: usize,
 }
 
 impl OutboxStore {
@@ -161,6 +162,7 @@ impl OutboxStore {
             backend: AnyBackend::Postgres(postgres::Postgres::new(pool)),
             dead_letter_blocks_aggregate: false,
             published_rows: PublishedRows::Keep,
+            max_payload_bytes: usize::MAX,
         }
     }
 
@@ -170,6 +172,7 @@ impl OutboxStore {
             backend: AnyBackend::Sqlite(sqlite::Sqlite::new(pool)),
             dead_letter_blocks_aggregate: false,
             published_rows: PublishedRows::Keep,
+            max_payload_bytes: usize::MAX,
         }
     }
 
@@ -177,6 +180,15 @@ impl OutboxStore {
     #[must_use]
     pub fn with_dead_letter_blocking(mut self, blocks: bool) -> OutboxStore {
         self.dead_letter_blocks_aggregate = blocks;
+        self
+    }
+
+    /// Claims refuse payloads over `bytes` as they read them, so that a
+    /// batch of oversized rows is never held in memory at once (the relay
+    /// would refuse each of them anyway: `relay.max_payload_bytes`).
+    #[must_use]
+    pub fn with_max_payload_bytes(mut self, bytes: usize) -> OutboxStore {
+        self.max_payload_bytes = bytes;
         self
     }
 
@@ -297,7 +309,8 @@ impl OutboxStore {
     /// statement ran past half the lease.
     pub async fn claim(&self, owner: &str, limit: u32, lease: Duration) -> Result<Claim, Error> {
         let blocks = self.dead_letter_blocks_aggregate;
-        dispatch!(self, backend => backend.claim(blocks, owner, limit, lease).await)
+        let max_payload = self.max_payload_bytes;
+        dispatch!(self, backend => backend.claim(blocks, owner, limit, lease, max_payload).await)
     }
 
     /// Records the outcomes of a batch claimed under `lease`. Rows whose lease

@@ -12,7 +12,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use super::backend::Backend;
-use super::dialect::{self, DeadLetterChange, Dialect, SQLITE_NOW_MS};
+use super::dialect::{self, DeadLetterChange, Dialect, SQLITE_NOW_MS, lenient};
 use super::types::{
     Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome, PublishedRows,
     RetentionMode, RowId, RowOutcome,
@@ -41,7 +41,9 @@ impl Sqlite {
                         SELECT o.id FROM switchyard_outbox o
                          WHERE o.status IN ('pending', 'in_flight')
                            AND (   (o.status = 'pending' AND o.next_attempt_at <= ?4
-                                    AND (o.not_before IS NULL OR o.not_before <= ?4))
+                                    AND (o.not_before IS NULL OR o.not_before <= ?4
+                                         -- not a time: claimed, to be dead-lettered saying so
+                                         OR typeof(o.not_before) NOT IN ('integer', 'real')))
                                 OR (o.status = 'in_flight' AND o.lease_expires_at < ?4))
                            AND NOT EXISTS (
                                  SELECT 1 FROM switchyard_outbox e
@@ -51,7 +53,8 @@ impl Sqlite {
                                     AND e.status <> 'published' {dead_filter})
                          ORDER BY o.id
                          LIMIT ?1)
-                 RETURNING {ROW_COLUMNS}"
+                 RETURNING {}",
+                ROW_COLUMNS.replace("__MAX__", "?6")
             )
         };
         Sqlite {
@@ -61,45 +64,67 @@ impl Sqlite {
     }
 }
 
-const ROW_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, event_type, payload AS payload_json,
-    payload_bytes, headers AS headers_json, tenant, created_at AS created_at_ms, attempts,
-    deliveries AS deliveries_json";
+/// The columns a claim returns. SQLite gathers a statement's RETURNING rows
+/// in memory, inside this process, before the first one is read: a payload
+/// over `__MAX__` bytes is left out there, and only its size returned.
+const ROW_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, event_type,
+    CASE WHEN length(CAST(payload AS BLOB)) <= __MAX__ THEN payload END AS payload_json,
+    CASE WHEN length(payload_bytes) <= __MAX__ THEN payload_bytes END AS payload_bytes,
+    coalesce(length(payload_bytes), length(CAST(payload AS BLOB))) AS payload_len,
+    headers AS headers_json, tenant, created_at AS created_at_ms, attempts,
+    deliveries AS deliveries_json, typeof(not_before) AS not_before_type";
 
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
 fn row_from_record(record: &SqliteRow) -> Result<OutboxRow, sqlx::Error> {
-    let event_id: String = record.try_get("event_id")?;
-    let deliveries_json: String = record.try_get("deliveries_json")?;
+    let mut problem = None;
+    let event_id: String = lenient(record, "event_id", "event_id", &mut problem);
+    // Written only by the relay; unreadable means "nothing acked yet".
+    let deliveries_json: String = lenient(record, "deliveries_json", "deliveries", &mut None);
+    let not_before_type: String = lenient(record, "not_before_type", "not_before", &mut problem);
+    if !matches!(not_before_type.as_str(), "null" | "integer" | "real") {
+        problem.get_or_insert_with(|| {
+            format!(
+                "column not_before holds {} where INTEGER (ms since the Unix epoch) is expected",
+                not_before_type.to_uppercase()
+            )
+        });
+    }
     // An id that is not a UUID must neither stop the relay nor be replaced by
     // a shared value (brokers would deduplicate distinct events by it): the
     // row is dead-lettered saying so.
-    let (event_id, malformed) = match uuid::Uuid::from_str(&event_id) {
-        Ok(id) => (id, None),
-        Err(_) => (
-            uuid::Uuid::nil(),
-            Some(format!(
-                "event_id {:?} is not a UUID; the event id is every broker's dedup id, so it must be unique",
-                event_id.chars().take(64).collect::<String>()
-            )),
-        ),
+    let event_id = match uuid::Uuid::from_str(&event_id) {
+        Ok(id) => id,
+        Err(_) => {
+            problem.get_or_insert_with(|| {
+                format!(
+                    "event_id {:?} is not a UUID; the event id is every broker's dedup id, so it must be unique",
+                    event_id.chars().take(64).collect::<String>()
+                )
+            });
+            uuid::Uuid::nil()
+        }
     };
-    Ok(OutboxRow {
-        malformed,
+    let mut row = OutboxRow {
+        malformed: None,
+        // INTEGER PRIMARY KEY: always an integer.
         id: RowId(record.try_get("id")?),
         event_id,
-        aggregate_type: record.try_get("aggregate_type")?,
-        aggregate_id: record.try_get("aggregate_id")?,
-        event_type: record.try_get("event_type")?,
-        payload_json: record.try_get("payload_json")?,
-        payload_bytes: record.try_get("payload_bytes")?,
-        headers_json: record.try_get("headers_json")?,
-        tenant: record.try_get("tenant")?,
-        created_at_ms: record.try_get("created_at_ms")?,
-        attempts: record.try_get("attempts")?,
+        aggregate_type: lenient(record, "aggregate_type", "aggregate_type", &mut problem),
+        aggregate_id: lenient(record, "aggregate_id", "aggregate_id", &mut problem),
+        event_type: lenient(record, "event_type", "event_type", &mut problem),
+        payload_json: lenient(record, "payload_json", "payload", &mut problem),
+        payload_bytes: lenient(record, "payload_bytes", "payload_bytes", &mut problem),
+        headers_json: lenient(record, "headers_json", "headers", &mut problem),
+        tenant: lenient(record, "tenant", "tenant", &mut problem),
+        created_at_ms: lenient(record, "created_at_ms", "created_at", &mut problem),
+        attempts: lenient(record, "attempts", "attempts", &mut problem),
         deliveries: serde_json::from_str(&deliveries_json).unwrap_or_default(),
-    })
+    };
+    row.malformed = problem;
+    Ok(row)
 }
 
 fn duration_ms(duration: Duration) -> i64 {
@@ -148,6 +173,7 @@ impl Backend for Sqlite {
             "SELECT ({SQLITE_NOW_MS} - created_at) / 1000.0
                FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
                 AND (not_before IS NULL OR not_before <= {SQLITE_NOW_MS})
+                AND typeof(created_at) = 'integer'
               ORDER BY id LIMIT 1"
         ))
         .fetch_optional(&self.pool)
@@ -172,6 +198,7 @@ impl Backend for Sqlite {
         owner: &str,
         limit: u32,
         lease: Duration,
+        max_payload_bytes: usize,
     ) -> Result<Claim, Error> {
         let started = Instant::now();
         let lease_id = LeaseId(uuid::Uuid::new_v4());
@@ -181,12 +208,16 @@ impl Backend for Sqlite {
             .bind(lease_id.0.to_string())
             .bind(now_ms())
             .bind(duration_ms(lease))
+            .bind(i64::try_from(max_payload_bytes).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await?;
-        let mut rows = records
-            .iter()
-            .map(row_from_record)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut rows = Vec::with_capacity(records.len());
+        for record in &records {
+            let mut row = row_from_record(record)?;
+            let len: Option<i64> = record.try_get("payload_len").unwrap_or_default();
+            row.refuse_payload_over(max_payload_bytes, len.and_then(|len| usize::try_from(len).ok()));
+            rows.push(row);
+        }
         rows.sort_by_key(|row| row.id);
         Ok(Claim {
             lease: lease_id,
@@ -262,10 +293,12 @@ impl Backend for Sqlite {
 
     async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {
         let sql = format!(
-            "SELECT {ROW_COLUMNS} FROM switchyard_outbox WHERE status IN ('pending', 'in_flight') ORDER BY id LIMIT ?1"
+            "SELECT {} FROM switchyard_outbox WHERE status IN ('pending', 'in_flight') ORDER BY id LIMIT ?1",
+            ROW_COLUMNS.replace("__MAX__", "?2")
         );
         let records = sqlx::query(&sql)
             .bind(i64::from(limit))
+            .bind(i64::MAX)
             .fetch_all(&self.pool)
             .await?;
         Ok(records.iter().map(row_from_record).collect::<Result<_, _>>()?)

@@ -71,6 +71,31 @@ pub struct OutboxRow {
     pub malformed: Option<String>,
 }
 
+impl OutboxRow {
+    /// Refuses a payload over `max` bytes, as `relay.max_payload_bytes`
+    /// does at routing, as soon as the claim reads it, and lets it go: a
+    /// batch of such rows must never be held in memory at once. `len` is
+    /// the payload's size when the claim left the payload itself out.
+    pub fn refuse_payload_over(&mut self, max: usize, len: Option<usize>) {
+        let len = len.or_else(|| match (&self.payload_bytes, &self.payload_json) {
+            (Some(bytes), _) => Some(bytes.len()),
+            (None, json) => json.as_ref().map(String::len),
+        });
+        if let Some(len) = len
+            && len > max
+        {
+            self.payload_json = None;
+            self.payload_bytes = None;
+            self.malformed.get_or_insert_with(|| payload_over_limit(len, max));
+        }
+    }
+}
+
+/// Why a payload of `len` bytes is refused.
+pub fn payload_over_limit(len: usize, max: usize) -> String {
+    format!("payload is {len} bytes, over relay.max_payload_bytes ({max})")
+}
+
 /// A claimed batch.
 #[derive(Debug)]
 pub struct Claim {

@@ -4,38 +4,50 @@
 
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
 use sqlx::{PgPool, Row};
 
 use crate::store::Error;
+use crate::store::dialect::lenient;
 use crate::store::types::{Claim, LeaseId, OutboxRow, RowId};
 
 /// The columns every row query returns, in the order [`row_from_record`] reads.
 const ROW_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
           o.payload::text AS payload_json, o.payload_bytes, o.headers::text AS headers_json,
-          o.tenant, (extract(epoch FROM o.created_at) * 1000)::bigint AS created_at_ms,
+          o.tenant, CASE WHEN isfinite(o.created_at)
+                         THEN (extract(epoch FROM o.created_at) * 1000)::bigint END AS created_at_ms,
           o.attempts, o.deliveries::text AS deliveries_json";
 
 /// Reads a row selected with [`ROW_COLUMNS`] first. By position: a lookup by
 /// name hashes the column name, per column and row, on the claim path.
 fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Error> {
-    let deliveries_json: String = record.try_get(11)?;
-    Ok(OutboxRow {
-        // The column is a uuid: PostgreSQL refuses anything else at insert.
+    let mut problem = None;
+    // Written only by the relay; unreadable means "nothing acked yet".
+    let deliveries_json: String = lenient(record, 11, "deliveries", &mut None);
+    let created_at_ms: Option<i64> = lenient(record, 9, "created_at", &mut problem);
+    if created_at_ms.is_none() {
+        // Due at once, and its age cannot be computed: not an event time.
+        problem
+            .get_or_insert_with(|| "created_at is -infinity or infinity; it must be a point in time".into());
+    }
+    let mut row = OutboxRow {
         malformed: None,
         id: RowId(record.try_get(0)?),
-        event_id: record.try_get(1)?,
-        aggregate_type: record.try_get(2)?,
-        aggregate_id: record.try_get(3)?,
-        event_type: record.try_get(4)?,
-        payload_json: record.try_get(5)?,
-        payload_bytes: record.try_get(6)?,
-        headers_json: record.try_get(7)?,
-        tenant: record.try_get(8)?,
-        created_at_ms: record.try_get(9)?,
-        attempts: record.try_get(10)?,
-        // Written only by the relay; an unreadable value means "nothing acked yet".
+        // The column is a uuid: PostgreSQL refuses anything else at insert.
+        event_id: lenient(record, 1, "event_id", &mut problem),
+        aggregate_type: lenient(record, 2, "aggregate_type", &mut problem),
+        aggregate_id: lenient(record, 3, "aggregate_id", &mut problem),
+        event_type: lenient(record, 4, "event_type", &mut problem),
+        payload_json: lenient(record, 5, "payload", &mut problem),
+        payload_bytes: lenient(record, 6, "payload_bytes", &mut problem),
+        headers_json: lenient(record, 7, "headers", &mut problem),
+        tenant: lenient(record, 8, "tenant", &mut problem),
+        created_at_ms: created_at_ms.unwrap_or_default(),
+        attempts: lenient(record, 10, "attempts", &mut problem),
         deliveries: serde_json::from_str(&deliveries_json).unwrap_or_default(),
-    })
+    };
+    row.malformed = problem;
+    Ok(row)
 }
 
 /// What taking a row's lease sets, in both claim statements: `$2` owner,
@@ -241,7 +253,8 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 }
 
 /// Claims up to `limit` rows for `owner`, leased for `lease`; `v2` picks
-/// the statements of the v2 schema.
+/// the statements of the v2 schema. Rows are read one at a time as they
+/// arrive, and a payload over `max_payload_bytes` is let go at once.
 pub(super) async fn claim(
     pool: &PgPool,
     v2: bool,
@@ -249,6 +262,7 @@ pub(super) async fn claim(
     owner: &str,
     limit: u32,
     lease: Duration,
+    max_payload_bytes: usize,
 ) -> Result<Claim, Error> {
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
@@ -265,38 +279,42 @@ pub(super) async fn claim(
     sqlx::query(&claim_settings(lease_ms, v2))
         .execute(&mut *tx)
         .await?;
-    let records = match sqlx::query(sql)
-        .bind(i64::from(limit))
-        .bind(owner)
-        .bind(lease_id.0)
-        .bind(lease_ms)
-        .fetch_all(&mut *tx)
-        .await
-    {
+    let mut parked = 0;
+    let mut statement = None;
+    let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
+    let read = async {
+        let mut records = sqlx::query(sql)
+            .bind(i64::from(limit))
+            .bind(owner)
+            .bind(lease_id.0)
+            .bind(lease_ms)
+            .fetch(&mut *tx);
+        while let Some(record) = records.try_next().await? {
+            if v2 {
+                // The v2 statement returns one row even when it claimed none.
+                parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
+                let seconds: f64 = record.try_get("statement_s")?;
+                let ran = Duration::try_from_secs_f64(seconds).unwrap_or_default();
+                statement = Some(statement.map_or(ran, |s: Duration| s.max(ran)));
+                if record.try_get::<Option<i64>, _>(0)?.is_none() {
+                    continue;
+                }
+            }
+            let mut row = row_from_record(&record)?;
+            row.refuse_payload_over(max_payload_bytes, None);
+            rows.push(row);
+        }
+        Ok::<_, sqlx::Error>(())
+    };
+    match read.await {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(QUERY_CANCELED) => {
             return Err(Error::ClaimTimedOut {
                 after: started.elapsed(),
             });
         }
-        records => records?,
-    };
-    tx.commit().await?;
-    let mut parked = 0;
-    let mut statement = None;
-    let mut rows = Vec::with_capacity(records.len());
-    for record in &records {
-        if v2 {
-            // The v2 statement returns one row even when it claimed none.
-            parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
-            let seconds: f64 = record.try_get("statement_s")?;
-            let ran = Duration::try_from_secs_f64(seconds).unwrap_or_default();
-            statement = Some(statement.map_or(ran, |s: Duration| s.max(ran)));
-            if record.try_get::<Option<i64>, _>(0)?.is_none() {
-                continue;
-            }
-        }
-        rows.push(row_from_record(record)?);
+        read => read?,
     }
+    tx.commit().await?;
     // UPDATE ... RETURNING gives no order guarantee.
     rows.sort_by_key(|row| row.id);
     Ok(Claim {

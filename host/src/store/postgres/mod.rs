@@ -114,6 +114,8 @@ impl Backend for Postgres {
             "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
                FROM switchyard_outbox WHERE status IN ('pending', 'parked', 'held', 'in_flight')
                 AND (not_before IS NULL OR not_before <= now())
+                -- PostgreSQL before 17 cannot subtract an infinite time.
+                AND isfinite(created_at)
               ORDER BY id LIMIT 1",
         )
         .fetch_optional(&self.pool)
@@ -138,9 +140,11 @@ impl Backend for Postgres {
         owner: &str,
         limit: u32,
         lease: Duration,
+        max_payload_bytes: usize,
     ) -> Result<Claim, Error> {
         let v2 = self.v2().await?;
-        claim::claim(&self.pool, v2, dead_letter_blocks, owner, limit, lease).await
+        let blocks = dead_letter_blocks;
+        claim::claim(&self.pool, v2, blocks, owner, limit, lease, max_payload_bytes).await
     }
 
     async fn ack(
