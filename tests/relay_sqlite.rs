@@ -1,6 +1,7 @@
 //! The relay on the embedded SQLite outbox: per-aggregate order, retry with
-//! backoff then dead-letter, and at-least-once delivery after a crash, checked
-//! in what the file target wrote.
+//! backoff then dead-letter, at-least-once delivery after a crash, and rows
+//! it cannot read or hold refused alone, checked in what the file target
+//! wrote.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -161,5 +162,87 @@ async fn sqlite_relay_keeps_order_retries_dead_letters_and_survives_a_crash() {
         duplicates <= 200,
         "duplicates bounded by the crashed batches: {duplicates}"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Rows the relay cannot read or would not hold (a text `created_at` set by
+/// an UPDATE, payloads over `max_payload_bytes`) are dead-lettered alone,
+/// naming why, while the relay publishes everything around them in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_relay_refuses_unreadable_and_oversized_rows_alone() {
+    init_logging();
+    let dir = std::env::temp_dir().join(format!("sy-sqlite-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("outbox.db").display());
+    let out = dir.join("out.jsonl");
+    let store = switchyard::store::OutboxStore::connect(&url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(2 << 20));
+    for seq in 0..10 {
+        for aggregate in ["a", "b", "c"] {
+            let payload = if aggregate == "c" && seq % 3 == 0 {
+                big.clone()
+            } else {
+                serde_json::json!({ "seq": seq }).to_string()
+            };
+            sqlx::query(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('order', ?1, 'OrderUpdated', ?2)",
+            )
+            .bind(aggregate)
+            .bind(payload)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    }
+    sqlx::query("UPDATE switchyard_outbox SET created_at = 'yesterday' WHERE aggregate_id = 'b' AND payload = '{\"seq\":4}'")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let relay = InProcess::start(&parse(&config(&url, &out))).await;
+    let count = |status: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM switchyard_outbox WHERE status = ?1")
+                .bind(status)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    eventually("all settled", Duration::from_secs(30), || async {
+        (count("published").await + count("dead").await == 30).then_some(())
+    })
+    .await;
+    relay.stop().await;
+
+    let dead: Vec<(String, String)> = sqlx::query_as(
+        "SELECT aggregate_id, last_error FROM switchyard_outbox WHERE status = 'dead' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(dead.len(), 5, "{dead:?}");
+    for (aggregate, error) in &dead {
+        let expected = if aggregate == "b" {
+            "column created_at holds TEXT where INTEGER is expected"
+        } else {
+            "over relay.max_payload_bytes (1048576)"
+        };
+        assert!(error.contains(expected), "{aggregate}: {error}");
+    }
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut last: HashMap<String, i64> = HashMap::new();
+    for line in text.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        let aggregate = line["key"].as_str().unwrap().to_string();
+        let seq = line["payload"]["seq"].as_i64().unwrap();
+        let previous = last.insert(aggregate.clone(), seq);
+        assert!(previous < Some(seq), "{aggregate}: {previous:?} then {seq}");
+    }
+    assert_eq!(text.lines().count(), 25, "everything else published once");
     let _ = std::fs::remove_dir_all(dir);
 }
