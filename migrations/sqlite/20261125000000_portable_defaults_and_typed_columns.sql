@@ -5,7 +5,9 @@
 -- "NOT NULL constraint failed". julianday('now') has millisecond precision
 -- and works on every SQLite version. A default cannot be altered in place,
 -- so the table is rebuilt (SQLite's documented procedure: new table, copy,
--- drop, rename, then its indexes and triggers again).
+-- drop, rename, then its indexes and triggers again). The copy holds the
+-- write lock, and services' inserts wait, for as long as it takes: on a
+-- large outbox, run it with the relay stopped, after retention trimmed it.
 CREATE TABLE switchyard_outbox_rebuilt (
     id               INTEGER PRIMARY KEY AUTOINCREMENT,
     event_id         TEXT    NOT NULL UNIQUE DEFAULT (
