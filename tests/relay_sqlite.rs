@@ -44,17 +44,45 @@ path = "{out}"
     )
 }
 
+/// A migrated SQLite outbox in a directory of its own, beside the file
+/// target's output.
+struct Outbox {
+    dir: std::path::PathBuf,
+    url: String,
+    out: std::path::PathBuf,
+    pool: sqlx::SqlitePool,
+}
+
+impl Outbox {
+    async fn fresh() -> Outbox {
+        let dir = std::env::temp_dir().join(format!("sy-sqlite-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("outbox.db").display());
+        let store = switchyard::store::OutboxStore::connect(&url, 2).await.unwrap();
+        store.migrate().await.unwrap();
+        Outbox {
+            out: dir.join("out.jsonl"),
+            pool: sqlx::SqlitePool::connect(&url).await.unwrap(),
+            url,
+            dir,
+        }
+    }
+}
+
+/// Rows in a status.
+async fn count(pool: &sqlx::SqlitePool, status: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = ?1")
+        .bind(status)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_relay_keeps_order_retries_dead_letters_and_survives_a_crash() {
     init_logging();
     let _heavy = exclusive().await;
-    let dir = std::env::temp_dir().join(format!("sy-sqlite-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}", dir.join("outbox.db").display());
-    let out = dir.join("out.jsonl");
-    let store = switchyard::store::OutboxStore::connect(&url, 2).await.unwrap();
-    store.migrate().await.unwrap();
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let Outbox { dir, url, out, pool } = Outbox::fresh().await;
 
     let mut expected = HashMap::new();
     for seq in 0..40 {
@@ -71,16 +99,7 @@ async fn sqlite_relay_keeps_order_retries_dead_letters_and_survives_a_crash() {
             expected.insert(id, (format!("o-{aggregate}"), seq));
         }
     }
-    let count = |status: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM switchyard_outbox WHERE status = ?1")
-                .bind(status)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
+    let count = |status: &'static str| count(&pool, status);
 
     let config = parse(&config(&url, &out));
     // Crash mid-batch: an abort between batches leaves no lease behind, so
@@ -171,13 +190,7 @@ async fn sqlite_relay_keeps_order_retries_dead_letters_and_survives_a_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_relay_refuses_unreadable_and_oversized_rows_alone() {
     init_logging();
-    let dir = std::env::temp_dir().join(format!("sy-sqlite-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}", dir.join("outbox.db").display());
-    let out = dir.join("out.jsonl");
-    let store = switchyard::store::OutboxStore::connect(&url, 2).await.unwrap();
-    store.migrate().await.unwrap();
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let Outbox { dir, url, out, pool } = Outbox::fresh().await;
     let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(2 << 20));
     for seq in 0..10 {
         for aggregate in ["a", "b", "c"] {
@@ -203,16 +216,7 @@ async fn sqlite_relay_refuses_unreadable_and_oversized_rows_alone() {
         .unwrap();
 
     let relay = InProcess::start(&parse(&config(&url, &out))).await;
-    let count = |status: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM switchyard_outbox WHERE status = ?1")
-                .bind(status)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
+    let count = |status: &'static str| count(&pool, status);
     eventually("all settled", Duration::from_secs(30), || async {
         (count("published").await + count("dead").await == 30).then_some(())
     })

@@ -291,11 +291,13 @@ pub(super) async fn claim(
             .fetch(&mut *tx);
         while let Some(record) = records.try_next().await? {
             if v2 {
-                // The v2 statement returns one row even when it claimed none.
-                parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
-                let seconds: f64 = record.try_get("statement_s")?;
-                let ran = Duration::try_from_secs_f64(seconds).unwrap_or_default();
-                statement = Some(statement.map_or(ran, |s: Duration| s.max(ran)));
+                // The v2 statement returns one row even when it claimed none;
+                // every row carries the same statement-wide figures.
+                if statement.is_none() {
+                    parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
+                    let seconds: f64 = record.try_get("statement_s")?;
+                    statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
+                }
                 if record.try_get::<Option<i64>, _>(0)?.is_none() {
                     continue;
                 }
