@@ -554,6 +554,27 @@ async fn sqlite_writers_get_a_specific_error_for_mistyped_columns() {
         ("payload", "X'7b7d'", "payload must be JSON as TEXT"),
         ("payload_bytes", "'text'", "payload_bytes a BLOB"),
         ("tenant", "X'00'", "tenant TEXT"),
+        // The unit, not the type: seconds and microseconds.
+        (
+            "created_at",
+            "1795458299",
+            "this looks like seconds or microseconds",
+        ),
+        (
+            "created_at",
+            "1795458299678000",
+            "this looks like seconds or microseconds",
+        ),
+        (
+            "not_before",
+            "1795458299",
+            "this looks like seconds or microseconds",
+        ),
+        (
+            "not_before",
+            "1795458299678000",
+            "this looks like seconds or microseconds",
+        ),
     ] {
         let sql = format!(
             "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, {column})
@@ -571,6 +592,51 @@ async fn sqlite_writers_get_a_specific_error_for_mistyped_columns() {
     .await
     .unwrap();
     assert_eq!(db.count("pending").await, 1);
+}
+
+/// PostgreSQL's identity column refuses an id from the writer. SQLite took
+/// one: an id below the last one claimed an aggregate's later event ahead
+/// of the events before it.
+#[tokio::test]
+async fn sqlite_writers_cannot_choose_the_id() {
+    let db = TestOutbox::sqlite().await;
+    let pool = db.sqlite_pool();
+    let insert = |id: &str| {
+        format!(
+            "INSERT INTO switchyard_outbox (id, aggregate_type, aggregate_id, event_type, payload)
+             VALUES ({id}, 'order', 'o-1', 'OrderUpdated', '{{}}')"
+        )
+    };
+    for _ in 0..3 {
+        db.insert(1, 0, None).await;
+    }
+    for id in ["1", "2", "100", "0", "-1", "-5"] {
+        let error = sqlx::query(&insert(id))
+            .execute(&pool)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("switchyard_outbox.id is assigned by the outbox"),
+            "id {id}: {error}"
+        );
+    }
+    let error = sqlx::query("UPDATE switchyard_outbox SET id = 50 WHERE id = 3")
+        .execute(&pool)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("switchyard_outbox.id is assigned by the outbox"),
+        "{error}"
+    );
+    // An explicit NULL is the default, as SQLite has it.
+    sqlx::query(&insert("NULL")).execute(&pool).await.unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM switchyard_outbox ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ids, [1, 2, 3, 4]);
 }
 
 /// Services write the SQLite outbox with their own SQLite library, often
