@@ -45,6 +45,7 @@ on_both_backends!(
     published_rows_can_be_deleted_or_archived_by_the_ack,
     a_row_the_relay_cannot_read_is_refused_alone,
     payloads_over_the_limit_are_let_go_as_the_claim_reads_them,
+    a_writers_created_at_in_the_future_delays_nothing,
 );
 
 fn event(aggregate: usize, seq: usize) -> NewEvent {
@@ -246,6 +247,41 @@ async fn delayed_rows_wait_for_not_before(db: TestOutbox) {
         stats.oldest_pending_age_seconds.is_some(),
         "the row held behind the delayed one is pending"
     );
+}
+
+/// `created_at` is the writer's: many set it from the application's clock,
+/// which may run ahead, or write local time where UTC is read (nine hours
+/// ahead at UTC+9). Only `not_before` delays an event.
+async fn a_writers_created_at_in_the_future_delays_nothing(db: TestOutbox) {
+    let ahead = |aggregate: &str| {
+        if db.kind == "postgres" {
+            format!(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+                 VALUES ('order', '{aggregate}', 'OrderUpdated', '{{}}', now() + interval '9 hours')"
+            )
+        } else {
+            format!(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+                 VALUES ('order', '{aggregate}', 'OrderUpdated', '{{}}',
+                         CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + 9 * 3600000)"
+            )
+        }
+    };
+    db.execute(&ahead("o-1")).await;
+    db.insert(1, 1, None).await;
+    db.insert(2, 0, None).await;
+    let claim = db.store.claim("a", 10, LEASE).await.unwrap();
+    let mut claimed: Vec<_> = claim.rows.iter().map(|row| row.aggregate_id.as_str()).collect();
+    claimed.sort_unstable();
+    assert_eq!(claimed, ["o-1", "o-2"], "the heads of both aggregates, at once");
+    let first_of_o1 = claim.rows.iter().find(|row| row.aggregate_id == "o-1").unwrap();
+    assert_eq!(
+        first_of_o1.payload_json.as_deref(),
+        Some("{}"),
+        "o-1's first event, not the one behind it"
+    );
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.delayed), (1, 0), "{stats:?}");
 }
 
 async fn shutdown_release_makes_rows_claimable_without_counting_an_attempt(db: TestOutbox) {

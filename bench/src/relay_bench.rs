@@ -329,7 +329,7 @@ async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
                 let mut tx = pool.begin().await?;
                 let ids: Vec<i64> = sqlx::query_scalar(
                     "SELECT id FROM switchyard_outbox WHERE queue = 1
-                      ORDER BY GREATEST(next_attempt_at, not_before, created_at), id
+                      ORDER BY GREATEST(next_attempt_at, not_before), id
                       LIMIT $1 FOR UPDATE SKIP LOCKED",
                 )
                 .bind(batch)

@@ -82,6 +82,10 @@ pub async fn fresh_db() -> TestDb {
 /// column and its indexes).
 pub const CLAIM_V2_MIGRATION: i64 = 20_261_124_000_000;
 
+/// The migration after which a queued row is due from its insert, not from
+/// the writer's `created_at`.
+pub const DUE_FROM_INSERT_MIGRATION: i64 = 20_261_126_000_000;
+
 /// Runs the outbox migrations older than `version`: an outbox as an older
 /// release left it.
 ///

@@ -61,10 +61,25 @@ const TAKE_LEASE: &str = "status = 'in_flight',
 /// SQLSTATE of a statement cancelled by `statement_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
+/// When a queued row is due, as the due index has it: since migration
+/// 20261126000000 (`switchyard_outbox_due_since_insert_idx`) from the
+/// insert, before it (`switchyard_outbox_due_idx`) from the writer's
+/// `created_at` too. Each claim asks which index is there, so a relay
+/// deployed before `switchyard migrate` runs, or running while it does,
+/// claims through an index, never by a scan of the table.
+const DUE: &str = "GREATEST(o.next_attempt_at, o.not_before)";
+const DUE_FROM_CREATED_AT: &str = "GREATEST(o.next_attempt_at, o.not_before, o.created_at)";
+
 /// The claim statements, assembled once: index 0 lets later events of an
 /// aggregate pass a dead-lettered one, index 1 keeps them waiting.
-static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> =
+    std::sync::LazyLock::new(|| claim_statements(DUE));
+static CLAIM_STATEMENTS_DUE_FROM_CREATED_AT: std::sync::LazyLock<[String; 2]> =
+    std::sync::LazyLock::new(|| claim_statements(DUE_FROM_CREATED_AT));
+
+fn claim_statements(due: &str) -> [String; 2] {
     let base = CLAIM_SQL
+        .replace("__DUE__", due)
         .replace("__TAKE_LEASE__", TAKE_LEASE)
         .replace("__ROW_COLUMNS__", ROW_COLUMNS)
         .replace("__PARK_LIMIT__", &PARK_LIMIT.to_string());
@@ -76,7 +91,7 @@ static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock:
             .replace("__HELD__", "")
             .replace("__OR_HELD__", ""),
     ]
-});
+}
 
 /// Rows one claim parks at most. Parking writes each row's index entries
 /// anew; a backlog of blocked rows is parked over several claims, each kept
@@ -130,9 +145,9 @@ WITH due AS MATERIALIZED (
     SELECT o.id, o.aggregate_type, o.aggregate_id
       FROM switchyard_outbox o
      WHERE o.queue = 1
-       AND GREATEST(o.next_attempt_at, o.not_before, o.created_at) <= now()
+       AND __DUE__ <= now()
        AND (o.status = 'pending' OR o.lease_expires_at < now())
-     ORDER BY GREATEST(o.next_attempt_at, o.not_before, o.created_at), o.id
+     ORDER BY __DUE__, o.id
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), __HELD__cand AS (
@@ -216,22 +231,24 @@ UPDATE switchyard_outbox o
 RETURNING __ROW_COLUMNS__
 "#;
 
-/// Settings for the claim transaction. The statement timeout bounds a claim
-/// to half the lease. The planner settings leave it one way to run the v2
-/// statement - index probes in nested loops - so statistics taken while the
-/// outbox was drained cannot send it into a scan of the backlog.
+/// Settings for the claim transaction; it returns whether the due index
+/// still reads `created_at` (see [`DUE`]). The statement timeout bounds a
+/// claim to half the lease. The planner settings leave it one way to run
+/// the v2 statement - index probes in nested loops - so statistics taken
+/// while the outbox was drained cannot send it into a scan of the backlog.
 fn claim_settings(lease_ms: i64, v2: bool) -> String {
     let timeout = (lease_ms / 2).max(1);
     if v2 {
         format!(
-            "SELECT set_config('statement_timeout', '{timeout}', true),
+            "SELECT to_regclass('switchyard_outbox_due_idx') IS NOT NULL,
+                    set_config('statement_timeout', '{timeout}', true),
                     set_config('enable_seqscan', 'off', true),
                     set_config('enable_bitmapscan', 'off', true),
                     set_config('enable_hashjoin', 'off', true),
                     set_config('enable_mergejoin', 'off', true)"
         )
     } else {
-        format!("SELECT set_config('statement_timeout', '{timeout}', true)")
+        format!("SELECT false, set_config('statement_timeout', '{timeout}', true)")
     }
 }
 
@@ -266,19 +283,19 @@ pub(super) async fn claim(
 ) -> Result<Claim, Error> {
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
-    let statements = if v2 {
-        &CLAIM_STATEMENTS
-    } else {
-        &CLAIM_V1_STATEMENTS
-    };
-    let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     // A claim slower than half the lease is of no use: its rows could not
     // be published before the lease ends.
     let mut tx = pool.begin().await?;
-    sqlx::query(&claim_settings(lease_ms, v2))
-        .execute(&mut *tx)
+    let due_from_created_at: bool = sqlx::query_scalar(&claim_settings(lease_ms, v2))
+        .fetch_one(&mut *tx)
         .await?;
+    let statements = match (v2, due_from_created_at) {
+        (false, _) => &CLAIM_V1_STATEMENTS,
+        (true, true) => &CLAIM_STATEMENTS_DUE_FROM_CREATED_AT,
+        (true, false) => &CLAIM_STATEMENTS,
+    };
+    let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
     let mut parked = 0;
     let mut statement = None;
     let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
