@@ -10,7 +10,7 @@ use std::time::Duration;
 use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
-    CLAIM_V2_MIGRATION, NewEvent, fresh_db, fresh_db_before, place_order_event,
+    CLAIM_V2_MIGRATION, DUE_FROM_INSERT_MIGRATION, NewEvent, fresh_db, fresh_db_before, place_order_event,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -959,4 +959,184 @@ async fn an_outbox_not_yet_migrated_is_relayed_and_operated_with_the_v1_statemen
         store.status_counts(&replayed).await.unwrap().get("pending"),
         Some(&1)
     );
+}
+
+/// Index entries read from the due index (whichever the schema has), as
+/// the statistics have it so far.
+async fn due_index_entries_read(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+          WHERE indexrelname IN ('switchyard_outbox_due_idx', 'switchyard_outbox_due_since_insert_idx')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Index entries a claim read from the due index, once the statistics
+/// show it: a backend reports them up to 10 s after its transaction.
+async fn due_index_entries_read_since(pool: &sqlx::PgPool, before: i64) -> i64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = due_index_entries_read(pool).await;
+        if now > before || std::time::Instant::now() > deadline {
+            return now - before;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A relay is deployed before `switchyard migrate` runs, and keeps running
+/// while it does. Its claims must read the due index the schema has at the
+/// time, from its start: a statement written for the other index still
+/// uses the partial index, but reads all of it (the whole backlog) and
+/// sorts.
+#[tokio::test]
+async fn claims_follow_the_due_index_across_the_migration_that_changes_it() {
+    let db = fresh_db_before(DUE_FROM_INSERT_MIGRATION).await;
+    for aggregate in 0..60 {
+        place_order_event(&db.pool, &event(aggregate, 0), true).await;
+    }
+    let store = OutboxStore::new(db.pool.clone());
+    let before = due_index_entries_read(&db.pool).await;
+    assert_eq!(store.claim("a", 1, LEASE).await.unwrap().rows.len(), 1);
+    let read = due_index_entries_read_since(&db.pool, before).await;
+    assert!(
+        (1..10).contains(&read),
+        "before the migration, a claim of one row read {read} entries of the due index"
+    );
+
+    // Another process migrates; this store keeps running.
+    OutboxStore::new(db.pool.clone()).migrate().await.unwrap();
+    let before = due_index_entries_read(&db.pool).await;
+    assert_eq!(store.claim("a", 1, LEASE).await.unwrap().rows.len(), 1);
+    let read = due_index_entries_read_since(&db.pool, before).await;
+    assert!(
+        (1..10).contains(&read),
+        "after the migration, a claim of one row read {read} entries of the due index"
+    );
+}
+
+/// A DBA may set `lock_timeout` or `statement_timeout` on the relay's role,
+/// and then an ack is cancelled now and then: here, waiting for a session
+/// that holds its row `FOR SHARE` (as a claim does, briefly, with the row
+/// an event waits behind). That is not the database refusing the row's
+/// outcome: the row was published and must not be dead-lettered. The ack
+/// is tried again; if the row is held longer than that, the ack fails and
+/// the row comes back when its lease ends.
+#[tokio::test]
+async fn a_cancelled_ack_does_not_dead_letter_a_published_row() {
+    let db = fresh_db().await;
+    sqlx::query(&format!("ALTER DATABASE {} SET lock_timeout = '300ms'", db.name))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let store = OutboxStore::connect(&db.url, 4).await.unwrap();
+    for (aggregate, held_ms, recorded) in [(1, 500, "published"), (2, 3_000, "in_flight")] {
+        place_order_event(&db.pool, &event(aggregate, 0), true).await;
+        let claim = store.claim("a", 10, LEASE).await.unwrap();
+        assert_eq!(claim.rows.len(), 1);
+        let id = claim.rows[0].id;
+        let mut holder = db.pool.begin().await.unwrap();
+        sqlx::query("SET LOCAL lock_timeout = 0")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        sqlx::query("SELECT 1 FROM switchyard_outbox WHERE id = $1 FOR SHARE")
+            .bind(id.0)
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(held_ms)).await;
+            holder.commit().await.unwrap();
+        });
+        let acked = store.ack(claim.lease, &[outcome(id, Outcome::Published)]).await;
+        release.await.unwrap();
+        let (status, error) = sqlx::query_as::<_, (String, Option<String>)>(
+            "SELECT status, last_error FROM switchyard_outbox WHERE id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(status, recorded, "held {held_ms} ms: {error:?}, ack {acked:?}");
+        match acked {
+            Ok(ids) => assert_eq!(ids, [id]),
+            Err(error) => assert!(error.to_string().contains("lock timeout"), "{error}"),
+        }
+    }
+}
+
+/// A DBA may make SERIALIZABLE (or REPEATABLE READ) the database's default
+/// isolation. The claim and ack are written for READ COMMITTED, where a row
+/// another claim just changed is re-checked or skipped; at a stricter level
+/// PostgreSQL fails such statements with serialization errors instead.
+#[tokio::test]
+async fn a_stricter_default_isolation_does_not_reach_the_relays_statements() {
+    let db = fresh_db().await;
+    sqlx::query(&format!(
+        "ALTER DATABASE {} SET default_transaction_isolation = 'serializable'",
+        db.name
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    const AGGREGATES: usize = 12;
+    const EVENTS: usize = 30;
+    for seq in 0..EVENTS {
+        for aggregate in 0..AGGREGATES {
+            place_order_event(&db.pool, &event(aggregate, seq), true).await;
+        }
+    }
+    let store = OutboxStore::connect(&db.url, 12).await.unwrap();
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut workers = Vec::new();
+    for worker in 0..4 {
+        let store = store.clone();
+        let errors = errors.clone();
+        workers.push(tokio::spawn(async move {
+            while tokio::time::Instant::now() < deadline {
+                let claim = match store.claim(&format!("w{worker}"), 5, LEASE).await {
+                    Ok(claim) => claim,
+                    Err(error) => {
+                        errors.lock().unwrap().push(format!("claim: {error}"));
+                        continue;
+                    }
+                };
+                if claim.rows.is_empty() {
+                    if store.backlog().await.unwrap().0 == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                let outcomes: Vec<RowOutcome> = claim
+                    .rows
+                    .iter()
+                    .map(|row| outcome(row.id, Outcome::Published))
+                    .collect();
+                if let Err(error) = store.ack(claim.lease, &outcomes).await {
+                    errors.lock().unwrap().push(format!("ack: {error}"));
+                }
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let errors = std::mem::take(&mut *errors.lock().unwrap());
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        errors.first()
+    );
+    assert_eq!(store.backlog().await.unwrap().0, 0);
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status <> 'published'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0);
 }

@@ -152,11 +152,24 @@ impl OutboxStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(CONNECT_TIMEOUT)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // The statements are written for READ COMMITTED: a row
+                    // another claim just changed is re-checked or skipped.
+                    // A stricter default set on the database or role (a
+                    // DBA's choice) fails them with serialization errors.
+                    sqlx::query("SET default_transaction_isolation = 'read committed'")
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            })
             .connect_lazy_with(options);
         Ok(OutboxStore::new(pool))
     }
 
-    /// Wraps an existing PostgreSQL pool.
+    /// Wraps an existing PostgreSQL pool, whose connections must run READ
+    /// COMMITTED (PostgreSQL's default; [`OutboxStore::connect`] sees to it).
     pub fn new(pool: PgPool) -> OutboxStore {
         OutboxStore {
             backend: AnyBackend::Postgres(postgres::Postgres::new(pool)),
@@ -321,15 +334,58 @@ impl OutboxStore {
     /// [`Error::Database`].
     ///
     /// No row's content can make the others' ack fail: when the database
-    /// refuses the batch statement itself (not a lost connection), the rows
-    /// are recorded one by one, and a row refused on its own is dead-lettered
-    /// with the database's reason and no delivery state.
+    /// refuses the batch statement itself (not a lost connection, not a
+    /// cancelled statement or a busy database), the rows are recorded one by
+    /// one, and a row refused on its own is dead-lettered with the
+    /// database's reason and no delivery state. A statement cancelled by a
+    /// timeout, a deadlock or a busy database is tried again twice; the
+    /// ack is fenced by the lease, so trying again cannot record anything
+    /// twice.
     pub async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
+        let mut pauses = [Duration::from_millis(100), Duration::from_millis(500)].into_iter();
+        loop {
+            match self.ack_once(lease, outcomes).await {
+                Err(Error::Database(sqlx::Error::Database(e))) if self.transient(e.as_ref()) => {
+                    let Some(pause) = pauses.next() else {
+                        return Err(Error::Database(sqlx::Error::Database(e)));
+                    };
+                    tracing::debug!(error = %e, "Recording a batch's outcomes was interrupted; trying again.");
+                    tokio::time::sleep(pause).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Whether a database error says nothing about the rows: a cancelled
+    /// statement (statement or lock timeout, an operator), a deadlock or
+    /// serialization failure, a busy or locked database, resources or the
+    /// connection running out. Only other errors are the database refusing
+    /// what a row holds.
+    fn transient(&self, error: &dyn sqlx::error::DatabaseError) -> bool {
+        let Some(code) = error.code() else {
+            return false;
+        };
+        match self.backend {
+            // SQLSTATE classes: 08 connection, 40 transaction rollback, 53
+            // insufficient resources, 55 lock not available, 57 operator
+            // intervention (query_canceled among them), 58 system error.
+            AnyBackend::Postgres(_) => matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57" | "58")),
+            // Primary result codes: BUSY, LOCKED, IOERR, FULL.
+            AnyBackend::Sqlite(_) => code
+                .parse::<i32>()
+                .is_ok_and(|code| matches!(code & 0xff, 5 | 6 | 10 | 13)),
+        }
+    }
+
+    async fn ack_once(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
         match self.ack_batch(lease, outcomes).await {
-            Err(Error::Database(sqlx::Error::Database(refused))) if outcomes.len() > 1 => {
+            Err(Error::Database(sqlx::Error::Database(refused)))
+                if outcomes.len() > 1 && !self.transient(refused.as_ref()) =>
+            {
                 tracing::warn!(
                     error = %refused,
                     rows = outcomes.len(),
@@ -342,7 +398,7 @@ impl OutboxStore {
                 Ok(acked)
             }
             // One row refused: sending it again alone would be refused again.
-            Err(Error::Database(sqlx::Error::Database(refused))) => {
+            Err(Error::Database(sqlx::Error::Database(refused))) if !self.transient(refused.as_ref()) => {
                 self.ack_dead(lease, &outcomes[0], refused.as_ref()).await
             }
             other => other,
@@ -370,7 +426,7 @@ impl OutboxStore {
     /// with the reason instead, so that the row cannot come back every lease.
     async fn ack_alone(&self, lease: LeaseId, row: &RowOutcome) -> Result<Vec<RowId>, Error> {
         match self.ack_batch(lease, std::slice::from_ref(row)).await {
-            Err(Error::Database(sqlx::Error::Database(refused))) => {
+            Err(Error::Database(sqlx::Error::Database(refused))) if !self.transient(refused.as_ref()) => {
                 self.ack_dead(lease, row, refused.as_ref()).await
             }
             other => other,
