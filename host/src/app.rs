@@ -20,12 +20,23 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     for warning in config.warnings() {
         tracing::warn!(%warning, "Config weakens a delivery guarantee.");
     }
-    let store = OutboxStore::connect(&config.database.url, config.database.max_connections)
-        .await
-        .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))?
-        .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
-        .with_published_rows(config.relay.published_rows)
-        .with_max_payload_bytes(config.relay.max_payload_bytes);
+    // The identity is fixed here, not in the relay, so that the database
+    // connections carry it too.
+    let mut relay_config = config.relay.clone();
+    let owner = relay_config
+        .instance_id
+        .get_or_insert_with(crate::relay::default_owner)
+        .clone();
+    let store = OutboxStore::connect_as(
+        &config.database.url,
+        config.database.max_connections,
+        &format!("switchyard {owner}"),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))?
+    .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
+    .with_published_rows(config.relay.published_rows)
+    .with_max_payload_bytes(config.relay.max_payload_bytes);
     check_schema(&store).await?;
     let capture = match crate::cli::check_source(config, &store).await? {
         Some((_, Some(problem))) => anyhow::bail!(problem),

@@ -299,6 +299,14 @@ pub async fn kill_while_holding_leases(
         .await
         .unwrap()
     };
+    let sessions_of_a = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'switchyard relay-a' AND datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
     for _ in 0..5 {
         let mut a = Process::spawn(binary, config, "relay-a");
         after_spawn();
@@ -308,9 +316,18 @@ pub async fn kill_while_holding_leases(
             || async { (held_by_a().await > 0).then_some(()) },
         )
         .await;
+        // Each relay names its connections after its instance id.
+        assert!(sessions_of_a().await > 0, "relay-a's sessions carry its name");
         a.kill();
-        // An ack A sent just before dying still commits server-side; let it land.
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // An ack A sent just before dying still runs, and commits, on the
+        // server: count only once its sessions are gone, after their last
+        // statement. A fixed pause fell short on a loaded machine.
+        crate::eventually(
+            "relay-a's sessions end",
+            std::time::Duration::from_secs(60),
+            || async { (sessions_of_a().await == 0).then_some(()) },
+        )
+        .await;
         let orphaned = held_by_a().await;
         if orphaned > 0 {
             return orphaned;

@@ -363,7 +363,9 @@ impl Relay {
     }
 }
 
-fn default_owner() -> String {
+/// A relay's identity when the config names none: host name, process id
+/// and a random suffix, so that a restarted process is a new owner.
+pub(crate) fn default_owner() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".to_string());

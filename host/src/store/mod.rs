@@ -116,6 +116,21 @@ impl OutboxStore {
     /// # Errors
     /// [`Error::Database`] when the database is unreachable or the URL is bad.
     pub async fn connect(url: &str, max_connections: u32) -> Result<OutboxStore, Error> {
+        OutboxStore::connect_as(url, max_connections, "switchyard").await
+    }
+
+    /// [`OutboxStore::connect`], with the `application_name` PostgreSQL
+    /// shows for each connection (`pg_stat_activity`, logs) unless the URL
+    /// sets one: a relay passes its instance id, so that an operator can
+    /// tell which relay a session, a lock or a slow statement belongs to.
+    ///
+    /// # Errors
+    /// As [`OutboxStore::connect`].
+    pub async fn connect_as(
+        url: &str,
+        max_connections: u32,
+        application_name: &str,
+    ) -> Result<OutboxStore, Error> {
         if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -130,8 +145,11 @@ impl OutboxStore {
         }
         // The relay logs slow claims itself, in one line; sqlx would add the
         // whole statement text at WARN each time.
-        let options = PgConnectOptions::from_str(url)?
+        let mut options = PgConnectOptions::from_str(url)?
             .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
+        if options.get_application_name().is_none() {
+            options = options.application_name(application_name);
+        }
         // One connection first, alone: a pool reports an unreachable server
         // or a missing database only as "pool timed out".
         let at = format!(
