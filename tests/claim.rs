@@ -1140,3 +1140,86 @@ async fn a_stricter_default_isolation_does_not_reach_the_relays_statements() {
         .unwrap();
     assert_eq!(dead, 0);
 }
+
+/// Rows of the outbox table read so far, by scans and index fetches, as
+/// the statistics have it once the reading backend has reported.
+async fn outbox_rows_read_since(pool: &sqlx::PgPool, before: Option<i64>) -> i64 {
+    let read = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT (COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0))::bigint
+               FROM pg_stat_user_tables WHERE relname = 'switchyard_outbox'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let Some(before) = before else {
+        return read().await;
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = read().await;
+        if now > before || std::time::Instant::now() > deadline {
+            return now - before;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The oldest-pending age is read at every scrape. Published rows kept for
+/// retention are most of the table; the figure must not read them.
+#[tokio::test]
+async fn the_oldest_pending_age_reads_no_published_rows() {
+    let db = fresh_db().await;
+    let insert = |created: &str, not_before: &str| {
+        format!(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, created_at, not_before)
+             VALUES ('order', 'o-' || gen_random_uuid(), 'OrderPaid', '{{}}', {created}, {not_before})"
+        )
+    };
+    sqlx::query(
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at)
+         SELECT 'order', 'kept-' || g, 'OrderPaid', '{}', 'published', now() FROM generate_series(1, 5000) g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // Delayed rows are not waiting yet, whatever their age.
+    for _ in 0..3 {
+        sqlx::query(&insert("now() - interval '5 hours'", "now() + interval '1 hour'"))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(&insert("now() - interval '1 hour'", "NULL"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // A backlog as large as what is kept, with fresh statistics: walking
+    // the primary key from the lowest id looks cheap to a planner that
+    // expects waiting rows spread among the published ones.
+    sqlx::query(
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+         SELECT 'order', 'queued-' || g, 'OrderPaid', '{}' FROM generate_series(1, 5000) g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE switchyard_outbox")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let store = OutboxStore::new(db.pool.clone());
+    let before = outbox_rows_read_since(&db.pool, None).await;
+    let age = store.oldest_pending_age().await.unwrap().unwrap();
+    let read = outbox_rows_read_since(&db.pool, Some(before)).await;
+    assert!(
+        (3590.0..3700.0).contains(&age),
+        "the row written an hour ago: {age}"
+    );
+    assert!(
+        (1..10).contains(&read),
+        "with 5,000 published rows kept, the oldest-pending age read {read} rows"
+    );
+}

@@ -110,16 +110,24 @@ impl Backend for Postgres {
     }
 
     async fn oldest_pending_age(&self) -> Result<Option<f64>, Error> {
-        Ok(sqlx::query_scalar(
+        // v2: the first entry of `switchyard_outbox_waiting_idx` that is not
+        // delayed. Without the index (a relay ahead of `migrate`) the same
+        // query still answers, reading the table.
+        let sql = if self.v2().await? {
             "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
-               FROM switchyard_outbox WHERE status IN ('pending', 'parked', 'held', 'in_flight')
+               FROM switchyard_outbox WHERE published_at IS NULL AND queue IN (1, 2, 3)
                 AND (not_before IS NULL OR not_before <= now())
                 -- PostgreSQL before 17 cannot subtract an infinite time.
                 AND isfinite(created_at)
-              ORDER BY id LIMIT 1",
-        )
-        .fetch_optional(&self.pool)
-        .await?)
+              ORDER BY id LIMIT 1"
+        } else {
+            "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
+               FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
+                AND (not_before IS NULL OR not_before <= now())
+                AND isfinite(created_at)
+              ORDER BY id LIMIT 1"
+        };
+        Ok(sqlx::query_scalar(sql).fetch_optional(&self.pool).await?)
     }
 
     async fn refresh_statistics(&self) -> Result<(), Error> {
