@@ -227,13 +227,15 @@ impl Relay {
     }
 
     fn record_panic(&self, worker: u32, panic: &(dyn std::any::Any + Send)) {
+        // Counted before readiness reports it: whoever sees /readyz turn
+        // unready finds the panic in /metrics too.
+        self.inner.metrics.worker_panics.inc();
         let message = self.inner.health.panicked(panic);
         tracing::error!(
             worker,
             panic = %message,
             "A batch panicked; its rows are retried when their leases expire. This is a bug: please report it."
         );
-        self.inner.metrics.worker_panics.inc();
     }
 
     /// Claims and processes one batch.
