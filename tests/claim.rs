@@ -1223,3 +1223,49 @@ async fn the_oldest_pending_age_reads_no_published_rows() {
         "with 5,000 published rows kept, the oldest-pending age read {read} rows"
     );
 }
+
+/// A statement cancelled in the row-by-row pass (a row refused, the next
+/// one locked past `lock_timeout`) is tried again alone. Sending the whole
+/// batch again found the rows recorded before it no longer under the
+/// lease, and reported them lost.
+#[tokio::test]
+async fn a_cancelled_statement_in_the_row_by_row_pass_keeps_what_was_recorded() {
+    let db = fresh_db().await;
+    sqlx::query(&format!("ALTER DATABASE {} SET lock_timeout = '300ms'", db.name))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let store = OutboxStore::connect(&db.url, 4).await.unwrap();
+    for aggregate in 0..3 {
+        place_order_event(&db.pool, &event(aggregate, 0), true).await;
+    }
+    let claim = store.claim("a", 10, LEASE).await.unwrap();
+    let mut ids: Vec<RowId> = claim.rows.iter().map(|row| row.id).collect();
+    ids.sort_unstable_by_key(|id| id.0);
+    let mut outcomes: Vec<_> = ids.iter().map(|id| outcome(*id, Outcome::Published)).collect();
+    // PostgreSQL text refuses NUL: the batch falls back to row by row.
+    outcomes[1].plugin_version = Some("bad\u{0}version".into());
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = 0")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM switchyard_outbox WHERE id = $1 FOR SHARE")
+        .bind(ids[2].0)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        holder.commit().await.unwrap();
+    });
+    let mut acked = store.ack(claim.lease, &outcomes).await.unwrap();
+    release.await.unwrap();
+    acked.sort_unstable_by_key(|id| id.0);
+    assert_eq!(acked, ids, "every row recorded is reported recorded");
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM switchyard_outbox ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(statuses, ["published", "dead", "published"]);
+}

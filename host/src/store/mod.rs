@@ -356,21 +356,49 @@ impl OutboxStore {
     /// cancelled statement or a busy database), the rows are recorded one by
     /// one, and a row refused on its own is dead-lettered with the
     /// database's reason and no delivery state. A statement cancelled by a
-    /// timeout, a deadlock or a busy database is tried again twice; the
-    /// ack is fenced by the lease, so trying again cannot record anything
-    /// twice.
+    /// timeout, a deadlock or a busy database is tried again twice, that
+    /// statement alone: rows an earlier statement recorded are not sent
+    /// again, where the lease would no longer match and they would be
+    /// reported as lost. Each statement is fenced by the lease, so trying
+    /// it again cannot record anything twice.
     pub async fn ack(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
+        match self.ack_batch_retrying(lease, outcomes).await {
+            Err(Error::Database(sqlx::Error::Database(refused)))
+                if outcomes.len() > 1 && !self.transient(refused.as_ref()) =>
+            {
+                tracing::warn!(
+                    error = %refused,
+                    rows = outcomes.len(),
+                    "The database refused a batch's outcomes; recording them row by row."
+                );
+                let mut acked = Vec::with_capacity(outcomes.len());
+                for row in outcomes {
+                    acked.extend(self.ack_alone(lease, row).await?);
+                }
+                Ok(acked)
+            }
+            // One row refused: sending it again alone would be refused again.
+            Err(Error::Database(sqlx::Error::Database(refused))) if !self.transient(refused.as_ref()) => {
+                self.ack_dead(lease, &outcomes[0], refused.as_ref()).await
+            }
+            other => other,
+        }
+    }
+
+    /// One ack statement, tried again after 0.1 and 0.5 s while it fails
+    /// with an error that says nothing about the rows.
+    async fn ack_batch_retrying(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
         let mut pauses = [Duration::from_millis(100), Duration::from_millis(500)].into_iter();
         loop {
-            match self.ack_once(lease, outcomes).await {
+            match self.ack_batch(lease, outcomes).await {
                 Err(Error::Database(sqlx::Error::Database(e))) if self.transient(e.as_ref()) => {
                     let Some(pause) = pauses.next() else {
                         return Err(Error::Database(sqlx::Error::Database(e)));
                     };
-                    tracing::debug!(error = %e, "Recording a batch's outcomes was interrupted; trying again.");
+                    tracing::debug!(error = %e, "Recording outcomes was interrupted; trying again.");
                     tokio::time::sleep(pause).await;
                 }
                 done => return done,
@@ -399,30 +427,6 @@ impl OutboxStore {
         }
     }
 
-    async fn ack_once(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
-        match self.ack_batch(lease, outcomes).await {
-            Err(Error::Database(sqlx::Error::Database(refused)))
-                if outcomes.len() > 1 && !self.transient(refused.as_ref()) =>
-            {
-                tracing::warn!(
-                    error = %refused,
-                    rows = outcomes.len(),
-                    "The database refused a batch's outcomes; recording them row by row."
-                );
-                let mut acked = Vec::with_capacity(outcomes.len());
-                for row in outcomes {
-                    acked.extend(self.ack_alone(lease, row).await?);
-                }
-                Ok(acked)
-            }
-            // One row refused: sending it again alone would be refused again.
-            Err(Error::Database(sqlx::Error::Database(refused))) if !self.transient(refused.as_ref()) => {
-                self.ack_dead(lease, &outcomes[0], refused.as_ref()).await
-            }
-            other => other,
-        }
-    }
-
     async fn ack_batch(&self, lease: LeaseId, outcomes: &[RowOutcome]) -> Result<Vec<RowId>, Error> {
         let published_rows = self.published_rows;
         dispatch!(self, backend => backend.ack(lease, outcomes, published_rows).await)
@@ -443,7 +447,7 @@ impl OutboxStore {
     /// Records one row; if the database refuses its outcome, records it dead
     /// with the reason instead, so that the row cannot come back every lease.
     async fn ack_alone(&self, lease: LeaseId, row: &RowOutcome) -> Result<Vec<RowId>, Error> {
-        match self.ack_batch(lease, std::slice::from_ref(row)).await {
+        match self.ack_batch_retrying(lease, std::slice::from_ref(row)).await {
             Err(Error::Database(sqlx::Error::Database(refused))) if !self.transient(refused.as_ref()) => {
                 self.ack_dead(lease, row, refused.as_ref()).await
             }
