@@ -48,6 +48,7 @@ fn every_problem_is_reported_at_once() {
 [database]
 url = "mysql://nope"
 [relay]
+instance_id = "relay\u0000a"
 batch_size = 0
 lease_duration_ms = 1000
 publish_timeout_ms = 5000
@@ -79,6 +80,7 @@ batch_size = 0
     let all = problems.join("\n");
     for expected in [
         "database.url must start with postgres://",
+        "relay.instance_id must be 1 to 128 bytes with no control characters (got \"relay\\0a\")",
         "relay.batch_size must be at least 1",
         "relay.lease_duration_ms (1000) must be at least",
         "plugins[0] (\"a\"): path /does/not/exist.wasm is not a file",

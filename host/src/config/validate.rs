@@ -62,6 +62,15 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
     }
 
     let relay = &config.relay;
+    if let Some(id) = &relay.instance_id {
+        // It goes into lease_owner and the connections' application_name:
+        // PostgreSQL refuses a NUL in text, and a control character would
+        // garble the status output and logs it appears in.
+        check(
+            !id.trim().is_empty() && id.len() <= 128 && !id.chars().any(char::is_control),
+            format!("relay.instance_id must be 1 to 128 bytes with no control characters (got {id:?})"),
+        );
+    }
     check(
         relay.batch_size >= 1,
         "relay.batch_size must be at least 1".into(),
