@@ -220,6 +220,63 @@ exchange = "{unbound}"
     assert!(lost.contains("orders.lost"), "names the routing key: {lost}");
 }
 
+/// An event sending two messages to JetStream gives every one of its
+/// messages an id made of its event id, target, routing key and ordinal. With
+/// a routing key near AMQP's 255 bytes, that id is longer than an AMQP
+/// message id can be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_routing_key_keeps_the_message_id_within_amqp_limits() {
+    init_logging();
+    let db = fresh_db().await;
+    let rabbit = RabbitMq::shared();
+    let nats = NatsServer::start().await;
+    nats.create_stream("AUDIT", &["audit.>"]).await;
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let (exchange, queue) = (format!("sy-long-{suffix}"), format!("sy-long-{suffix}"));
+    rabbit.declare(&exchange, &queue, "#").await;
+    let key = format!("orders.{}", "x".repeat(240));
+    let config = format!(
+        r#"
+[database]
+url = "{db}"
+{relay}
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+[plugins.config]
+routes = {{ Long = [{{ target = "audit", topic = "audit.one" }}, {{ target = "audit", topic = "audit.two" }}, {{ target = "rabbit", topic = "{key}" }}] }}
+[targets.audit]
+type = "nats"
+url = "{nats}"
+duplicate_window_seconds = 3600
+[targets.rabbit]
+type = "rabbitmq"
+url = "{url}"
+exchange = "{exchange}"
+"#,
+        db = db.url,
+        relay = RelaySection::quick().toml(),
+        plugin = plugin("fan_out").display(),
+        nats = nats.url(),
+        url = rabbit.url(),
+    );
+    let relay = InProcess::start(&parse(&config)).await;
+    let events = write_orders_of(&db.pool, &["Long", "Long", "Long"]).await;
+    all_published(&db.pool, 3, Duration::from_secs(60)).await;
+    relay.stop().await;
+
+    let received = rabbit.drain(&queue, events, Duration::from_secs(10)).await;
+    assert_eq!(received.len(), events, "each message once");
+    let mut ids = std::collections::HashSet::new();
+    for message in &received {
+        assert_eq!(message.subject, key);
+        let id = message.header("Message-Id").expect("a message id");
+        let event = message.header("Switchyard-Event-Id").expect("event id header");
+        assert!(id.len() <= 255 && id.starts_with(event), "{id}");
+        assert!(ids.insert(id.to_string()), "one id per event: {id}");
+    }
+}
+
 /// One event of each type, on aggregates of their own; returns how many.
 async fn write_orders_of(pool: &sqlx::PgPool, event_types: &[&str]) -> usize {
     for (i, event_type) in event_types.iter().enumerate() {

@@ -130,7 +130,7 @@ impl RabbitMqSink {
             );
         }
         let properties = BasicProperties::default()
-            .with_message_id(message.dedup_id.as_str().into())
+            .with_message_id(message_id(message))
             .with_headers(headers);
         if self.config.persistent {
             properties.with_delivery_mode(2)
@@ -272,6 +272,19 @@ async fn confirm_channel(connection: &Connection) -> Result<Channel, SinkError> 
     Ok(channel)
 }
 
+/// The AMQP message id: the message's dedup id, unless that is longer than a
+/// short string can be (the event id suffixed with target, a long routing key
+/// and ordinal, when the event also sends several messages to JetStream);
+/// then the event id and a hash of the whole, as stable across attempts.
+fn message_id(message: &OutgoingMessage) -> ShortString {
+    use sha2::{Digest, Sha256};
+    if message.dedup_id.len() <= SHORT_STRING_MAX {
+        return message.dedup_id.as_str().into();
+    }
+    let digest = Sha256::digest(message.dedup_id.as_bytes());
+    format!("{}:{digest:x}", message.event_id).into()
+}
+
 /// Whether AMQP can carry `topic` as a routing key (a short string: at most 255 bytes).
 ///
 /// # Errors
@@ -354,6 +367,27 @@ impl Sink for RabbitMqSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_id_too_long_for_amqp_is_shortened_the_same_way_every_time() {
+        let message = |dedup_id: String| OutgoingMessage {
+            event_id: "0b5d1e8e-7f0e-4c2a-9a43-3b9c1f6a2d10".into(),
+            dedup_id,
+            ..OutgoingMessage::default()
+        };
+        let short = message("0b5d1e8e-7f0e-4c2a-9a43-3b9c1f6a2d10:nats:a.b#0".into());
+        assert_eq!(message_id(&short).as_str(), short.dedup_id);
+        let long = |key: &str| message(format!("0b5d1e8e-7f0e-4c2a-9a43-3b9c1f6a2d10:rabbit:{key}#0"));
+        let (one, two) = (long(&"x".repeat(250)), long(&"y".repeat(250)));
+        let id = message_id(&one);
+        assert!(id.as_str().len() <= SHORT_STRING_MAX, "{id}");
+        assert!(
+            id.as_str().starts_with("0b5d1e8e-7f0e-4c2a-9a43-3b9c1f6a2d10:"),
+            "{id}"
+        );
+        assert_eq!(message_id(&one), id, "stable across attempts");
+        assert_ne!(message_id(&two), id, "distinct per message");
+    }
 
     #[test]
     fn amqp_limits_are_refused_per_message() {
