@@ -229,7 +229,7 @@ pub async fn status(database: Database, admin: Option<String>, json: bool) -> an
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render_status(&report));
+        print!("{}", terminal_safe(&render_status(&report)));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -251,7 +251,7 @@ fn render_status(report: &StatusReport) -> String {
     let _ = writeln!(out, "  in retry        {}", o.retrying);
     let _ = writeln!(out, "  dead letters    {}", o.dead);
     for (event_type, n) in &o.dead_by_event_type {
-        let _ = writeln!(out, "    {event_type:<28} {n}");
+        let _ = writeln!(out, "    {:<28} {n}", field(event_type));
     }
     match (&report.admin, &report.relay, &report.relay_error) {
         (None, _, _) => {
@@ -315,7 +315,7 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let total = store.count_dead_letters(&filter).await?;
-            print!("{}", render_list(&rows));
+            print!("{}", terminal_safe(&render_list(&rows)));
             if total > rows.len() as i64 {
                 println!(
                     "({} of {total} shown; raise --limit or narrow the filter)",
@@ -333,7 +333,7 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&entry)?);
             } else {
-                print!("{}", render_entry(&entry));
+                print!("{}", terminal_safe(&render_entry(&entry)));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -368,6 +368,36 @@ fn selection(filter: &Filter, all: bool) -> anyhow::Result<DeadLetterFilter> {
     );
     anyhow::ensure!(!all || filter.is_empty(), "--all cannot be combined with filters");
     filter.resolve()
+}
+
+/// Text for the operator's terminal. Rows, their errors and plugins' refusal
+/// reasons are written by others, and a control character in them (an ANSI
+/// escape sequence) would be acted on by the terminal, not shown: each is
+/// shown escaped (`\u{1b}`) instead. The rendering's own line breaks stay.
+fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(text, true)
+}
+
+/// A one-line field (an id, a type) with every control character escaped,
+/// line breaks too: it cannot start a line of its own in the rendering.
+fn field(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(text, false)
+}
+
+fn escape_controls(text: &str, keep_line_breaks: bool) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && !(keep_line_breaks && c == '\n');
+    if !text.chars().any(escaped) {
+        return text.into();
+    }
+    let mut safe = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if escaped(c) {
+            safe.extend(c.escape_default());
+        } else {
+            safe.push(c);
+        }
+    }
+    safe.into()
 }
 
 fn one_line(text: &str, width: usize) -> String {
@@ -412,15 +442,16 @@ fn render_entry(entry: &OutboxEntry) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "row {}  ({})", entry.id, entry.status);
-    let _ = writeln!(out, "  event id        {}", entry.event_id);
-    let _ = writeln!(out, "  event type      {}", entry.event_type);
+    let _ = writeln!(out, "  event id        {}", field(&entry.event_id));
+    let _ = writeln!(out, "  event type      {}", field(&entry.event_type));
     let _ = writeln!(
         out,
         "  aggregate       {}/{}",
-        entry.aggregate_type, entry.aggregate_id
+        field(&entry.aggregate_type),
+        field(&entry.aggregate_id)
     );
     if let Some(tenant) = &entry.tenant {
-        let _ = writeln!(out, "  tenant          {tenant}");
+        let _ = writeln!(out, "  tenant          {}", field(tenant));
     }
     let _ = writeln!(out, "  created at      {}", entry.created_at);
     let _ = writeln!(out, "  attempts        {}", entry.attempts);
@@ -444,7 +475,12 @@ fn render_entry(entry: &OutboxEntry) -> String {
             (None, Some(error)) => format!("failed: {error}"),
             (None, None) => "not acknowledged".to_string(),
         };
-        let _ = writeln!(out, "    {:<16} {:<28} {state}", delivery.target, delivery.topic);
+        let _ = writeln!(
+            out,
+            "    {:<16} {:<28} {state}",
+            field(&delivery.target),
+            field(&delivery.topic)
+        );
     }
     let _ = writeln!(out, "  headers         {}", entry.headers);
     match (&entry.payload, entry.payload_bytes_len) {
@@ -602,6 +638,23 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(error.contains("neither an RFC 3339 time"), "{error}");
+    }
+
+    #[test]
+    fn control_characters_reach_the_terminal_escaped() {
+        let entry = OutboxEntry {
+            aggregate_id: "evil\u{1b}[31mred\nrow 2  (published)".into(),
+            last_error: Some("boom\u{1b}[2J\u{7}".into()),
+            ..OutboxEntry::default()
+        };
+        for rendered in [render_list(std::slice::from_ref(&entry)), render_entry(&entry)] {
+            let shown = terminal_safe(&rendered);
+            assert!(!shown.chars().any(|c| c.is_control() && c != '\n'), "{shown:?}");
+            assert!(shown.contains("evil\\u{1b}[31mred"), "{shown}");
+            assert!(!shown.lines().any(|line| line.starts_with("row 2")), "{shown}");
+            assert!(shown.contains("boom\\u{1b}[2J\\u{7}"), "{shown}");
+        }
+        assert_eq!(terminal_safe("plain\ntext"), "plain\ntext");
     }
 
     #[test]

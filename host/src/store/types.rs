@@ -228,7 +228,7 @@ pub struct DeadLetterFilter {
 }
 
 /// One outbox row as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct OutboxEntry {
     /// Row id.
     pub id: i64,
