@@ -57,6 +57,31 @@ duplicate_window_seconds = 3600
     )
 }
 
+/// The fan-out plugin with `routes` (the inline table's contents: event
+/// type -> destinations) and the given target sections, quick retries.
+fn fan_out_routes(db: &str, routes: &str, targets: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{db}"
+{relay}
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+[plugins.config]
+routes = {{ {routes} }}
+{targets}
+"#,
+        relay = RelaySection::quick().toml(),
+        plugin = plugin("fan_out").display(),
+    )
+}
+
+/// A `[targets.NAME]` section for a RabbitMQ exchange.
+fn rabbitmq_target(name: &str, url: &str, exchange: &str) -> String {
+    format!("[targets.{name}]\ntype = \"rabbitmq\"\nurl = \"{url}\"\nexchange = \"{exchange}\"\n")
+}
+
 fn counts(received: &[Received], expected: &HashMap<String, Expected>) -> (usize, usize, usize) {
     let tally = tally(received, expected);
     assert_eq!(tally.unknown, 0, "messages for events nobody wrote");
@@ -167,29 +192,11 @@ async fn a_missing_exchange_and_an_unroutable_message_are_dead_lettered_with_the
     // afterwards, the other never has a queue bound.
     rabbit.declare(&doomed, "", "").await;
     rabbit.declare(&unbound, "", "").await;
-    let config = format!(
-        r#"
-[database]
-url = "{db}"
-{relay}
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-[plugins.config]
-routes = {{ Gone = [{{ target = "doomed", topic = "orders.gone" }}], Lost = [{{ target = "unbound", topic = "orders.lost" }}] }}
-[targets.doomed]
-type = "rabbitmq"
-url = "{url}"
-exchange = "{doomed}"
-[targets.unbound]
-type = "rabbitmq"
-url = "{url}"
-exchange = "{unbound}"
-"#,
-        db = db.url,
-        relay = RelaySection::quick().toml(),
-        plugin = plugin("fan_out").display(),
-        url = rabbit.url(),
+    let config = fan_out_routes(
+        &db.url,
+        r#"Gone = [{ target = "doomed", topic = "orders.gone" }], Lost = [{ target = "unbound", topic = "orders.lost" }]"#,
+        &(rabbitmq_target("doomed", rabbit.url(), &doomed)
+            + &rabbitmq_target("unbound", rabbit.url(), &unbound)),
     );
     let relay = InProcess::start(&parse(&config)).await;
     rabbit.delete_exchange(&doomed).await;
@@ -235,30 +242,16 @@ async fn a_long_routing_key_keeps_the_message_id_within_amqp_limits() {
     let (exchange, queue) = (format!("sy-long-{suffix}"), format!("sy-long-{suffix}"));
     rabbit.declare(&exchange, &queue, "#").await;
     let key = format!("orders.{}", "x".repeat(240));
-    let config = format!(
-        r#"
-[database]
-url = "{db}"
-{relay}
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-[plugins.config]
-routes = {{ Long = [{{ target = "audit", topic = "audit.one" }}, {{ target = "audit", topic = "audit.two" }}, {{ target = "rabbit", topic = "{key}" }}] }}
-[targets.audit]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-[targets.rabbit]
-type = "rabbitmq"
-url = "{url}"
-exchange = "{exchange}"
-"#,
-        db = db.url,
-        relay = RelaySection::quick().toml(),
-        plugin = plugin("fan_out").display(),
-        nats = nats.url(),
-        url = rabbit.url(),
+    let config = fan_out_routes(
+        &db.url,
+        &format!(
+            r#"Long = [{{ target = "audit", topic = "audit.one" }}, {{ target = "audit", topic = "audit.two" }}, {{ target = "rabbit", topic = "{key}" }}]"#
+        ),
+        &format!(
+            "[targets.audit]\ntype = \"nats\"\nurl = \"{}\"\nduplicate_window_seconds = 3600\n{}",
+            nats.url(),
+            rabbitmq_target("rabbit", rabbit.url(), &exchange)
+        ),
     );
     let relay = InProcess::start(&parse(&config)).await;
     let events = write_orders_of(&db.pool, &["Long", "Long", "Long"]).await;

@@ -15,6 +15,7 @@
 //!   them. A flush proves only that bytes left this process.
 
 use std::collections::HashSet;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -199,13 +200,13 @@ impl NatsSink {
         // Send everything first, then await the acks together: one round trip
         // per batch rather than per message.
         let mut pending = Vec::with_capacity(messages.len());
-        for mut message in messages {
+        for message in messages {
             if connection.client.connection_state() != State::Connected {
                 // Dropped mid-batch: hand nothing more to a reconnecting client.
                 pending.push(Err(SinkError::retryable("NATS connection lost during the batch")));
                 continue;
             }
-            let headers = match check_subject(&message.topic).and_then(|()| headers(&mut message)) {
+            let headers = match check_subject(&message.topic).and_then(|()| headers(&message)) {
                 Ok(headers) => headers,
                 Err(e) => {
                     pending.push(Err(e));
@@ -302,8 +303,8 @@ impl NatsSink {
             }
         };
         let mut results = Vec::with_capacity(messages.len());
-        for mut message in messages {
-            let outcome = match check_subject(&message.topic).and_then(|()| headers(&mut message)) {
+        for message in messages {
+            let outcome = match check_subject(&message.topic).and_then(|()| headers(&message)) {
                 Ok(headers) => client
                     .publish_with_headers(message.topic, headers, message.payload)
                     .await
@@ -403,39 +404,30 @@ pub(crate) fn check_subject(subject: &str) -> Result<(), SinkError> {
     }
 }
 
-/// Moves the message's headers (and its key) into a NATS header map. A
-/// value with a line break would end the header block early (async-nats
-/// panics on one): the relay's own headers carry the row's aggregate type
-/// and id, which a service may have written with one, so such a message is
-/// refused for good, naming the header.
-fn headers(message: &mut OutgoingMessage) -> Result<HeaderMap, SinkError> {
+/// The message's headers and key as a NATS header map. The relay's own
+/// headers carry the row's aggregate type and id, which a service may have
+/// written with a line break; NATS headers cannot carry one (async-nats
+/// panics on it unchecked), so such a message is refused for good, naming
+/// the header.
+fn headers(message: &OutgoingMessage) -> Result<HeaderMap, SinkError> {
+    let checked = |name: &str, value: &str| {
+        HeaderValue::from_str(value).map_err(|_| {
+            SinkError::permanent(format!(
+                "header {name:?} has a line break in its value, which NATS headers cannot carry"
+            ))
+        })
+    };
     let mut map = HeaderMap::new();
-    for (name, value) in std::mem::take(&mut message.headers) {
-        if value.contains(['\r', '\n']) {
-            return Err(line_break(&name));
-        }
-        if !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
-            return Err(SinkError::permanent(format!(
-                "header name {name:?} is not valid on NATS"
-            )));
-        }
-        let name = HeaderName::try_from(name)
-            .map_err(|e| SinkError::permanent(format!("header name is not valid on NATS: {e}")))?;
-        map.append(name, HeaderValue::from(value));
+    for (name, text) in &message.headers {
+        let value = checked(name, text)?;
+        let name = HeaderName::from_str(name)
+            .map_err(|e| SinkError::permanent(format!("header name {name:?} is not valid on NATS: {e}")))?;
+        map.append(name, value);
     }
-    if let Some(key) = message.key.take() {
-        if key.contains(['\r', '\n']) {
-            return Err(line_break(KEY_HEADER));
-        }
-        map.insert(KEY_HEADER, HeaderValue::from(key));
+    if let Some(key) = &message.key {
+        map.insert(KEY_HEADER, checked(KEY_HEADER, key)?);
     }
     Ok(map)
-}
-
-fn line_break(name: &str) -> SinkError {
-    SinkError::permanent(format!(
-        "header {name:?} has a line break in its value, which NATS headers cannot carry"
-    ))
 }
 
 fn classify_core(kind: CorePublishErrorKind, detail: &str) -> SinkError {
