@@ -52,17 +52,22 @@ install_missing() {
 
 # tansu has no Debian package: it is built from the crate registry once
 # (tens of minutes on 2 cores) and reused from $TOOLS_DIR afterwards. Its
-# default features have no storage engine; `dynostore` brings memory://.
+# default features have no storage engine; `dynostore` brings memory:// (the
+# shared test broker) and `libsql` brings sqlite://, a broker whose topics
+# survive its restart (the outage tests count what was delivered before).
 # opt-level 1 halves the build and is plenty for a test broker.
+TANSU_FEATURES="dynostore,libsql"
 install_tansu() {
-    if [ -x "$TANSU_BIN" ] && "$TANSU_BIN" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    if [ -x "$TANSU_BIN" ] && "$TANSU_BIN" --version 2>/dev/null | grep -q "$TANSU_VERSION" \
+        && [ "$(cat "$TOOLS_DIR/tansu.features" 2>/dev/null)" = "$TANSU_FEATURES" ]; then
         return 0
     fi
     echo "services: building tansu $TANSU_VERSION into $TOOLS_DIR (once; this takes a while)" >&2
     local started=$SECONDS
     CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_INCREMENTAL=false \
         cargo install --quiet --root "$TOOLS_DIR" tansu --version "$TANSU_VERSION" \
-        --features dynostore --locked >&2
+        --features "$TANSU_FEATURES" --locked >&2
+    echo "$TANSU_FEATURES" >"$TOOLS_DIR/tansu.features"
     echo "services: tansu built in $((SECONDS - started)) s" >&2
 }
 

@@ -906,12 +906,76 @@ async fn published_rows_can_be_deleted_or_archived_by_the_ack(db: TestOutbox) {
                     Outcome::Defer {
                         after: Duration::ZERO,
                         reason: "next round".into(),
+                        waiting_on: Vec::new(),
                     },
                 )
             })
             .collect();
         store.ack(next.lease, &release).await.unwrap();
     }
+}
+
+/// A row waiting for a paused target keeps its attempt and lets the next
+/// event of its aggregate be claimed, held by that target (its messages to
+/// other targets go now); the one after learns the target from its nearest
+/// predecessor. Waking the target makes the waiting rows due again, in order.
+#[tokio::test]
+async fn a_row_waiting_on_a_paused_target_lets_the_next_through_held_by_it() {
+    let db = fresh_db().await;
+    for seq in 0..3 {
+        place_order_event(&db.pool, &event(0, seq), true).await;
+    }
+    let store = OutboxStore::new(db.pool.clone());
+    let waiting = |id: RowId| {
+        outcome(
+            id,
+            Outcome::Defer {
+                after: Duration::from_secs(30),
+                reason: "target \"kafka\" is paused".into(),
+                waiting_on: vec!["kafka".into()],
+            },
+        )
+    };
+    let first = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(first.rows.len(), 1, "the head alone: {:?}", first.rows);
+    assert!(first.rows[0].held_by.is_empty());
+    let head = first.rows[0].id;
+    store.ack(first.lease, &[waiting(head)]).await.unwrap();
+    let (attempts, waiting_on): (i32, Vec<String>) =
+        sqlx::query_as("SELECT attempts, waiting_on FROM switchyard_outbox WHERE id = $1")
+            .bind(head.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, waiting_on), (0, vec!["kafka".to_string()]));
+
+    let second = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(second.rows.len(), 1, "{:?}", second.rows);
+    assert_eq!(seq(&second.rows[0]), 1);
+    assert_eq!(second.rows[0].held_by, ["kafka"]);
+    store
+        .ack(second.lease, &[waiting(second.rows[0].id)])
+        .await
+        .unwrap();
+
+    let third = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(third.rows.len(), 1, "{:?}", third.rows);
+    assert_eq!(seq(&third.rows[0]), 2);
+    assert_eq!(third.rows[0].held_by, ["kafka"]);
+    store
+        .ack(third.lease, &[outcome(third.rows[0].id, Outcome::Published)])
+        .await
+        .unwrap();
+
+    assert_eq!(store.waiting_by_target().await.unwrap()["kafka"], 2);
+    assert_eq!(store.wake_waiting(Some("nats")).await.unwrap(), 0);
+    assert_eq!(store.wake_waiting(Some("kafka")).await.unwrap(), 2);
+    assert!(store.waiting_by_target().await.unwrap().is_empty());
+    // Woken, the two are ordinary pending rows again: the head first.
+    let again = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(again.rows.len(), 1, "{:?}", again.rows);
+    assert_eq!(again.rows[0].id, head);
+    assert!(again.rows[0].held_by.is_empty());
 }
 
 /// An outbox still on the schema an older release left (before the v2

@@ -6,6 +6,10 @@
 //! the relay is still serving. The long version is the `fault-run` bench
 //! binary (by hand).
 
+// Broker and database outages, in this binary to keep the test build to one link.
+#[path = "outage.rs"]
+mod outage;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -73,6 +73,19 @@ async fn metrics(State(relay): State<Relay>) -> Response {
         Ok(Err(e)) => tracing::debug!(error = %e, "Backlog query failed during a scrape."),
         Err(_) => tracing::debug!("Backlog query timed out during a scrape."),
     }
+    if let Ok(Ok(waiting)) = tokio::time::timeout(CHECK_TIMEOUT, relay.store().waiting_by_target()).await {
+        for name in relay.sinks().names() {
+            let label = crate::metrics::TargetLabel {
+                target: name.to_string(),
+            };
+            let rows = waiting.get(name).copied().unwrap_or(0);
+            relay
+                .metrics()
+                .target_waiting_rows
+                .get_or_create(&label)
+                .set(rows);
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -140,12 +153,55 @@ pub struct Readiness {
     pub database: Check,
     /// Each target's health check.
     pub targets: BTreeMap<String, Check>,
+    /// Targets paused because they cannot be reached: since when, why, and
+    /// how many rows wait for each.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub paused: BTreeMap<String, PausedTarget>,
     /// With `[source]`: the capture trigger is there, enabled, and made
     /// from this mapping (someone may drop or disable it while we run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capture: Option<Check>,
     /// Plugin name to `name@version` or `not loaded`.
     pub plugins: BTreeMap<String, String>,
+}
+
+/// A paused target, as `/readyz` and `/status` show it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PausedTarget {
+    /// Since when (RFC 3339).
+    pub since: String,
+    /// For how long, in seconds.
+    pub seconds: u64,
+    /// The failure that paused it.
+    pub reason: String,
+    /// Rows waiting for it in the outbox (all relays'), when the database answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_rows: Option<i64>,
+}
+
+/// The paused targets with their waiting rows.
+async fn paused_targets(relay: &Relay) -> BTreeMap<String, PausedTarget> {
+    let paused = relay.paused_targets();
+    if paused.is_empty() {
+        return BTreeMap::new();
+    }
+    let waiting = match tokio::time::timeout(CHECK_TIMEOUT, relay.store().waiting_by_target()).await {
+        Ok(Ok(waiting)) => Some(waiting),
+        _ => None,
+    };
+    paused
+        .into_iter()
+        .map(|(name, state)| {
+            let since: chrono::DateTime<chrono::Utc> = state.since.into();
+            let target = PausedTarget {
+                since: since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                seconds: state.since.elapsed().map_or(0, |d| d.as_secs()),
+                reason: state.reason,
+                waiting_rows: waiting.as_ref().map(|w| w.get(&name).copied().unwrap_or(0)),
+            };
+            (name, target)
+        })
+        .collect()
 }
 
 /// Runs every readiness check at once.
@@ -178,7 +234,15 @@ pub async fn readiness(relay: &Relay) -> Readiness {
             },
         )
     };
-    let (database, targets, capture) = futures::join!(database, targets, capture);
+    let (database, targets, capture, paused) =
+        futures::join!(database, targets, capture, paused_targets(relay));
+    let database = match (database, relay.outcomes_waiting()) {
+        (Check::Ok, Some(since)) => Check::Failed(format!(
+            "batch outcomes have waited {} s for the database to record them",
+            since.as_secs()
+        )),
+        (database, _) => database,
+    };
     let plugins: BTreeMap<String, String> = relay
         .plugins()
         .slots()
@@ -201,6 +265,7 @@ pub async fn readiness(relay: &Relay) -> Readiness {
         workers,
         database,
         targets: targets.into_iter().collect(),
+        paused,
         capture,
         plugins,
     }
@@ -275,6 +340,9 @@ pub struct TargetStatus {
     /// The health check's error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Set while the relay holds the target paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<PausedTarget>,
 }
 
 /// Collects [`RelayStatus`] (runs the same checks as `/readyz`).
@@ -318,6 +386,7 @@ pub async fn relay_status(relay: &Relay) -> RelayStatus {
                 .to_string(),
             healthy: state.is_ok(),
             error: state.error().map(str::to_string),
+            paused: readiness.paused.get(name).cloned(),
         })
         .collect();
     RelayStatus {

@@ -18,12 +18,17 @@ use crate::plugin::Plugins;
 pub mod names {
     /// Rows claimed, by the plugin that routed them (`none` when none matched).
     pub const EVENTS_CLAIMED: &str = "switchyard_events_claimed";
-    /// Rows finished, by outcome (`published`, `retried`, `dead_lettered`, `dropped`) and plugin.
+    /// Rows finished, by outcome (`published`, `retried`, `waiting`, `dead_lettered`, `dropped`) and plugin.
     pub const EVENTS: &str = "switchyard_events";
     /// Broker messages acknowledged, by target.
     pub const MESSAGES_PUBLISHED: &str = "switchyard_messages_published";
-    /// Broker messages that failed, by target and `retryable`/`permanent`.
+    /// Broker messages that failed, by target and kind (`unavailable`,
+    /// `timed_out`, `unknown_topic`, `unauthorized`, `transient`, `refused`).
     pub const MESSAGES_FAILED: &str = "switchyard_messages_failed";
+    /// 1 while a target is paused because it cannot be reached, else 0.
+    pub const TARGET_PAUSED: &str = "switchyard_target_paused";
+    /// Rows waiting for a paused target (set at scrape).
+    pub const TARGET_WAITING_ROWS: &str = "switchyard_target_waiting_rows";
     /// Rows per claimed batch.
     pub const BATCH_SIZE: &str = "switchyard_batch_size";
     /// From the row's commit (`created_at`) to the ack of its last delivery.
@@ -79,7 +84,7 @@ pub struct TargetLabel {
 pub struct FailureLabels {
     /// Target name.
     pub target: String,
-    /// `retryable` or `permanent`.
+    /// The failure's kind (see [`crate::sinks::FailureKind::as_str`]).
     pub error: &'static str,
 }
 
@@ -121,6 +126,10 @@ pub struct Metrics {
     pub oldest_pending_age: Gauge<f64, AtomicU64>,
     /// Batches that panicked (a bug: the rows' leases expire and they are retried).
     pub worker_panics: Counter,
+    /// 1 while a target is paused, by target.
+    pub target_paused: Family<TargetLabel, Gauge>,
+    /// Rows waiting for a paused target, by target (set at scrape).
+    pub target_waiting_rows: Family<TargetLabel, Gauge>,
 }
 
 impl Metrics {
@@ -140,6 +149,8 @@ impl Metrics {
             oldest_pending_age: Gauge::default(),
             retention: Family::default(),
             worker_panics: Counter::default(),
+            target_paused: Family::default(),
+            target_waiting_rows: Family::default(),
         };
         use names::*;
         registry.register(
@@ -193,6 +204,16 @@ impl Metrics {
             "Batches that panicked; their rows are retried when the leases expire",
             metrics.worker_panics.clone(),
         );
+        registry.register(
+            TARGET_PAUSED,
+            "1 while a target is paused because it cannot be reached",
+            metrics.target_paused.clone(),
+        );
+        registry.register(
+            TARGET_WAITING_ROWS,
+            "Outbox rows waiting for a paused target to come back",
+            metrics.target_waiting_rows.clone(),
+        );
         if let Some(plugins) = plugins {
             registry.register_collector(Box::new(ReloadCollector { plugins }));
         }
@@ -200,6 +221,15 @@ impl Metrics {
             registry: Arc::new(registry),
             ..metrics
         }
+    }
+
+    /// Marks `target` paused or running.
+    pub fn set_target_paused(&self, target: &str, paused: bool) {
+        self.target_paused
+            .get_or_create(&TargetLabel {
+                target: target.to_string(),
+            })
+            .set(i64::from(paused));
     }
 
     /// The Prometheus text exposition of every metric.

@@ -355,6 +355,7 @@ mod tests {
             attempts: 2,
             deliveries: BTreeMap::new(),
             malformed: None,
+            held_by: Vec::new(),
         }
     }
 

@@ -13,6 +13,13 @@
 //! NATS stopped for 30 s mid-stream (JetStream store kept), ROUNDS runs.
 //! `pg-restart`: two relays drain a backlog while the project's PostgreSQL
 //! is restarted (fast mode: every connection cut) under them.
+//! `down-nats`, `down-kafka`, `down-rabbitmq MINUTES`: one relay with the
+//! default retry settings, writers at 100 events/s, the broker stopped for
+//! MINUTES (10 by default) and started again with its data (JetStream
+//! store, tansu on SQLite, a durable RabbitMQ queue). `down-pg MINUTES`
+//! (2 by default): the same with NATS up and PostgreSQL stopped. These
+//! print their own table (dead letters, first delivery after the return,
+//! drain rate).
 //! Prints one table row per run.
 
 use std::collections::HashMap;
@@ -22,6 +29,9 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, tally, write_orders};
 use switchyard_tests::postgres::fresh_db;
 use switchyard_tests::relay::{Process, Settings, example_config};
+
+#[path = "fault-run/outage.rs"]
+mod outage;
 
 const STREAM: &str = "ORDERS";
 const AGGREGATES: usize = 1000;
@@ -41,7 +51,8 @@ struct Row {
 async fn main() {
     let mut args = std::env::args().skip(1);
     let which = args.next().unwrap_or_else(|| "all".into());
-    let events: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000);
+    let second: Option<u64> = args.next().and_then(|n| n.parse().ok());
+    let events = second.map_or(100_000, |n| n as usize);
     let rounds: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     let relay_bin = std::env::current_exe()
         .expect("own path")
@@ -51,6 +62,12 @@ async fn main() {
         "build the relay binary first: cargo build --release -p switchyard-tests --bin relay-process"
     );
     let relay_bin = relay_bin.to_string_lossy().to_string();
+    if let Some(down) = which.strip_prefix("down-") {
+        let minutes = second.unwrap_or(if down == "pg" { 2 } else { 10 });
+        let row = outage::down_run(&relay_bin, down, minutes).await;
+        outage::print(&[row]);
+        return;
+    }
     let mut rows = Vec::new();
     if which == "kills" || which == "all" {
         let kills = if rounds == 0 { 20 } else { rounds };

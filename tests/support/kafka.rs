@@ -31,19 +31,44 @@ pub fn tansu_binary() -> PathBuf {
 /// A running tansu broker.
 pub struct KafkaServer {
     port: u16,
+    storage: String,
     child: Option<Child>,
 }
 
 impl KafkaServer {
-    /// Starts a broker on a free port and waits until it serves metadata.
+    /// Starts a broker on a free port, its topics in memory, and waits
+    /// until it serves metadata.
     ///
     /// # Panics
     /// When tansu is missing (run scripts/services.sh start) or does not start.
     pub async fn start() -> KafkaServer {
+        KafkaServer::start_with_storage("memory://tansu/".to_string()).await
+    }
+
+    /// Starts a broker whose topics live in a SQLite file under `dir`, so
+    /// that they survive [`KafkaServer::stop`] and [`KafkaServer::resume`].
+    pub async fn start_durable(dir: &std::path::Path) -> KafkaServer {
+        // Four slashes: tansu reads the URL path without its leading one.
+        KafkaServer::start_with_storage(format!("sqlite:///{}", dir.join("tansu.db").display())).await
+    }
+
+    async fn start_with_storage(storage: String) -> KafkaServer {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("free port");
+        let mut server = KafkaServer {
+            port,
+            storage,
+            child: None,
+        };
+        server.resume().await;
+        server
+    }
+
+    /// Starts the broker again on its port (after [`KafkaServer::stop`]).
+    pub async fn resume(&mut self) {
+        let port = self.port;
         let binary = tansu_binary();
         let url = format!("tcp://127.0.0.1:{port}");
         let child = Command::new(&binary)
@@ -54,10 +79,20 @@ impl KafkaServer {
                 "--advertised-listener-url",
                 &url,
             ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .env("RUST_LOG", "error")
+            .args(["--storage-engine", &self.storage])
+            .env(
+                "RUST_LOG",
+                std::env::var("SWITCHYARD_TANSU_LOG").unwrap_or_else(|_| "error".into()),
+            )
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("SWITCHYARD_TANSU_LOG_FILE") {
+                Some(path) => std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_or_else(|_| Stdio::null(), Stdio::from),
+                None => Stdio::null(),
+            })
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
@@ -65,11 +100,8 @@ impl KafkaServer {
                     binary.display()
                 )
             });
-        let server = KafkaServer {
-            port,
-            child: Some(child),
-        };
-        let bootstrap = server.bootstrap();
+        self.child = Some(child);
+        let bootstrap = self.bootstrap();
         let ready = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             // Connect only once the port listens: librdkafka logs every refused attempt.
@@ -97,7 +129,6 @@ impl KafkaServer {
         .await
         .expect("readiness probe");
         assert!(ready, "tansu on port {port} did not become ready");
-        server
     }
 
     /// The `bootstrap_servers` value.
@@ -105,7 +136,7 @@ impl KafkaServer {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Stops the broker; its in-memory topics are gone.
+    /// Stops the broker (SIGKILL); in-memory topics are gone, durable ones stay.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

@@ -253,6 +253,12 @@ fn render_status(report: &StatusReport) -> String {
     for (event_type, n) in &o.dead_by_event_type {
         let _ = writeln!(out, "    {:<28} {n}", field(event_type));
     }
+    if !o.waiting_on_targets.is_empty() {
+        let _ = writeln!(out, "  waiting on a target (outage; no attempt spent)");
+        for (target, n) in &o.waiting_on_targets {
+            let _ = writeln!(out, "    {:<28} {n}", field(target));
+        }
+    }
     match (&report.admin, &report.relay, &report.relay_error) {
         (None, _, _) => {
             let _ = writeln!(out, "Relay: no admin address (give --admin HOST:PORT)");
@@ -286,6 +292,18 @@ fn render_status(report: &StatusReport) -> String {
                     .as_deref()
                     .map_or_else(|| "ok".to_string(), |e| format!("error: {e}"));
                 let _ = writeln!(out, "    {:<20} {:<8} {health}", t.name, t.kind);
+                if let Some(paused) = &t.paused {
+                    let waiting = paused
+                        .waiting_rows
+                        .map_or_else(|| "?".to_string(), |n| n.to_string());
+                    let _ = writeln!(
+                        out,
+                        "      PAUSED since {} ({} s), {waiting} rows waiting: {}",
+                        paused.since,
+                        paused.seconds,
+                        field(&paused.reason)
+                    );
+                }
             }
         }
         (Some(addr), None, None) => {

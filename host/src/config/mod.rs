@@ -1,6 +1,7 @@
 //! The relay's configuration: one TOML file, environment overrides for
 //! secrets, and validation that reports every problem at once.
 
+mod failures;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use failures::{FailurePolicy, Handling};
 pub use validate::validate;
 
 /// Errors from loading a config file.
@@ -248,6 +250,9 @@ pub struct RelayConfig {
     /// How long shutdown waits for in-flight batches before releasing their leases.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
+    /// Which delivery failures spend an attempt (`[relay.failures]`).
+    #[serde(default)]
+    pub failures: FailurePolicy,
 }
 
 impl Default for RelayConfig {

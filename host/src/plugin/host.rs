@@ -15,6 +15,36 @@ use super::output::Capture;
 /// Longest plugin log line kept; the rest is cut so a chatty plugin cannot flood the log.
 const MAX_LOG_LINE: usize = 4096;
 
+/// `host.log` lines kept per plugin call; later ones are dropped and counted.
+const MAX_LOG_LINES_PER_CALL: u32 = 32;
+
+/// `host.log` bytes kept per plugin call, like stdout and stderr's 4 KiB each.
+const MAX_LOG_BYTES_PER_CALL: usize = 8 * 1024;
+
+/// What `host.log` used of its bound during the current call.
+#[derive(Debug, Default)]
+struct LogBudget {
+    lines: u32,
+    bytes: usize,
+    dropped_lines: u64,
+    dropped_bytes: u64,
+}
+
+impl LogBudget {
+    /// Whether a line of `len` bytes fits; counts it either way.
+    fn admit(&mut self, len: usize) -> bool {
+        if self.lines < MAX_LOG_LINES_PER_CALL && self.bytes + len <= MAX_LOG_BYTES_PER_CALL {
+            self.lines += 1;
+            self.bytes += len;
+            true
+        } else {
+            self.dropped_lines += 1;
+            self.dropped_bytes += len as u64;
+            false
+        }
+    }
+}
+
 /// Data owned by one plugin instance's store.
 pub struct State {
     /// What the plugin printed to stdout during the current call.
@@ -26,6 +56,7 @@ pub struct State {
     pub(crate) limits: StoreLimits,
     plugin: Arc<str>,
     version: Arc<str>,
+    log_budget: LogBudget,
 }
 
 impl State {
@@ -55,6 +86,7 @@ impl State {
                 .build(),
             plugin,
             version,
+            log_budget: LogBudget::default(),
         }
     }
 }
@@ -62,8 +94,18 @@ impl State {
 impl State {
     /// Logs what the plugin printed during the call that just ended, tagged
     /// `plugin@version`, and returns the stderr text (a panic's message).
-    pub(crate) fn flush_output(&self) -> String {
+    pub(crate) fn flush_output(&mut self) -> String {
         let (plugin, version) = (&*self.plugin, &*self.version);
+        let budget = std::mem::take(&mut self.log_budget);
+        if budget.dropped_lines > 0 {
+            tracing::warn!(
+                plugin.name = plugin,
+                plugin.version = version,
+                dropped_lines = budget.dropped_lines,
+                dropped_bytes = budget.dropped_bytes,
+                "The plugin logged more than {MAX_LOG_LINES_PER_CALL} lines or {MAX_LOG_BYTES_PER_CALL} bytes through host.log in one call; the rest was dropped."
+            );
+        }
         let stdout = self.stdout.take();
         if !stdout.text.is_empty() {
             tracing::info!(
@@ -110,6 +152,9 @@ impl Host for State {
             message.truncate(cut);
             message.push_str("...");
         }
+        if !self.log_budget.admit(message.len()) {
+            return;
+        }
         let (plugin, version) = (&*self.plugin, &*self.version);
         match level {
             Level::Trace => tracing::trace!(plugin.name = plugin, plugin.version = version, "{message}"),
@@ -143,5 +188,23 @@ impl HostMonotonicClock for FrozenClock {
 
     fn now(&self) -> u64 {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_log_keeps_a_bounded_number_of_lines_and_bytes_per_call() {
+        let mut budget = LogBudget::default();
+        let kept = (0..100_000).filter(|_| budget.admit(10)).count();
+        assert_eq!(kept, MAX_LOG_LINES_PER_CALL as usize);
+        assert_eq!(budget.dropped_lines, 100_000 - u64::from(MAX_LOG_LINES_PER_CALL));
+        let mut budget = LogBudget::default();
+        assert!(budget.admit(MAX_LOG_BYTES_PER_CALL - 1));
+        assert!(!budget.admit(MAX_LOG_LINE));
+        assert!(budget.admit(1));
+        assert_eq!(budget.dropped_bytes, MAX_LOG_LINE as u64);
     }
 }

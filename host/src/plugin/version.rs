@@ -148,7 +148,7 @@ impl PluginVersion {
             Exports::Single(router) => router.call_init(&mut store, &self.config_json),
             Exports::Batch(router) => router.call_init(&mut store, &self.config_json),
         };
-        let stderr = store.data().flush_output();
+        let stderr = store.data_mut().flush_output();
         match result {
             Ok(Ok(())) => Ok(Instance { store, exports }),
             Ok(Err(reason)) => Err(init_error(reason)),
@@ -195,7 +195,7 @@ impl PluginVersion {
         };
         instance.store.set_epoch_deadline(self.deadline_ticks());
         let result = router.call_route(&mut instance.store, event);
-        let stderr = instance.store.data().flush_output();
+        let stderr = instance.store.data_mut().flush_output();
         match result {
             Ok(answer) => (answer.map_err(CallFailure::from), Some(instance)),
             Err(e) => (
@@ -285,7 +285,7 @@ impl PluginVersion {
         };
         instance.store.set_epoch_deadline(ticks(limit));
         let result = router.call_route_batch(&mut instance.store, events);
-        let stderr = instance.store.data().flush_output();
+        let stderr = instance.store.data_mut().flush_output();
         match result {
             Ok(answers) if answers.len() == events.len() => (
                 Ok(answers

@@ -16,6 +16,7 @@
 
 mod health;
 mod listen;
+mod outage;
 mod plan;
 mod publish;
 mod retry;
@@ -24,11 +25,13 @@ mod settle;
 mod workers;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
+pub use outage::Paused;
 pub use retry::{RetryPolicy, backoff};
 
 use crate::config::RelayConfig;
@@ -45,6 +48,10 @@ const SLOW_CLAIM: Duration = Duration::from_secs(1);
 
 /// Time kept in reserve at the end of a lease for recording the outcome.
 const ACK_RESERVE: Duration = Duration::from_secs(1);
+
+/// The longest pause between two tries to record a batch's outcomes while
+/// the database cannot take them.
+const ACK_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Everything a relay instance needs.
 #[derive(Clone)]
@@ -63,15 +70,19 @@ pub enum BatchError {
     /// The claim statement failed; nothing was claimed.
     #[error("claim failed: {0}")]
     Claim(#[source] store::Error),
-    /// Recording the outcomes failed; the batch's leases expire and its rows
-    /// are claimed again (targets that acknowledged are not sent again only
-    /// if their state was recorded, so some messages may repeat).
-    #[error("recording the batch's outcomes failed: {0}")]
-    Ack(#[source] store::Error),
 }
 
 struct Inner {
     health: WorkerHealth,
+    /// Targets paused because they cannot be reached.
+    outages: outage::Outages,
+    /// Wakes idle workers: a commit (NOTIFY), a resumed target.
+    wake: Arc<tokio::sync::Notify>,
+    /// Batches whose outcomes wait for the database to record them; no
+    /// worker claims meanwhile (a claim could take their expired leases).
+    acks_pending: std::sync::atomic::AtomicUsize,
+    /// When the oldest of those began waiting.
+    acks_waiting_since: std::sync::Mutex<Option<Instant>>,
     /// Set once, by [`Relay::with_watcher`].
     watcher: OnceLock<std::sync::Mutex<crate::plugin::watch::PluginWatcher>>,
     /// Set once, by [`Relay::with_native_router`].
@@ -101,6 +112,9 @@ pub struct BatchReport {
     pub dropped: usize,
     /// Rows scheduled for another attempt.
     pub retried: usize,
+    /// Rows waiting, without spending an attempt, for a target to come
+    /// back (or a topic to appear, or their plugin to return).
+    pub waiting: usize,
     /// Rows dead-lettered.
     pub dead: usize,
     /// Rows whose lease was lost before the ack.
@@ -116,6 +130,10 @@ impl Relay {
         Relay {
             inner: Arc::new(Inner {
                 health: WorkerHealth::default(),
+                outages: outage::Outages::default(),
+                wake: Arc::new(tokio::sync::Notify::new()),
+                acks_pending: std::sync::atomic::AtomicUsize::new(0),
+                acks_waiting_since: std::sync::Mutex::new(None),
                 watcher: OnceLock::new(),
                 native_router: OnceLock::new(),
                 capture: OnceLock::new(),
@@ -238,13 +256,18 @@ impl Relay {
         );
     }
 
-    /// Claims and processes one batch.
+    /// Claims and processes one batch. Outcomes the database cannot take
+    /// are held (and tried again) until it can.
     ///
     /// # Errors
-    /// A database error while claiming or acking; the batch's leases then
-    /// expire and the rows are claimed again.
+    /// A database error while claiming; nothing was claimed.
     pub async fn run_once(&self) -> Result<BatchReport, BatchError> {
         let inner = &self.inner;
+        // A claim now could take the leases of rows whose outcomes are on
+        // their way: they would go round again, their attempt spent.
+        while self.acks_pending() {
+            tokio::time::sleep(ACK_RETRY_MAX / 4).await;
+        }
         let claim = inner
             .store
             .claim(
@@ -294,23 +317,20 @@ impl Relay {
                 "publishing",
             ))
         };
-        let plan = plan::plan(&mut routed, may_publish, &not_sent);
+        let held_back = |target: &str| inner.outages.hold_back(target);
+        let plan = plan::plan(&mut routed, may_publish, &not_sent, &held_back);
         let mut results = plan.results;
         self.publish(plan.sends, &mut results).await;
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let now = chrono::Utc::now();
         let plugin_of = |row: &OutboxRow| {
             inner
                 .plugins
                 .select(&row.aggregate_type, &row.event_type)
                 .map_or("none", |slot| inner.plugins.slots()[slot].config().name.as_str())
         };
-        let settled = settle::settle(routed, results, &inner.retry, &now, &plugin_of);
+        let settled = settle::settle(routed, results, &inner.retry, now, &plugin_of);
         self.count(&settled);
-        let acked = inner
-            .store
-            .ack(claim.lease, &settled.outcomes)
-            .await
-            .map_err(BatchError::Ack)?;
+        let acked = self.record(claim.lease, &settled.outcomes).await;
         let report = BatchReport {
             claimed,
             parked,
@@ -337,6 +357,71 @@ impl Relay {
             "Batch done."
         );
         Ok(report)
+    }
+
+    /// Records a batch's outcomes, trying again for as long as the
+    /// database cannot take them (a restart, a failover, a network cut):
+    /// an outage is nobody's attempt, and outcomes dropped here would send
+    /// the rows round again with an attempt spent. Late is safe: the lease
+    /// fences the ack, so rows another relay took meanwhile are left alone.
+    async fn record(&self, lease: store::LeaseId, outcomes: &[store::RowOutcome]) -> Vec<store::RowId> {
+        let inner = &self.inner;
+        let mut pause = Duration::from_millis(100);
+        let mut since: Option<Instant> = None;
+        loop {
+            match inner.store.ack(lease, outcomes).await {
+                Ok(acked) => {
+                    if let Some(since) = since {
+                        inner.acks_pending.fetch_sub(1, Ordering::AcqRel);
+                        *inner
+                            .acks_waiting_since
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                        info!(
+                            rows = outcomes.len(),
+                            waited_ms = since.elapsed().as_millis() as u64,
+                            "The database took the batch's outcomes."
+                        );
+                    }
+                    return acked;
+                }
+                Err(error) => {
+                    if since.is_none() {
+                        since = Some(Instant::now());
+                        inner.acks_pending.fetch_add(1, Ordering::AcqRel);
+                        inner
+                            .acks_waiting_since
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .get_or_insert_with(Instant::now);
+                        warn!(
+                            %error,
+                            rows = outcomes.len(),
+                            "Cannot record the batch's outcomes; holding them until the database takes them. No batch is claimed meanwhile."
+                        );
+                    } else {
+                        debug!(%error, "Recording outcomes failed again.");
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ACK_RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Whether a batch's outcomes are waiting for the database.
+    fn acks_pending(&self) -> bool {
+        self.inner.acks_pending.load(Ordering::Acquire) > 0
+    }
+
+    /// For how long batch outcomes have waited for the database, if any do.
+    pub fn outcomes_waiting(&self) -> Option<Duration> {
+        let since = *self
+            .inner
+            .acks_waiting_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        since.filter(|_| self.acks_pending()).map(|since| since.elapsed())
     }
 
     /// A settled batch's metrics, counted per batch: a labelled counter

@@ -1,6 +1,7 @@
 //! The plan stage: which messages of a routed batch go to which target.
 //! A message a target already acknowledged in an earlier attempt is not sent
-//! again; when the lease is nearly spent nothing is sent at all.
+//! again, nor one to a paused target; when the lease is nearly spent nothing
+//! is sent at all.
 
 use std::collections::BTreeMap;
 
@@ -27,9 +28,16 @@ pub(super) struct Plan {
 
 /// Plans a routed batch. With `may_publish` false (the lease would run out
 /// before the brokers answer) every message not yet acknowledged gets
-/// `not_sent()` as its result. Messages to send are moved out of `routed`,
-/// which keeps their topics for the delivery records.
-pub(super) fn plan(routed: &mut [RoutedRow], may_publish: bool, not_sent: &dyn Fn() -> SinkError) -> Plan {
+/// `not_sent()` as its result; a message to a target for which `held_back`
+/// says why (it is paused) gets that as an unavailable target. Messages to
+/// send are moved out of `routed`, which keeps their topics for the
+/// delivery records.
+pub(super) fn plan(
+    routed: &mut [RoutedRow],
+    may_publish: bool,
+    not_sent: &dyn Fn() -> SinkError,
+    held_back: &dyn Fn(&str) -> Option<String>,
+) -> Plan {
     let mut sends: BTreeMap<String, Vec<(Slot, OutgoingMessage)>> = BTreeMap::new();
     let mut results = Vec::with_capacity(routed.len());
     for (row_index, row) in routed.iter_mut().enumerate() {
@@ -46,6 +54,13 @@ pub(super) fn plan(routed: &mut [RoutedRow], may_publish: bool, not_sent: &dyn F
                 .is_some_and(|d| d.acked_at.is_some());
             if acked {
                 known.push(Some(Ok(())));
+            } else if row.row.held_by.contains(&message.target) {
+                known.push(Some(Err(SinkError::unavailable(format!(
+                    "an earlier event of this aggregate waits for target {:?}; this one waits behind it",
+                    message.target
+                )))));
+            } else if let Some(why) = held_back(&message.target) {
+                known.push(Some(Err(SinkError::unavailable(why))));
             } else if may_publish {
                 known.push(None);
                 let slot = Slot {
@@ -99,6 +114,7 @@ pub(super) mod tests {
                 })
                 .collect::<BTreeMap<_, _>>(),
             malformed: None,
+            held_by: Vec::new(),
         }
     }
 
@@ -141,7 +157,7 @@ pub(super) mod tests {
             ),
             routed(3, &[], &[("nats", "a.3")]),
         ];
-        let plan = plan(&mut batch, true, &not_sent);
+        let plan = plan(&mut batch, true, &not_sent, &|_| None);
         let nats: Vec<_> = plan.sends["nats"]
             .iter()
             .map(|(slot, m)| (*slot, m.topic.clone()))
@@ -169,7 +185,7 @@ pub(super) mod tests {
     #[test]
     fn a_message_acknowledged_earlier_is_not_sent_again() {
         let mut batch = vec![routed(1, &["a.1"], &[("nats", "a.1"), ("kafka", "k.1")])];
-        let plan = plan(&mut batch, true, &not_sent);
+        let plan = plan(&mut batch, true, &not_sent, &|_| None);
         assert!(!plan.sends.contains_key("nats"));
         assert_eq!(plan.sends["kafka"].len(), 1);
         assert!(matches!(plan.results[0][0], Some(Ok(()))));
@@ -179,9 +195,38 @@ pub(super) mod tests {
     #[test]
     fn nothing_is_sent_when_the_lease_is_spent() {
         let mut batch = vec![routed(1, &["a.1"], &[("nats", "a.1"), ("kafka", "k.1")])];
-        let plan = plan(&mut batch, false, &not_sent);
+        let plan = plan(&mut batch, false, &not_sent, &|_| None);
         assert!(plan.sends.is_empty());
         assert!(matches!(plan.results[0][0], Some(Ok(()))));
-        assert!(matches!(&plan.results[0][1], Some(Err(e)) if e.retryable && e.message == "lease spent"));
+        assert!(
+            matches!(&plan.results[0][1], Some(Err(e)) if e.kind == crate::sinks::FailureKind::Transient && e.message == "lease spent")
+        );
+    }
+
+    #[test]
+    fn nothing_is_sent_to_a_paused_target() {
+        let mut batch = vec![routed(1, &[], &[("nats", "a.1"), ("kafka", "k.1")])];
+        let held_back = |target: &str| (target == "kafka").then(|| "kafka is paused".to_string());
+        let plan = plan(&mut batch, true, &not_sent, &held_back);
+        assert!(!plan.sends.contains_key("kafka"));
+        assert_eq!(plan.sends["nats"].len(), 1);
+        assert!(matches!(
+            &plan.results[0][1],
+            Some(Err(e)) if e.kind == crate::sinks::FailureKind::Unavailable && e.message == "kafka is paused"
+        ));
+    }
+
+    #[test]
+    fn a_message_held_behind_its_aggregate_is_not_sent_but_the_others_are() {
+        let mut held = routed(2, &[], &[("nats", "a.2"), ("kafka", "k.2")]);
+        held.row.held_by = vec!["kafka".into()];
+        let mut batch = vec![held];
+        let plan = plan(&mut batch, true, &not_sent, &|_| None);
+        assert!(!plan.sends.contains_key("kafka"));
+        assert_eq!(plan.sends["nats"].len(), 1);
+        assert!(matches!(
+            &plan.results[0][1],
+            Some(Err(e)) if e.kind == crate::sinks::FailureKind::Unavailable && e.message.contains("waits behind it")
+        ));
     }
 }

@@ -1,6 +1,7 @@
 //! The publish stage: each target gets its messages in one call, all targets
 //! at once, each bounded in time; results are counted and logged per target.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -8,6 +9,7 @@ use tracing::warn;
 
 use super::Relay;
 use super::plan::{Results, Slot};
+use crate::config::Handling;
 use crate::metrics::{FailureLabels, TargetLabel};
 use crate::sinks::{OutgoingMessage, SinkError};
 
@@ -31,7 +33,7 @@ impl Relay {
                         .await
                         .unwrap_or_else(|_| {
                             vec![
-                                Err(SinkError::retryable(format!(
+                                Err(SinkError::timed_out(format!(
                                     "target {target:?} did not answer in time"
                                 )));
                                 count
@@ -51,9 +53,11 @@ impl Relay {
     }
 
     /// Metrics per target, and one log line per target and kind of failure:
-    /// the per-row state is in `deliveries`.
+    /// the per-row state is in `deliveries`. A failure that says the target
+    /// cannot be reached pauses it (one line then, not one per batch).
     fn count_and_log(&self, target: &str, outcome: &[Result<(), SinkError>]) {
         let metrics = &self.inner.metrics;
+        let failures = &self.inner.retry.failures;
         let failed: Vec<&SinkError> = outcome.iter().filter_map(|r| r.as_ref().err()).collect();
         metrics
             .published
@@ -61,35 +65,45 @@ impl Relay {
                 target: target.to_string(),
             })
             .inc_by((outcome.len() - failed.len()) as u64);
+        let mut by_handling: BTreeMap<Handling, (usize, &SinkError)> = BTreeMap::new();
         for error in &failed {
-            let error = if error.retryable { "retryable" } else { "permanent" };
             metrics
                 .failed
                 .get_or_create(&FailureLabels {
                     target: target.to_string(),
-                    error,
+                    error: error.kind.as_str(),
                 })
                 .inc();
+            by_handling
+                .entry(failures.handling(error.kind))
+                .or_insert((0, error))
+                .0 += 1;
         }
-        let (retryable, permanent): (Vec<&SinkError>, Vec<&SinkError>) =
-            failed.iter().partition(|error| error.retryable);
-        if let Some(first) = retryable.first() {
-            warn!(
-                sink.name = %target,
-                failed = retryable.len(),
-                sent = outcome.len(),
-                error = %first.message,
-                "Deliveries to this target failed; only they will be retried."
-            );
-        }
-        if let Some(first) = permanent.first() {
-            warn!(
-                sink.name = %target,
-                refused = permanent.len(),
-                sent = outcome.len(),
-                error = %first.message,
-                "This target refused deliveries for good; their rows are dead-lettered."
-            );
+        for (handling, (count, first)) in by_handling {
+            match handling {
+                Handling::Pause => self.pause_target(target, &first.message),
+                Handling::Wait => warn!(
+                    sink.name = %target,
+                    waiting = count,
+                    sent = outcome.len(),
+                    error = %first.message,
+                    "Deliveries to this target cannot go yet; their rows wait without spending attempts."
+                ),
+                Handling::Attempt => warn!(
+                    sink.name = %target,
+                    failed = count,
+                    sent = outcome.len(),
+                    error = %first.message,
+                    "Deliveries to this target failed; only they will be retried."
+                ),
+                Handling::DeadLetter => warn!(
+                    sink.name = %target,
+                    refused = count,
+                    sent = outcome.len(),
+                    error = %first.message,
+                    "This target refused deliveries for good; their rows are dead-lettered."
+                ),
+            }
         }
     }
 }

@@ -1,12 +1,17 @@
-//! Retry policy: how long a failed row waits, when it is given up, and how a
-//! spent lease is explained.
+//! Retry policy: how long a failed row waits, when it is given up, which
+//! failures are the event's own, and how a spent lease is explained.
 
 use std::time::Duration;
 
 use rand::Rng;
 
-use crate::config::RelayConfig;
+use crate::config::{FailurePolicy, RelayConfig};
 use crate::store::Outcome;
+
+/// How long a row waiting on a paused target stays out of the queue if no
+/// relay wakes it first (one that saw the target return wakes it at once).
+/// Only a relay that died while the target was down leaves it to this.
+pub const OUTAGE_RECHECK: Duration = Duration::from_secs(30);
 
 /// When a failed row is tried again, and when it is dead-lettered instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +22,8 @@ pub struct RetryPolicy {
     pub initial_backoff: Duration,
     /// Upper bound of the backoff.
     pub max_backoff: Duration,
+    /// Which failures spend an attempt.
+    pub failures: FailurePolicy,
 }
 
 impl RetryPolicy {
@@ -26,6 +33,32 @@ impl RetryPolicy {
             max_attempts: config.max_attempts,
             initial_backoff: Duration::from_millis(config.initial_backoff_ms),
             max_backoff: Duration::from_millis(config.max_backoff_ms),
+            failures: config.failures,
+        }
+    }
+
+    /// The outcome of a row that cannot go on because `targets` are paused:
+    /// it waits for them without spending its attempt.
+    pub fn wait_for_targets(&self, targets: Vec<String>, reason: String) -> Outcome {
+        Outcome::Defer {
+            after: OUTAGE_RECHECK,
+            reason,
+            waiting_on: targets,
+        }
+    }
+
+    /// The outcome of a failure that is nobody's attempt but pauses no
+    /// target (an unknown topic, refused access): tried again after a delay
+    /// that grows with the row's age, a quarter of it, within the backoff
+    /// bounds, so a long wait is not a busy one.
+    pub fn wait(&self, age: Duration, reason: String) -> Outcome {
+        let quarter = (age / 4).clamp(self.initial_backoff, self.max_backoff.max(self.initial_backoff));
+        let millis = u64::try_from(quarter.as_millis()).unwrap_or(u64::MAX);
+        let jittered = rand::rng().random_range(millis / 2..=millis.max(millis / 2));
+        Outcome::Defer {
+            after: Duration::from_millis(jittered),
+            reason,
+            waiting_on: Vec::new(),
         }
     }
 
@@ -79,7 +112,34 @@ mod tests {
         max_attempts: 3,
         initial_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(5_000),
+        failures: FailurePolicy::DEFAULT,
     };
+
+    #[test]
+    fn a_wait_grows_with_the_rows_age_within_the_backoff_bounds() {
+        let after = |age_ms| match POLICY.wait(Duration::from_millis(age_ms), "no stream".into()) {
+            Outcome::Defer {
+                after, waiting_on, ..
+            } => {
+                assert!(waiting_on.is_empty());
+                after
+            }
+            other => panic!("{other:?}"),
+        };
+        for _ in 0..50 {
+            assert!(after(0) <= Duration::from_millis(100));
+            let young = after(4_000);
+            assert!(
+                (Duration::from_millis(500)..=Duration::from_millis(1_000)).contains(&young),
+                "{young:?}"
+            );
+            let old = after(3_600_000);
+            assert!(
+                (Duration::from_millis(2_500)..=Duration::from_millis(5_000)).contains(&old),
+                "{old:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_slow_claim_is_not_blamed_on_the_plugins() {

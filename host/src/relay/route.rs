@@ -232,7 +232,16 @@ impl Relay {
             );
             let after = Duration::from_millis(inner.config.poll_interval_ms.max(1000));
             return Prepared::Done(
-                RoutedRow::failed(row, Outcome::Defer { after, reason }, None).in_span(&span),
+                RoutedRow::failed(
+                    row,
+                    Outcome::Defer {
+                        after,
+                        reason,
+                        waiting_on: Vec::new(),
+                    },
+                    None,
+                )
+                .in_span(&span),
             );
         };
         Prepared::Wait {

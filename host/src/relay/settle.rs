@@ -3,7 +3,8 @@
 //! permanent failure, retried on a retryable one; the delivery state records
 //! what each target took, so a retry sends only what is missing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use tracing::debug;
 
@@ -11,6 +12,8 @@ use super::BatchReport;
 use super::plan::Results;
 use super::retry::RetryPolicy;
 use super::route::{RoutedRow, RowState};
+use crate::config::Handling;
+use crate::sinks::SinkError;
 use crate::store::{Delivery, OutboxRow, Outcome, RowOutcome};
 
 /// A settled batch.
@@ -29,15 +32,55 @@ pub(super) struct Settled<'a> {
     pub(super) first_dead: Option<String>,
 }
 
+/// The failed deliveries of one row, by what they do to it.
+#[derive(Default)]
+struct Failed {
+    dead: Option<String>,
+    attempt: Option<String>,
+    paused: BTreeSet<String>,
+    pause: Option<String>,
+    wait: Option<String>,
+}
+
+impl Failed {
+    fn add(&mut self, handling: Handling, target: &str, text: String) {
+        match handling {
+            Handling::DeadLetter => self.dead.get_or_insert(text),
+            Handling::Attempt => self.attempt.get_or_insert(text),
+            Handling::Pause => {
+                self.paused.insert(target.to_string());
+                self.pause.get_or_insert(text)
+            }
+            Handling::Wait => self.wait.get_or_insert(text),
+        };
+    }
+
+    /// A refusal dead-letters; else the event's own failure spends the
+    /// attempt; else the row waits, on its paused targets when it has any.
+    fn outcome(self, policy: &RetryPolicy, attempts: u32, age: Duration) -> Outcome {
+        if let Some(error) = self.dead {
+            Outcome::Dead { error }
+        } else if let Some(error) = self.attempt {
+            policy.after_failure(attempts, error)
+        } else if let Some(reason) = self.pause {
+            policy.wait_for_targets(self.paused.into_iter().collect(), reason)
+        } else if let Some(reason) = self.wait {
+            policy.wait(age, reason)
+        } else {
+            Outcome::Published
+        }
+    }
+}
+
 /// Settles a batch. `results` holds every message's result (see
 /// [`super::plan`]); one still missing counts as a retryable failure.
-/// `now` (RFC 3339) stamps new acknowledgements; `plugin_of` names the
-/// plugin a row counts under.
+/// `now` (RFC 3339) stamps new acknowledgements and dates waits;
+/// `plugin_of` names the plugin a row counts under.
 pub(super) fn settle<'a>(
     routed: Vec<RoutedRow>,
     results: Results,
     policy: &RetryPolicy,
-    now: &str,
+    now: chrono::DateTime<chrono::Utc>,
     plugin_of: &dyn Fn(&OutboxRow) -> &'a str,
 ) -> Settled<'a> {
     let mut settled = Settled {
@@ -48,6 +91,11 @@ pub(super) fn settle<'a>(
         unrouted: (0, None),
         first_dead: None,
     };
+    let (now_ms, now) = (
+        now.timestamp_millis(),
+        now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    );
+    let now = now.as_str();
     for (mut row, row_results) in routed.into_iter().zip(results) {
         let attempts = u32::try_from(row.row.attempts).unwrap_or(u32::MAX);
         let mut deliveries = std::mem::take(&mut row.row.deliveries);
@@ -63,8 +111,7 @@ pub(super) fn settle<'a>(
                 if messages.is_empty() {
                     settled.report.dropped += 1;
                 }
-                let mut permanent = None;
-                let mut retryable = None;
+                let mut failed = Failed::default();
                 for (message, result) in messages.iter().zip(row_results) {
                     let entry = deliveries
                         .entry(message.delivery_key.clone())
@@ -74,7 +121,7 @@ pub(super) fn settle<'a>(
                             acked_at: None,
                             error: None,
                         });
-                    match result.unwrap_or_else(|| Err(crate::sinks::SinkError::retryable("not published"))) {
+                    match result.unwrap_or_else(|| Err(SinkError::retryable("not published"))) {
                         Ok(()) => {
                             if entry.acked_at.is_none() {
                                 entry.acked_at = Some(now.to_string());
@@ -86,20 +133,18 @@ pub(super) fn settle<'a>(
                                 "target {:?} topic {:?}: {}",
                                 message.target, message.message.topic, error.message
                             );
+                            failed.add(policy.failures.handling(error.kind), &message.target, text);
                             entry.error = Some(error.message);
-                            if error.retryable {
-                                retryable.get_or_insert(text);
-                            } else {
-                                permanent.get_or_insert(text);
-                            }
                         }
                     }
                 }
-                let outcome = match (permanent, retryable) {
-                    (Some(error), _) => Outcome::Dead { error },
-                    (None, Some(error)) => policy.after_failure(attempts, error),
-                    (None, None) => Outcome::Published,
-                };
+                if failed.pause.is_some() {
+                    // The targets its earlier events wait for stay in its
+                    // set, so the next row of its aggregate learns them all.
+                    failed.paused.extend(row.row.held_by.iter().cloned());
+                }
+                let age = Duration::from_millis(u64::try_from(now_ms - row.row.created_at_ms).unwrap_or(0));
+                let outcome = failed.outcome(policy, attempts, age);
                 (outcome, version)
             }
         };
@@ -113,9 +158,13 @@ pub(super) fn settle<'a>(
                     "published"
                 }
             }
-            Outcome::Retry { .. } | Outcome::Defer { .. } => {
+            Outcome::Retry { .. } => {
                 settled.report.retried += 1;
                 "retried"
+            }
+            Outcome::Defer { .. } => {
+                settled.report.waiting += 1;
+                "waiting"
             }
             Outcome::Dead { error } => {
                 settled.report.dead += 1;
@@ -153,20 +202,27 @@ mod tests {
         max_attempts: 5,
         initial_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(1_000),
+        failures: crate::config::FailurePolicy::DEFAULT,
     };
     const NOW: &str = "2026-11-23T01:00:00.000Z";
+
+    fn now() -> chrono::DateTime<chrono::Utc> {
+        NOW.parse().unwrap()
+    }
 
     fn settle_with(
         mut batch: Vec<RoutedRow>,
         answer: impl Fn(&str, Slot) -> Result<(), SinkError>,
     ) -> Settled<'static> {
-        let mut plan = plan(&mut batch, true, &|| SinkError::retryable("lease spent"));
+        let mut plan = plan(&mut batch, true, &|| SinkError::retryable("lease spent"), &|_| {
+            None
+        });
         for (target, sends) in &plan.sends {
             for (slot, _) in sends {
                 plan.results[slot.row][slot.message] = Some(answer(target, *slot));
             }
         }
-        settle(batch, plan.results, &POLICY, NOW, &|_| "route-by-type")
+        settle(batch, plan.results, &POLICY, now(), &|_| "route-by-type")
     }
 
     #[test]
@@ -286,10 +342,90 @@ mod tests {
     #[test]
     fn a_message_without_a_result_is_retried() {
         let mut batch = vec![routed(1, &[], &[("nats", "a.1")])];
-        let results = plan(&mut batch, true, &|| SinkError::retryable("x")).results;
-        let settled = settle(batch, results, &POLICY, NOW, &|_| "p");
+        let results = plan(&mut batch, true, &|| SinkError::retryable("x"), &|_| None).results;
+        let settled = settle(batch, results, &POLICY, now(), &|_| "p");
         assert!(
             matches!(&settled.outcomes[0].outcome, Outcome::Retry { error, .. } if error.ends_with("not published"))
         );
+    }
+
+    #[test]
+    fn an_unreachable_target_makes_the_row_wait_without_spending_its_attempt() {
+        let mut last = routed(1, &[], &[("nats", "a.1"), ("kafka", "k.1")]);
+        last.row.attempts = 5;
+        let settled = settle_with(vec![last], |target, _| {
+            if target == "kafka" {
+                Err(SinkError::unavailable("all brokers down"))
+            } else {
+                Ok(())
+            }
+        });
+        let outcome = &settled.outcomes[0];
+        match &outcome.outcome {
+            Outcome::Defer {
+                waiting_on, reason, ..
+            } => {
+                assert_eq!(waiting_on, &["kafka".to_string()]);
+                assert!(reason.contains("all brokers down"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(outcome.deliveries["a.1"].acked_at.as_deref(), Some(NOW));
+        assert_eq!(settled.report.waiting, 1);
+        assert_eq!(settled.report.dead, 0);
+        assert_eq!(settled.tally[&("route-by-type", "waiting")], 1);
+    }
+
+    #[test]
+    fn the_events_own_failure_spends_the_attempt_even_beside_an_outage() {
+        let mut last = routed(1, &[], &[("nats", "a.1"), ("kafka", "k.1")]);
+        last.row.attempts = 5;
+        let settled = settle_with(vec![last], |target, _| {
+            Err(if target == "kafka" {
+                SinkError::unavailable("all brokers down")
+            } else {
+                SinkError::retryable("stream answered an error")
+            })
+        });
+        assert!(
+            matches!(&settled.outcomes[0].outcome, Outcome::Dead { error } if error.contains("stream answered an error"))
+        );
+    }
+
+    #[test]
+    fn an_unknown_topic_waits_without_pausing_its_target() {
+        let mut last = routed(1, &[], &[("nats", "a.1")]);
+        last.row.attempts = 5;
+        let settled = settle_with(vec![last], |_, _| {
+            Err(SinkError::new(
+                crate::sinks::FailureKind::UnknownTopic,
+                "no stream",
+            ))
+        });
+        assert!(
+            matches!(&settled.outcomes[0].outcome, Outcome::Defer { waiting_on, .. } if waiting_on.is_empty())
+        );
+    }
+
+    #[test]
+    fn a_held_row_waits_on_every_target_its_predecessors_wait_on() {
+        // Its predecessor waits on kafka and audit; it sends to nats and kafka.
+        let mut held = routed(2, &[], &[("nats", "a.2"), ("kafka", "k.2")]);
+        held.row.held_by = vec!["audit".into(), "kafka".into()];
+        let mut batch = vec![held];
+        let mut plan = plan(&mut batch, true, &|| SinkError::retryable("x"), &|_| None);
+        for sends in plan.sends.values() {
+            for (slot, _) in sends {
+                plan.results[slot.row][slot.message] = Some(Ok(()));
+            }
+        }
+        let settled = settle(batch, plan.results, &POLICY, now(), &|_| "p");
+        let outcome = &settled.outcomes[0];
+        assert!(
+            matches!(&outcome.outcome, Outcome::Defer { waiting_on, .. } if waiting_on == &["audit".to_string(), "kafka".to_string()]),
+            "{:?}",
+            outcome.outcome
+        );
+        assert_eq!(outcome.deliveries["a.2"].acked_at.as_deref(), Some(NOW));
     }
 }

@@ -24,7 +24,16 @@ impl Relay {
     /// Only if the leases could not be released at the end; transient database
     /// and broker errors are retried inside.
     pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let wake = Arc::new(Notify::new());
+        let wake = self.inner.wake.clone();
+        // Targets are up (the relay connected them): rows a relay left
+        // waiting on one that was down go now, not at their late recheck.
+        match self.inner.store.wake_waiting(None).await {
+            Ok(0) => {}
+            Ok(woken) => info!(woken, "Rows waiting on targets that are up now are due."),
+            Err(error) => {
+                warn!(%error, "Could not wake rows waiting on targets; they are tried at their recheck.")
+            }
+        }
         // Ended with this future even when it is dropped rather than shut
         // down: a detached listener or sweeper would outlive its relay.
         let listener = AbortOnDropHandle::new(tokio::spawn(listen::listen(

@@ -81,7 +81,7 @@ impl Sink for FileSink {
                 written = file.sync_data().await;
             }
             let result = written
-                .map_err(|e| SinkError::retryable(format!("cannot write to {}: {e}", self.path.display())));
+                .map_err(|e| SinkError::unavailable(format!("cannot write to {}: {e}", self.path.display())));
             vec![result; messages.len()]
         })
     }

@@ -39,31 +39,85 @@ pub struct OutgoingMessage {
     pub dedup_id: String,
 }
 
+/// Why a delivery failed, and so whose fault it is. The relay decides from
+/// the kind (through `[relay.failures]` for the ambiguous ones) whether a
+/// failure spends one of the event's attempts; see the README's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The target cannot be reached or is not serving: connection refused
+    /// or lost, broker restarting, no leader. Never the event's fault: the
+    /// target is paused and its rows wait.
+    Unavailable,
+    /// The target did not answer in time. Usually an outage; configurable.
+    TimedOut,
+    /// The topic, subject's stream, or exchange does not exist (yet).
+    UnknownTopic,
+    /// The target refused the credentials or the permission.
+    Unauthorized,
+    /// A failure of this message that a later attempt may not repeat; it
+    /// spends one of the event's attempts.
+    Transient,
+    /// Refused for good (too large, invalid subject or header, refused by
+    /// policy): the row is dead-lettered.
+    Refused,
+}
+
+impl FailureKind {
+    /// The label used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Unavailable => "unavailable",
+            FailureKind::TimedOut => "timed_out",
+            FailureKind::UnknownTopic => "unknown_topic",
+            FailureKind::Unauthorized => "unauthorized",
+            FailureKind::Transient => "transient",
+            FailureKind::Refused => "refused",
+        }
+    }
+}
+
 /// A failed delivery, classified.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct SinkError {
-    /// Retrying may help (broker down, timeout, back-pressure).
-    pub retryable: bool,
+    /// Why it failed.
+    pub kind: FailureKind,
     /// What went wrong, for `last_error`.
     pub message: String,
 }
 
 impl SinkError {
-    /// A failure that a later attempt may not repeat.
-    pub fn retryable(message: impl Into<String>) -> Self {
+    /// A failure of the given kind.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
         SinkError {
-            retryable: true,
+            kind,
             message: message.into(),
         }
     }
 
+    /// The event's own failure that a later attempt may not repeat.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        SinkError::new(FailureKind::Transient, message)
+    }
+
     /// A failure that will happen again on every attempt.
     pub fn permanent(message: impl Into<String>) -> Self {
-        SinkError {
-            retryable: false,
-            message: message.into(),
-        }
+        SinkError::new(FailureKind::Refused, message)
+    }
+
+    /// The target is down or unreachable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        SinkError::new(FailureKind::Unavailable, message)
+    }
+
+    /// The target did not answer in time.
+    pub fn timed_out(message: impl Into<String>) -> Self {
+        SinkError::new(FailureKind::TimedOut, message)
+    }
+
+    /// Whether a later attempt can succeed (every kind but [`FailureKind::Refused`]).
+    pub fn retryable_kind(&self) -> bool {
+        self.kind != FailureKind::Refused
     }
 }
 

@@ -73,7 +73,7 @@ impl Sink for StdoutSink {
                 let mut out = std::io::stdout().lock();
                 out.write_all(text.as_bytes()).and_then(|()| out.flush())
             };
-            let result = written.map_err(|e| SinkError::retryable(format!("cannot write to stdout: {e}")));
+            let result = written.map_err(|e| SinkError::unavailable(format!("cannot write to stdout: {e}")));
             vec![result; messages.len()]
         })
     }

@@ -48,6 +48,11 @@ pub(super) trait Backend {
     ) -> Result<Vec<RowId>, Error>;
     /// Parked rows no ack will free back to the queue; how many.
     async fn unpark_stranded(&self, dead_letter_blocks: bool, limit: u32) -> Result<u64, Error>;
+    /// Sets up to `limit` rows waiting on `target` (on any target when
+    /// `None`) due now; how many.
+    async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error>;
+    /// Pending rows waiting on each target.
+    async fn waiting_by_target(&self) -> Result<BTreeMap<String, i64>, Error>;
     /// Unfinished rows in id order, changing nothing.
     async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error>;
     /// Releases every lease `owner` holds.

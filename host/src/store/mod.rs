@@ -444,6 +444,32 @@ impl OutboxStore {
         dispatch!(self, backend => backend.unpark_stranded(blocks, limit).await)
     }
 
+    /// Sets every row waiting on `target` (on any target when `None`) due
+    /// now, in statements of at most 5,000 rows; how many. Run when a
+    /// paused target is back, and at start for the targets that are up.
+    ///
+    /// # Errors
+    /// [`Error::Database`]; rows woken before it stay woken.
+    pub async fn wake_waiting(&self, target: Option<&str>) -> Result<u64, Error> {
+        const CHUNK: u32 = 5_000;
+        let mut woken = 0;
+        loop {
+            let moved = dispatch!(self, backend => backend.wake_waiting(target, CHUNK).await)?;
+            woken += moved;
+            if moved < u64::from(CHUNK) {
+                return Ok(woken);
+            }
+        }
+    }
+
+    /// How many pending rows wait on each paused target.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn waiting_by_target(&self) -> Result<BTreeMap<String, i64>, Error> {
+        dispatch!(self, backend => backend.waiting_by_target().await)
+    }
+
     /// Records one row; if the database refuses its outcome, records it dead
     /// with the reason instead, so that the row cannot come back every lease.
     async fn ack_alone(&self, lease: LeaseId, row: &RowOutcome) -> Result<Vec<RowId>, Error> {
@@ -503,6 +529,7 @@ impl OutboxStore {
     pub async fn stats(&self) -> Result<OutboxStats, Error> {
         let mut stats = dispatch!(self, backend => backend.stats().await)?;
         stats.oldest_pending_age_seconds = self.oldest_pending_age().await?;
+        stats.waiting_on_targets = self.waiting_by_target().await?;
         Ok(stats)
     }
 

@@ -109,6 +109,7 @@ fn row_from_record(record: &SqliteRow) -> Result<OutboxRow, sqlx::Error> {
     };
     let mut row = OutboxRow {
         malformed: None,
+        held_by: Vec::new(),
         // INTEGER PRIMARY KEY: always an integer.
         id: RowId(record.try_get("id")?),
         event_id,
@@ -245,8 +246,14 @@ impl Backend for Sqlite {
             let (backoff_ms, error, refund) = match &row.outcome {
                 Outcome::Published => (0, None, false),
                 Outcome::Retry { after, error } => (duration_ms(*after), Some(error.as_str()), false),
-                Outcome::Defer { after, reason } => (duration_ms(*after), Some(reason.as_str()), true),
+                Outcome::Defer { after, reason, .. } => (duration_ms(*after), Some(reason.as_str()), true),
                 Outcome::Dead { error } => (0, Some(error.as_str()), false),
+            };
+            let waiting_on = match &row.outcome {
+                Outcome::Defer { waiting_on, .. } if !waiting_on.is_empty() => {
+                    Some(serde_json::Value::from(waiting_on.clone()).to_string())
+                }
+                _ => None,
             };
             let status = row.outcome.status();
             if row.outcome == Outcome::Published && published_rows != PublishedRows::Keep {
@@ -264,7 +271,8 @@ impl Backend for Sqlite {
                     attempts = attempts - ?5,
                     deliveries = ?6,
                     plugin_version = COALESCE(?7, plugin_version),
-                    lease_owner = NULL, lease_id = NULL, lease_expires_at = NULL
+                    lease_owner = NULL, lease_id = NULL, lease_expires_at = NULL,
+                    waiting_on = ?10
               WHERE id = ?8 AND status = 'in_flight' AND lease_id = ?9",
             )
             .bind(status)
@@ -276,6 +284,7 @@ impl Backend for Sqlite {
             .bind(row.plugin_version.as_deref())
             .bind(row.id.0)
             .bind(&lease)
+            .bind(waiting_on)
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 1 {
@@ -289,6 +298,34 @@ impl Backend for Sqlite {
     async fn unpark_stranded(&self, _dead_letter_blocks: bool, _limit: u32) -> Result<u64, Error> {
         // One writer: claims never park rows here.
         Ok(0)
+    }
+
+    async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {
+        let woken = sqlx::query(
+            "UPDATE switchyard_outbox SET waiting_on = NULL, next_attempt_at = ?1
+              WHERE id IN (
+                    SELECT w.id FROM switchyard_outbox w
+                     WHERE w.waiting_on IS NOT NULL AND w.status = 'pending'
+                       AND (?2 IS NULL OR EXISTS (SELECT 1 FROM json_each(w.waiting_on) t WHERE t.value = ?2))
+                     ORDER BY w.id LIMIT ?3)",
+        )
+        .bind(now_ms())
+        .bind(target)
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(woken.rows_affected())
+    }
+
+    async fn waiting_by_target(&self) -> Result<BTreeMap<String, i64>, Error> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT t.value, count(*) FROM switchyard_outbox o, json_each(o.waiting_on) t
+              WHERE o.waiting_on IS NOT NULL AND o.status = 'pending' AND json_valid(o.waiting_on)
+              GROUP BY t.value",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().collect())
     }
 
     async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {

@@ -66,6 +66,11 @@ pub struct OutboxRow {
     pub attempts: i32,
     /// Deliveries acknowledged by earlier attempts.
     pub deliveries: BTreeMap<DeliveryKey, Delivery>,
+    /// Targets an earlier event of its aggregate waits for (they are
+    /// paused): this row's messages to them wait too, so that each target
+    /// still gets the aggregate's events in order, while its messages to
+    /// other targets go now (PostgreSQL; empty elsewhere).
+    pub held_by: Vec<String>,
     /// Why the row cannot be relayed whatever its plugin says (an event id
     /// that is not a UUID): it is dead-lettered with this reason.
     pub malformed: Option<String>,
@@ -130,13 +135,16 @@ pub enum Outcome {
         /// Why, for `last_error`.
         error: String,
     },
-    /// Not this row's fault (its plugin is unloaded): try again later
-    /// without spending an attempt.
+    /// Not this row's fault (a target is down, its plugin is unloaded):
+    /// try again later without spending an attempt.
     Defer {
-        /// Delay before the next look.
+        /// Delay before the next look; rows waiting on a target are woken
+        /// sooner, when it is back.
         after: Duration,
         /// Why, for `last_error`.
         reason: String,
+        /// The paused targets the row waits for (`waiting_on`).
+        waiting_on: Vec<String>,
     },
     /// Give up; keep the row for inspection and replay.
     Dead {
@@ -188,6 +196,8 @@ pub struct OutboxStats {
     pub dead: i64,
     /// Dead letters per event type.
     pub dead_by_event_type: BTreeMap<String, i64>,
+    /// Pending rows waiting for each paused target to come back.
+    pub waiting_on_targets: BTreeMap<String, i64>,
 }
 
 impl OutboxStats {
@@ -204,6 +214,7 @@ impl OutboxStats {
             oldest_pending_age_seconds: None,
             dead: dead_by_type.iter().map(|(_, n)| n).sum(),
             dead_by_event_type: dead_by_type.into_iter().collect(),
+            waiting_on_targets: BTreeMap::new(),
         }
     }
 }

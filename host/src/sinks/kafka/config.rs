@@ -126,8 +126,11 @@ impl KafkaSinkConfig {
             .set("partitioner", "murmur2_random")
             .set("linger.ms", "5")
             .set("message.timeout.ms", publish_timeout.as_millis().to_string())
-            // Report a missing topic (a permanent error) before the message
-            // times out (a retryable one).
+            // A broker back from an outage is reconnected to within a
+            // second (librdkafka's default backs off up to 10 s).
+            .set("reconnect.backoff.max.ms", "1000")
+            // Report a missing topic (unknown_topic) before the message
+            // times out (timed_out).
             .set(
                 "topic.metadata.propagation.max.ms",
                 (publish_timeout / 2).as_millis().to_string(),

@@ -12,7 +12,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 use super::config::KafkaSinkConfig;
-use crate::sinks::{OutgoingMessage, Sink, SinkError};
+use crate::sinks::{FailureKind, OutgoingMessage, Sink, SinkError};
 
 /// Sends librdkafka's log lines and client errors to `tracing`, tagged with the target.
 struct LogContext {
@@ -64,6 +64,8 @@ pub struct KafkaSink {
     /// One metadata probe at a time: each holds a blocking thread while
     /// Kafka is down, and readiness probes keep coming.
     probe: tokio::sync::Mutex<()>,
+    /// The producer lost its brokers mid-request (see [`KafkaSink::renew`]).
+    lost_brokers: std::sync::atomic::AtomicBool,
 }
 
 impl KafkaSink {
@@ -85,6 +87,7 @@ impl KafkaSink {
             producer: Arc::new(RwLock::new(Arc::new(producer))),
             publish_timeout,
             probe: tokio::sync::Mutex::new(()),
+            lost_brokers: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -92,6 +95,43 @@ impl KafkaSink {
         match self.producer.read() {
             Ok(producer) => Arc::clone(&producer),
             Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Replaces a producer that lost its brokers mid-request, once they
+    /// answer again: the first request back is a fresh producer id rather
+    /// than sequence numbers a restarted broker may no longer know (Kafka
+    /// fences them; tansu's SQLite store failed on them for good).
+    /// Nothing is in flight then: every message of those requests failed.
+    async fn renew(&self) {
+        if !self.lost_brokers.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let (name, config, slot) = (
+            self.name.clone(),
+            self.client_config.clone(),
+            Arc::clone(&self.producer),
+        );
+        let renewed = tokio::task::spawn_blocking(move || {
+            let fresh = Arc::new(create(&name, &config)?);
+            let old = match slot.write() {
+                Ok(mut slot) => std::mem::replace(&mut *slot, fresh),
+                Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), fresh),
+            };
+            drop(old);
+            Ok::<(), SinkError>(())
+        })
+        .await;
+        match renewed {
+            Ok(Ok(())) => {
+                tracing::info!(sink.name = %self.name, "Kafka is back; publishing with a new producer.")
+            }
+            Ok(Err(e)) => {
+                tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.")
+            }
+            Err(e) => {
+                tracing::error!(sink.name = %self.name, error = %e, "Replacing the Kafka producer failed.")
+            }
         }
     }
 
@@ -205,38 +245,59 @@ pub(crate) fn check_topic(topic: &str) -> Result<(), SinkError> {
     }
 }
 
-/// Sorts a producer error into retryable or permanent, with a message for `last_error`.
+/// Sorts a producer error by whose fault it is, with a message for `last_error`.
 pub fn classify(error: &KafkaError) -> SinkError {
     use RDKafkaErrorCode as C;
     let code = error.rdkafka_error_code();
-    let permanent = matches!(
-        code,
+    let kind = match code {
         Some(
             C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::InvalidMessage
-                | C::InvalidRecord
-                | C::MessageBatchTooLarge
-                | C::UnknownTopic
-                | C::UnknownTopicOrPartition
-                | C::InvalidTopic
-                | C::TopicAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-                | C::UnsupportedForMessageFormat
-                | C::UnsupportedCompressionType
-                | C::InvalidRequiredAcks
-                | C::UnknownPartition
-        )
-    );
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::MessageBatchTooLarge
+            | C::InvalidTopic
+            | C::UnsupportedForMessageFormat
+            | C::UnsupportedCompressionType
+            | C::InvalidRequiredAcks,
+        ) => FailureKind::Refused,
+        Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition) => FailureKind::UnknownTopic,
+        Some(
+            C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::Authentication,
+        ) => FailureKind::Unauthorized,
+        // librdkafka retries a message until `message.timeout.ms`; past it,
+        // the broker was out of reach for the whole of that time.
+        Some(C::MessageTimedOut | C::RequestTimedOut | C::OperationTimedOut) => FailureKind::TimedOut,
+        Some(
+            C::AllBrokersDown
+            | C::BrokerTransportFailure
+            | C::BrokerNotAvailable
+            | C::NetworkException
+            | C::Resolve
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::KafkaStorageError
+            | C::QueueFull
+            | C::Fatal
+            // The broker failed inside (a restarted one answered this for
+            // its first produce requests): its fault, not the event's.
+            | C::Unknown
+            | C::CoordinatorNotAvailable
+            | C::NotCoordinator,
+        ) => FailureKind::Unavailable,
+        _ => FailureKind::Transient,
+    };
     let text = match code {
         Some(code) => format!("Kafka refused the message: {code}"),
         None => format!("Kafka refused the message: {error}"),
     };
-    if permanent {
-        SinkError::permanent(text)
-    } else {
-        SinkError::retryable(text)
-    }
+    SinkError::new(kind, text)
 }
 
 impl Sink for KafkaSink {
@@ -259,13 +320,20 @@ impl Sink for KafkaSink {
                 match queued?.await {
                     Ok(Ok(_delivery)) => Ok(()),
                     Ok(Err((error, _message))) => Err(classify(&error)),
-                    Err(_canceled) => Err(SinkError::retryable(
+                    Err(_canceled) => Err(SinkError::unavailable(
                         "Kafka producer closed before the delivery report",
                     )),
                 }
             }))
             .await;
             if results.iter().any(Result::is_err) {
+                let lost = results.iter().any(|r| {
+                    matches!(r, Err(e) if matches!(e.kind, FailureKind::Unavailable | FailureKind::TimedOut))
+                });
+                if lost {
+                    self.lost_brokers
+                        .store(true, std::sync::atomic::Ordering::Release);
+                }
                 self.replace_if_fatal(&producer).await;
             }
             release(producer);
@@ -282,17 +350,19 @@ impl Sink for KafkaSink {
             // Metadata requests block: keep them off the runtime's threads.
             tokio::task::spawn_blocking(move || {
                 let metadata = producer.client().fetch_metadata(None, timeout).map_err(|e| {
-                    SinkError::retryable(format!("{name}: Kafka cluster is not reachable: {e}"))
+                    SinkError::unavailable(format!("{name}: Kafka cluster is not reachable: {e}"))
                 })?;
                 if metadata.brokers().is_empty() {
-                    return Err(SinkError::retryable(format!(
+                    return Err(SinkError::unavailable(format!(
                         "{name}: Kafka cluster reports no brokers"
                     )));
                 }
                 Ok(())
             })
             .await
-            .map_err(|e| SinkError::retryable(format!("Kafka health check failed: {e}")))?
+            .map_err(|e| SinkError::unavailable(format!("Kafka health check failed: {e}")))??;
+            self.renew().await;
+            Ok(())
         })
     }
 }
@@ -302,32 +372,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn size_and_topic_errors_are_permanent_transport_errors_retryable() {
+    fn errors_are_sorted_by_whose_fault_they_are() {
+        let kind = |code| classify(&KafkaError::MessageProduction(code)).kind;
         let too_large = classify(&KafkaError::MessageProduction(
             RDKafkaErrorCode::MessageSizeTooLarge,
         ));
-        assert!(!too_large.retryable);
+        assert_eq!(too_large.kind, FailureKind::Refused);
         assert!(too_large.message.contains("too large"), "{}", too_large.message);
-        assert!(
-            !classify(&KafkaError::MessageProduction(
-                RDKafkaErrorCode::UnknownTopicOrPartition
-            ))
-            .retryable
+        assert_eq!(
+            kind(RDKafkaErrorCode::UnknownTopicOrPartition),
+            FailureKind::UnknownTopic
         );
+        assert_eq!(
+            kind(RDKafkaErrorCode::TopicAuthorizationFailed),
+            FailureKind::Unauthorized
+        );
+        assert_eq!(kind(RDKafkaErrorCode::MessageTimedOut), FailureKind::TimedOut);
         for code in [
             RDKafkaErrorCode::QueueFull,
-            RDKafkaErrorCode::MessageTimedOut,
             RDKafkaErrorCode::AllBrokersDown,
             RDKafkaErrorCode::NotLeaderForPartition,
             RDKafkaErrorCode::LeaderNotAvailable,
-            RDKafkaErrorCode::RequestTimedOut,
             RDKafkaErrorCode::NotEnoughReplicas,
         ] {
-            assert!(
-                classify(&KafkaError::MessageProduction(code)).retryable,
-                "{code:?}"
-            );
+            assert_eq!(kind(code), FailureKind::Unavailable, "{code:?}");
         }
+        assert_eq!(
+            kind(RDKafkaErrorCode::InvalidProducerEpoch),
+            FailureKind::Transient
+        );
     }
 
     #[test]

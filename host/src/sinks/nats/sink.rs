@@ -28,7 +28,7 @@ use futures::StreamExt;
 use futures::future::{BoxFuture, join_all};
 
 use super::config::{NatsMode, NatsSinkConfig};
-use crate::sinks::{KEY_HEADER, OutgoingMessage, Sink, SinkError};
+use crate::sinks::{FailureKind, KEY_HEADER, OutgoingMessage, Sink, SinkError};
 
 /// The server's default `max_control_line`: a publish whose protocol line
 /// (subject, reply, sizes) is longer makes the server close the connection,
@@ -84,7 +84,7 @@ impl NatsSink {
                 })
                 .await
                 .map_err(|e| {
-                    SinkError::retryable(format!("cannot create JetStream stream {:?}: {e}", stream.name))
+                    SinkError::unavailable(format!("cannot create JetStream stream {:?}: {e}", stream.name))
                 })?;
             let found = created.cached_info().config.duplicate_window;
             if found < window {
@@ -125,7 +125,7 @@ impl NatsSink {
             return Ok(connection);
         }
         self.replace_in_background(&connection);
-        Err(SinkError::retryable(format!(
+        Err(SinkError::unavailable(format!(
             "not connected to NATS ({}); reconnecting",
             self.name
         )))
@@ -142,7 +142,10 @@ impl NatsSink {
             Arc::clone(stale),
         );
         tokio::spawn(async move {
+            // Short: the target is paused meanwhile and resumes only once
+            // connected; a refused connect costs nothing.
             let mut delay = Duration::from_millis(100);
+            let mut failures = 0u64;
             loop {
                 // The old client's own single attempt may have worked.
                 if stale.client.connection_state() == State::Connected {
@@ -158,9 +161,13 @@ impl NatsSink {
                         break;
                     }
                     Err(error) => {
-                        tracing::warn!(sink.name = %name, %error, retry_ms = delay.as_millis() as u64, "NATS is still unreachable.");
+                        // One line a minute, not one a try.
+                        if failures.is_multiple_of(120) {
+                            tracing::warn!(sink.name = %name, %error, failures, "NATS is still unreachable; reconnecting.");
+                        }
+                        failures += 1;
                         tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        delay = (delay * 2).min(Duration::from_millis(500));
                     }
                 }
             }
@@ -175,12 +182,12 @@ impl NatsSink {
         let reply = client
             .request("$JS.API.INFO", bytes::Bytes::new())
             .await
-            .map_err(|e| SinkError::retryable(format!("{}: JetStream is not available: {e}", self.name)))?;
+            .map_err(|e| SinkError::unavailable(format!("{}: JetStream is not available: {e}", self.name)))?;
         let info: serde_json::Value = serde_json::from_slice(&reply.payload)
-            .map_err(|e| SinkError::retryable(format!("{}: JetStream answered garbage: {e}", self.name)))?;
+            .map_err(|e| SinkError::unavailable(format!("{}: JetStream answered garbage: {e}", self.name)))?;
         match info.get("error") {
             None => Ok(()),
-            Some(error) => Err(SinkError::retryable(format!(
+            Some(error) => Err(SinkError::unavailable(format!(
                 "{}: JetStream is not available: {}",
                 self.name,
                 error
@@ -203,7 +210,9 @@ impl NatsSink {
         for message in messages {
             if connection.client.connection_state() != State::Connected {
                 // Dropped mid-batch: hand nothing more to a reconnecting client.
-                pending.push(Err(SinkError::retryable("NATS connection lost during the batch")));
+                pending.push(Err(SinkError::unavailable(
+                    "NATS connection lost during the batch",
+                )));
                 continue;
             }
             let headers = match check_subject(&message.topic).and_then(|()| headers(&message)) {
@@ -298,7 +307,8 @@ impl NatsSink {
         let mut marker = match client.subscribe(inbox.clone()).await {
             Ok(subscription) => subscription,
             Err(e) => {
-                let error = SinkError::retryable(format!("NATS subscribe for the publish check failed: {e}"));
+                let error =
+                    SinkError::unavailable(format!("NATS subscribe for the publish check failed: {e}"));
                 return vec![Err(error); messages.len()];
             }
         };
@@ -332,16 +342,17 @@ impl NatsSink {
             Ok(Ok(())) if statistics.connects.load(Ordering::Acquire) == connects => Ok(()),
             // A reconnect in between: messages sent on the old connection
             // after the server stopped reading it are gone.
-            Ok(Ok(())) => Err("NATS connection was lost during the batch".to_string()),
-            Ok(Err(error)) => Err(error),
-            Err(_) => Err(format!(
+            Ok(Ok(())) => Err(SinkError::unavailable(
+                "NATS connection was lost during the batch",
+            )),
+            Ok(Err(error)) => Err(SinkError::unavailable(error)),
+            Err(_) => Err(SinkError::timed_out(format!(
                 "NATS server did not confirm within {} ms",
                 self.publish_timeout.as_millis()
-            )),
+            ))),
         };
         let _ = marker.unsubscribe().await;
         if let Err(error) = confirmed {
-            let error = SinkError::retryable(error);
             for result in &mut results {
                 if result.is_ok() {
                     *result = Err(error.clone());
@@ -363,10 +374,15 @@ async fn open(config: &NatsSinkConfig, publish_timeout: Duration) -> Result<Conn
         .connect(config.url.as_str())
         .await
         .map_err(|e| {
-            SinkError::retryable(crate::redact::url(&format!(
-                "cannot connect to NATS at {}: {e}",
-                config.url
-            )))
+            let kind = match e.kind() {
+                async_nats::ConnectErrorKind::AuthorizationViolation
+                | async_nats::ConnectErrorKind::Authentication => FailureKind::Unauthorized,
+                _ => FailureKind::Unavailable,
+            };
+            SinkError::new(
+                kind,
+                crate::redact::url(&format!("cannot connect to NATS at {}: {e}", config.url)),
+            )
         })?;
     let jetstream = (config.mode == NatsMode::Jetstream).then(|| {
         jetstream::ContextBuilder::new()
@@ -438,7 +454,7 @@ fn classify_core(kind: CorePublishErrorKind, detail: &str) -> SinkError {
         CorePublishErrorKind::InvalidSubject => {
             SinkError::permanent(format!("invalid NATS subject: {detail}"))
         }
-        CorePublishErrorKind::Send => SinkError::retryable(format!("NATS publish failed: {detail}")),
+        CorePublishErrorKind::Send => SinkError::unavailable(format!("NATS publish failed: {detail}")),
     }
 }
 
@@ -453,14 +469,17 @@ fn classify_jetstream(kind: PublishErrorKind, detail: &str) -> SinkError {
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
             SinkError::permanent(format!("JetStream refused the message: {detail}"))
         }
-        // No stream yet, server down, slow or saturated: an operator or time fixes these.
-        PublishErrorKind::StreamNotFound => SinkError::retryable(format!(
-            "no JetStream stream captures this subject (create one): {detail}"
-        )),
-        PublishErrorKind::TimedOut
-        | PublishErrorKind::BrokenPipe
-        | PublishErrorKind::MaxAckPending
-        | PublishErrorKind::Other => SinkError::retryable(format!("JetStream publish failed: {detail}")),
+        // No stream yet, server down, slow or saturated: an operator or time
+        // fixes these, not another attempt of the event.
+        PublishErrorKind::StreamNotFound => SinkError::new(
+            FailureKind::UnknownTopic,
+            format!("no JetStream stream captures this subject (create one): {detail}"),
+        ),
+        PublishErrorKind::TimedOut => SinkError::timed_out(format!("JetStream publish timed out: {detail}")),
+        PublishErrorKind::BrokenPipe | PublishErrorKind::MaxAckPending => {
+            SinkError::unavailable(format!("JetStream publish failed: {detail}"))
+        }
+        PublishErrorKind::Other => SinkError::retryable(format!("JetStream publish failed: {detail}")),
     }
 }
 
@@ -493,11 +512,11 @@ impl Sink for NatsSink {
             match &connection.jetstream {
                 Some(_) => tokio::time::timeout(self.publish_timeout, self.jetstream_info(client))
                     .await
-                    .map_err(|_| SinkError::retryable(format!("{}: JetStream did not answer", self.name)))?,
+                    .map_err(|_| SinkError::timed_out(format!("{}: JetStream did not answer", self.name)))?,
                 None => tokio::time::timeout(self.publish_timeout, client.flush())
                     .await
-                    .map_err(|_| SinkError::retryable(format!("{}: NATS did not answer", self.name)))?
-                    .map_err(|e| SinkError::retryable(format!("{}: NATS flush failed: {e}", self.name))),
+                    .map_err(|_| SinkError::timed_out(format!("{}: NATS did not answer", self.name)))?
+                    .map_err(|e| SinkError::unavailable(format!("{}: NATS flush failed: {e}", self.name))),
             }
         })
     }
@@ -521,12 +540,12 @@ mod tests {
             "orders\r\nPUB evil 1",
         ] {
             let error = check_subject(bad).unwrap_err();
-            assert!(!error.retryable, "{bad:?}");
+            assert_eq!(error.kind, FailureKind::Refused, "{bad:?}");
         }
         let long = format!("a.{}", "b".repeat(100 * 1024));
         let error = check_subject(&long).unwrap_err();
         assert!(
-            !error.retryable && error.message.contains("control line"),
+            error.kind == FailureKind::Refused && error.message.contains("control line"),
             "{}",
             error.message
         );
@@ -535,8 +554,29 @@ mod tests {
 
     #[test]
     fn a_payload_too_large_is_permanent_a_lost_connection_retryable() {
-        assert!(!classify_core(CorePublishErrorKind::MaxPayloadExceeded, "x").retryable);
-        assert!(!classify_core(CorePublishErrorKind::InvalidSubject, "x").retryable);
-        assert!(classify_core(CorePublishErrorKind::Send, "x").retryable);
+        assert_eq!(
+            classify_core(CorePublishErrorKind::MaxPayloadExceeded, "x").kind,
+            FailureKind::Refused
+        );
+        assert_eq!(
+            classify_core(CorePublishErrorKind::InvalidSubject, "x").kind,
+            FailureKind::Refused
+        );
+        assert_eq!(
+            classify_core(CorePublishErrorKind::Send, "x").kind,
+            FailureKind::Unavailable
+        );
+        assert_eq!(
+            classify_jetstream(PublishErrorKind::StreamNotFound, "x").kind,
+            FailureKind::UnknownTopic
+        );
+        assert_eq!(
+            classify_jetstream(PublishErrorKind::BrokenPipe, "x").kind,
+            FailureKind::Unavailable
+        );
+        assert_eq!(
+            classify_jetstream(PublishErrorKind::TimedOut, "x").kind,
+            FailureKind::TimedOut
+        );
     }
 }

@@ -16,7 +16,7 @@ use lapin::{
 use tokio::sync::Mutex;
 
 use super::config::{RabbitMqSinkConfig, SHORT_STRING_MAX};
-use crate::sinks::{KEY_HEADER, OutgoingMessage, Sink, SinkError};
+use crate::sinks::{FailureKind, KEY_HEADER, OutgoingMessage, Sink, SinkError};
 
 /// Upper bound on connecting; a broker that does not answer fails the batch fast.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -98,18 +98,19 @@ impl RabbitMqSink {
             tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&self.config.url, properties))
                 .await
                 .map_err(|_| {
-                    SinkError::retryable(format!(
+                    SinkError::timed_out(format!(
                         "cannot connect to {}: no answer within {} s",
                         crate::redact::url(&self.config.url),
                         CONNECT_TIMEOUT.as_secs()
                     ))
                 })?
                 .map_err(|error| {
-                    SinkError::retryable(format!(
+                    let text = format!(
                         "cannot connect to {}: {}",
                         crate::redact::url(&self.config.url),
                         crate::redact::url(&error.to_string())
-                    ))
+                    );
+                    SinkError::new(kind_of(&error), text)
                 })?;
         let channel = confirm_channel(&connection).await?;
         Ok((connection, channel))
@@ -181,7 +182,7 @@ impl RabbitMqSink {
         let confirmed = sent.into_iter().map(|sent| async move {
             let confirm = sent?;
             match tokio::time::timeout_at(deadline, confirm).await {
-                Err(_) => Err(SinkError::retryable(format!(
+                Err(_) => Err(SinkError::timed_out(format!(
                     "not confirmed by the broker within {} ms",
                     self.publish_timeout.as_millis()
                 ))),
@@ -212,30 +213,36 @@ impl RabbitMqSink {
             Confirmation::Nack(None) => Err(SinkError::retryable(
                 "the broker did not take the message (nack)".to_string(),
             )),
-            Confirmation::NotRequested => Err(SinkError::retryable(format!(
+            Confirmation::NotRequested => Err(SinkError::unavailable(format!(
                 "target {:?}: the channel is not in confirm mode",
                 self.name
             ))),
         }
     }
 
-    /// A missing exchange, refused access or a precondition the broker
-    /// insists on fail the same way every time; a lost connection or
-    /// channel does not.
     fn classify(&self, error: &lapin::Error) -> SinkError {
         let text = format!("{}: {}", message_route(&self.config.exchange), error);
-        match error.kind() {
-            ErrorKind::ProtocolError(amqp) => match amqp.kind() {
-                AMQPErrorKind::Soft(
-                    AMQPSoftError::NOTFOUND
-                    | AMQPSoftError::ACCESSREFUSED
-                    | AMQPSoftError::PRECONDITIONFAILED
-                    | AMQPSoftError::CONTENTTOOLARGE,
-                ) => SinkError::permanent(text),
-                _ => SinkError::retryable(text),
-            },
-            _ => SinkError::retryable(text),
-        }
+        SinkError::new(kind_of(error), text)
+    }
+}
+
+/// A precondition the broker insists on or a message too large fail the
+/// same way every time; a missing exchange or refused access until an
+/// operator acts; a lost connection or channel, or a broker shutting down,
+/// until it is back.
+fn kind_of(error: &lapin::Error) -> FailureKind {
+    match error.kind() {
+        ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => FailureKind::UnknownTopic,
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => FailureKind::Unauthorized,
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED | AMQPSoftError::CONTENTTOOLARGE) => {
+                FailureKind::Refused
+            }
+            _ => FailureKind::Unavailable,
+        },
+        ErrorKind::AuthProviderError(_) => FailureKind::Unauthorized,
+        ErrorKind::ParsingError(_) | ErrorKind::SerialisationError(_) => FailureKind::Transient,
+        _ => FailureKind::Unavailable,
     }
 }
 
@@ -245,9 +252,14 @@ impl RabbitMqSink {
 /// and restart, with the durable queue and binding in place).
 fn unroutable(problem: String, grace_until: Option<Instant>, now: Instant) -> SinkError {
     match grace_until {
-        Some(until) if now < until => SinkError::retryable(format!(
-            "{problem}; retried: the connection was re-established moments ago and the broker may still be restoring its bindings"
-        )),
+        // The binding this topic needs is not back yet: waits like a
+        // topic that does not exist, without pausing the target.
+        Some(until) if now < until => SinkError::new(
+            FailureKind::UnknownTopic,
+            format!(
+                "{problem}; retried: the connection was re-established moments ago and the broker may still be restoring its bindings"
+            ),
+        ),
         _ => SinkError::permanent(problem),
     }
 }
@@ -264,11 +276,11 @@ async fn confirm_channel(connection: &Connection) -> Result<Channel, SinkError> 
     let channel = connection
         .create_channel()
         .await
-        .map_err(|e| SinkError::retryable(format!("cannot open a channel: {e}")))?;
+        .map_err(|e| SinkError::unavailable(format!("cannot open a channel: {e}")))?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
-        .map_err(|e| SinkError::retryable(format!("cannot enable publisher confirms: {e}")))?;
+        .map_err(|e| SinkError::unavailable(format!("cannot enable publisher confirms: {e}")))?;
     Ok(channel)
 }
 
@@ -343,7 +355,7 @@ impl Sink for RabbitMqSink {
                         .create_channel()
                         .await
                         .map_err(|e| self.classify(&e))?,
-                    None => return Err(SinkError::retryable("not connected")),
+                    None => return Err(SinkError::unavailable("not connected")),
                 }
             };
             let options = ExchangeDeclareOptions {
@@ -408,16 +420,21 @@ mod tests {
         let now = Instant::now();
         let problem = || "unroutable: exchange \"orders\" ...".to_string();
         let first_connection = unroutable(problem(), None, now);
-        assert!(!first_connection.retryable, "{}", first_connection.message);
+        assert_eq!(
+            first_connection.kind,
+            FailureKind::Refused,
+            "{}",
+            first_connection.message
+        );
         let soon_after = unroutable(problem(), Some(now + Duration::from_secs(10)), now);
-        assert!(soon_after.retryable);
+        assert_eq!(soon_after.kind, FailureKind::UnknownTopic);
         assert!(
             soon_after.message.contains("restoring its bindings"),
             "{}",
             soon_after.message
         );
         let later = unroutable(problem(), Some(now), now + Duration::from_millis(1));
-        assert!(!later.retryable, "{}", later.message);
+        assert_eq!(later.kind, FailureKind::Refused, "{}", later.message);
         assert_eq!(later.message, problem());
     }
 }

@@ -7,11 +7,16 @@ use crate::store::Error;
 use crate::store::dialect::{ARCHIVE_COLUMNS, deliveries_json};
 use crate::store::types::{LeaseId, Outcome, PublishedRows, RowId, RowOutcome};
 
-/// The batch's outcomes as arrays, bound as `$1`..`$7` and read back with
-/// `unnest` (one statement whatever the batch size).
-const OUTCOMES: &str =
-    "unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bool[])
-       AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund)";
+/// The batch's outcomes as arrays, bound as `$1`..`$7` and `$9` and read
+/// back with `unnest` (one statement whatever the batch size). `waiting`
+/// joins a row's target names with the unit separator: a text array per
+/// row does not fit in one array parameter.
+const OUTCOMES: &str = "unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],
+              $7::bool[], $9::text[])
+       AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund, waiting)";
+
+/// Separates target names in the `waiting` parameter.
+const UNIT_SEPARATOR: char = '\u{1f}';
 
 /// The columns every outcome sets.
 const SET_OUTCOME: &str = "status = d.status,
@@ -25,14 +30,23 @@ const SET_OUTCOME: &str = "status = d.status,
        plugin_version = COALESCE(d.plugin_version, o.plugin_version),
        lease_owner = NULL,
        lease_id = NULL,
-       lease_expires_at = NULL";
+       lease_expires_at = NULL__WAITING__";
 
-/// The ack statements keeping, deleting and archiving published rows. Each
-/// returns `id, status, aggregate_type, aggregate_id` of the rows it changed.
-static ACK_STATEMENTS: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+/// What sets `waiting_on`, when the schema has it.
+const SET_WAITING: &str = ",
+       waiting_on = string_to_array(d.waiting, chr(31))";
+
+/// The ack statements keeping, deleting and archiving published rows, for
+/// an outbox without and with `waiting_on`. Each returns `id, status,
+/// aggregate_type, aggregate_id` of the rows it changed.
+static ACK_STATEMENTS: std::sync::LazyLock<[[String; 3]; 2]> =
+    std::sync::LazyLock::new(|| [ack_statements(""), ack_statements(SET_WAITING)]);
+
+fn ack_statements(set_waiting: &str) -> [String; 3] {
+    let set_outcome = SET_OUTCOME.replace("__WAITING__", set_waiting);
     let update = |published: &str| {
         format!(
-            "UPDATE switchyard_outbox o SET {SET_OUTCOME}
+            "UPDATE switchyard_outbox o SET {set_outcome}
                FROM d
               WHERE o.id = d.id {published}
                 AND o.status = 'in_flight'
@@ -70,7 +84,7 @@ static ACK_STATEMENTS: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::n
         removing(""),
         removing(&archive),
     ]
-});
+}
 
 /// Moves the first parked row of each given aggregate back to the queue.
 /// Its predecessor has just finished; if another one is still unfinished,
@@ -102,6 +116,7 @@ UPDATE switchyard_outbox o
 pub(super) async fn ack(
     pool: &PgPool,
     v2: bool,
+    waiting_column: bool,
     published_rows: PublishedRows,
     lease: LeaseId,
     outcomes: &[RowOutcome],
@@ -113,6 +128,7 @@ pub(super) async fn ack(
     let mut deliveries = Vec::with_capacity(outcomes.len());
     let mut versions = Vec::with_capacity(outcomes.len());
     let mut refunds = Vec::with_capacity(outcomes.len());
+    let mut waiting = Vec::with_capacity(outcomes.len());
     for row in outcomes {
         ids.push(row.id.0);
         statuses.push(row.outcome.status());
@@ -122,13 +138,19 @@ pub(super) async fn ack(
                 i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
                 Some(error.clone()),
             ),
-            Outcome::Defer { after, reason } => (
+            Outcome::Defer { after, reason, .. } => (
                 i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
                 Some(reason.clone()),
             ),
             Outcome::Dead { error } => (0, Some(error.clone())),
         };
         refunds.push(matches!(row.outcome, Outcome::Defer { .. }));
+        waiting.push(match &row.outcome {
+            Outcome::Defer { waiting_on, .. } if !waiting_on.is_empty() => {
+                Some(waiting_on.join(&UNIT_SEPARATOR.to_string()))
+            }
+            _ => None,
+        });
         backoffs.push(backoff);
         // PostgreSQL text cannot hold NUL; plugin-supplied reasons might.
         errors.push(error.map(|e| e.replace('\0', "\u{FFFD}")));
@@ -136,10 +158,11 @@ pub(super) async fn ack(
         versions.push(row.plugin_version.clone());
     }
     // The v1 schema predates deleting in the ack (and parking).
+    let statements = &ACK_STATEMENTS[usize::from(waiting_column)];
     let statement = match (v2, published_rows) {
-        (false, _) | (true, PublishedRows::Keep) => &ACK_STATEMENTS[0],
-        (true, PublishedRows::Delete) => &ACK_STATEMENTS[1],
-        (true, PublishedRows::Archive) => &ACK_STATEMENTS[2],
+        (false, _) | (true, PublishedRows::Keep) => &statements[0],
+        (true, PublishedRows::Delete) => &statements[1],
+        (true, PublishedRows::Archive) => &statements[2],
     };
     let mut tx = pool.begin().await?;
     let updated = sqlx::query(statement)
@@ -151,14 +174,23 @@ pub(super) async fn ack(
         .bind(&versions)
         .bind(&refunds)
         .bind(lease.0)
+        .bind(&waiting)
         .fetch_all(&mut *tx)
         .await?;
+    // A row now waiting for a paused target lets the next one of its
+    // aggregate through, as a finished one does (see the claim's `held_by`).
+    let waiting_rows: std::collections::HashSet<i64> = outcomes
+        .iter()
+        .filter(|o| matches!(&o.outcome, Outcome::Defer { waiting_on, .. } if !waiting_on.is_empty()))
+        .map(|o| o.id.0)
+        .collect();
     let mut acked = Vec::with_capacity(updated.len());
     let (mut types, mut aggregates) = (Vec::new(), Vec::new());
     for row in &updated {
-        acked.push(RowId(row.try_get(0)?));
+        let id: i64 = row.try_get(0)?;
+        acked.push(RowId(id));
         let status: &str = row.try_get(1)?;
-        if v2 && status != "pending" {
+        if v2 && (status != "pending" || (waiting_column && waiting_rows.contains(&id))) {
             types.push(row.try_get::<String, _>(2)?);
             aggregates.push(row.try_get::<String, _>(3)?);
         }

@@ -32,6 +32,7 @@ fn row_from_record(record: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Er
     }
     let mut row = OutboxRow {
         malformed: None,
+        held_by: Vec::new(),
         id: RowId(record.try_get(0)?),
         // The column is a uuid: PostgreSQL refuses anything else at insert.
         event_id: lenient(record, 1, "event_id", &mut problem),
@@ -70,15 +71,22 @@ const QUERY_CANCELED: &str = "57014";
 const DUE: &str = "GREATEST(o.next_attempt_at, o.not_before)";
 const DUE_FROM_CREATED_AT: &str = "GREATEST(o.next_attempt_at, o.not_before, o.created_at)";
 
-/// The claim statements, assembled once: index 0 lets later events of an
-/// aggregate pass a dead-lettered one, index 1 keeps them waiting.
-static CLAIM_STATEMENTS: std::sync::LazyLock<[String; 2]> =
-    std::sync::LazyLock::new(|| claim_statements(DUE));
-static CLAIM_STATEMENTS_DUE_FROM_CREATED_AT: std::sync::LazyLock<[String; 2]> =
-    std::sync::LazyLock::new(|| claim_statements(DUE_FROM_CREATED_AT));
+/// What a blocker that waits for paused targets lets through: its
+/// `waiting_on` while it is pending (an outbox without the column: nothing).
+const BLOCKER_WAITING_ON: &str = "CASE WHEN e.status = 'pending' THEN e.waiting_on END";
+const NO_WAITING_ON: &str = "NULL::text[]";
 
-fn claim_statements(due: &str) -> [String; 2] {
+/// The claim statements, assembled once, by [due index][`waiting_on`
+/// column][dead letters block]: index 0 of the last lets later events of
+/// an aggregate pass a dead-lettered one, index 1 keeps them waiting.
+static CLAIM_STATEMENTS: std::sync::LazyLock<[[[String; 2]; 2]; 2]> = std::sync::LazyLock::new(|| {
+    [DUE, DUE_FROM_CREATED_AT]
+        .map(|due| [NO_WAITING_ON, BLOCKER_WAITING_ON].map(|w| claim_statements(due, w)))
+});
+
+fn claim_statements(due: &str, waiting_on: &str) -> [String; 2] {
     let base = CLAIM_SQL
+        .replace("__WAITING_ON__", waiting_on)
         .replace("__DUE__", due)
         .replace("__TAKE_LEASE__", TAKE_LEASE)
         .replace("__ROW_COLUMNS__", ROW_COLUMNS)
@@ -132,6 +140,11 @@ static CLAIM_V1_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLo
 //    previous candidate of the same aggregate if there is one (locked here
 //    already), else the nearest such row (a LATERAL ... LIMIT 1 on the
 //    unfinished index; one probe per aggregate, not per candidate).
+//    A nearest row that waits for paused targets (`waiting_on`, pending)
+//    does not block: the candidate is claimed `held_by` those targets, and
+//    its messages to them wait too. Every row that waits so has every
+//    earlier unfinished row of its aggregate waiting on a subset of its
+//    targets, so the nearest one names them all.
 // 3. Candidates with none are heads: leased (`claimed`). The others are
 //    parked (`held` behind a dead letter), out of the due index, so no
 //    later claim walks them again - but only behind a predecessor locked
@@ -158,10 +171,11 @@ WITH due AS MATERIALIZED (
 ), probe AS MATERIALIZED (
     SELECT r.id, r.aggregate_type, r.aggregate_id,
            r.previous IS NOT NULL AS own,
-           COALESCE(r.previous, b.id) AS blocker
+           COALESCE(r.previous, b.id) AS blocker,
+           b.waiting_on AS held_by
       FROM ranked r
       LEFT JOIN LATERAL (
-           SELECT e.id FROM switchyard_outbox e
+           SELECT e.id, __WAITING_ON__ AS waiting_on FROM switchyard_outbox e
             WHERE r.previous IS NULL
               AND e.aggregate_type = r.aggregate_type
               AND e.aggregate_id = r.aggregate_id
@@ -184,7 +198,7 @@ WITH due AS MATERIALIZED (
               AND e.queue IS NOT NULL
               __DEAD_FILTER__
               FOR SHARE SKIP LOCKED) l ON true
-     WHERE p.blocker IS NOT NULL AND (p.own OR l.dead IS NOT NULL)
+     WHERE p.blocker IS NOT NULL AND p.held_by IS NULL AND (p.own OR l.dead IS NOT NULL)
      LIMIT __PARK_LIMIT__
 ), parked AS (
     UPDATE switchyard_outbox o
@@ -195,12 +209,15 @@ WITH due AS MATERIALIZED (
 ), claimed AS (
     UPDATE switchyard_outbox o
        SET __TAKE_LEASE__
-     WHERE o.id = ANY (ARRAY(SELECT p.id FROM probe p WHERE p.blocker IS NULL))
+     WHERE o.id = ANY (ARRAY(SELECT p.id FROM probe p WHERE p.blocker IS NULL OR p.held_by IS NOT NULL))
     RETURNING __ROW_COLUMNS__
+), held_by AS MATERIALIZED (
+    -- Empty unless a target is paused.
+    SELECT p.id, p.held_by FROM probe p WHERE p.held_by IS NOT NULL
 )
-SELECT c.*, (SELECT count(*) FROM parked) AS parked,
+SELECT c.*, h.held_by, (SELECT count(*) FROM parked) AS parked,
        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s
-  FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+  FROM (SELECT 1) AS one LEFT JOIN claimed c ON true LEFT JOIN held_by h ON h.id = c.id
 "#;
 
 // The v1 claim: a scan over every unfinished row with the head-of-line test
@@ -270,11 +287,13 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 }
 
 /// Claims up to `limit` rows for `owner`, leased for `lease`; `v2` picks
-/// the statements of the v2 schema. Rows are read one at a time as they
+/// the statements of the v2 schema, `waiting` those that read `waiting_on`. Rows are read one at a time as they
 /// arrive, and a payload over `max_payload_bytes` is let go at once.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn claim(
     pool: &PgPool,
     v2: bool,
+    waiting: bool,
     dead_letter_blocks_aggregate: bool,
     owner: &str,
     limit: u32,
@@ -290,10 +309,10 @@ pub(super) async fn claim(
     let due_from_created_at: bool = sqlx::query_scalar(&claim_settings(lease_ms, v2))
         .fetch_one(&mut *tx)
         .await?;
-    let statements = match (v2, due_from_created_at) {
-        (false, _) => &CLAIM_V1_STATEMENTS,
-        (true, true) => &CLAIM_STATEMENTS_DUE_FROM_CREATED_AT,
-        (true, false) => &CLAIM_STATEMENTS,
+    let statements = if v2 {
+        &CLAIM_STATEMENTS[usize::from(due_from_created_at)][usize::from(waiting)]
+    } else {
+        &*CLAIM_V1_STATEMENTS
     };
     let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
     let mut parked = 0;
@@ -320,6 +339,9 @@ pub(super) async fn claim(
                 }
             }
             let mut row = row_from_record(&record)?;
+            if v2 {
+                row.held_by = record.try_get::<Option<Vec<String>>, _>(12)?.unwrap_or_default();
+            }
             row.refuse_payload_over(max_payload_bytes, None);
             rows.push(row);
         }

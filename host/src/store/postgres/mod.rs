@@ -9,6 +9,7 @@
 
 mod ack;
 mod claim;
+mod waiting;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use super::{Error, MIGRATOR};
 #[derive(Clone, Debug)]
 pub(super) struct Postgres {
     pub(super) pool: PgPool,
-    /// The schema version once known: 0 not yet looked at, 1 or 2.
+    /// What the schema has, once known: [`KNOWN`], [`QUEUES`], [`WAITING`].
     schema: Arc<AtomicU8>,
 }
 
@@ -48,25 +49,41 @@ impl Postgres {
         })
     }
 
-    /// Whether the outbox has the v2 schema (its `queue` column). Asked once;
-    /// `migrate` makes it ask again.
+    /// Whether the outbox has the v2 schema (its `queue` column).
     async fn v2(&self) -> Result<bool, Error> {
-        match self.schema.load(Ordering::Relaxed) {
-            1 => return Ok(false),
-            2 => return Ok(true),
-            _ => {}
+        Ok(self.schema().await? & QUEUES != 0)
+    }
+
+    /// Whether rows can record the targets they wait for (`waiting_on`).
+    async fn has_waiting(&self) -> Result<bool, Error> {
+        Ok(self.schema().await? & WAITING != 0)
+    }
+
+    /// Which of the schema's later columns the outbox has. Asked once;
+    /// `migrate` makes it ask again.
+    async fn schema(&self) -> Result<u8, Error> {
+        let known = self.schema.load(Ordering::Relaxed);
+        if known & KNOWN != 0 {
+            return Ok(known);
         }
-        let v2: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute
-                             WHERE attrelid = to_regclass('switchyard_outbox')
-                               AND attname = 'queue' AND NOT attisdropped)",
+        let (queues, waiting): (bool, bool) = sqlx::query_as(
+            "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on')
+               FROM (SELECT attname FROM pg_attribute
+                      WHERE attrelid = to_regclass('switchyard_outbox') AND NOT attisdropped
+                      UNION ALL SELECT '') a",
         )
         .fetch_one(&self.pool)
         .await?;
-        self.schema.store(if v2 { 2 } else { 1 }, Ordering::Relaxed);
-        Ok(v2)
+        let bits = KNOWN | if queues { QUEUES } else { 0 } | if waiting { WAITING } else { 0 };
+        self.schema.store(bits, Ordering::Relaxed);
+        Ok(bits)
     }
 }
+
+/// [`Postgres::schema`] bits: looked at, has `queue` (v2), has `waiting_on`.
+const KNOWN: u8 = 1;
+const QUEUES: u8 = 2;
+const WAITING: u8 = 4;
 
 impl Backend for Postgres {
     async fn migrate(&self) -> Result<(), Error> {
@@ -150,9 +167,20 @@ impl Backend for Postgres {
         lease: Duration,
         max_payload_bytes: usize,
     ) -> Result<Claim, Error> {
-        let v2 = self.v2().await?;
+        let schema = self.schema().await?;
+        let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
         let blocks = dead_letter_blocks;
-        claim::claim(&self.pool, v2, blocks, owner, limit, lease, max_payload_bytes).await
+        claim::claim(
+            &self.pool,
+            v2,
+            waiting,
+            blocks,
+            owner,
+            limit,
+            lease,
+            max_payload_bytes,
+        )
+        .await
     }
 
     async fn ack(
@@ -161,8 +189,9 @@ impl Backend for Postgres {
         outcomes: &[RowOutcome],
         published_rows: PublishedRows,
     ) -> Result<Vec<RowId>, Error> {
-        let v2 = self.v2().await?;
-        ack::ack(&self.pool, v2, published_rows, lease, outcomes).await
+        let schema = self.schema().await?;
+        let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
+        ack::ack(&self.pool, v2, waiting, published_rows, lease, outcomes).await
     }
 
     async fn unpark_stranded(&self, dead_letter_blocks: bool, limit: u32) -> Result<u64, Error> {
@@ -170,6 +199,20 @@ impl Backend for Postgres {
             return Ok(0);
         }
         ack::unpark_stranded(&self.pool, dead_letter_blocks, limit).await
+    }
+
+    async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {
+        if !self.has_waiting().await? {
+            return Ok(0);
+        }
+        waiting::wake(&self.pool, target, limit).await
+    }
+
+    async fn waiting_by_target(&self) -> Result<BTreeMap<String, i64>, Error> {
+        if !self.has_waiting().await? {
+            return Ok(BTreeMap::new());
+        }
+        waiting::by_target(&self.pool).await
     }
 
     async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {

@@ -1,0 +1,360 @@
+//! The long outage runs: a broker, or PostgreSQL, down for minutes under a
+//! relay process with the default retry settings while writers go on.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use switchyard_tests::kafka::KafkaServer;
+use switchyard_tests::nats::{NatsServer, Received};
+use switchyard_tests::orders::{Expected, Tally, order_event, tally};
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::postgres::{TestDb, fresh_db};
+use switchyard_tests::rabbitmq::RabbitMq;
+use switchyard_tests::relay::Process;
+
+/// Events written per second, one aggregate after another.
+const RATE: u64 = 100;
+const AGGREGATES: usize = 200;
+/// Writing goes on this long before the outage and after the return.
+const AROUND: Duration = Duration::from_secs(30);
+
+/// One outage run's figures.
+pub struct Row {
+    scenario: String,
+    written: usize,
+    dead: i64,
+    tally: Tally,
+    first_after_return_s: Option<f64>,
+    backlog_at_return: i64,
+    drain_rate: Option<f64>,
+}
+
+/// The broker under test.
+enum Broker {
+    Nats(NatsServer),
+    Kafka(KafkaServer, std::path::PathBuf),
+    Rabbit(RabbitMq),
+}
+
+impl Broker {
+    async fn start(kind: &str) -> Broker {
+        match kind {
+            "kafka" => {
+                let dir = std::env::temp_dir().join(format!("sy-kafka-{}", uuid::Uuid::new_v4().simple()));
+                std::fs::create_dir_all(&dir).expect("broker dir");
+                let kafka = KafkaServer::start_durable(&dir).await;
+                kafka.create_topic("orders", 8).await;
+                Broker::Kafka(kafka, dir)
+            }
+            "rabbitmq" => {
+                let rabbit = RabbitMq::own().await;
+                rabbit.declare("orders", "orders-consumer", "orders.#").await;
+                Broker::Rabbit(rabbit)
+            }
+            _ => {
+                let nats = NatsServer::start().await;
+                nats.create_stream("ORDERS", &["orders.>"]).await;
+                Broker::Nats(nats)
+            }
+        }
+    }
+
+    /// The `[targets.out]` body and the topic the plugin names.
+    fn target(&self) -> (String, &'static str) {
+        match self {
+            Broker::Nats(nats) => (
+                format!(
+                    "type = \"nats\"\nurl = \"{}\"\nduplicate_window_seconds = 3600",
+                    nats.url()
+                ),
+                "orders.{event_type}",
+            ),
+            Broker::Kafka(kafka, _) => (
+                format!("type = \"kafka\"\nbootstrap_servers = \"{}\"", kafka.bootstrap()),
+                "orders",
+            ),
+            Broker::Rabbit(rabbit) => (
+                format!(
+                    "type = \"rabbitmq\"\nurl = \"{}\"\nexchange = \"orders\"",
+                    rabbit.url()
+                ),
+                "orders.{event_type}",
+            ),
+        }
+    }
+
+    async fn stop(&mut self) {
+        match self {
+            Broker::Nats(nats) => nats.stop(),
+            Broker::Kafka(kafka, _) => kafka.stop(),
+            Broker::Rabbit(rabbit) => rabbit.stop(),
+        }
+    }
+
+    async fn resume(&mut self) {
+        match self {
+            Broker::Nats(nats) => nats.resume().await,
+            Broker::Kafka(kafka, _) => kafka.resume().await,
+            Broker::Rabbit(rabbit) => rabbit.start().await,
+        }
+    }
+
+    /// What a consumer finds, as NATS-shaped messages.
+    async fn received(&self, expected: usize) -> Vec<Received> {
+        let limit = Duration::from_secs(120);
+        match self {
+            Broker::Nats(nats) => nats.read_stream("ORDERS").await,
+            Broker::Kafka(kafka, _) => {
+                let mut messages = kafka.read_topic("orders", expected, limit).await;
+                // Per aggregate, order is a partition's offset order.
+                messages.sort_by_key(|m| (m.partition, m.offset));
+                messages
+                    .into_iter()
+                    .map(|m| Received {
+                        subject: "orders".into(),
+                        headers: m.headers,
+                        payload: m.payload,
+                    })
+                    .collect()
+            }
+            Broker::Rabbit(rabbit) => rabbit.drain("orders-consumer", expected, limit).await,
+        }
+    }
+}
+
+/// The relay config: defaults everywhere but the admin port.
+fn config(db: &TestDb, target: &str, topic: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{db}"
+
+[admin]
+listen = ""
+
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+[plugins.config]
+default = [{{ target = "out", topic = "{topic}", key = "{{aggregate_id}}" }}]
+
+[targets.out]
+{target}
+"#,
+        db = db.url,
+        plugin = plugin("fan_out").display(),
+    )
+}
+
+/// Writes at [`RATE`] until `until` is cancelled; a write that fails (the
+/// database is down) is tried again until it goes through.
+fn writer(
+    db: &TestDb,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
+    let pool = db.pool.clone();
+    tokio::spawn(async move {
+        let mut expected = HashMap::new();
+        let mut seqs = vec![0usize; AGGREGATES];
+        let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
+        let mut n = 0usize;
+        while !stop.is_cancelled() {
+            tick.tick().await;
+            let aggregate = n % AGGREGATES;
+            let event = order_event(aggregate, seqs[aggregate]);
+            let id: uuid::Uuid = loop {
+                let written = sqlx::query_scalar(
+                    "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+                     VALUES ($1, $2, $3, $4, $5) RETURNING event_id",
+                )
+                .bind(&event.aggregate_type)
+                .bind(&event.aggregate_id)
+                .bind(&event.event_type)
+                .bind(&event.payload)
+                .bind(&event.headers)
+                .fetch_one(&pool)
+                .await;
+                match written {
+                    Ok(id) => break id,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            };
+            expected.insert(
+                id.to_string(),
+                Expected {
+                    aggregate_id: event.aggregate_id,
+                    seq: seqs[aggregate] as u64,
+                    event_type: event.event_type,
+                },
+            );
+            seqs[aggregate] += 1;
+            n += 1;
+        }
+        expected
+    })
+}
+
+fn pg_ctl(action: &str) {
+    let state = std::env::var("SWITCHYARD_STATE_DIR").unwrap_or_else(|_| "/tmp/switchyard-services".into());
+    let bin = std::env::var("SWITCHYARD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    let mut command = std::process::Command::new("runuser");
+    command
+        .args(["-u", "postgres", "--"])
+        .arg(format!("{bin}/pg_ctl"))
+        .args(["-D", &format!("{state}/pg"), "-m", "fast", "-w"]);
+    if action == "start" {
+        command.args(["-l", &format!("{state}/pg/server.log")]);
+    }
+    let status = command
+        .arg(action)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("pg_ctl");
+    assert!(status.success(), "pg_ctl {action} failed");
+}
+
+async fn scalar<T>(db: &TestDb, sql: &str) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    loop {
+        match sqlx::query_scalar(sql).fetch_one(&db.pool).await {
+            Ok(value) => return value,
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// One run: `down` is `nats`, `kafka`, `rabbitmq` (that broker down) or
+/// `pg` (PostgreSQL down, NATS up), for `minutes`.
+pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
+    let db = fresh_db().await;
+    let mut broker = Broker::start(if down == "pg" { "nats" } else { down }).await;
+    let (target, topic) = broker.target();
+    let mut relay = Process::spawn(relay_bin, &config(&db, &target, topic), "relay-0");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writing = writer(&db, stop.clone());
+    tokio::time::sleep(AROUND).await;
+    let outage = Duration::from_secs(minutes * 60);
+    eprintln!("{down}: down for {minutes} min");
+    if down == "pg" {
+        pg_ctl("stop");
+    } else {
+        broker.stop().await;
+    }
+    let started = Instant::now();
+    while started.elapsed() < outage {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        if down != "pg" {
+            let waiting: i64 = scalar(
+                &db,
+                "SELECT count(*) FROM switchyard_outbox WHERE waiting_on IS NOT NULL",
+            )
+            .await;
+            let dead: i64 = scalar(
+                &db,
+                "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
+            )
+            .await;
+            eprintln!(
+                "{down}: {} s down, {waiting} rows waiting on it, {dead} dead",
+                started.elapsed().as_secs()
+            );
+        }
+    }
+    if down == "pg" {
+        pg_ctl("start");
+    } else {
+        broker.resume().await;
+    }
+    let back: chrono::DateTime<chrono::Utc> = scalar(&db, "SELECT now()").await;
+    let backlog_at_return: i64 = scalar(
+        &db,
+        "SELECT count(*) FROM switchyard_outbox WHERE status <> 'published'",
+    )
+    .await;
+    eprintln!("{down}: back; backlog {backlog_at_return}");
+    tokio::time::sleep(AROUND).await;
+    stop.cancel();
+    let expected = writing.await.expect("writer");
+    let total = expected.len() as i64;
+    let limit = Instant::now() + Duration::from_secs(900);
+    while scalar::<i64>(
+        &db,
+        "SELECT count(*) FROM switchyard_outbox WHERE status = 'published'",
+    )
+    .await
+        < total
+        && Instant::now() < limit
+    {
+        if scalar::<i64>(
+            &db,
+            "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
+        )
+        .await
+            > 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    relay.terminate();
+    let dead: i64 = scalar(
+        &db,
+        "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
+    )
+    .await;
+    let (first, drained, drain_s): (Option<f64>, i64, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT extract(epoch FROM min(published_at) - $1)::float8
+                   FROM switchyard_outbox WHERE published_at > $1),
+                count(*), extract(epoch FROM max(published_at) - $1)::float8
+           FROM switchyard_outbox WHERE created_at < $1 AND published_at >= $1",
+    )
+    .bind(back)
+    .fetch_one(&db.pool)
+    .await
+    .expect("figures");
+    let received = broker.received(expected.len()).await;
+    if let Broker::Kafka(_, dir) = &broker {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let counted = tally(&received, &expected);
+    let scenario = match down {
+        "pg" => format!("PostgreSQL down {minutes} min (NATS)"),
+        broker => format!("{broker} down {minutes} min"),
+    };
+    eprintln!("{scenario}: {counted:?}");
+    Row {
+        scenario,
+        written: expected.len(),
+        dead,
+        tally: counted,
+        first_after_return_s: first,
+        backlog_at_return,
+        drain_rate: drain_s.filter(|s| *s > 0.0).map(|s| drained as f64 / s),
+    }
+}
+
+/// Prints the runs as a Markdown table.
+pub fn print(rows: &[Row]) {
+    println!();
+    println!(
+        "| scenario | written | dead-lettered | lost | duplicates | reordered | first delivery after return | backlog at return | drain rate after return |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.scenario,
+            row.written,
+            row.dead,
+            row.tally.lost,
+            row.tally.duplicates,
+            row.tally.reordered,
+            row.first_after_return_s
+                .map_or("-".into(), |s| format!("{s:.2} s")),
+            row.backlog_at_return,
+            row.drain_rate.map_or("-".into(), |r| format!("{r:.0} events/s")),
+        );
+    }
+}
