@@ -57,6 +57,11 @@ impl Outages {
         ))
     }
 
+    /// Whether `target` is paused.
+    fn is_paused(&self, target: &str) -> bool {
+        self.lock().contains_key(target)
+    }
+
     /// Pauses `target`; true when it was not paused yet.
     fn pause(&self, target: &str, reason: &str) -> bool {
         let mut paused = self.lock();
@@ -142,6 +147,45 @@ async fn probe(relay: Weak<Inner>, target: String) {
         "Target reachable again: resumed; its waiting rows are due now."
     );
     inner.wake.notify_waiters();
+}
+
+/// How often every relay looks for rows waiting on targets it has not
+/// paused itself.
+const WAITING_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The backstop behind the probe: rows wait, out of the queue, until a
+/// relay wakes them, and the relay that paused their target may have died
+/// meanwhile. Every relay, now and then, health-checks each target that
+/// has waiting rows and that it has not paused, and wakes them when it
+/// passes. A relay that has it paused leaves it to its probe.
+pub(super) async fn sweep_waiting(relay: Weak<Inner>, shutdown: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(WAITING_SWEEP_INTERVAL) => {}
+            () = shutdown.cancelled() => return,
+        }
+        let Some(inner) = relay.upgrade() else { return };
+        let targets = match inner.store.waiting_by_target().await {
+            Ok(targets) => targets,
+            Err(error) => {
+                warn!(%error, "Looking for rows waiting on targets failed; will try again.");
+                continue;
+            }
+        };
+        for target in targets.keys() {
+            let Some(sink) = inner.sinks.get(target).cloned() else {
+                continue;
+            };
+            if inner.outages.is_paused(target) {
+                continue;
+            }
+            if let Ok(Ok(())) = tokio::time::timeout(PROBE_TIMEOUT, sink.healthcheck()).await {
+                let woken = wake(&inner, Some(target)).await;
+                info!(sink.name = %target, woken, "Rows waiting on a target that is up are due now.");
+                inner.wake.notify_waiters();
+            }
+        }
+    }
 }
 
 /// Sets the rows waiting on `target` (on any target when `None`) due,

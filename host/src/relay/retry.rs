@@ -9,9 +9,11 @@ use crate::config::{FailurePolicy, RelayConfig};
 use crate::store::Outcome;
 
 /// How long a row waiting on a paused target stays out of the queue if no
-/// relay wakes it first (one that saw the target return wakes it at once).
-/// Only a relay that died while the target was down leaves it to this.
-pub const OUTAGE_RECHECK: Duration = Duration::from_secs(30);
+/// relay wakes it: in practice until one does (the relay that paused the
+/// target when it is back, or any relay's sweep of waiting rows). A recheck
+/// that made waiting rows due again would claim every one of them anew,
+/// each time, for as long as the outage lasts.
+pub const OUTAGE_RECHECK: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// When a failed row is tried again, and when it is dead-lettered instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

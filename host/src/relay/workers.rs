@@ -46,6 +46,10 @@ impl Relay {
             wake.clone(),
             shutdown.clone(),
         )));
+        let waiting_sweeper = AbortOnDropHandle::new(tokio::spawn(super::outage::sweep_waiting(
+            std::sync::Arc::downgrade(&self.inner),
+            shutdown.clone(),
+        )));
         let mut workers = JoinSet::new();
         let mut numbers = HashMap::new();
         let spawn = |workers: &mut JoinSet<()>, numbers: &mut HashMap<tokio::task::Id, u32>, worker: u32| {
@@ -92,6 +96,7 @@ impl Relay {
             .is_ok();
         listener.abort();
         sweeper.abort();
+        waiting_sweeper.abort();
         if drained {
             info!(
                 elapsed_ms = started.elapsed().as_millis() as u64,

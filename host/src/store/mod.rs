@@ -445,20 +445,22 @@ impl OutboxStore {
     }
 
     /// Sets every row waiting on `target` (on any target when `None`) due
-    /// now, in statements of at most 5,000 rows; how many. Run when a
+    /// now, oldest first, in statements of at most 5,000 rows (the first
+    /// of 500, so that delivery starts at once); how many. Run when a
     /// paused target is back, and at start for the targets that are up.
     ///
     /// # Errors
     /// [`Error::Database`]; rows woken before it stay woken.
     pub async fn wake_waiting(&self, target: Option<&str>) -> Result<u64, Error> {
-        const CHUNK: u32 = 5_000;
+        let mut chunk = 500;
         let mut woken = 0;
         loop {
-            let moved = dispatch!(self, backend => backend.wake_waiting(target, CHUNK).await)?;
+            let moved = dispatch!(self, backend => backend.wake_waiting(target, chunk).await)?;
             woken += moved;
-            if moved < u64::from(CHUNK) {
+            if moved < u64::from(chunk) {
                 return Ok(woken);
             }
+            chunk = 5_000;
         }
     }
 

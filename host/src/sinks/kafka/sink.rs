@@ -348,7 +348,7 @@ impl Sink for KafkaSink {
             let timeout = HEALTH_TIMEOUT.min(self.publish_timeout);
             let name = self.name.clone();
             // Metadata requests block: keep them off the runtime's threads.
-            tokio::task::spawn_blocking(move || {
+            let checked = tokio::task::spawn_blocking(move || {
                 let metadata = producer.client().fetch_metadata(None, timeout).map_err(|e| {
                     SinkError::unavailable(format!("{name}: Kafka cluster is not reachable: {e}"))
                 })?;
@@ -360,7 +360,14 @@ impl Sink for KafkaSink {
                 Ok(())
             })
             .await
-            .map_err(|e| SinkError::unavailable(format!("Kafka health check failed: {e}")))??;
+            .map_err(|e| SinkError::unavailable(format!("Kafka health check failed: {e}")))?;
+            if let Err(error) = checked {
+                // Also when a publish never got to say so (the relay's own
+                // bound dropped it): the probe's checks fail all outage long.
+                self.lost_brokers
+                    .store(true, std::sync::atomic::Ordering::Release);
+                return Err(error);
+            }
             self.renew().await;
             Ok(())
         })
