@@ -4,12 +4,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use switchyard_tests::kafka::KafkaServer;
-use switchyard_tests::nats::{NatsServer, Received};
+use switchyard_tests::brokers::Broker;
 use switchyard_tests::orders::{Expected, Tally, order_event, tally};
-use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{TestDb, fresh_db};
-use switchyard_tests::rabbitmq::RabbitMq;
 use switchyard_tests::relay::Process;
 
 /// Events written per second, one aggregate after another.
@@ -29,124 +26,7 @@ pub struct Row {
     drain_rate: Option<f64>,
 }
 
-/// The broker under test.
-enum Broker {
-    Nats(NatsServer),
-    Kafka(KafkaServer, std::path::PathBuf),
-    Rabbit(RabbitMq),
-}
-
-impl Broker {
-    async fn start(kind: &str) -> Broker {
-        match kind {
-            "kafka" => {
-                let dir = std::env::temp_dir().join(format!("sy-kafka-{}", uuid::Uuid::new_v4().simple()));
-                std::fs::create_dir_all(&dir).expect("broker dir");
-                let kafka = KafkaServer::start_durable(&dir).await;
-                kafka.create_topic("orders", 8).await;
-                Broker::Kafka(kafka, dir)
-            }
-            "rabbitmq" => {
-                let rabbit = RabbitMq::own().await;
-                rabbit.declare("orders", "orders-consumer", "orders.#").await;
-                Broker::Rabbit(rabbit)
-            }
-            _ => {
-                let nats = NatsServer::start().await;
-                nats.create_stream("ORDERS", &["orders.>"]).await;
-                Broker::Nats(nats)
-            }
-        }
-    }
-
-    /// The `[targets.out]` body and the topic the plugin names.
-    fn target(&self) -> (String, &'static str) {
-        match self {
-            Broker::Nats(nats) => (
-                format!(
-                    "type = \"nats\"\nurl = \"{}\"\nduplicate_window_seconds = 3600",
-                    nats.url()
-                ),
-                "orders.{event_type}",
-            ),
-            Broker::Kafka(kafka, _) => (
-                format!("type = \"kafka\"\nbootstrap_servers = \"{}\"", kafka.bootstrap()),
-                "orders",
-            ),
-            Broker::Rabbit(rabbit) => (
-                format!(
-                    "type = \"rabbitmq\"\nurl = \"{}\"\nexchange = \"orders\"",
-                    rabbit.url()
-                ),
-                "orders.{event_type}",
-            ),
-        }
-    }
-
-    async fn stop(&mut self) {
-        match self {
-            Broker::Nats(nats) => nats.stop(),
-            Broker::Kafka(kafka, _) => kafka.stop(),
-            Broker::Rabbit(rabbit) => rabbit.stop(),
-        }
-    }
-
-    async fn resume(&mut self) {
-        match self {
-            Broker::Nats(nats) => nats.resume().await,
-            Broker::Kafka(kafka, _) => kafka.resume().await,
-            Broker::Rabbit(rabbit) => rabbit.start().await,
-        }
-    }
-
-    /// What a consumer finds, as NATS-shaped messages.
-    async fn received(&self, expected: usize) -> Vec<Received> {
-        let limit = Duration::from_secs(120);
-        match self {
-            Broker::Nats(nats) => nats.read_stream("ORDERS").await,
-            Broker::Kafka(kafka, _) => {
-                let mut messages = kafka.read_topic("orders", expected, limit).await;
-                // Per aggregate, order is a partition's offset order.
-                messages.sort_by_key(|m| (m.partition, m.offset));
-                messages
-                    .into_iter()
-                    .map(|m| Received {
-                        subject: "orders".into(),
-                        headers: m.headers,
-                        payload: m.payload,
-                    })
-                    .collect()
-            }
-            Broker::Rabbit(rabbit) => rabbit.drain("orders-consumer", expected, limit).await,
-        }
-    }
-}
-
-/// The relay config: defaults everywhere but the admin port.
-fn config(db: &TestDb, target: &str, topic: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-
-[admin]
-listen = ""
-
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-[plugins.config]
-default = [{{ target = "out", topic = "{topic}", key = "{{aggregate_id}}" }}]
-
-[targets.out]
-{target}
-"#,
-        db = db.url,
-        plugin = plugin("fan_out").display(),
-    )
-}
-
-/// Writes at [`RATE`] until `until` is cancelled; a write that fails (the
+/// Writes at [`RATE`] until `stop` is cancelled; a write that fails (the
 /// database is down) is tried again until it goes through.
 fn writer(
     db: &TestDb,
@@ -230,8 +110,9 @@ where
 pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
     let db = fresh_db().await;
     let mut broker = Broker::start(if down == "pg" { "nats" } else { down }).await;
-    let (target, topic) = broker.target();
-    let mut relay = Process::spawn(relay_bin, &config(&db, &target, topic), "relay-0");
+    // The default retry settings: no [relay] section.
+    let config = broker.config(&db.url, "", "[admin]\nlisten = \"\"\n");
+    let mut relay = Process::spawn(relay_bin, &config, "relay-0");
     let stop = tokio_util::sync::CancellationToken::new();
     let writing = writer(&db, stop.clone());
     tokio::time::sleep(AROUND).await;
@@ -240,7 +121,7 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
     if down == "pg" {
         pg_ctl("stop");
     } else {
-        broker.stop().await;
+        broker.stop();
     }
     let started = Instant::now();
     while started.elapsed() < outage {
@@ -315,9 +196,6 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
     .await
     .expect("figures");
     let received = broker.received(expected.len()).await;
-    if let Broker::Kafka(_, dir) = &broker {
-        let _ = std::fs::remove_dir_all(dir);
-    }
     let counted = tally(&received, &expected);
     let scenario = match down {
         "pg" => format!("PostgreSQL down {minutes} min (NATS)"),

@@ -1,0 +1,151 @@
+//! One broker of each kind behind one interface, for the outage tests and
+//! the long outage runs: started with its data kept across a restart
+//! (JetStream store, tansu on SQLite, a durable RabbitMQ queue), stopped
+//! like a crash, started again, and read by a consumer.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::kafka::KafkaServer;
+use super::nats::{NatsServer, Received};
+use super::plugins::plugin;
+use super::rabbitmq::RabbitMq;
+
+/// A broker under test.
+pub enum Broker {
+    /// JetStream, stream `ORDERS` on `orders.>`.
+    Nats(NatsServer),
+    /// tansu on SQLite, topic `orders` with 4 partitions, and its directory.
+    Kafka(KafkaServer, PathBuf),
+    /// A node of the test's own, exchange `orders` bound to queue `orders-consumer`.
+    Rabbit(RabbitMq),
+}
+
+impl Broker {
+    /// Starts a broker of `kind` (`nats`, `kafka` or `rabbitmq`) with its
+    /// stream, topic or queue.
+    pub async fn start(kind: &str) -> Broker {
+        match kind {
+            "kafka" => {
+                let dir = std::env::temp_dir().join(format!("sy-kafka-{}", uuid::Uuid::new_v4().simple()));
+                std::fs::create_dir_all(&dir).expect("broker dir");
+                let kafka = KafkaServer::start_durable(&dir).await;
+                kafka.create_topic("orders", 4).await;
+                Broker::Kafka(kafka, dir)
+            }
+            "rabbitmq" => {
+                let rabbit = RabbitMq::own().await;
+                rabbit.declare("orders", "orders-consumer", "orders.#").await;
+                Broker::Rabbit(rabbit)
+            }
+            _ => {
+                let nats = NatsServer::start().await;
+                nats.create_stream("ORDERS", &["orders.>"]).await;
+                Broker::Nats(nats)
+            }
+        }
+    }
+
+    /// A relay config sending every event to this broker as target `out`
+    /// (keyed by aggregate) through the fan-out plugin, with `relay` as the
+    /// `[relay]` section (empty for the defaults) and `extra` appended.
+    pub fn config(&self, db_url: &str, relay: &str, extra: &str) -> String {
+        let (target, topic) = match self {
+            Broker::Nats(nats) => (
+                format!(
+                    "type = \"nats\"\nurl = \"{}\"\nduplicate_window_seconds = 3600",
+                    nats.url()
+                ),
+                "orders.{event_type}",
+            ),
+            Broker::Kafka(kafka, _) => (
+                format!("type = \"kafka\"\nbootstrap_servers = \"{}\"", kafka.bootstrap()),
+                "orders",
+            ),
+            Broker::Rabbit(rabbit) => (
+                format!(
+                    "type = \"rabbitmq\"\nurl = \"{}\"\nexchange = \"orders\"",
+                    rabbit.url()
+                ),
+                "orders.{event_type}",
+            ),
+        };
+        format!(
+            r#"
+[database]
+url = "{db_url}"
+max_connections = 8
+{relay}
+[[plugins]]
+name = "fanout"
+path = "{plugin}"
+# Generous: a plugin call past its limit spends an attempt, and a loaded
+# two-core machine can stall one; these runs count attempts.
+timeout_ms = 1000
+[plugins.config]
+default = [{{ target = "out", topic = "{topic}", key = "{{aggregate_id}}" }}]
+
+[targets.out]
+{target}
+{extra}"#,
+            plugin = plugin("fan_out").display(),
+        )
+    }
+
+    /// Stops it like a crash.
+    pub fn stop(&mut self) {
+        match self {
+            Broker::Nats(nats) => nats.stop(),
+            Broker::Kafka(kafka, _) => kafka.stop(),
+            Broker::Rabbit(rabbit) => rabbit.stop(),
+        }
+    }
+
+    /// Starts it again, with what it had.
+    pub async fn resume(&mut self) {
+        match self {
+            Broker::Nats(nats) => nats.resume().await,
+            Broker::Kafka(kafka, _) => kafka.resume().await,
+            Broker::Rabbit(rabbit) => rabbit.start().await,
+        }
+    }
+
+    /// How many copies of an event a consumer may see: JetStream drops them
+    /// by `Nats-Msg-Id`; a publish in flight when Kafka or RabbitMQ died
+    /// may have been stored without its ack reaching the relay.
+    pub fn deduplicates(&self) -> bool {
+        matches!(self, Broker::Nats(_))
+    }
+
+    /// What a consumer finds (up to `expected` messages), as NATS-shaped
+    /// messages, each aggregate's in the order the broker keeps them.
+    pub async fn received(&self, expected: usize) -> Vec<Received> {
+        let limit = Duration::from_secs(120);
+        match self {
+            Broker::Nats(nats) => nats.read_stream("ORDERS").await,
+            Broker::Kafka(kafka, _) => {
+                let mut messages = kafka.read_topic("orders", expected, limit).await;
+                // An aggregate's messages sit in one partition, in offset order.
+                messages.sort_by_key(|m| (m.partition, m.offset));
+                messages
+                    .into_iter()
+                    .map(|m| Received {
+                        subject: "orders".into(),
+                        headers: m.headers,
+                        payload: m.payload,
+                    })
+                    .collect()
+            }
+            Broker::Rabbit(rabbit) => rabbit.drain("orders-consumer", expected, limit).await,
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Broker::Kafka(kafka, dir) = self {
+            kafka.stop();
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
