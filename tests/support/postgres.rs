@@ -202,7 +202,20 @@ pub async fn place_order_event(pool: &PgPool, event: &NewEvent, commit: bool) ->
 
 /// [`place_order_event`] into the given outbox table.
 pub async fn place_event(pool: &PgPool, outbox: Outbox, event: &NewEvent, commit: bool) -> uuid::Uuid {
-    let mut tx = pool.begin().await.expect("begin");
+    try_place_event(pool, outbox, event, commit)
+        .await
+        .unwrap_or_else(|e| panic!("placing an order event: {e}"))
+}
+
+/// [`place_event`], saying why it failed instead of panicking (a writer
+/// that goes on through a database outage).
+pub async fn try_place_event(
+    pool: &PgPool,
+    outbox: Outbox,
+    event: &NewEvent,
+    commit: bool,
+) -> Result<uuid::Uuid, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO orders (id, status, total_cents) VALUES ($1, $2, $3)
          ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, updated_at = now()",
@@ -217,8 +230,7 @@ pub async fn place_event(pool: &PgPool, outbox: Outbox, event: &NewEvent, commit
             .unwrap_or(0),
     )
     .execute(&mut *tx)
-    .await
-    .expect("business write");
+    .await?;
     let event_id: uuid::Uuid = match outbox {
         Outbox::Switchyard => sqlx::query_scalar(
             "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
@@ -240,14 +252,13 @@ pub async fn place_event(pool: &PgPool, outbox: Outbox, event: &NewEvent, commit
         .bind(&event.headers),
     }
     .fetch_one(&mut *tx)
-    .await
-    .expect("outbox write");
+    .await?;
     if commit {
-        tx.commit().await.expect("commit");
+        tx.commit().await?;
     } else {
-        tx.rollback().await.expect("rollback");
+        tx.rollback().await?;
     }
-    event_id
+    Ok(event_id)
 }
 
 /// Counts rows by status.

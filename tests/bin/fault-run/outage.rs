@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use switchyard_tests::brokers::Broker;
 use switchyard_tests::orders::{Expected, Tally, order_event, tally};
-use switchyard_tests::postgres::{TestDb, fresh_db};
+use switchyard_tests::postgres::{Outbox, TestDb, fresh_db, try_place_event};
 use switchyard_tests::relay::Process;
 
 /// Events written per second, one aggregate after another.
@@ -42,19 +42,8 @@ fn writer(
             tick.tick().await;
             let aggregate = n % AGGREGATES;
             let event = order_event(aggregate, seqs[aggregate]);
-            let id: uuid::Uuid = loop {
-                let written = sqlx::query_scalar(
-                    "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
-                     VALUES ($1, $2, $3, $4, $5) RETURNING event_id",
-                )
-                .bind(&event.aggregate_type)
-                .bind(&event.aggregate_id)
-                .bind(&event.event_type)
-                .bind(&event.payload)
-                .bind(&event.headers)
-                .fetch_one(&pool)
-                .await;
-                match written {
+            let id = loop {
+                match try_place_event(&pool, Outbox::Switchyard, &event, true).await {
                     Ok(id) => break id,
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                 }
