@@ -103,7 +103,12 @@ async fn broker_down(kind: &str) {
     let _heavy = exclusive().await;
     let db = fresh_db().await;
     let mut broker = Broker::start(kind).await;
-    let config = broker.config(&db.url, &RelaySection::quick().toml(), "");
+    // The default publish timeout: Kafka's health check then outlives a
+    // short bound on it, and must still see the outage.
+    let relay_section = RelaySection::quick()
+        .set("publish_timeout_ms", "5000")
+        .set("lease_duration_ms", "12000");
+    let config = broker.config(&db.url, &relay_section.toml(), "");
     let relay = InProcess::start(&parse(&config)).await;
     let writer = write_steadily(&db);
 

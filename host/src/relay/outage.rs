@@ -16,7 +16,9 @@ use super::Inner;
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The bound on one probe: a target that answers slower is not back.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longer than the sinks' own check bounds (Kafka's is 2.5 s), so that a
+/// check ends by itself rather than being dropped.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// How often a probe that cannot reach the database tries to wake the rows again.
 const WAKE_RETRY: Duration = Duration::from_millis(500);

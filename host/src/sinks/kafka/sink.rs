@@ -65,7 +65,9 @@ pub struct KafkaSink {
     /// Kafka is down, and readiness probes keep coming.
     probe: tokio::sync::Mutex<()>,
     /// The producer lost its brokers mid-request (see [`KafkaSink::renew`]).
-    lost_brokers: std::sync::atomic::AtomicBool,
+    /// Shared with the health check's blocking thread, which sets it even
+    /// when the caller stopped waiting for the check.
+    lost_brokers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl KafkaSink {
@@ -87,7 +89,7 @@ impl KafkaSink {
             producer: Arc::new(RwLock::new(Arc::new(producer))),
             publish_timeout,
             probe: tokio::sync::Mutex::new(()),
-            lost_brokers: std::sync::atomic::AtomicBool::new(false),
+            lost_brokers: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 
@@ -347,9 +349,14 @@ impl Sink for KafkaSink {
             let producer = self.producer();
             let timeout = HEALTH_TIMEOUT.min(self.publish_timeout);
             let name = self.name.clone();
+            let lost_brokers = Arc::clone(&self.lost_brokers);
             // Metadata requests block: keep them off the runtime's threads.
             let checked = tokio::task::spawn_blocking(move || {
                 let metadata = producer.client().fetch_metadata(None, timeout).map_err(|e| {
+                    // Also when a publish never got to say so (the relay's
+                    // own bound dropped it), and when the caller stopped
+                    // waiting for this check: checks fail all outage long.
+                    lost_brokers.store(true, std::sync::atomic::Ordering::Release);
                     SinkError::unavailable(format!("{name}: Kafka cluster is not reachable: {e}"))
                 })?;
                 if metadata.brokers().is_empty() {
@@ -361,13 +368,7 @@ impl Sink for KafkaSink {
             })
             .await
             .map_err(|e| SinkError::unavailable(format!("Kafka health check failed: {e}")))?;
-            if let Err(error) = checked {
-                // Also when a publish never got to say so (the relay's own
-                // bound dropped it): the probe's checks fail all outage long.
-                self.lost_brokers
-                    .store(true, std::sync::atomic::Ordering::Release);
-                return Err(error);
-            }
+            checked?;
             self.renew().await;
             Ok(())
         })
