@@ -372,11 +372,15 @@ impl Relay {
             match inner.store.ack(lease, outcomes).await {
                 Ok(acked) => {
                     if let Some(since) = since {
-                        inner.acks_pending.fetch_sub(1, Ordering::AcqRel);
-                        *inner
+                        // The last batch held clears the time: another may still wait.
+                        let mut waiting_since = inner
                             .acks_waiting_since
                             .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        if inner.acks_pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            *waiting_since = None;
+                        }
+                        drop(waiting_since);
                         info!(
                             rows = outcomes.len(),
                             waited_ms = since.elapsed().as_millis() as u64,
@@ -388,12 +392,13 @@ impl Relay {
                 Err(error) => {
                     if since.is_none() {
                         since = Some(Instant::now());
-                        inner.acks_pending.fetch_add(1, Ordering::AcqRel);
-                        inner
+                        let mut waiting_since = inner
                             .acks_waiting_since
                             .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .get_or_insert_with(Instant::now);
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        inner.acks_pending.fetch_add(1, Ordering::AcqRel);
+                        waiting_since.get_or_insert_with(Instant::now);
+                        drop(waiting_since);
                         warn!(
                             %error,
                             rows = outcomes.len(),
