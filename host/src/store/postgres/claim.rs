@@ -153,6 +153,10 @@ static CLAIM_V1_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLo
 //    to wait for this statement, and the unpark it runs next sees the row
 //    parked. A predecessor locked elsewhere (being acked right now) is
 //    skipped: its followers stay queued for the next claim to look at.
+//    One whose ack committed after this statement began is locked in its
+//    new version, which must still pass: one that now waits for a paused
+//    target is not a blocker (its ack unparked before this parks), so its
+//    follower stays queued and the next claim takes it `held_by`.
 const CLAIM_SQL: &str = r#"
 WITH due AS MATERIALIZED (
     SELECT o.id, o.aggregate_type, o.aggregate_id
@@ -196,6 +200,7 @@ WITH due AS MATERIALIZED (
               AND e.id = p.blocker
               AND e.published_at IS NULL
               AND e.queue IS NOT NULL
+              AND __WAITING_ON__ IS NULL
               __DEAD_FILTER__
               FOR SHARE SKIP LOCKED) l ON true
      WHERE p.blocker IS NOT NULL AND p.held_by IS NULL AND (p.own OR l.dead IS NOT NULL)
