@@ -1,6 +1,7 @@
 //! Logging setup: `tracing` with an env filter, as text or JSON lines.
 
 use std::io::IsTerminal;
+use std::time::{Duration, Instant};
 
 use tracing_subscriber::EnvFilter;
 
@@ -42,52 +43,191 @@ pub fn init_with_default(format: LogFormat, default_filter: &str) {
     };
 }
 
-/// `level` for everything, except lapin's WARN for every message RabbitMQ
-/// returned as unroutable (its headers as byte arrays, one line each): the
-/// relay logs the refusal itself, with the broker's reason, once per batch
-/// and target. A filter set in the environment replaces all of this.
+/// `level` for everything, except two kinds of lapin lines the relay says
+/// better itself. Its WARN for every message RabbitMQ returned as
+/// unroutable (its headers as byte arrays, one line each): the relay logs
+/// the refusal, with the broker's reason, once per batch and target. Its
+/// ERROR lines for a dropped connection (`channels`, `io_loop`): the relay
+/// reconnects by itself, and pausing the target logs the cause once. A
+/// filter set in the environment replaces all of this.
 fn default_env_filter(level: &str) -> EnvFilter {
-    EnvFilter::new(format!("{level},lapin::returned_messages=error"))
+    EnvFilter::new(format!(
+        "{level},lapin::returned_messages=error,lapin::channels=off,lapin::io_loop=off"
+    ))
 }
 
+/// A condition that repeats while it lasts (a broker down: an error per
+/// reconnect attempt) logged as one line when it starts, one a minute while
+/// it lasts with how often it recurred, and one when it ends.
+#[derive(Debug, Default)]
+pub struct Repeats {
+    run: std::sync::Mutex<Option<Run>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    started: Instant,
+    reported: Instant,
+    count: u64,
+}
+
+/// What to log for one occurrence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Occurrence {
+    /// The condition started: log it.
+    First,
+    /// A minute since the last line: log that it lasts.
+    Still {
+        /// Occurrences since it started.
+        count: u64,
+        /// Since it started.
+        lasting: Duration,
+    },
+    /// Already reported: nothing.
+    Quiet,
+}
+
+/// How long a condition lasts between two lines about it.
+const REPEAT_REPORT_EVERY: Duration = Duration::from_secs(60);
+
+impl Repeats {
+    /// Records one occurrence.
+    pub fn occurred(&self) -> Occurrence {
+        self.occurred_at(Instant::now())
+    }
+
+    fn occurred_at(&self, now: Instant) -> Occurrence {
+        let mut run = self.run.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match run.as_mut() {
+            None => {
+                *run = Some(Run {
+                    started: now,
+                    reported: now,
+                    count: 1,
+                });
+                Occurrence::First
+            }
+            Some(run) => {
+                run.count += 1;
+                if now.saturating_duration_since(run.reported) < REPEAT_REPORT_EVERY {
+                    return Occurrence::Quiet;
+                }
+                run.reported = now;
+                Occurrence::Still {
+                    count: run.count,
+                    lasting: now.saturating_duration_since(run.started),
+                }
+            }
+        }
+    }
+
+    /// The condition is over: how many times it occurred and for how long,
+    /// if it had started.
+    pub fn ended(&self) -> Option<(u64, Duration)> {
+        self.ended_at(Instant::now())
+    }
+
+    fn ended_at(&self, now: Instant) -> Option<(u64, Duration)> {
+        let run = self
+            .run
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()?;
+        Some((run.count, now.saturating_duration_since(run.started)))
+    }
+}
+
+/// Log capture for unit tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use std::sync::{Arc, Mutex};
 
-    use super::*;
+    use tracing_subscriber::EnvFilter;
 
-    #[test]
-    fn the_default_filter_drops_lapins_returned_message_lines_only() {
+    /// The lines `f` logs on this thread through `filter`, as text.
+    pub(crate) fn capture(filter: EnvFilter, f: impl FnOnce()) -> String {
         let out = Arc::new(Mutex::new(Vec::<u8>::new()));
         let writer = {
             let out = Arc::clone(&out);
             move || Capture(Arc::clone(&out))
         };
         let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(default_env_filter("info"))
+            .with_env_filter(filter)
             .with_ansi(false)
             .with_writer(writer)
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::warn!(target: "lapin::returned_messages", "Server returned us a message");
-            tracing::warn!(target: "lapin::io_loop", "error doing IO");
-            tracing::warn!(target: "switchyard::relay::publish", "This target refused deliveries for good");
-        });
-        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
-        assert!(!text.contains("returned us a message"), "{text}");
-        assert!(text.contains("error doing IO"), "{text}");
-        assert!(text.contains("refused deliveries for good"), "{text}");
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     struct Capture(Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Capture {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_filter_drops_lapins_returned_messages_and_connection_drops_only() {
+        let text = testing::capture(default_env_filter("info"), || {
+            tracing::warn!(target: "lapin::returned_messages", "Server returned us a message");
+            tracing::error!(target: "lapin::io_loop", "error doing IO");
+            tracing::error!(target: "lapin::channels", "Connection error");
+            tracing::error!(target: "lapin::connection", "Connection closed");
+            tracing::warn!(target: "switchyard::relay::publish", "This target refused deliveries for good");
+        });
+        assert!(!text.contains("returned us a message"), "{text}");
+        assert!(!text.contains("error doing IO"), "{text}");
+        assert!(!text.contains("Connection error"), "{text}");
+        assert!(text.contains("Connection closed"), "{text}");
+        assert!(text.contains("refused deliveries for good"), "{text}");
+    }
+
+    #[test]
+    fn a_repeating_condition_is_one_line_then_one_a_minute_then_its_end() {
+        let repeats = Repeats::default();
+        let start = Instant::now();
+        assert_eq!(repeats.occurred_at(start), Occurrence::First);
+        for ms in (50..60_000).step_by(50) {
+            assert_eq!(
+                repeats.occurred_at(start + Duration::from_millis(ms)),
+                Occurrence::Quiet
+            );
+        }
+        assert_eq!(
+            repeats.occurred_at(start + Duration::from_secs(60)),
+            Occurrence::Still {
+                count: 1201,
+                lasting: Duration::from_secs(60)
+            }
+        );
+        assert_eq!(
+            repeats.occurred_at(start + Duration::from_secs(61)),
+            Occurrence::Quiet
+        );
+        assert_eq!(
+            repeats.ended_at(start + Duration::from_secs(90)),
+            Some((1202, Duration::from_secs(90)))
+        );
+        assert_eq!(repeats.ended_at(start + Duration::from_secs(91)), None);
+        // The next one starts afresh.
+        assert_eq!(repeats.occurred(), Occurrence::First);
     }
 }

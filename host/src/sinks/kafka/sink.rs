@@ -13,10 +13,35 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 use super::config::KafkaSinkConfig;
 use crate::sinks::{FailureKind, OutgoingMessage, Sink, SinkError};
+use crate::telemetry::{Occurrence, Repeats};
 
 /// Sends librdkafka's log lines and client errors to `tracing`, tagged with the target.
 struct LogContext {
     target: String,
+    /// Connection trouble, which librdkafka reports on every reconnect
+    /// attempt while a broker is down: one line when it starts, one a
+    /// minute, one when a delivery or health check gets through.
+    unreachable: Arc<Repeats>,
+}
+
+impl LogContext {
+    fn unreachable(&self, message: &dyn std::fmt::Display) {
+        let target = self.target.as_str();
+        match self.unreachable.occurred() {
+            Occurrence::First => {
+                tracing::warn!(sink.name = target, "Kafka brokers unreachable: {message}");
+            }
+            Occurrence::Still { count, lasting } => tracing::warn!(
+                sink.name = target,
+                errors = count,
+                lasting_s = lasting.as_secs(),
+                "Kafka brokers still unreachable: {message}"
+            ),
+            Occurrence::Quiet => {
+                tracing::debug!(sink.name = target, "Kafka brokers unreachable: {message}");
+            }
+        }
+    }
 }
 
 impl ClientContext for LogContext {
@@ -28,6 +53,9 @@ impl ClientContext for LogContext {
         match level {
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical => {
                 tracing::error!(sink.name = target, kafka.facility = facility, "{message}");
+            }
+            RDKafkaLogLevel::Error | RDKafkaLogLevel::Warning if facility == "FAIL" => {
+                self.unreachable(&message);
             }
             RDKafkaLogLevel::Error | RDKafkaLogLevel::Warning => {
                 tracing::warn!(sink.name = target, kafka.facility = facility, "{message}");
@@ -42,9 +70,13 @@ impl ClientContext for LogContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        // Connection trouble is reported here too, and repeats while a broker
-        // is down: the deliveries' own errors carry the consequence.
-        tracing::warn!(sink.name = %self.target, %error, "Kafka client error: {reason}");
+        use RDKafkaErrorCode as C;
+        match error.rdkafka_error_code() {
+            Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve | C::BrokerNotAvailable) => {
+                self.unreachable(&format_args!("{reason} ({error})"));
+            }
+            _ => tracing::warn!(sink.name = %self.target, %error, "Kafka client error: {reason}"),
+        }
     }
 }
 
@@ -68,6 +100,8 @@ pub struct KafkaSink {
     /// Shared with the health check's blocking thread, which sets it even
     /// when the caller stopped waiting for the check.
     lost_brokers: Arc<std::sync::atomic::AtomicBool>,
+    /// Shared with every producer's log context (see [`LogContext`]).
+    unreachable: Arc<Repeats>,
 }
 
 impl KafkaSink {
@@ -82,7 +116,8 @@ impl KafkaSink {
         publish_timeout: Duration,
     ) -> Result<KafkaSink, SinkError> {
         let client_config = config.client_config(publish_timeout);
-        let producer = create(name, &client_config)?;
+        let unreachable = Arc::new(Repeats::default());
+        let producer = create(name, &client_config, &unreachable)?;
         Ok(KafkaSink {
             name: name.to_string(),
             client_config,
@@ -90,6 +125,7 @@ impl KafkaSink {
             publish_timeout,
             probe: tokio::sync::Mutex::new(()),
             lost_brokers: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            unreachable,
         })
     }
 
@@ -109,13 +145,14 @@ impl KafkaSink {
         if !self.lost_brokers.swap(false, std::sync::atomic::Ordering::AcqRel) {
             return;
         }
-        let (name, config, slot) = (
+        let (name, config, slot, unreachable) = (
             self.name.clone(),
             self.client_config.clone(),
             Arc::clone(&self.producer),
+            Arc::clone(&self.unreachable),
         );
         let renewed = tokio::task::spawn_blocking(move || {
-            let fresh = Arc::new(create(&name, &config)?);
+            let fresh = Arc::new(create(&name, &config, &unreachable)?);
             let old = match slot.write() {
                 Ok(mut slot) => std::mem::replace(&mut *slot, fresh),
                 Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), fresh),
@@ -146,14 +183,15 @@ impl KafkaSink {
             return;
         };
         tracing::warn!(sink.name = %self.name, ?code, %reason, "Kafka producer failed fatally; creating a new one.");
-        let (name, config, current) = (
+        let (name, config, current, unreachable) = (
             self.name.clone(),
             self.client_config.clone(),
             Arc::clone(&self.producer),
+            Arc::clone(&self.unreachable),
         );
         let failed = Arc::clone(producer);
         let replaced = tokio::task::spawn_blocking(move || {
-            let fresh = create(&name, &config)?;
+            let fresh = create(&name, &config, &unreachable)?;
             let mut slot = match current.write() {
                 Ok(slot) => slot,
                 Err(poisoned) => poisoned.into_inner(),
@@ -174,6 +212,18 @@ impl KafkaSink {
             Err(e) => {
                 tracing::error!(sink.name = %self.name, error = %e, "Replacing the Kafka producer failed.")
             }
+        }
+    }
+
+    /// A delivery or health check got through: ends a run of connection errors.
+    fn reached(&self) {
+        if let Some((errors, lasted)) = self.unreachable.ended() {
+            tracing::info!(
+                sink.name = %self.name,
+                errors,
+                lasted_s = lasted.as_secs(),
+                "Kafka brokers reachable again."
+            );
         }
     }
 
@@ -213,10 +263,11 @@ impl KafkaSink {
     }
 }
 
-fn create(name: &str, config: &ClientConfig) -> Result<Client, SinkError> {
+fn create(name: &str, config: &ClientConfig, unreachable: &Arc<Repeats>) -> Result<Client, SinkError> {
     config
         .create_with_context(LogContext {
             target: name.to_string(),
+            unreachable: Arc::clone(unreachable),
         })
         .map_err(|e| SinkError::permanent(format!("cannot create a Kafka producer: {e}")))
 }
@@ -328,6 +379,9 @@ impl Sink for KafkaSink {
                 }
             }))
             .await;
+            if results.iter().any(Result::is_ok) {
+                self.reached();
+            }
             if results.iter().any(Result::is_err) {
                 let lost = results.iter().any(|r| {
                     matches!(r, Err(e) if matches!(e.kind, FailureKind::Unavailable | FailureKind::TimedOut))
@@ -369,6 +423,7 @@ impl Sink for KafkaSink {
             .await
             .map_err(|e| SinkError::unavailable(format!("Kafka health check failed: {e}")))?;
             checked?;
+            self.reached();
             self.renew().await;
             Ok(())
         })
@@ -378,6 +433,37 @@ impl Sink for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broker_down_is_one_line_not_one_per_reconnect_attempt() {
+        let context = LogContext {
+            target: "orders".into(),
+            unreachable: Arc::new(Repeats::default()),
+        };
+        let text = crate::telemetry::testing::capture("info".parse().unwrap(), || {
+            // What librdkafka reports in a few seconds of a broker down.
+            for _ in 0..100 {
+                context.error(
+                    KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+                    "1/1 brokers are down",
+                );
+                context.log(
+                    RDKafkaLogLevel::Error,
+                    "FAIL",
+                    "127.0.0.1:9092/1: Connect to ipv4#127.0.0.1:9092 failed: Connection refused",
+                );
+            }
+            context.error(
+                KafkaError::Global(RDKafkaErrorCode::MessageSizeTooLarge),
+                "something else",
+            );
+        });
+        assert_eq!(text.matches("unreachable").count(), 1, "{text}");
+        assert!(text.contains("orders"), "{text}");
+        assert!(text.contains("1/1 brokers are down"), "{text}");
+        assert_eq!(text.matches("something else").count(), 1, "{text}");
+        assert_eq!(context.unreachable.ended().map(|(n, _)| n), Some(200));
+    }
 
     #[test]
     fn errors_are_sorted_by_whose_fault_they_are() {
