@@ -28,6 +28,13 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 echo "== relay"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --lib --bins --tests "$@" 2>&1 | tee "$log"
+# Every test binary runs even after one fails, and the summary is printed
+# either way: a red run says everything that failed, not the first binary.
+status=0
+args=()
+for arg in "$@"; do [ "$arg" = --no-fail-fast ] || args+=("$arg"); done
+cargo test --workspace --lib --bins --tests --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "summary: %d passed, %d failed\n", p, f }' "$log"
+     /^test .* \.\.\. FAILED$/ { failed[++n] = $2 }
+     END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"
+exit "$status"
