@@ -17,14 +17,19 @@ pub(super) struct WorkerHealth {
     last_analyze: Mutex<Option<Instant>>,
 }
 
+/// What a panic said, when it said it with a string.
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}
+
 impl WorkerHealth {
     /// Remembers a panic for readiness; returns its message.
     pub(super) fn panicked(&self, panic: &(dyn std::any::Any + Send)) -> String {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".to_string());
+        let message = panic_message(panic);
         if let Ok(mut last) = self.last_panic.lock() {
             *last = Some((Instant::now(), message.clone()));
         }

@@ -29,6 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tracing::{debug, info, warn};
 
 pub use outage::Paused;
@@ -299,7 +300,41 @@ impl Relay {
                 ..BatchReport::default()
             });
         }
-        self.process(claim).await
+        // A panic past this point would leave the rows to their leases,
+        // and rows that keep panicking to be dead-lettered as "lease
+        // expired": record the panic as their outcome, then let it go on
+        // to the worker, which reports it.
+        let lease = claim.lease;
+        let claimed: Vec<_> = claim
+            .rows
+            .iter()
+            .map(|row| (row.id, row.attempts, row.deliveries.clone()))
+            .collect();
+        match std::panic::AssertUnwindSafe(self.process(claim))
+            .catch_unwind()
+            .await
+        {
+            Ok(report) => report,
+            Err(panic) => {
+                let error = format!(
+                    "the relay panicked processing this row's batch: {}",
+                    health::panic_message(panic.as_ref())
+                );
+                let outcomes: Vec<store::RowOutcome> = claimed
+                    .into_iter()
+                    .map(|(id, attempts, deliveries)| store::RowOutcome {
+                        id,
+                        outcome: inner
+                            .retry
+                            .after_failure(u32::try_from(attempts).unwrap_or(u32::MAX), error.clone()),
+                        deliveries,
+                        plugin_version: None,
+                    })
+                    .collect();
+                self.record(lease, &outcomes).await;
+                std::panic::resume_unwind(panic)
+            }
+        }
     }
 
     /// The stages after the claim: route, plan, publish, settle, ack.
