@@ -183,7 +183,10 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
                     nats.mode != crate::sinks::nats::NatsMode::Jetstream
                         || nats.duplicate_window() >= horizon,
                     format!(
-                        "targets.{name}: duplicate_window_seconds ({}) is shorter than the relay's retry horizon                          ({} s: relay.max_attempts backoffs at their longest plus a lease each), so a retry could                          store an event twice; raise it (and the streams' duplicate window) or lower                          relay.max_attempts, relay.max_backoff_ms or relay.lease_duration_ms",
+                        "targets.{name}: duplicate_window_seconds ({}) is shorter than the relay's retry horizon \
+                         ({} s: relay.max_attempts backoffs at their longest plus a lease each), so a retry could \
+                         store an event twice; raise it (and the streams' duplicate window) or lower \
+                         relay.max_attempts, relay.max_backoff_ms or relay.lease_duration_ms",
                         nats.duplicate_window_seconds,
                         horizon.as_secs()
                     ),
