@@ -15,6 +15,7 @@ mod migrate;
 mod ops;
 mod plugin;
 mod scaffold;
+mod terminal;
 
 pub use migrate::check_source;
 pub use ops::DlqCommand;

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use super::terminal::{field, terminal_safe};
 use crate::admin::RelayStatus;
 use crate::config::Config;
 use crate::store::{DeadLetterFilter, OutboxEntry, OutboxStats, OutboxStore};
@@ -386,36 +387,6 @@ fn selection(filter: &Filter, all: bool) -> anyhow::Result<DeadLetterFilter> {
     );
     anyhow::ensure!(!all || filter.is_empty(), "--all cannot be combined with filters");
     filter.resolve()
-}
-
-/// Text for the operator's terminal. Rows, their errors and plugins' refusal
-/// reasons are written by others, and a control character in them (an ANSI
-/// escape sequence) would be acted on by the terminal, not shown: each is
-/// shown escaped (`\u{1b}`) instead. The rendering's own line breaks stay.
-fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
-    escape_controls(text, true)
-}
-
-/// A one-line field (an id, a type) with every control character escaped,
-/// line breaks too: it cannot start a line of its own in the rendering.
-fn field(text: &str) -> std::borrow::Cow<'_, str> {
-    escape_controls(text, false)
-}
-
-fn escape_controls(text: &str, keep_line_breaks: bool) -> std::borrow::Cow<'_, str> {
-    let escaped = |c: char| c.is_control() && !(keep_line_breaks && c == '\n');
-    if !text.chars().any(escaped) {
-        return text.into();
-    }
-    let mut safe = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if escaped(c) {
-            safe.extend(c.escape_default());
-        } else {
-            safe.push(c);
-        }
-    }
-    safe.into()
 }
 
 fn one_line(text: &str, width: usize) -> String {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use super::PluginCommand;
+use super::terminal::field;
 use std::collections::BTreeMap;
 
 use crate::config::{Config, PluginConfig, PluginRuntimeConfig, TargetConfig};
@@ -456,42 +457,123 @@ fn message_report(routed: crate::router::Routed) -> MessageReport {
 
 /// The report for people.
 fn print_human(report: &TestReport) {
-    println!("plugin {} loaded in {} ms", report.plugin, report.compile_ms);
+    print!("{}", render_human(report));
+}
+
+/// The report as text. Everything in it but its own words comes from the
+/// plugin or the events file: shown with control characters escaped, one
+/// field per line, so a plugin cannot write to the terminal.
+fn render_human(report: &TestReport) -> String {
+    use std::fmt::Write;
+
+    let mut out = String::new();
+    let mut line = |text: std::fmt::Arguments<'_>| {
+        let _ = out.write_fmt(text);
+        out.push('\n');
+    };
+    line(format_args!(
+        "plugin {} loaded in {} ms",
+        field(&report.plugin),
+        report.compile_ms
+    ));
     for event in &report.events {
         match &event.event {
-            Some(e) => println!(
+            Some(e) => line(format_args!(
                 "\nevent {} {}/{} {}",
-                e.event_id, e.aggregate_type, e.aggregate_id, e.event_type
-            ),
-            None => println!(),
+                field(&e.event_id),
+                field(&e.aggregate_type),
+                field(&e.aggregate_id),
+                field(&e.event_type)
+            )),
+            None => line(format_args!("")),
         }
         let took = event.took_us.map(|us| format!(" [{us} µs]")).unwrap_or_default();
-        let reason = event.reason.as_deref().unwrap_or_default();
+        let reason = field(event.reason.as_deref().unwrap_or_default());
         match event.outcome {
             "published" => {
                 for m in &event.messages {
-                    println!(
+                    line(format_args!(
                         "  -> target={} topic={} key={}{took}",
-                        m.target,
-                        m.topic,
-                        m.key.as_deref().unwrap_or("-")
-                    );
+                        field(&m.target),
+                        field(&m.topic),
+                        field(m.key.as_deref().unwrap_or("-"))
+                    ));
                     for (name, value) in &m.headers {
-                        println!("     {name}: {value}");
+                        line(format_args!("     {}: {}", field(name), field(value)));
                     }
                     match (&m.payload, &m.payload_base64) {
-                        (Some(text), _) => println!("     {text}"),
-                        (None, Some(encoded)) => println!("     <binary, base64> {encoded}"),
+                        (Some(text), _) => line(format_args!("     {}", field(text))),
+                        (None, Some(encoded)) => line(format_args!("     <binary, base64> {encoded}")),
                         (None, None) => {}
                     }
                 }
             }
-            "dropped" => println!("  dropped on purpose (no messages){took}"),
-            "invalid_output" => println!("  invalid output, would be dead-lettered: {reason}"),
-            "refused_transient" => println!("  refused (transient, would retry): {reason}"),
-            "refused_permanent" => println!("  refused (permanent, would dead-letter): {reason}"),
-            "not_routable" => println!("{reason}\n  not routable: would be dead-lettered"),
-            _ => println!("  {reason}"),
+            "dropped" => line(format_args!("  dropped on purpose (no messages){took}")),
+            "invalid_output" => line(format_args!("  invalid output, would be dead-lettered: {reason}")),
+            "refused_transient" => line(format_args!("  refused (transient, would retry): {reason}")),
+            "refused_permanent" => line(format_args!("  refused (permanent, would dead-letter): {reason}")),
+            "not_routable" => line(format_args!("{reason}\n  not routable: would be dead-lettered")),
+            _ => line(format_args!("  {reason}")),
         }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_plugin_wrote_reaches_the_terminal_escaped() {
+        let report = TestReport {
+            plugin: "evil".into(),
+            compile_ms: 1,
+            events: vec![
+                EventReport {
+                    event: Some(EventSummary {
+                        event_id: "e-1".into(),
+                        aggregate_type: "order".into(),
+                        aggregate_id: "o-1\u{1b}]0;owned\u{7}".into(),
+                        event_type: "OrderPlaced".into(),
+                    }),
+                    outcome: "published",
+                    reason: None,
+                    took_us: Some(5),
+                    messages: vec![MessageReport {
+                        target: "out".into(),
+                        topic: "orders\u{1b}[2J".into(),
+                        key: Some("k\u{202e}ey".into()),
+                        headers: BTreeMap::from([("x\u{1b}[31m".into(), "red\nfake line".into())]),
+                        payload: Some("{\"a\":1}\r\u{1b}[1A".into()),
+                        payload_base64: None,
+                    }],
+                },
+                EventReport {
+                    event: None,
+                    outcome: "refused_permanent",
+                    reason: Some("no\u{1b}[0m\nplugin evil loaded in 0 ms".into()),
+                    took_us: None,
+                    messages: Vec::new(),
+                },
+            ],
+            failed: 1,
+        };
+        let text = render_human(&report);
+        assert!(
+            !text
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("plugin evil loaded"))
+                .count(),
+            1,
+            "a reason cannot forge a line: {text}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("fake line")), "{text}");
+        assert!(text.contains("topic=orders\\u{1b}[2J"), "{text}");
+        assert!(text.contains("red\\nfake line"), "{text}");
     }
 }
