@@ -166,13 +166,15 @@ fn kafka_servers_and_credentials_come_from_the_environment() {
 }
 
 #[test]
-fn schema_mistakes_in_several_sections_are_all_listed() {
+fn schema_mistakes_in_several_sections_and_keys_are_all_listed() {
     let text = r#"
 [database]
 url = "postgres://x/y"
 max_conections = 3
 [relay]
 batch_size = "many"
+lease_duration = 3000
+max_attempts = -1
 [[plugins]]
 name = "a"
 path = "a.wasm"
@@ -180,23 +182,31 @@ timeout = 5
 [targets.n]
 type = "natz"
 url = "nats://127.0.0.1:4222"
+[targets.k]
+type = "kafka"
+bootstrap_servers = 9092
+acks = "all"
 "#;
     let Err(LoadError::Invalid(problems)) = Config::from_toml(text, Path::new("."), &|_| None) else {
         panic!("expected every section's problem");
     };
     let all = problems.join("\n");
-    for expected in [
-        "database: ",
-        "max_conections",
-        "relay: ",
-        "\"many\"",
-        "plugins[0]: ",
-        "timeout",
-        "targets.n: ",
-        "natz",
-    ] {
-        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
-    }
+    let listed = |at: &str, says: &str| {
+        assert!(
+            problems.iter().any(|p| p.starts_with(at) && p.contains(says)),
+            "missing {at:?} saying {says:?} in:\n{all}"
+        );
+    };
+    listed("database.max_conections: ", "unknown field");
+    listed("relay.batch_size: ", "\"many\"");
+    listed("relay.lease_duration: ", "unknown field");
+    listed("relay.max_attempts: ", "-1");
+    listed("plugins[0].timeout: ", "unknown field");
+    listed("targets.n: ", "natz");
+    listed("targets.k.bootstrap_servers: ", "integer");
+    // librdkafka properties go under `properties`.
+    listed("targets.k.acks: ", "unknown field");
+    assert_eq!(problems.len(), 8, "one line per mistake:\n{all}");
 }
 
 #[test]

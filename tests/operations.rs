@@ -716,3 +716,39 @@ async fn retention_removes_only_published_rows_older_than_the_limit() {
         .unwrap();
     assert_eq!(archived, 0, "delete mode archives nothing");
 }
+
+/// `validate` starts each plugin with its config, as the relay would: a
+/// config only the plugin can judge (a topic template with a placeholder it
+/// does not know) fails validation instead of the relay's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_runs_each_plugins_init_with_its_config() {
+    let dir = std::env::temp_dir().join(format!("sy-validate-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, topic: &str| {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "[database]\nurl = \"sqlite://{db}\"\n[[plugins]]\nname = \"fanout\"\npath = \"{plugin}\"\n[plugins.config]\ndefault = [{{ target = \"out\", topic = \"{topic}\" }}]\n[targets.out]\ntype = \"stdout\"\n",
+                db = dir.join("outbox.db").display(),
+                plugin = plugin("fan_out").display(),
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let good = write("good.toml", "orders.{event_type}");
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", &good], &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("good.toml: ok"), "{out}");
+
+    let typo = write("typo.toml", "orders.{evnt_type}");
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", &typo], &[]).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(!out.contains(": ok"), "{out}");
+    assert!(
+        err.contains("fanout") && err.contains("unknown placeholder {evnt_type}"),
+        "names the plugin and what it refused: {err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -43,21 +43,7 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         Some((capture, None)) => Some(capture),
         None => None,
     };
-    let cache_dir = config.plugin_runtime.cache_dir();
-    let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;
-    // Compiling and running `init` is blocking work: keep it off the runtime.
-    let configs = config.plugins.clone();
-    let loaded = tokio::task::spawn_blocking(move || Plugins::load(engine, &configs))
-        .await
-        .context("loading the plugins panicked")?;
-    let plugins = loaded.map_err(|errors| {
-        let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        anyhow::anyhow!(
-            "{} plugin(s) failed to load:\n  - {}",
-            list.len(),
-            list.join("\n  - ")
-        )
-    })?;
+    let plugins = load_plugins(config).await?;
     let watcher = if config.plugin_runtime.watch {
         let debounce = Duration::from_millis(config.plugin_runtime.reload_debounce_ms);
         Some(watch::watch(plugins.clone(), debounce).context("cannot watch the plugin directories")?)
@@ -68,6 +54,30 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     Ok(Relay::new(store, plugins, sinks, config.relay.clone())
         .with_watcher(watcher)
         .with_capture(capture))
+}
+
+/// Compiles every configured plugin (through the compiled cache) and runs
+/// its `init` with its config: what the relay does at start, and what
+/// `validate` checks.
+///
+/// # Errors
+/// Every plugin that does not load, each saying why (a refused config too).
+pub async fn load_plugins(config: &Config) -> anyhow::Result<Plugins> {
+    let cache_dir = config.plugin_runtime.cache_dir();
+    let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;
+    // Compiling and running `init` is blocking work: keep it off the runtime.
+    let configs = config.plugins.clone();
+    let loaded = tokio::task::spawn_blocking(move || Plugins::load(engine, &configs))
+        .await
+        .context("loading the plugins panicked")?;
+    loaded.map_err(|errors| {
+        let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!(
+            "{} plugin(s) failed to load:\n  - {}",
+            list.len(),
+            list.join("\n  - ")
+        )
+    })
 }
 
 async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {

@@ -210,6 +210,11 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
                     println!("warning: {problem}");
                 }
             }
+            // A plugin may refuse its own config (a placeholder it does
+            // not know): only its `init` can say.
+            crate::app::load_plugins(&loaded)
+                .await
+                .with_context(|| format!("{}: the plugins do not start", config.display()))?;
             for warning in loaded.warnings() {
                 println!("warning: {warning}");
             }

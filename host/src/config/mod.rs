@@ -498,10 +498,43 @@ impl Config {
 /// one message per section that fails. Empty when the text is not TOML.
 fn section_errors(text: &str) -> Vec<String> {
     use serde::de::DeserializeOwned;
+    // A section stops at its first mistake too: read each key on its own,
+    // beside the keys that say what the table is (a target's `type`...),
+    // to list them all. A missing field is the whole table's to report.
     fn check<T: DeserializeOwned>(at: &str, value: &toml::Value, problems: &mut Vec<String>) {
-        if let Err(e) = value.clone().try_into::<T>() {
-            problems.push(format!("{at}: {}", e.message().trim()));
+        const ANCHORS: [&str; 4] = ["type", "name", "path", "url"];
+        let fails = |table: toml::Table| {
+            toml::Value::Table(table)
+                .try_into::<T>()
+                .err()
+                .map(|e| e.message().trim().to_string())
+                .filter(|message| !message.starts_with("missing field"))
+        };
+        let Err(whole) = value.clone().try_into::<T>() else {
+            return;
+        };
+        let whole = whole.message().trim().to_string();
+        let mut found = Vec::new();
+        if let Some(table) = value.as_table() {
+            let anchors: toml::Table = table
+                .iter()
+                .filter(|(key, _)| ANCHORS.contains(&key.as_str()))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect();
+            if fails(anchors.clone()).is_none() {
+                for (key, value) in table.iter().filter(|(key, _)| !anchors.contains_key(*key)) {
+                    let mut alone = anchors.clone();
+                    alone.insert(key.clone(), value.clone());
+                    if let Some(message) = fails(alone) {
+                        found.push(format!("{at}.{key}: {message}"));
+                    }
+                }
+            }
         }
+        if found.is_empty() || whole.starts_with("missing field") {
+            found.push(format!("{at}: {whole}"));
+        }
+        problems.extend(found);
     }
     let Ok(table) = text.parse::<toml::Table>() else {
         return Vec::new();
