@@ -351,6 +351,28 @@ impl TargetConfig {
             TargetConfig::File(_) => "file",
         }
     }
+
+    /// What is wrong with this target's settings, each naming its key.
+    pub(crate) fn validate(&self, relay: &RelayConfig) -> Vec<String> {
+        match self {
+            TargetConfig::Nats(nats) => nats.validate(relay),
+            TargetConfig::Kafka(kafka) => kafka.validate(),
+            TargetConfig::Rabbitmq(rabbitmq) => rabbitmq.validate(),
+            TargetConfig::Stdout(_) => Vec::new(),
+            TargetConfig::File(file) if file.path.as_os_str().is_empty() => vec!["path is empty".into()],
+            TargetConfig::File(_) => Vec::new(),
+        }
+    }
+
+    /// Takes secrets and addresses from `{prefix}URL`, `{prefix}PASSWORD`...
+    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+        match self {
+            TargetConfig::Nats(nats) => nats.apply_env(prefix, env),
+            TargetConfig::Kafka(kafka) => kafka.apply_env(prefix, env),
+            TargetConfig::Rabbitmq(rabbitmq) => rabbitmq.apply_env(prefix, env),
+            TargetConfig::Stdout(_) | TargetConfig::File(_) => {}
+        }
+    }
 }
 
 const fn default_true() -> bool {
@@ -483,13 +505,7 @@ impl Config {
             self.database.url = url;
         }
         for (name, target) in &mut self.targets {
-            let prefix = format!("SWITCHYARD_TARGET_{}_", env_name(name));
-            match target {
-                TargetConfig::Nats(nats) => nats.apply_env(&prefix, env),
-                TargetConfig::Kafka(kafka) => kafka.apply_env(&prefix, env),
-                TargetConfig::Rabbitmq(rabbitmq) => rabbitmq.apply_env(&prefix, env),
-                TargetConfig::Stdout(_) | TargetConfig::File(_) => {}
-            }
+            target.apply_env(&format!("SWITCHYARD_TARGET_{}_", env_name(name)), env);
         }
     }
 }

@@ -3,26 +3,57 @@
 
 use std::collections::HashSet;
 
-use super::{Config, TargetConfig};
+use super::Config;
+
+/// Every problem found, each naming the offending key.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn check(&mut self, ok: bool, message: impl Into<String>) {
+        if !ok {
+            self.0.push(message.into());
+        }
+    }
+}
 
 /// Checks a parsed config.
 ///
 /// # Errors
 /// One message per problem, each naming the offending key.
 pub fn validate(config: &Config) -> Result<(), Vec<String>> {
-    let mut problems = Vec::new();
-    let mut check = |ok: bool, message: String| {
-        if !ok {
-            problems.push(message);
-        }
-    };
-
-    let db = &config.database;
-    check(
-        !db.url.is_empty(),
-        "database.url is empty (set it or SWITCHYARD_DATABASE_URL)".into(),
+    let mut problems = Problems::default();
+    database(&mut problems, config);
+    if let Some(source) = &config.source {
+        problems
+            .0
+            .extend(crate::source::static_problems(source, &config.database.url));
+    }
+    if let Some(retention) = &config.retention {
+        self::retention(&mut problems, retention);
+    }
+    relay(&mut problems, config);
+    plugins(&mut problems, config);
+    targets(&mut problems, config);
+    let listen = &config.admin.listen;
+    problems.check(
+        listen.is_empty() || listen.parse::<std::net::SocketAddr>().is_ok(),
+        format!("admin.listen {listen:?} must be ip:port (e.g. 127.0.0.1:9187) or empty to turn it off"),
     );
-    check(
+    if problems.0.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.0)
+    }
+}
+
+fn database(problems: &mut Problems, config: &Config) {
+    let db = &config.database;
+    problems.check(
+        !db.url.is_empty(),
+        "database.url is empty (set it or SWITCHYARD_DATABASE_URL)",
+    );
+    problems.check(
         db.url.is_empty()
             || db.url.starts_with("postgres://")
             || db.url.starts_with("postgresql://")
@@ -33,79 +64,69 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         ),
     );
     if let Err(problem) = check_database_url(&db.url) {
-        check(false, problem);
+        problems.check(false, problem);
     }
-    check(
+    problems.check(
         db.max_connections >= 2,
-        "database.max_connections must be at least 2".into(),
+        "database.max_connections must be at least 2",
     );
+    problems.check(
+        usize::try_from(db.max_connections).unwrap_or(usize::MAX)
+            > usize::try_from(config.relay.concurrency).unwrap_or(usize::MAX),
+        "database.max_connections must exceed relay.concurrency (one is kept for LISTEN)",
+    );
+}
 
-    if let Some(source) = &config.source {
-        for problem in crate::source::static_problems(source, &db.url) {
-            check(false, problem);
-        }
-    }
+fn retention(problems: &mut Problems, retention: &super::RetentionConfig) {
+    problems.check(
+        retention.published_max_age_seconds >= 1,
+        "retention.published_max_age_seconds must be at least 1",
+    );
+    problems.check(
+        retention.interval_seconds >= 1,
+        "retention.interval_seconds must be at least 1",
+    );
+    problems.check(
+        (1..=100_000).contains(&retention.batch_size),
+        "retention.batch_size must be between 1 and 100000",
+    );
+}
 
-    if let Some(retention) = &config.retention {
-        check(
-            retention.published_max_age_seconds >= 1,
-            "retention.published_max_age_seconds must be at least 1".into(),
-        );
-        check(
-            retention.interval_seconds >= 1,
-            "retention.interval_seconds must be at least 1".into(),
-        );
-        check(
-            (1..=100_000).contains(&retention.batch_size),
-            "retention.batch_size must be between 1 and 100000".into(),
-        );
-    }
-
+fn relay(problems: &mut Problems, config: &Config) {
     let relay = &config.relay;
     if let Some(id) = &relay.instance_id {
         // It goes into lease_owner and the connections' application_name:
         // PostgreSQL refuses a NUL in text, and a control character would
         // garble the status output and logs it appears in.
-        check(
+        problems.check(
             !id.trim().is_empty() && id.len() <= 128 && !id.chars().any(char::is_control),
             format!("relay.instance_id must be 1 to 128 bytes with no control characters (got {id:?})"),
         );
     }
-    check(
-        relay.batch_size >= 1,
-        "relay.batch_size must be at least 1".into(),
-    );
-    check(
+    let at_least = [
+        ("batch_size", u64::from(relay.batch_size), 1),
+        ("concurrency", u64::from(relay.concurrency), 1),
+        ("poll_interval_ms", relay.poll_interval_ms, 10),
+        ("max_attempts", u64::from(relay.max_attempts), 1),
+        ("initial_backoff_ms", relay.initial_backoff_ms, 1),
+        ("publish_timeout_ms", relay.publish_timeout_ms, 1),
+        ("max_payload_bytes", relay.max_payload_bytes as u64, 1),
+        ("max_message_bytes", relay.max_message_bytes as u64, 1),
+    ];
+    for (key, value, least) in at_least {
+        problems.check(value >= least, format!("relay.{key} must be at least {least}"));
+    }
+    problems.check(
         relay.batch_size <= 10_000,
-        "relay.batch_size must be at most 10000".into(),
+        "relay.batch_size must be at most 10000",
     );
-    check(
-        relay.concurrency >= 1,
-        "relay.concurrency must be at least 1".into(),
-    );
-    check(
-        relay.poll_interval_ms >= 10,
-        "relay.poll_interval_ms must be at least 10".into(),
-    );
-    check(
-        relay.max_attempts >= 1,
-        "relay.max_attempts must be at least 1".into(),
-    );
-    check(
-        relay.initial_backoff_ms >= 1,
-        "relay.initial_backoff_ms must be at least 1".into(),
-    );
-    check(
+    problems.check(
         relay.max_backoff_ms >= relay.initial_backoff_ms,
-        "relay.max_backoff_ms must not be below relay.initial_backoff_ms".into(),
-    );
-    check(
-        relay.publish_timeout_ms >= 1,
-        "relay.publish_timeout_ms must be at least 1".into(),
+        "relay.max_backoff_ms must not be below relay.initial_backoff_ms",
     );
     // A batch must be able to finish (plugin calls plus publish) well inside its
     // lease, or another instance could re-claim rows that are still being sent.
-    check(
+    problems.check(
         relay.lease_duration_ms >= 2 * relay.publish_timeout_ms + 1_000,
         format!(
             "relay.lease_duration_ms ({}) must be at least 2 * relay.publish_timeout_ms + 1000 ({})",
@@ -113,118 +134,62 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
             2 * relay.publish_timeout_ms + 1_000
         ),
     );
-    check(
-        usize::try_from(config.database.max_connections).unwrap_or(usize::MAX)
-            > usize::try_from(relay.concurrency).unwrap_or(usize::MAX),
-        "database.max_connections must exceed relay.concurrency (one is kept for LISTEN)".into(),
-    );
-    check(
-        relay.max_payload_bytes >= 1,
-        "relay.max_payload_bytes must be at least 1".into(),
-    );
-    check(
-        relay.max_message_bytes >= 1,
-        "relay.max_message_bytes must be at least 1".into(),
-    );
+}
 
-    check(
+fn plugins(problems: &mut Problems, config: &Config) {
+    let relay = &config.relay;
+    problems.check(
         !config.plugins.is_empty(),
-        "no [[plugins]] configured: nothing would route events".into(),
+        "no [[plugins]] configured: nothing would route events",
     );
     let mut plugin_names = HashSet::new();
     for (index, plugin) in config.plugins.iter().enumerate() {
         let at = format!("plugins[{index}] ({:?})", plugin.name);
-        check(!plugin.name.is_empty(), format!("{at}: name is empty"));
-        check(
+        problems.check(!plugin.name.is_empty(), format!("{at}: name is empty"));
+        problems.check(
             plugin_names.insert(&plugin.name),
             format!("{at}: duplicate plugin name"),
         );
-        check(
+        problems.check(
             plugin.path.is_file(),
             format!("{at}: path {} is not a file", plugin.path.display()),
         );
-        check(
+        problems.check(
             (1..=60_000).contains(&plugin.timeout_ms),
             format!("{at}: timeout_ms must be between 1 and 60000"),
         );
         // One slow call must not outlive the lease with the publish still to come.
-        check(
+        problems.check(
             plugin.timeout_ms + relay.publish_timeout_ms + 1_000 <= relay.lease_duration_ms,
             format!(
                 "{at}: timeout_ms + relay.publish_timeout_ms + 1000 must not exceed relay.lease_duration_ms ({})",
                 relay.lease_duration_ms
             ),
         );
-        check(
+        problems.check(
             plugin.max_memory_bytes >= 1024 * 1024,
             format!("{at}: max_memory_bytes must be at least 1 MiB"),
         );
     }
+}
 
-    check(
+fn targets(problems: &mut Problems, config: &Config) {
+    problems.check(
         !config.targets.is_empty(),
-        "no [targets.*] configured: nothing to publish to".into(),
+        "no [targets.*] configured: nothing to publish to",
     );
     for (name, target) in &config.targets {
-        check(
+        problems.check(
             !name.is_empty()
                 && name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
             format!("targets.{name}: a target name may use letters, digits, '-' and '_' only"),
         );
-        match target {
-            TargetConfig::Nats(nats) => {
-                for problem in nats.validate() {
-                    problems_push(&mut check, format!("targets.{name}: {problem}"));
-                }
-                let horizon = relay.retry_horizon();
-                check(
-                    nats.mode != crate::sinks::nats::NatsMode::Jetstream
-                        || nats.duplicate_window() >= horizon,
-                    format!(
-                        "targets.{name}: duplicate_window_seconds ({}) is shorter than the relay's retry horizon \
-                         ({} s: relay.max_attempts backoffs at their longest plus a lease each), so a retry could \
-                         store an event twice; raise it (and the streams' duplicate window) or lower \
-                         relay.max_attempts, relay.max_backoff_ms or relay.lease_duration_ms",
-                        nats.duplicate_window_seconds,
-                        horizon.as_secs()
-                    ),
-                );
-            }
-            TargetConfig::Kafka(kafka) => {
-                for problem in kafka.validate() {
-                    problems_push(&mut check, format!("targets.{name}: {problem}"));
-                }
-            }
-            TargetConfig::Rabbitmq(rabbitmq) => {
-                for problem in rabbitmq.validate() {
-                    problems_push(&mut check, format!("targets.{name}: {problem}"));
-                }
-            }
-            TargetConfig::Stdout(_) => {}
-            TargetConfig::File(file) => check(
-                !file.path.as_os_str().is_empty(),
-                format!("targets.{name}: path is empty"),
-            ),
+        for problem in target.validate(&config.relay) {
+            problems.check(false, format!("targets.{name}: {problem}"));
         }
     }
-
-    let listen = &config.admin.listen;
-    check(
-        listen.is_empty() || listen.parse::<std::net::SocketAddr>().is_ok(),
-        format!("admin.listen {listen:?} must be ip:port (e.g. 127.0.0.1:9187) or empty to turn it off"),
-    );
-
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems)
-    }
-}
-
-fn problems_push(check: &mut impl FnMut(bool, String), message: String) {
-    check(false, message);
 }
 
 /// Parses the URL as the driver will, so a malformed one (`host:notaport`,

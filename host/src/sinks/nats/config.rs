@@ -91,8 +91,19 @@ impl NatsSinkConfig {
         }
     }
 
-    pub(crate) fn validate(&self) -> Vec<String> {
+    pub(crate) fn validate(&self, relay: &crate::config::RelayConfig) -> Vec<String> {
         let mut problems = Vec::new();
+        let horizon = relay.retry_horizon();
+        if self.mode == NatsMode::Jetstream && self.duplicate_window() < horizon {
+            problems.push(format!(
+                "duplicate_window_seconds ({}) is shorter than the relay's retry horizon \
+                 ({} s: relay.max_attempts backoffs at their longest plus a lease each), so a retry could \
+                 store an event twice; raise it (and the streams' duplicate window) or lower \
+                 relay.max_attempts, relay.max_backoff_ms or relay.lease_duration_ms",
+                self.duplicate_window_seconds,
+                horizon.as_secs()
+            ));
+        }
         if self.url.trim().is_empty() {
             problems.push("url is empty".to_string());
         }
