@@ -48,8 +48,23 @@ impl KafkaServer {
     /// Starts a broker whose topics live in a SQLite file under `dir`, so
     /// that they survive [`KafkaServer::stop`] and [`KafkaServer::resume`].
     pub async fn start_durable(dir: &std::path::Path) -> KafkaServer {
+        let file = dir.join("tansu.db");
         // Four slashes: tansu reads the URL path without its leading one.
-        KafkaServer::start_with_storage(format!("sqlite:///{}", dir.join("tansu.db").display())).await
+        let server = KafkaServer::start_with_storage(format!("sqlite:///{}", file.display())).await;
+        // tansu's SQLite schema has no index from a record to its headers:
+        // each fetched record scans every header in the store, and reading
+        // back a long run's topic (60,000 messages with 5 headers each)
+        // took longer than any limit. The index is the store's, not the
+        // relay's: it changes no result, only how long the reader waits.
+        let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", file.display()))
+            .await
+            .expect("tansu's SQLite store");
+        sqlx::query("CREATE INDEX IF NOT EXISTS sy_header_by_record ON header (topition, offset_id)")
+            .execute(&db)
+            .await
+            .expect("index tansu's headers");
+        db.close().await;
+        server
     }
 
     async fn start_with_storage(storage: String) -> KafkaServer {

@@ -11,14 +11,15 @@ use crate::config::Config;
 use crate::store::OutboxStore;
 use crate::telemetry::LogFormat;
 
+mod dlq;
 mod migrate;
 mod ops;
 mod plugin;
 mod scaffold;
 mod terminal;
 
+pub use dlq::DlqCommand;
 pub use migrate::check_source;
-pub use ops::DlqCommand;
 
 /// Switchyard: relays outbox rows through WebAssembly routing plugins to NATS and Kafka.
 #[derive(Debug, Parser)]
@@ -191,7 +192,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             admin,
             json,
         } => ops::status(database, admin, json).await,
-        Command::Dlq(command) => ops::dlq(command).await,
+        Command::Dlq(command) => dlq::dlq(command).await,
         command => dispatch_unit(command).await.map(|()| ExitCode::SUCCESS),
     }
 }
