@@ -429,6 +429,7 @@ async fn sqlite_event_ids_must_be_uuids() {
         match switchyard::router::event_from_row(row, &limits) {
             Ok(event) => assert_eq!(event.event_id, "0b9e4a4e-5f6a-4c39-8f5e-2b1d2c3d4e5f"),
             Err(error) => {
+                let error = error.to_string();
                 assert!(error.contains("is not a UUID"), "{error}");
                 assert!(error.contains("legacy-o-"), "names the id: {error}");
                 refused += 1;
@@ -486,7 +487,11 @@ async fn a_row_the_relay_cannot_read_is_refused_alone(db: TestOutbox) {
     let refused: Vec<String> = claim
         .rows
         .iter()
-        .filter_map(|row| switchyard::router::event_from_row(row, &limits).err())
+        .filter_map(|row| {
+            switchyard::router::event_from_row(row, &limits)
+                .err()
+                .map(|e| e.to_string())
+        })
         .collect();
     assert_eq!(refused.len(), broken.len(), "only the broken rows: {refused:?}");
     for ((_, expected), error) in broken.iter().zip(&refused) {

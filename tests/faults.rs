@@ -1105,5 +1105,20 @@ async fn plugin_test_exit_code_follows_the_outcome() {
         out.contains("invalid NATS subject \"orders.*\""),
         "NATS's own rules apply: {out}"
     );
+    // The JSON report names each problem by kind, for scripts.
+    for (name, extra, problem) in [
+        ("elsewhere", &[][..], "unknown_target"),
+        ("wild", &["--config", "mode=huge-topic"][..], "topic_too_long"),
+        ("wildcard", &[][..], "refused_by_target"),
+    ] {
+        let mut args = with_relay(name, extra);
+        args.push("--json".into());
+        let (code, out, err) = run(args).await;
+        assert_ne!(code, 0);
+        let report: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{name}: {e}: {out}{err}"));
+        assert_eq!(report["events"][0]["outcome"], "invalid_output", "{out}");
+        assert_eq!(report["events"][0]["problem"], problem, "{name}: {out}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -55,27 +55,197 @@ impl Limits {
     }
 }
 
+/// Why a row cannot become an event; it is dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unroutable {
+    /// The store could not read it (a column of the wrong type...).
+    #[error("{0}")]
+    Malformed(String),
+    /// Neither `payload` nor `payload_bytes` is set.
+    #[error("payload is NULL (set payload or payload_bytes)")]
+    NullPayload,
+    /// Over `relay.max_payload_bytes`.
+    #[error("payload is {size} bytes, over relay.max_payload_bytes ({limit})")]
+    PayloadTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The `headers` column.
+    #[error("headers column {0}")]
+    Headers(HeadersProblem),
+}
+
+/// What is wrong with a row's `headers` column.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadersProblem {
+    /// Not JSON.
+    #[error("is not valid JSON: {0}")]
+    NotJson(String),
+    /// JSON, but not an object.
+    #[error("must be a JSON object, got {0}")]
+    NotObject(&'static str),
+    /// A value that is not a string.
+    #[error("header {name:?} must be a string, got {kind}")]
+    NotString {
+        /// The header.
+        name: String,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// A name or value no broker can carry.
+    #[error("{0}")]
+    Header(HeaderProblem),
+}
+
+/// A header no broker can carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderProblem {
+    /// Empty, or not printable ASCII without ':' and spaces.
+    #[error("header name {0:?} is invalid (printable ASCII without ':' or spaces)")]
+    InvalidName(String),
+    /// A CR, LF or NUL in the value.
+    #[error("header {0:?} has a line break or NUL in its value")]
+    BreakInValue(String),
+}
+
+/// A plugin's answer the relay will not send; the row is dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("plugin {plugin} {problem}")]
+pub struct BadOutput {
+    /// `name@version`.
+    pub plugin: String,
+    /// What is wrong.
+    pub problem: OutputProblem,
+}
+
+/// What is wrong with a plugin's answer. Each message problem names the
+/// message by its index in the answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutputProblem {
+    /// More messages than one event may fan out to.
+    #[error("returned {count} messages, more than the {limit} allowed per event")]
+    TooManyMessages {
+        /// Returned.
+        count: usize,
+        /// Allowed.
+        limit: usize,
+    },
+    /// A target that is not configured.
+    #[error("message {index}: unknown target {target:?}")]
+    UnknownTarget {
+        /// The message.
+        index: usize,
+        /// The target it named.
+        target: String,
+    },
+    /// A blank topic.
+    #[error("message {index}: empty topic for target {target:?}")]
+    EmptyTopic {
+        /// The message.
+        index: usize,
+        /// Its target.
+        target: String,
+    },
+    /// A control character in the topic.
+    #[error("message {index}: topic {topic:?} for target {target:?} contains a control character")]
+    ControlInTopic {
+        /// The message.
+        index: usize,
+        /// Its target.
+        target: String,
+        /// The topic.
+        topic: String,
+    },
+    /// A topic over [`Limits::MAX_TOPIC_BYTES`].
+    #[error("message {index}: topic for target {target:?} is {size} bytes, over the {limit} allowed")]
+    TopicTooLong {
+        /// The message.
+        index: usize,
+        /// Its target.
+        target: String,
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A payload over `relay.max_message_bytes`.
+    #[error("message {index}: payload is {size} bytes, over relay.max_message_bytes ({limit})")]
+    PayloadTooLarge {
+        /// The message.
+        index: usize,
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// More headers than [`Limits::MAX_HEADERS`].
+    #[error("message {index}: {count} headers, more than the {limit} allowed")]
+    TooManyHeaders {
+        /// The message.
+        index: usize,
+        /// Set.
+        count: usize,
+        /// Allowed.
+        limit: usize,
+    },
+    /// Payload and headers over `relay.max_message_bytes`.
+    #[error("message {index}: payload and headers are {size} bytes, over relay.max_message_bytes ({limit})")]
+    MessageTooLarge {
+        /// The message.
+        index: usize,
+        /// Payload and headers.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A header (or the key) no broker can carry.
+    #[error("message {index}: {problem}")]
+    BadHeader {
+        /// The message.
+        index: usize,
+        /// What is wrong.
+        problem: HeaderProblem,
+    },
+}
+
+impl OutputProblem {
+    /// A stable name for the problem, for reports and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutputProblem::TooManyMessages { .. } => "too_many_messages",
+            OutputProblem::UnknownTarget { .. } => "unknown_target",
+            OutputProblem::EmptyTopic { .. } => "empty_topic",
+            OutputProblem::ControlInTopic { .. } => "control_in_topic",
+            OutputProblem::TopicTooLong { .. } => "topic_too_long",
+            OutputProblem::PayloadTooLarge { .. } => "payload_too_large",
+            OutputProblem::TooManyHeaders { .. } => "too_many_headers",
+            OutputProblem::MessageTooLarge { .. } => "message_too_large",
+            OutputProblem::BadHeader { .. } => "bad_header",
+        }
+    }
+}
+
 /// Builds the plugin's view of a row.
 ///
 /// # Errors
 /// A specific reason when the row cannot be routed at all (NULL or oversized
 /// payload, malformed headers); such rows are dead-lettered.
-pub fn event_from_row(row: &OutboxRow, limits: &Limits) -> Result<Event, String> {
+pub fn event_from_row(row: &OutboxRow, limits: &Limits) -> Result<Event, Unroutable> {
     if let Some(reason) = &row.malformed {
-        return Err(reason.clone());
+        return Err(Unroutable::Malformed(reason.clone()));
     }
     let (payload, payload_format) = match (&row.payload_bytes, &row.payload_json) {
         (Some(bytes), _) => (bytes.clone(), PayloadFormat::Binary),
         (None, Some(json)) => (json.clone().into_bytes(), PayloadFormat::Json),
-        (None, None) => {
-            return Err("payload is NULL (set payload or payload_bytes)".to_string());
-        }
+        (None, None) => return Err(Unroutable::NullPayload),
     };
     if payload.len() > limits.max_payload_bytes {
-        return Err(crate::store::payload_over_limit(
-            payload.len(),
-            limits.max_payload_bytes,
-        ));
+        return Err(Unroutable::PayloadTooLarge {
+            size: payload.len(),
+            limit: limits.max_payload_bytes,
+        });
     }
     Ok(Event {
         row_id: row.id.0,
@@ -85,7 +255,7 @@ pub fn event_from_row(row: &OutboxRow, limits: &Limits) -> Result<Event, String>
         event_type: row.event_type.clone(),
         payload,
         payload_format,
-        headers: parse_row_headers(&row.headers_json)?,
+        headers: parse_row_headers(&row.headers_json).map_err(Unroutable::Headers)?,
         tenant: row.tenant.clone(),
         created_at_ms: row.created_at_ms,
         attempt: u32::try_from(row.attempts).unwrap_or(0),
@@ -96,22 +266,22 @@ pub fn event_from_row(row: &OutboxRow, limits: &Limits) -> Result<Event, String>
 ///
 /// # Errors
 /// What is wrong with it.
-pub fn parse_row_headers(json: &str) -> Result<Vec<(String, String)>, String> {
+pub fn parse_row_headers(json: &str) -> Result<Vec<(String, String)>, HeadersProblem> {
     let value: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| format!("headers column is not valid JSON: {e}"))?;
+        serde_json::from_str(json).map_err(|e| HeadersProblem::NotJson(e.to_string()))?;
     let object = value
         .as_object()
-        .ok_or_else(|| format!("headers column must be a JSON object, got {}", json_kind(&value)))?;
+        .ok_or_else(|| HeadersProblem::NotObject(json_kind(&value)))?;
     object
         .iter()
         .map(|(name, value)| match value {
-            serde_json::Value::String(text) => {
-                check_header(name, text).map(|()| (name.clone(), text.clone()))
-            }
-            other => Err(format!(
-                "headers column: header {name:?} must be a string, got {}",
-                json_kind(other)
-            )),
+            serde_json::Value::String(text) => check_header(name, text)
+                .map(|()| (name.clone(), text.clone()))
+                .map_err(HeadersProblem::Header),
+            other => Err(HeadersProblem::NotString {
+                name: name.clone(),
+                kind: json_kind(other),
+            }),
         })
         .collect()
 }
@@ -127,14 +297,12 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
-fn check_header(name: &str, value: &str) -> Result<(), String> {
+fn check_header(name: &str, value: &str) -> Result<(), HeaderProblem> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
-        return Err(format!(
-            "header name {name:?} is invalid (printable ASCII without ':' or spaces)"
-        ));
+        return Err(HeaderProblem::InvalidName(name.to_string()));
     }
     if value.contains(['\r', '\n', '\0']) {
-        return Err(format!("header {name:?} has a line break or NUL in its value"));
+        return Err(HeaderProblem::BreakInValue(name.to_string()));
     }
     Ok(())
 }
@@ -181,14 +349,17 @@ pub fn assemble(
     limits: &Limits,
     target: &dyn Fn(&str) -> Option<bool>,
     trace: Option<&TraceParent>,
-) -> Result<Vec<Routed>, String> {
+) -> Result<Vec<Routed>, BadOutput> {
     let traceparent = trace.map(ToString::to_string);
+    let refuse = |problem| BadOutput {
+        plugin: plugin_label.to_string(),
+        problem,
+    };
     if messages.len() > limits.max_messages_per_event {
-        return Err(format!(
-            "plugin {plugin_label} returned {} messages, more than the {} allowed per event",
-            messages.len(),
-            limits.max_messages_per_event
-        ));
+        return Err(refuse(OutputProblem::TooManyMessages {
+            count: messages.len(),
+            limit: limits.max_messages_per_event,
+        }));
     }
     // A message keeps the bare event id as its broker dedup id unless the
     // event sends several messages to deduplicating targets: those may share
@@ -212,61 +383,7 @@ pub fn assemble(
         .collect();
     let mut routed = Vec::with_capacity(messages.len());
     for ((index, message), ordinal) in messages.into_iter().enumerate().zip(ordinals) {
-        let at = || format!("plugin {plugin_label} message {index}");
-        if target(&message.target).is_none() {
-            return Err(format!("{}: unknown target {:?}", at(), message.target));
-        }
-        if message.topic.trim().is_empty() {
-            return Err(format!("{}: empty topic for target {:?}", at(), message.target));
-        }
-        if message.topic.chars().any(char::is_control) {
-            return Err(format!(
-                "{}: topic {:?} for target {:?} contains a control character",
-                at(),
-                message.topic,
-                message.target
-            ));
-        }
-        if message.topic.len() > limits.max_topic_bytes {
-            return Err(format!(
-                "{}: topic for target {:?} is {} bytes, over the {} allowed",
-                at(),
-                message.target,
-                message.topic.len(),
-                limits.max_topic_bytes
-            ));
-        }
-        if message.payload.len() > limits.max_message_bytes {
-            return Err(format!(
-                "{}: payload is {} bytes, over relay.max_message_bytes ({})",
-                at(),
-                message.payload.len(),
-                limits.max_message_bytes
-            ));
-        }
-        if message.headers.len() > Limits::MAX_HEADERS {
-            return Err(format!(
-                "{}: {} headers, more than the {} allowed",
-                at(),
-                message.headers.len(),
-                Limits::MAX_HEADERS
-            ));
-        }
-        let header_bytes: usize = message.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
-        if message.payload.len() + header_bytes > limits.max_message_bytes {
-            return Err(format!(
-                "{}: payload and headers are {} bytes, over relay.max_message_bytes ({})",
-                at(),
-                message.payload.len() + header_bytes,
-                limits.max_message_bytes
-            ));
-        }
-        for (name, value) in &message.headers {
-            check_header(name, value).map_err(|e| format!("{}: {e}", at()))?;
-        }
-        if let Some(key) = &message.key {
-            check_header("key", key).map_err(|e| format!("{}: {e}", at()))?;
-        }
+        check_message(&message, index, limits, target).map_err(refuse)?;
         let delivery_key = format!("{}:{}#{}", message.target, message.topic, ordinal);
         let dedup_id = if several {
             format!("{}:{delivery_key}", event.event_id)
@@ -287,6 +404,76 @@ pub fn assemble(
         });
     }
     Ok(routed)
+}
+
+/// The checks on one message of a plugin's answer.
+fn check_message(
+    message: &Message,
+    index: usize,
+    limits: &Limits,
+    target: &dyn Fn(&str) -> Option<bool>,
+) -> Result<(), OutputProblem> {
+    let name = || message.target.clone();
+    if target(&message.target).is_none() {
+        return Err(OutputProblem::UnknownTarget {
+            index,
+            target: name(),
+        });
+    }
+    if message.topic.trim().is_empty() {
+        return Err(OutputProblem::EmptyTopic {
+            index,
+            target: name(),
+        });
+    }
+    if message.topic.chars().any(char::is_control) {
+        return Err(OutputProblem::ControlInTopic {
+            index,
+            target: name(),
+            topic: message.topic.clone(),
+        });
+    }
+    if message.topic.len() > limits.max_topic_bytes {
+        return Err(OutputProblem::TopicTooLong {
+            index,
+            target: name(),
+            size: message.topic.len(),
+            limit: limits.max_topic_bytes,
+        });
+    }
+    let limit = limits.max_message_bytes;
+    if message.payload.len() > limit {
+        return Err(OutputProblem::PayloadTooLarge {
+            index,
+            size: message.payload.len(),
+            limit,
+        });
+    }
+    if message.headers.len() > Limits::MAX_HEADERS {
+        return Err(OutputProblem::TooManyHeaders {
+            index,
+            count: message.headers.len(),
+            limit: Limits::MAX_HEADERS,
+        });
+    }
+    let header_bytes: usize = message.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    if message.payload.len() + header_bytes > limit {
+        return Err(OutputProblem::MessageTooLarge {
+            index,
+            size: message.payload.len() + header_bytes,
+            limit,
+        });
+    }
+    let key = message.key.as_ref().map(|key| ("key", key.as_str()));
+    for (name, value) in message
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .chain(key)
+    {
+        check_header(name, value).map_err(|problem| OutputProblem::BadHeader { index, problem })?;
+    }
+    Ok(())
 }
 
 /// Row headers, then the plugin's (which win on a name clash), then the
@@ -387,29 +574,32 @@ mod tests {
     fn rejects_null_oversized_and_malformed_rows() {
         let mut null = row();
         null.payload_json = None;
-        assert!(
-            event_from_row(&null, &LIMITS)
-                .unwrap_err()
-                .contains("payload is NULL")
-        );
+        let error = event_from_row(&null, &LIMITS).unwrap_err();
+        assert_eq!(error, Unroutable::NullPayload);
+        assert!(error.to_string().contains("payload is NULL"));
 
         let mut big = row();
         big.payload_json = Some(format!("\"{}\"", "x".repeat(100)));
-        assert!(
-            event_from_row(&big, &LIMITS)
-                .unwrap_err()
-                .contains("max_payload_bytes")
-        );
+        let error = event_from_row(&big, &LIMITS).unwrap_err();
+        assert_eq!(error, Unroutable::PayloadTooLarge { size: 102, limit: 64 });
+        assert!(error.to_string().contains("max_payload_bytes"));
 
         let mut bad = row();
         bad.headers_json = r#"{"n": 5}"#.into();
+        let error = event_from_row(&bad, &LIMITS).unwrap_err();
         assert!(
-            event_from_row(&bad, &LIMITS)
-                .unwrap_err()
-                .contains("must be a string")
+            matches!(&error, Unroutable::Headers(HeadersProblem::NotString { name, kind: "a number" }) if name == "n"),
+            "{error:?}"
+        );
+        assert_eq!(
+            error.to_string(),
+            "headers column header \"n\" must be a string, got a number"
         );
         bad.headers_json = "[1]".into();
-        assert!(event_from_row(&bad, &LIMITS).unwrap_err().contains("JSON object"));
+        assert_eq!(
+            event_from_row(&bad, &LIMITS).unwrap_err().to_string(),
+            "headers column must be a JSON object, got an array"
+        );
     }
 
     #[test]
@@ -518,33 +708,70 @@ mod tests {
     fn refuses_bad_plugin_output_with_specific_errors() {
         let event = event_from_row(&row(), &LIMITS).unwrap();
         let known = |t: &str| (t == "nats").then_some(true);
-        let err = |m: Message| assemble(&event, vec![m], "p@abc", &LIMITS, &known, None).unwrap_err();
+        let err = |m: Message| {
+            let error = assemble(&event, vec![m], "p@abc", &LIMITS, &known, None).unwrap_err();
+            assert_eq!(error.plugin, "p@abc");
+            error.problem
+        };
 
-        assert!(err(message("nope", "t")).contains("unknown target \"nope\""));
-        assert!(err(message("nats", " ")).contains("empty topic"));
+        let unknown = err(message("nope", "t"));
+        assert_eq!(unknown.kind(), "unknown_target");
+        assert_eq!(unknown.to_string(), "message 0: unknown target \"nope\"");
+        assert_eq!(err(message("nats", " ")).kind(), "empty_topic");
         let mut big = message("nats", "t");
         big.payload = vec![0; 65];
-        assert!(err(big).contains("max_message_bytes"));
+        assert_eq!(
+            err(big),
+            OutputProblem::PayloadTooLarge {
+                index: 0,
+                size: 65,
+                limit: 64
+            }
+        );
         let mut header = message("nats", "t");
         header.headers.push(("bad name".into(), "v".into()));
-        assert!(err(header).contains("invalid"));
+        assert_eq!(
+            err(header),
+            OutputProblem::BadHeader {
+                index: 0,
+                problem: HeaderProblem::InvalidName("bad name".into())
+            }
+        );
+        let mut key = message("nats", "t");
+        key.key = Some("k\ney".into());
+        assert_eq!(
+            err(key),
+            OutputProblem::BadHeader {
+                index: 0,
+                problem: HeaderProblem::BreakInValue("key".into())
+            }
+        );
         for topic in ["orders\u{0}x", "orders\nx", "a\u{1b}[31m"] {
             let error = err(message("nats", topic));
-            assert!(error.contains("control character"), "{topic:?}: {error}");
+            assert_eq!(error.kind(), "control_in_topic", "{topic:?}: {error}");
         }
         let error = err(message("nats", &"t".repeat(65)));
-        assert!(error.contains("65 bytes"), "{error}");
+        assert!(
+            matches!(error, OutputProblem::TopicTooLong { size: 65, .. }),
+            "{error}"
+        );
         let mut many = message("nats", "t");
         many.headers = (0..300).map(|i| (format!("h{i}"), String::new())).collect();
-        assert!(err(many).contains("300 headers"));
+        assert!(matches!(
+            err(many),
+            OutputProblem::TooManyHeaders { count: 300, .. }
+        ));
         let mut huge = message("nats", "t");
         huge.headers.push(("h".into(), "v".repeat(40)));
-        assert!(err(huge).contains("payload and headers are"));
+        assert_eq!(err(huge).kind(), "message_too_large");
         let many = vec![message("nats", "t"); 5];
-        assert!(
-            assemble(&event, many, "p@abc", &LIMITS, &known, None)
-                .unwrap_err()
-                .contains("5 messages")
+        let error = assemble(&event, many, "p@abc", &LIMITS, &known, None).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "plugin p@abc returned 5 messages, more than the {} allowed per event",
+                LIMITS.max_messages_per_event
+            )
         );
     }
 }

@@ -252,12 +252,13 @@ fn broker_check(
     target: &str,
     topic: &str,
 ) -> Result<(), String> {
-    match targets.and_then(|targets| targets.get(target)) {
-        Some(TargetConfig::Nats(_)) => crate::sinks::nats::check_subject(topic).map_err(|e| e.message),
-        Some(TargetConfig::Kafka(_)) => crate::sinks::kafka::check_topic(topic).map_err(|e| e.message),
+    let checked = match targets.and_then(|targets| targets.get(target)) {
+        Some(TargetConfig::Nats(_)) => crate::sinks::nats::check_subject(topic),
+        Some(TargetConfig::Kafka(_)) => crate::sinks::kafka::check_topic(topic),
         Some(TargetConfig::Rabbitmq(_)) => crate::sinks::rabbitmq::check_routing_key(topic),
         _ => Ok(()),
-    }
+    };
+    checked.map_err(|e| e.message)
 }
 
 /// What `plugin test` found for one event.
@@ -272,6 +273,11 @@ struct EventReport {
     /// Why, unless published or dropped.
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
+    /// For `invalid_output`, what is wrong, as a stable name
+    /// (`unknown_target`, `empty_topic`, `payload_too_large`...,
+    /// `refused_by_target`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<&'static str>,
     /// How long the `route` call took, in microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     took_us: Option<u64>,
@@ -369,6 +375,7 @@ fn test(
                 event: None,
                 outcome: "not_routable",
                 reason: Some(error),
+                problem: None,
                 took_us: None,
                 messages: Vec::new(),
             };
@@ -384,26 +391,30 @@ fn test(
         let took_us = Some(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
         let result =
             answer.unwrap_or_else(|| Err(CallFailure::Unavailable("not routed in time".to_string())));
+        let mut problem = None;
         let (outcome, reason, messages) = match result {
             Ok(messages) if messages.is_empty() => ("dropped", None, Vec::new()),
-            Ok(messages) => {
-                let routed =
-                    router::assemble(&event, messages, &label, &limits, &known, None).and_then(|routed| {
-                        for message in &routed {
-                            broker_check(targets, &message.target, &message.message.topic)
-                                .map_err(|e| format!("target {:?}: {e}", message.target))?;
-                        }
-                        Ok(routed)
-                    });
-                match routed {
-                    Ok(routed) => (
+            Ok(messages) => match router::assemble(&event, messages, &label, &limits, &known, None) {
+                Ok(routed) => match routed.iter().find_map(|message| {
+                    broker_check(targets, &message.target, &message.message.topic)
+                        .err()
+                        .map(|e| format!("target {:?}: {e}", message.target))
+                }) {
+                    Some(refused) => {
+                        problem = Some("refused_by_target");
+                        ("invalid_output", Some(refused), Vec::new())
+                    }
+                    None => (
                         "published",
                         None,
                         routed.into_iter().map(message_report).collect(),
                     ),
-                    Err(error) => ("invalid_output", Some(error), Vec::new()),
+                },
+                Err(error) => {
+                    problem = Some(error.problem.kind());
+                    ("invalid_output", Some(error.to_string()), Vec::new())
                 }
-            }
+            },
             Err(CallFailure::Transient(reason)) => ("refused_transient", Some(reason), Vec::new()),
             Err(CallFailure::Permanent(reason)) => ("refused_permanent", Some(reason), Vec::new()),
             Err(CallFailure::Crashed(reason)) => {
@@ -420,6 +431,7 @@ fn test(
             }),
             outcome,
             reason,
+            problem,
             took_us,
             messages,
         };
@@ -538,6 +550,7 @@ mod tests {
                     }),
                     outcome: "published",
                     reason: None,
+                    problem: None,
                     took_us: Some(5),
                     messages: vec![MessageReport {
                         target: "out".into(),
@@ -552,6 +565,7 @@ mod tests {
                     event: None,
                     outcome: "refused_permanent",
                     reason: Some("no\u{1b}[0m\nplugin evil loaded in 0 ms".into()),
+                    problem: None,
                     took_us: None,
                     messages: Vec::new(),
                 },

@@ -173,7 +173,10 @@ impl Relay {
         }
         let event = match router::event_from_row(&row, &inner.limits) {
             Ok(event) => event,
-            Err(error) => return Prepared::Done(RoutedRow::failed(row, Outcome::Dead { error }, None)),
+            Err(error) => {
+                let error = error.to_string();
+                return Prepared::Done(RoutedRow::failed(row, Outcome::Dead { error }, None));
+            }
         };
         // The event has its own copy of the payload and nothing after routing
         // reads the row's: a batch waiting for its plugins holds each once.
@@ -386,7 +389,9 @@ impl Relay {
                 RowState::Routed { messages, version }
             }
             Err(error) => RowState::Failed {
-                outcome: Outcome::Dead { error },
+                outcome: Outcome::Dead {
+                    error: error.to_string(),
+                },
                 version,
             },
         }

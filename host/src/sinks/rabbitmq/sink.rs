@@ -301,12 +301,12 @@ fn message_id(message: &OutgoingMessage) -> ShortString {
 ///
 /// # Errors
 /// Why not.
-pub fn check_routing_key(topic: &str) -> Result<(), String> {
+pub fn check_routing_key(topic: &str) -> Result<(), SinkError> {
     if topic.len() > SHORT_STRING_MAX {
-        Err(format!(
+        Err(SinkError::permanent(format!(
             "routing key of {} bytes; AMQP allows at most {SHORT_STRING_MAX}",
             topic.len()
-        ))
+        )))
     } else {
         Ok(())
     }
@@ -315,7 +315,7 @@ pub fn check_routing_key(topic: &str) -> Result<(), String> {
 /// Why AMQP cannot carry this message at all: routing keys and header
 /// names are short strings (at most 255 bytes).
 fn unsendable(message: &OutgoingMessage) -> Option<String> {
-    if let Err(problem) = check_routing_key(&message.topic) {
+    if let Err(SinkError { message: problem, .. }) = check_routing_key(&message.topic) {
         return Some(problem);
     }
     message
