@@ -54,12 +54,17 @@ type = "stdout"
     )
 }
 
-/// Checks `config`'s `[source]` against the database and installs its trigger.
-async fn install_capture(pool: &PgPool, config: &switchyard::Config) -> switchyard::source::Capture {
-    let capture = switchyard::source::check(pool, config.source.as_ref().unwrap())
+/// Checks `config`'s `[source]` against the database and installs its
+/// trigger, through the store as `switchyard migrate` does.
+async fn install_capture(db_url: &str, config: &switchyard::Config) -> switchyard::store::capture::Capture {
+    let store = switchyard::OutboxStore::connect(db_url, 2).await.unwrap();
+    let capture = store
+        .check_source(config.source.as_ref().unwrap())
         .await
-        .unwrap();
-    capture.install(pool, false).await.unwrap();
+        .unwrap()
+        .expect("PostgreSQL checks [source]");
+    store.install_capture(&capture, false).await.unwrap();
+    store.close().await;
     capture
 }
 
@@ -336,7 +341,7 @@ event_type = "event_type"
 payload = "body"
 "#;
     let config = parse(&stdout_config(&db.url, source));
-    install_capture(&db.pool, &config).await;
+    install_capture(&db.url, &config).await;
 
     // The service's role may insert into its table and nothing else.
     let role = format!("{}_writer", db.name);
@@ -440,7 +445,7 @@ async fn a_capture_trigger_disabled_or_dropped_while_the_relay_runs_makes_it_unr
     let db = fresh_db().await;
     db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
     let config = parse(&stdout_config(&db.url, DEBEZIUM_SOURCE));
-    install_capture(&db.pool, &config).await;
+    install_capture(&db.url, &config).await;
     let relay = switchyard::app::build(&config).await.expect("relay starts");
     let capture_check = || async {
         let readiness = switchyard::admin::readiness(&relay).await;
@@ -496,7 +501,7 @@ event_type = "Type"
 payload = "Pay%load"
 "#;
     let config = parse(&stdout_config(&db.url, source));
-    let capture = install_capture(&db.pool, &config).await;
+    let capture = install_capture(&db.url, &config).await;
     assert_eq!(capture.table(), r#""Shop Data"."Outbox Events""#);
     db.pool
         .execute(

@@ -224,9 +224,9 @@ pub async fn readiness(relay: &Relay) -> Readiness {
         (name.to_string(), state)
     }));
     let capture = async {
-        let (capture, pool) = (relay.capture()?, relay.store().pg_pool()?);
+        let capture = relay.capture()?;
         Some(
-            match tokio::time::timeout(CHECK_TIMEOUT, capture.problem(pool)).await {
+            match tokio::time::timeout(CHECK_TIMEOUT, relay.store().capture_problem(capture)).await {
                 Ok(Ok(None)) => Check::Ok,
                 Ok(Ok(Some(problem))) => Check::Failed(problem),
                 Ok(Err(error)) => Check::Failed(error.to_string()),

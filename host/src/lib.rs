@@ -34,7 +34,6 @@ pub mod relay;
 pub mod retention;
 pub mod router;
 pub mod sinks;
-pub mod source;
 pub mod store;
 pub mod telemetry;
 pub mod trace;

@@ -4,8 +4,8 @@
 use anyhow::Context;
 
 use crate::config::Config;
-use crate::source::{self, Installed};
 use crate::store::OutboxStore;
+use crate::store::capture::{Capture, Installed};
 
 /// What `migrate` was asked to do.
 pub struct Migrate {
@@ -40,20 +40,20 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     let store = OutboxStore::connect(&url, 2)
         .await
         .context("cannot connect to the database")?;
-    let capture = match (source, store.pg_pool()) {
-        (Some(source), Some(pool)) => Some(source::check(pool, source).await?),
-        _ => None,
+    let capture = match source {
+        Some(source) => store.check_source(source).await?,
+        None => None,
     };
     let pending = store
         .pending_migrations()
         .await
         .context("cannot read the migration history")?;
-    let installed = match (&capture, store.pg_pool()) {
-        (Some(capture), Some(pool)) if pending.is_empty() => Some(capture.installed(pool).await?),
+    let installed = match &capture {
+        Some(capture) if pending.is_empty() => Some(store.capture_installed(capture).await?),
         // Before the relay's own table exists, a trigger copying into it
         // cannot be current.
-        (Some(_), _) => Some(Installed::Missing),
-        (None, _) => None,
+        Some(_) => Some(Installed::Missing),
+        None => None,
     };
     let install = capture
         .as_ref()
@@ -78,9 +78,9 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
 
     store.migrate().await.context("migration failed")?;
     println!("outbox schema is up to date");
-    if let (Some(capture), Some(pool)) = (install, store.pg_pool()) {
-        let copied = capture
-            .install(pool, args.backfill)
+    if let Some(capture) = install {
+        let copied = store
+            .install_capture(capture, args.backfill)
             .await
             .with_context(|| format!("installing the capture trigger on {} failed", capture.table()))?;
         println!("capture trigger on {} installed", capture.table());
@@ -102,13 +102,15 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
 pub async fn check_source(
     config: &Config,
     store: &OutboxStore,
-) -> anyhow::Result<Option<(source::Capture, Option<String>)>> {
-    let (Some(source), Some(pool)) = (&config.source, store.pg_pool()) else {
+) -> anyhow::Result<Option<(Capture, Option<String>)>> {
+    let Some(source) = &config.source else {
         return Ok(None);
     };
-    let capture = source::check(pool, source).await?;
-    let problem = capture
-        .problem(pool)
+    let Some(capture) = store.check_source(source).await? else {
+        return Ok(None);
+    };
+    let problem = store
+        .capture_problem(&capture)
         .await
         .context("cannot read the source table's triggers")?;
     Ok(Some((capture, problem)))

@@ -2,6 +2,7 @@
 //! secrets, and validation that reports every problem at once.
 
 mod failures;
+pub mod source;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -71,7 +72,7 @@ pub struct Config {
     /// An outbox table the services already write, copied into the relay's
     /// own by a trigger that `switchyard migrate` installs.
     #[serde(default)]
-    pub source: Option<crate::source::SourceConfig>,
+    pub source: Option<source::SourceConfig>,
 }
 
 /// `[retention]`: published rows older than `published_max_age_seconds` are
@@ -563,7 +564,7 @@ fn section_errors(text: &str) -> Vec<String> {
             "plugin_runtime" => check::<PluginRuntimeConfig>(key, value, &mut problems),
             "admin" => check::<AdminConfig>(key, value, &mut problems),
             "retention" => check::<RetentionConfig>(key, value, &mut problems),
-            "source" => check::<crate::source::SourceConfig>(key, value, &mut problems),
+            "source" => check::<source::SourceConfig>(key, value, &mut problems),
             "plugins" => match value.as_array() {
                 Some(plugins) => {
                     for (index, plugin) in plugins.iter().enumerate() {

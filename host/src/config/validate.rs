@@ -27,7 +27,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
     if let Some(source) = &config.source {
         problems
             .0
-            .extend(crate::source::static_problems(source, &config.database.url));
+            .extend(super::source::static_problems(source, &config.database.url));
     }
     if let Some(retention) = &config.retention {
         self::retention(&mut problems, retention);

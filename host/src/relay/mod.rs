@@ -89,7 +89,7 @@ struct Inner {
     /// Set once, by [`Relay::with_native_router`].
     native_router: OnceLock<NativeRouter>,
     /// Set once, by [`Relay::with_capture`].
-    capture: OnceLock<crate::source::Capture>,
+    capture: OnceLock<crate::store::capture::Capture>,
     store: OutboxStore,
     plugins: Plugins,
     sinks: Sinks,
@@ -175,7 +175,7 @@ impl Relay {
     /// The `[source]` capture trigger this relay depends on: `/readyz`
     /// checks that it is still there and enabled.
     #[must_use]
-    pub fn with_capture(self, capture: Option<crate::source::Capture>) -> Relay {
+    pub fn with_capture(self, capture: Option<crate::store::capture::Capture>) -> Relay {
         if let Some(capture) = capture
             && self.inner.capture.set(capture).is_err()
         {
@@ -185,7 +185,7 @@ impl Relay {
     }
 
     /// The capture trigger of `[source]`, if the relay has one.
-    pub fn capture(&self) -> Option<&crate::source::Capture> {
+    pub fn capture(&self) -> Option<&crate::store::capture::Capture> {
         self.inner.capture.get()
     }
 

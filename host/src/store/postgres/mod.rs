@@ -8,6 +8,7 @@
 //! `switchyard migrate` runs (the benchmark's baseline is exactly that).
 
 mod ack;
+pub(crate) mod capture;
 mod claim;
 mod waiting;
 
