@@ -86,7 +86,7 @@ pub(crate) async fn run(services: &Services, _args: &Args) -> anyhow::Result<()>
     let url = services.db_url(name);
     let store = OutboxStore::connect(&url, 4).await?;
     store.migrate().await?;
-    let pool = store.pg_pool().context("PostgreSQL")?.clone();
+    let pool = sqlx::PgPool::connect(&url).await?;
     reset_brokers(services, Target::Nats).await?;
 
     let dir = std::env::temp_dir().join("sy-bench-large-reload");

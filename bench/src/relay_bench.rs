@@ -366,12 +366,13 @@ async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
 /// says), with no plugin and no broker: what the database allows.
 async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain> {
     let store = OutboxStore::connect(url, args.concurrency * 2 + 2).await?;
+    let pool = sqlx::PgPool::connect(url).await?;
     let cpu = CpuTimes::now();
     let started = Instant::now();
     let done = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
-        let store = store.clone();
+        let (store, pool) = (store.clone(), pool.clone());
         let done = done.clone();
         let batch = args.batch_size;
         workers.push(tokio::spawn(async move {
@@ -382,7 +383,7 @@ async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain
                     if claim.parked > 0 {
                         continue;
                     }
-                    if drained(&store, schema).await? {
+                    if drained(&pool, schema).await? {
                         return Ok::<_, anyhow::Error>(());
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -414,8 +415,7 @@ async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain
 }
 
 /// Whether no unfinished row is left.
-async fn drained(store: &OutboxStore, schema: Schema) -> anyhow::Result<bool> {
-    let pool = store.pg_pool().context("PostgreSQL store")?;
+async fn drained(pool: &sqlx::PgPool, schema: Schema) -> anyhow::Result<bool> {
     Ok(sqlx::query_scalar(schema.drained_sql()).fetch_one(pool).await?)
 }
 
@@ -561,7 +561,8 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
         relay = relay.with_native_router(native_router(target));
     }
     let cpu = CpuTimes::now();
-    let rate = run_until_drained(&relay, args.rows, schema).await?;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let rate = run_until_drained(&relay, &pool, args.rows, schema).await?;
     let result = Drain {
         rate,
         cpu: CpuTimes::now().since(cpu),
@@ -596,12 +597,17 @@ impl Running {
     }
 }
 
-async fn run_until_drained(relay: &Relay, rows: u64, schema: Schema) -> anyhow::Result<f64> {
+async fn run_until_drained(
+    relay: &Relay,
+    pool: &sqlx::PgPool,
+    rows: u64,
+    schema: Schema,
+) -> anyhow::Result<f64> {
     let started = Instant::now();
     let running = Running::start(relay);
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if drained(relay.store(), schema).await? {
+        if drained(pool, schema).await? {
             break;
         }
         if running.task.is_finished() {
@@ -611,7 +617,7 @@ async fn run_until_drained(relay: &Relay, rows: u64, schema: Schema) -> anyhow::
     let elapsed = started.elapsed();
     running.stop().await?;
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'")
-        .fetch_one(relay.store().pg_pool().context("PostgreSQL")?)
+        .fetch_one(pool)
         .await?;
     anyhow::ensure!(dead == 0, "{dead} rows dead-lettered during the drain");
     Ok(rows as f64 / elapsed.as_secs_f64())
@@ -657,7 +663,7 @@ async fn latency(
     let url = services.db_url(&name);
     let store = OutboxStore::connect(&url, 4).await?;
     store.migrate().await?;
-    let pool = store.pg_pool().context("PostgreSQL")?.clone();
+    let pool = sqlx::PgPool::connect(&url).await?;
     reset_brokers(services, Target::Nats).await?;
 
     let dir = std::env::temp_dir().join(format!("sy-bench-{rate}"));

@@ -15,7 +15,6 @@
 //! for readiness.
 
 mod health;
-mod listen;
 mod outage;
 mod plan;
 mod publish;

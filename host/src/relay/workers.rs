@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
-use super::{Relay, listen};
+use super::Relay;
 
 impl Relay {
     /// Relays until `shutdown` is cancelled, then stops claiming, lets running
@@ -36,11 +36,10 @@ impl Relay {
         }
         // Ended with this future even when it is dropped rather than shut
         // down: a detached listener or sweeper would outlive its relay.
-        let listener = AbortOnDropHandle::new(tokio::spawn(listen::listen(
-            self.inner.store.clone(),
-            wake.clone(),
-            shutdown.clone(),
-        )));
+        let listener = AbortOnDropHandle::new(tokio::spawn({
+            let (store, wake, shutdown) = (self.inner.store.clone(), wake.clone(), shutdown.clone());
+            async move { store.wake_on_commits(wake, shutdown).await }
+        }));
         let sweeper = AbortOnDropHandle::new(tokio::spawn(sweep_parked(
             self.inner.store.clone(),
             wake.clone(),

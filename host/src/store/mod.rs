@@ -104,6 +104,8 @@ macro_rules! dispatch {
 // After `dispatch!`, which it uses.
 mod operations;
 
+mod listen;
+
 /// Handle to the outbox table, on PostgreSQL (production: many relays share
 /// it) or SQLite (the embedded default: one relay, one file).
 #[derive(Clone, Debug)]
@@ -235,8 +237,9 @@ impl OutboxStore {
         self
     }
 
-    /// The PostgreSQL pool, when this is a PostgreSQL store (LISTEN, ad-hoc queries).
-    pub fn pg_pool(&self) -> Option<&PgPool> {
+    /// The PostgreSQL pool, when this is a PostgreSQL store: for the
+    /// store's own PostgreSQL-only parts (LISTEN, the capture trigger).
+    fn pg_pool(&self) -> Option<&PgPool> {
         match &self.backend {
             AnyBackend::Postgres(backend) => Some(&backend.pool),
             AnyBackend::Sqlite(_) => None,

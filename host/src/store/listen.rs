@@ -10,23 +10,29 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::store::{self, OutboxStore};
+use super::{NOTIFY_CHANNEL, OutboxStore};
 
 /// Longest wait between two attempts to (re)connect the listener.
 const MAX_RETRY: Duration = Duration::from_secs(5);
 
-/// Wakes a worker on every NOTIFY, and all of them after a reconnect
-/// (notifications sent while disconnected are lost, so workers should look).
-/// Returns at once on SQLite, which has no NOTIFY.
-pub(super) async fn listen(store: OutboxStore, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let Some(pool) = store.pg_pool().cloned() else {
-        return;
-    };
+impl OutboxStore {
+    /// Wakes a worker on every NOTIFY, and all of them after a reconnect
+    /// (notifications sent while disconnected are lost, so workers should
+    /// look), until `shutdown`. Returns at once on SQLite, which has no NOTIFY.
+    pub async fn wake_on_commits(&self, wake: Arc<Notify>, shutdown: CancellationToken) {
+        let Some(pool) = self.pg_pool().cloned() else {
+            return;
+        };
+        listen(pool, wake, shutdown).await;
+    }
+}
+
+async fn listen(pool: sqlx::PgPool, wake: Arc<Notify>, shutdown: CancellationToken) {
     let mut retry = Duration::from_millis(100);
     while !shutdown.is_cancelled() {
         let listening = async {
             let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(store::NOTIFY_CHANNEL).await?;
+            listener.listen(NOTIFY_CHANNEL).await?;
             Ok::<_, sqlx::Error>(listener)
         };
         let mut listener = match listening.await {
