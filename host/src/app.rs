@@ -38,7 +38,7 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     .with_published_rows(config.relay.published_rows)
     .with_max_payload_bytes(config.relay.max_payload_bytes);
     check_schema(&store).await?;
-    let capture = match crate::cli::check_source(config, &store).await? {
+    let capture = match check_source(config, &store).await? {
         Some((_, Some(problem))) => anyhow::bail!(problem),
         Some((capture, None)) => Some(capture),
         None => None,
@@ -50,7 +50,7 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     } else {
         None
     };
-    let sinks = Sinks::connect(&config.targets, &config.relay).await?;
+    let sinks = Sinks::connect(&config.targets, &config.relay.sink_settings()).await?;
     Ok(Relay::new(store, plugins, sinks, config.relay.clone())
         .with_watcher(watcher)
         .with_capture(capture))
@@ -145,4 +145,27 @@ async fn wait_for_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// With `[source]`: the mapping checked against the live table, and what
+/// is wrong with the trigger installed from it (`None`: nothing). For
+/// `validate` (a warning) and relay startup (an error).
+///
+/// # Errors
+/// Every mismatch between the mapping and the table.
+pub async fn check_source(
+    config: &Config,
+    store: &OutboxStore,
+) -> anyhow::Result<Option<(crate::store::capture::Capture, Option<String>)>> {
+    let Some(source) = &config.source else {
+        return Ok(None);
+    };
+    let Some(capture) = store.check_source(source).await? else {
+        return Ok(None);
+    };
+    let problem = store
+        .capture_problem(&capture)
+        .await
+        .context("cannot read the source table's triggers")?;
+    Ok(Some((capture, problem)))
 }

@@ -5,7 +5,7 @@ use anyhow::Context;
 
 use crate::config::Config;
 use crate::store::OutboxStore;
-use crate::store::capture::{Capture, Installed};
+use crate::store::capture::Installed;
 
 /// What `migrate` was asked to do.
 pub struct Migrate {
@@ -91,27 +91,4 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         println!("capture trigger on {} is up to date", capture.table());
     }
     Ok(())
-}
-
-/// With `[source]`: the mapping checked against the live table, and what
-/// is wrong with the trigger installed from it (`None`: nothing). For
-/// `validate` (a warning) and relay startup (an error).
-///
-/// # Errors
-/// Every mismatch between the mapping and the table.
-pub async fn check_source(
-    config: &Config,
-    store: &OutboxStore,
-) -> anyhow::Result<Option<(Capture, Option<String>)>> {
-    let Some(source) = &config.source else {
-        return Ok(None);
-    };
-    let Some(capture) = store.check_source(source).await? else {
-        return Ok(None);
-    };
-    let problem = store
-        .capture_problem(&capture)
-        .await
-        .context("cannot read the source table's triggers")?;
-    Ok(Some((capture, problem)))
 }

@@ -19,7 +19,6 @@ mod scaffold;
 mod terminal;
 
 pub use dlq::DlqCommand;
-pub use migrate::check_source;
 
 /// Switchyard: relays outbox rows through WebAssembly routing plugins to NATS and Kafka.
 #[derive(Debug, Parser)]
@@ -207,7 +206,7 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
                 let store = OutboxStore::connect(&loaded.database.url, 2)
                     .await
                     .context("cannot connect to the database to check [source]")?;
-                if let Some((_, Some(problem))) = migrate::check_source(&loaded, &store).await? {
+                if let Some((_, Some(problem))) = crate::app::check_source(&loaded, &store).await? {
                     println!("warning: {problem}");
                 }
             }

@@ -252,13 +252,10 @@ fn broker_check(
     target: &str,
     topic: &str,
 ) -> Result<(), String> {
-    let checked = match targets.and_then(|targets| targets.get(target)) {
-        Some(TargetConfig::Nats(_)) => crate::sinks::nats::check_subject(topic),
-        Some(TargetConfig::Kafka(_)) => crate::sinks::kafka::check_topic(topic),
-        Some(TargetConfig::Rabbitmq(_)) => crate::sinks::rabbitmq::check_routing_key(topic),
-        _ => Ok(()),
-    };
-    checked.map_err(|e| e.message)
+    match targets.and_then(|targets| targets.get(target)) {
+        Some(target) => target.check_topic(topic).map_err(|e| e.message),
+        None => Ok(()),
+    }
 }
 
 /// What `plugin test` found for one event.
@@ -334,10 +331,7 @@ fn test(
     let engine = PluginEngine::new(cache_dir)?;
     // Without a relay config any target name is accepted.
     let known = |name: &str| match targets {
-        Some(targets) => targets.get(name).map(|target| match target {
-            TargetConfig::Nats(nats) => nats.mode == crate::sinks::nats::NatsMode::Jetstream,
-            _ => false,
-        }),
+        Some(targets) => targets.get(name).map(TargetConfig::deduplicates_by_id),
         None => Some(false),
     };
     let version = engine.load(config)?;

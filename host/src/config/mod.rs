@@ -14,6 +14,8 @@ use serde::Deserialize;
 pub use failures::{FailurePolicy, Handling};
 pub use validate::validate;
 
+pub use crate::sinks::TargetConfig;
+
 /// Errors from loading a config file.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -274,6 +276,14 @@ impl RelayConfig {
         Duration::from_millis(self.publish_timeout_ms)
     }
 
+    /// What targets take from the relay's settings.
+    pub fn sink_settings(&self) -> crate::sinks::SinkSettings {
+        crate::sinks::SinkSettings {
+            publish_timeout: self.publish_timeout(),
+            retry_horizon: self.retry_horizon(),
+        }
+    }
+
     /// The longest time from an event's first publish to its last retry:
     /// every backoff at its longest, plus a whole lease per attempt (a relay
     /// that crashed holding the row). A broker deduplicating by event id
@@ -322,57 +332,6 @@ impl PluginConfig {
     pub fn matches(&self, aggregate_type: &str, event_type: &str) -> bool {
         (self.event_types.is_empty() || self.event_types.iter().any(|t| t == event_type))
             && (self.aggregate_types.is_empty() || self.aggregate_types.iter().any(|t| t == aggregate_type))
-    }
-}
-
-/// A broker plugins can publish to, picked by `type`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum TargetConfig {
-    /// A NATS server, core or JetStream.
-    Nats(crate::sinks::nats::NatsSinkConfig),
-    /// A Kafka cluster.
-    Kafka(crate::sinks::kafka::KafkaSinkConfig),
-    /// A RabbitMQ exchange.
-    Rabbitmq(crate::sinks::rabbitmq::RabbitMqSinkConfig),
-    /// Standard output, for demos and debugging.
-    Stdout(crate::sinks::stdout::StdoutSinkConfig),
-    /// A JSON-lines file, for demos, debugging and tests.
-    File(crate::sinks::file::FileSinkConfig),
-}
-
-impl TargetConfig {
-    /// The kind, as written in `type`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            TargetConfig::Nats(_) => "nats",
-            TargetConfig::Kafka(_) => "kafka",
-            TargetConfig::Rabbitmq(_) => "rabbitmq",
-            TargetConfig::Stdout(_) => "stdout",
-            TargetConfig::File(_) => "file",
-        }
-    }
-
-    /// What is wrong with this target's settings, each naming its key.
-    pub(crate) fn validate(&self, relay: &RelayConfig) -> Vec<String> {
-        match self {
-            TargetConfig::Nats(nats) => nats.validate(relay),
-            TargetConfig::Kafka(kafka) => kafka.validate(),
-            TargetConfig::Rabbitmq(rabbitmq) => rabbitmq.validate(),
-            TargetConfig::Stdout(_) => Vec::new(),
-            TargetConfig::File(file) if file.path.as_os_str().is_empty() => vec!["path is empty".into()],
-            TargetConfig::File(_) => Vec::new(),
-        }
-    }
-
-    /// Takes secrets and addresses from `{prefix}URL`, `{prefix}PASSWORD`...
-    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        match self {
-            TargetConfig::Nats(nats) => nats.apply_env(prefix, env),
-            TargetConfig::Kafka(kafka) => kafka.apply_env(prefix, env),
-            TargetConfig::Rabbitmq(rabbitmq) => rabbitmq.apply_env(prefix, env),
-            TargetConfig::Stdout(_) | TargetConfig::File(_) => {}
-        }
     }
 }
 

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
+use super::registry::{SinkSettings, TargetKind};
 use super::{OutgoingMessage, Sink, SinkError, render_json_line};
 
 /// `[targets.NAME]` with `type = "file"`.
@@ -88,5 +89,26 @@ impl Sink for FileSink {
 
     fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
+    }
+}
+impl TargetKind for FileSinkConfig {
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+
+    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
+        if self.path.as_os_str().is_empty() {
+            vec!["path is empty".into()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn build<'a>(
+        &'a self,
+        name: &'a str,
+        _settings: &'a SinkSettings,
+    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
+        Box::pin(async move { Ok(Arc::new(FileSink::open(name, self).await?) as Arc<dyn Sink>) })
     }
 }

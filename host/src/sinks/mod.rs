@@ -7,6 +7,7 @@ pub mod file;
 pub mod kafka;
 pub mod nats;
 pub mod rabbitmq;
+pub mod registry;
 pub mod stdout;
 
 use std::collections::BTreeMap;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use crate::config::TargetConfig;
+pub use registry::{SinkSettings, TargetConfig, TargetKind};
 
 /// Header carrying the message key on brokers with no keys of their own
 /// (NATS, RabbitMQ).
@@ -153,31 +154,14 @@ impl Sinks {
     /// The first target that cannot be built or fails its health check.
     pub async fn connect(
         targets: &BTreeMap<String, TargetConfig>,
-        relay: &crate::config::RelayConfig,
+        settings: &SinkSettings,
     ) -> anyhow::Result<Sinks> {
-        let publish_timeout = relay.publish_timeout();
         let mut by_name = BTreeMap::new();
         for (name, target) in targets {
-            let sink: Arc<dyn Sink> = match target {
-                TargetConfig::Nats(config) => Arc::new(
-                    nats::NatsSink::connect(name, config, publish_timeout, relay.retry_horizon())
-                        .await
-                        .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
-                ),
-                TargetConfig::Kafka(config) => Arc::new(
-                    kafka::KafkaSink::new(name, config, publish_timeout)
-                        .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
-                ),
-                TargetConfig::Rabbitmq(config) => {
-                    Arc::new(rabbitmq::RabbitMqSink::new(name, config, publish_timeout))
-                }
-                TargetConfig::Stdout(config) => Arc::new(stdout::StdoutSink::new(name, config)),
-                TargetConfig::File(config) => Arc::new(
-                    file::FileSink::open(name, config)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?,
-                ),
-            };
+            let sink = target
+                .build(name, settings)
+                .await
+                .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?;
             sink.healthcheck()
                 .await
                 .map_err(|e| anyhow::anyhow!("target {name:?} failed its health check: {e}"))?;

@@ -3,9 +3,12 @@
 
 use std::io::Write;
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
 use serde::Deserialize;
 
+use super::registry::{SinkSettings, TargetKind};
 use super::{OutgoingMessage, Sink, SinkError, render_json_line};
 
 /// How the `stdout` target prints.
@@ -80,5 +83,18 @@ impl Sink for StdoutSink {
 
     fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
+    }
+}
+impl TargetKind for StdoutSinkConfig {
+    fn kind(&self) -> &'static str {
+        "stdout"
+    }
+
+    fn build<'a>(
+        &'a self,
+        name: &'a str,
+        _settings: &'a SinkSettings,
+    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
+        Box::pin(async move { Ok(Arc::new(StdoutSink::new(name, self)) as Arc<dyn Sink>) })
     }
 }

@@ -1,10 +1,15 @@
 //! Config for the Kafka target and the librdkafka client config it builds.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
 use serde::Deserialize;
+
+use crate::sinks::registry::{SinkSettings, TargetKind};
+use crate::sinks::{Sink, SinkError};
 
 /// Properties the relay sets itself; `properties` may not name them.
 const OWNED: &[(&str, &str)] = &[
@@ -39,7 +44,7 @@ pub struct KafkaSinkConfig {
 }
 
 impl KafkaSinkConfig {
-    pub(crate) fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+    fn env_overrides(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
         if let Some(url) = env(&format!("{prefix}URL")) {
             self.bootstrap_servers = url;
         }
@@ -51,7 +56,7 @@ impl KafkaSinkConfig {
         }
     }
 
-    pub(crate) fn validate(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         if self.bootstrap_servers.trim().is_empty() {
             problems.push("bootstrap_servers is empty".to_string());
@@ -145,6 +150,35 @@ impl KafkaSinkConfig {
 
 /// Properties are printed with secrets masked: `sasl.password` and anything
 /// else whose name says it holds a secret.
+impl TargetKind for KafkaSinkConfig {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
+        self.problems()
+    }
+
+    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+        self.env_overrides(prefix, env);
+    }
+
+    fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
+        super::sink::check_topic(topic)
+    }
+
+    fn build<'a>(
+        &'a self,
+        name: &'a str,
+        settings: &'a SinkSettings,
+    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
+        Box::pin(async move {
+            let sink = super::KafkaSink::new(name, self, settings.publish_timeout)?;
+            Ok(Arc::new(sink) as Arc<dyn Sink>)
+        })
+    }
+}
+
 impl std::fmt::Debug for KafkaSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let properties: BTreeMap<&str, &str> = self
@@ -182,22 +216,22 @@ mod tests {
 
     #[test]
     fn weaker_acks_or_idempotence_are_refused_unless_allowed() {
-        let problems = config(&[("acks", "1"), ("enable.idempotence", "false")], false).validate();
+        let problems = config(&[("acks", "1"), ("enable.idempotence", "false")], false).problems();
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("acks = \"1\"") && problems[0].contains("allow_weaker_delivery"));
         assert!(problems[1].contains("enable.idempotence = false"));
-        assert!(config(&[("request.required.acks", "0")], false).validate()[0].contains("acks"));
+        assert!(config(&[("request.required.acks", "0")], false).problems()[0].contains("acks"));
 
         let allowed = config(&[("acks", "1"), ("enable.idempotence", "false")], true);
-        assert!(allowed.validate().is_empty(), "{:?}", allowed.validate());
+        assert!(allowed.problems().is_empty(), "{:?}", allowed.problems());
         assert_eq!(allowed.weakened().len(), 2, "still reported as weakened");
 
         assert!(
             config(&[("acks", "all"), ("enable.idempotence", "true")], false)
-                .validate()
+                .problems()
                 .is_empty()
         );
-        assert!(config(&[("acks", "-1")], false).validate().is_empty());
+        assert!(config(&[("acks", "-1")], false).problems().is_empty());
     }
 
     #[test]

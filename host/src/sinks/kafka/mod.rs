@@ -6,5 +6,4 @@ mod config;
 mod sink;
 
 pub use config::KafkaSinkConfig;
-pub(crate) use sink::check_topic;
 pub use sink::{KafkaSink, classify};

@@ -1,6 +1,12 @@
 //! Config for the NATS target and the client options it builds.
 
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
 use serde::Deserialize;
+
+use crate::sinks::registry::{SinkSettings, TargetKind};
+use crate::sinks::{Sink, SinkError};
 
 /// How messages are published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -76,7 +82,7 @@ const fn default_max_ack_inflight() -> usize {
 }
 
 impl NatsSinkConfig {
-    pub(crate) fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+    fn env_overrides(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
         if let Some(url) = env(&format!("{prefix}URL")) {
             self.url = url;
         }
@@ -91,9 +97,8 @@ impl NatsSinkConfig {
         }
     }
 
-    pub(crate) fn validate(&self, relay: &crate::config::RelayConfig) -> Vec<String> {
+    pub(crate) fn problems(&self, horizon: std::time::Duration) -> Vec<String> {
         let mut problems = Vec::new();
-        let horizon = relay.retry_horizon();
         if self.mode == NatsMode::Jetstream && self.duplicate_window() < horizon {
             problems.push(format!(
                 "duplicate_window_seconds ({}) is shorter than the relay's retry horizon \
@@ -159,6 +164,40 @@ impl NatsSinkConfig {
 }
 
 /// Credentials are never printed.
+impl TargetKind for NatsSinkConfig {
+    fn kind(&self) -> &'static str {
+        "nats"
+    }
+
+    fn validate(&self, settings: &SinkSettings) -> Vec<String> {
+        self.problems(settings.retry_horizon)
+    }
+
+    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+        self.env_overrides(prefix, env);
+    }
+
+    fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
+        super::sink::check_subject(topic)
+    }
+
+    fn deduplicates_by_id(&self) -> bool {
+        self.mode == NatsMode::Jetstream
+    }
+
+    fn build<'a>(
+        &'a self,
+        name: &'a str,
+        settings: &'a SinkSettings,
+    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
+        Box::pin(async move {
+            let sink = super::NatsSink::connect(name, self, settings.publish_timeout, settings.retry_horizon)
+                .await?;
+            Ok(Arc::new(sink) as Arc<dyn Sink>)
+        })
+    }
+}
+
 impl std::fmt::Debug for NatsSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let masked = |secret: &Option<String>| secret.as_ref().map(|_| "***");

@@ -6,4 +6,3 @@ mod sink;
 
 pub use config::{NatsMode, NatsSinkConfig, StreamSpec};
 pub use sink::NatsSink;
-pub(crate) use sink::check_subject;

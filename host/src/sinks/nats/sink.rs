@@ -502,7 +502,7 @@ impl Sink for NatsSink {
     }
 
     fn deduplicates_by_id(&self) -> bool {
-        self.config.mode == NatsMode::Jetstream
+        crate::sinks::TargetKind::deduplicates_by_id(&self.config)
     }
 
     fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {

@@ -1,6 +1,12 @@
 //! Config for the RabbitMQ target.
 
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
 use serde::Deserialize;
+
+use crate::sinks::registry::{SinkSettings, TargetKind};
+use crate::sinks::{Sink, SinkError};
 
 /// `[targets.NAME]` with `type = "rabbitmq"`.
 #[derive(Clone, Deserialize)]
@@ -44,13 +50,13 @@ fn default_connection_name() -> String {
 pub(super) const SHORT_STRING_MAX: usize = 255;
 
 impl RabbitMqSinkConfig {
-    pub(crate) fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+    fn env_overrides(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
         if let Some(url) = env(&format!("{prefix}URL")) {
             self.url = url;
         }
     }
 
-    pub(crate) fn validate(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
             problems.push(format!(
@@ -79,6 +85,35 @@ impl RabbitMqSinkConfig {
 }
 
 /// The password in the URL is never printed.
+impl TargetKind for RabbitMqSinkConfig {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
+        self.problems()
+    }
+
+    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+        self.env_overrides(prefix, env);
+    }
+
+    fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
+        super::check_routing_key(topic)
+    }
+
+    fn build<'a>(
+        &'a self,
+        name: &'a str,
+        settings: &'a SinkSettings,
+    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
+        Box::pin(async move {
+            let sink = super::RabbitMqSink::new(name, self, settings.publish_timeout);
+            Ok(Arc::new(sink) as Arc<dyn Sink>)
+        })
+    }
+}
+
 impl std::fmt::Debug for RabbitMqSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RabbitMqSinkConfig")
@@ -109,19 +144,19 @@ mod tests {
     fn urls_and_exchanges_are_checked_without_showing_the_password() {
         assert!(
             config("amqp://127.0.0.1:5672/%2f", "orders")
-                .validate()
+                .problems()
                 .is_empty()
         );
         assert!(
             config("amqps://user:secret@broker:5671/prod", "")
-                .validate()
+                .problems()
                 .is_empty()
         );
-        let problems = config("http://user:secret@broker", "orders").validate();
+        let problems = config("http://user:secret@broker", "orders").problems();
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("must use amqp://"), "{problems:?}");
         assert!(!problems[0].contains("secret"), "{problems:?}");
-        let long = config("amqp://127.0.0.1", &"x".repeat(256)).validate();
+        let long = config("amqp://127.0.0.1", &"x".repeat(256)).problems();
         assert!(long[0].contains("longer than 255 bytes"), "{long:?}");
         let debug = format!("{:?}", config("amqp://user:secret@broker/", "orders"));
         assert!(!debug.contains("secret"), "{debug}");
