@@ -385,37 +385,7 @@ fn test(
         let took_us = Some(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
         let result =
             answer.unwrap_or_else(|| Err(CallFailure::Unavailable("not routed in time".to_string())));
-        let mut problem = None;
-        let (outcome, reason, messages) = match result {
-            Ok(messages) if messages.is_empty() => ("dropped", None, Vec::new()),
-            Ok(messages) => match router::assemble(&event, messages, &label, &limits, &known, None) {
-                Ok(routed) => match routed.iter().find_map(|message| {
-                    broker_check(targets, &message.target, &message.message.topic)
-                        .err()
-                        .map(|e| format!("target {:?}: {e}", message.target))
-                }) {
-                    Some(refused) => {
-                        problem = Some("refused_by_target");
-                        ("invalid_output", Some(refused), Vec::new())
-                    }
-                    None => (
-                        "published",
-                        None,
-                        routed.into_iter().map(message_report).collect(),
-                    ),
-                },
-                Err(error) => {
-                    problem = Some(error.problem.kind());
-                    ("invalid_output", Some(error.to_string()), Vec::new())
-                }
-            },
-            Err(CallFailure::Transient(reason)) => ("refused_transient", Some(reason), Vec::new()),
-            Err(CallFailure::Permanent(reason)) => ("refused_permanent", Some(reason), Vec::new()),
-            Err(CallFailure::Crashed(reason)) => {
-                ("crashed", Some(format!("plugin {label} {reason}")), Vec::new())
-            }
-            Err(CallFailure::Unavailable(reason)) => ("crashed", Some(reason), Vec::new()),
-        };
+        let judged = judge(result, &event, &label, &limits, &known, targets);
         let report = EventReport {
             event: Some(EventSummary {
                 event_id: event.event_id,
@@ -423,11 +393,11 @@ fn test(
                 aggregate_id: event.aggregate_id,
                 event_type: event.event_type,
             }),
-            outcome,
-            reason,
-            problem,
+            outcome: judged.outcome,
+            reason: judged.reason,
+            problem: judged.problem,
             took_us,
-            messages,
+            messages: judged.messages,
         };
         reports.push((position, report));
     }
@@ -439,6 +409,78 @@ fn test(
         failed: reports.iter().filter(|r| !r.published()).count(),
         events: reports,
     })
+}
+
+/// What the relay would do with one plugin answer.
+struct Judged {
+    outcome: &'static str,
+    reason: Option<String>,
+    problem: Option<&'static str>,
+    messages: Vec<MessageReport>,
+}
+
+impl Judged {
+    fn not_published(outcome: &'static str, reason: String, problem: Option<&'static str>) -> Judged {
+        Judged {
+            outcome,
+            reason: Some(reason),
+            problem,
+            messages: Vec::new(),
+        }
+    }
+}
+
+/// Checks one answer as the relay would: its messages assembled, each
+/// topic against its target's own rule.
+fn judge(
+    result: Result<Vec<crate::plugin::Message>, CallFailure>,
+    event: &Event,
+    label: &str,
+    limits: &Limits,
+    known: &dyn Fn(&str) -> Option<bool>,
+    targets: Option<&BTreeMap<String, TargetConfig>>,
+) -> Judged {
+    let messages = match result {
+        Ok(messages) => messages,
+        Err(CallFailure::Transient(reason)) => {
+            return Judged::not_published("refused_transient", reason, None);
+        }
+        Err(CallFailure::Permanent(reason)) => {
+            return Judged::not_published("refused_permanent", reason, None);
+        }
+        Err(CallFailure::Crashed(reason)) => {
+            return Judged::not_published("crashed", format!("plugin {label} {reason}"), None);
+        }
+        Err(CallFailure::Unavailable(reason)) => return Judged::not_published("crashed", reason, None),
+    };
+    if messages.is_empty() {
+        return Judged {
+            outcome: "dropped",
+            reason: None,
+            problem: None,
+            messages: Vec::new(),
+        };
+    }
+    let routed = match router::assemble(event, messages, label, limits, known, None) {
+        Ok(routed) => routed,
+        Err(error) => {
+            return Judged::not_published("invalid_output", error.to_string(), Some(error.problem.kind()));
+        }
+    };
+    let refused = routed.iter().find_map(|message| {
+        broker_check(targets, &message.target, &message.message.topic)
+            .err()
+            .map(|e| format!("target {:?}: {e}", message.target))
+    });
+    match refused {
+        Some(refused) => Judged::not_published("invalid_output", refused, Some("refused_by_target")),
+        None => Judged {
+            outcome: "published",
+            reason: None,
+            problem: None,
+            messages: routed.into_iter().map(message_report).collect(),
+        },
+    }
 }
 
 fn message_report(routed: crate::router::Routed) -> MessageReport {

@@ -204,21 +204,7 @@ impl Relay {
             return Prepared::Done(RoutedRow { row, state, span });
         }
         let Some(slot) = inner.plugins.select(&event.aggregate_type, &event.event_type) else {
-            let state = match inner.config.unmatched {
-                UnmatchedPolicy::DeadLetter => RowState::Failed {
-                    outcome: Outcome::Dead {
-                        error: format!(
-                            "no plugin matches aggregate type {:?} and event type {:?}",
-                            event.aggregate_type, event.event_type
-                        ),
-                    },
-                    version: None,
-                },
-                UnmatchedPolicy::Drop => RowState::Routed {
-                    messages: Vec::new(),
-                    version: None,
-                },
-            };
+            let state = self.unmatched(&event);
             return Prepared::Done(RoutedRow { row, state, span });
         };
         if Instant::now() >= route_until {
@@ -227,25 +213,8 @@ impl Relay {
             return Prepared::Done(RoutedRow::failed(row, outcome, None).in_span(&span));
         }
         let Some(version) = pinned(slot).or_else(|| inner.plugins.slots()[slot].current()) else {
-            let config = inner.plugins.slots()[slot].config();
-            let reason = format!(
-                "plugin {} is unloaded (its file {} was deleted); waiting for it to return",
-                config.name,
-                config.path.display()
-            );
-            let after = Duration::from_millis(inner.config.poll_interval_ms.max(1000));
-            return Prepared::Done(
-                RoutedRow::failed(
-                    row,
-                    Outcome::Defer {
-                        after,
-                        reason,
-                        waiting_on: Vec::new(),
-                    },
-                    None,
-                )
-                .in_span(&span),
-            );
+            let outcome = self.unloaded(slot);
+            return Prepared::Done(RoutedRow::failed(row, outcome, None).in_span(&span));
         };
         Prepared::Wait {
             slot,
@@ -258,6 +227,39 @@ impl Relay {
             },
             event,
             span,
+        }
+    }
+
+    /// What happens to an event no plugin is configured for.
+    fn unmatched(&self, event: &Event) -> RowState {
+        match self.inner.config.unmatched {
+            UnmatchedPolicy::DeadLetter => RowState::Failed {
+                outcome: Outcome::Dead {
+                    error: format!(
+                        "no plugin matches aggregate type {:?} and event type {:?}",
+                        event.aggregate_type, event.event_type
+                    ),
+                },
+                version: None,
+            },
+            UnmatchedPolicy::Drop => RowState::Routed {
+                messages: Vec::new(),
+                version: None,
+            },
+        }
+    }
+
+    /// The wait for a plugin whose file was deleted (and so unloaded).
+    fn unloaded(&self, slot: usize) -> Outcome {
+        let config = self.inner.plugins.slots()[slot].config();
+        Outcome::Defer {
+            after: Duration::from_millis(self.inner.config.poll_interval_ms.max(1000)),
+            reason: format!(
+                "plugin {} is unloaded (its file {} was deleted); waiting for it to return",
+                config.name,
+                config.path.display()
+            ),
+            waiting_on: Vec::new(),
         }
     }
 

@@ -13,8 +13,9 @@ use super::plan::Results;
 use super::retry::RetryPolicy;
 use super::route::{RoutedRow, RowState};
 use crate::config::Handling;
+use crate::router::Routed;
 use crate::sinks::SinkError;
-use crate::store::{Delivery, OutboxRow, Outcome, RowOutcome};
+use crate::store::{Delivery, DeliveryKey, OutboxRow, Outcome, RowOutcome};
 
 /// A settled batch.
 pub(super) struct Settled<'a> {
@@ -72,6 +73,71 @@ impl Failed {
     }
 }
 
+/// Records each message's result in the row's per-target delivery state;
+/// returns the failures by what they do to the row.
+fn record(
+    messages: &[Routed],
+    results: Vec<Option<Result<(), SinkError>>>,
+    deliveries: &mut BTreeMap<DeliveryKey, Delivery>,
+    policy: &RetryPolicy,
+    now: &str,
+) -> Failed {
+    let mut failed = Failed::default();
+    for (message, result) in messages.iter().zip(results) {
+        let entry = deliveries
+            .entry(message.delivery_key.clone())
+            .or_insert_with(|| Delivery {
+                target: message.target.clone(),
+                topic: message.message.topic.clone(),
+                acked_at: None,
+                error: None,
+            });
+        match result.unwrap_or_else(|| Err(SinkError::retryable("not published"))) {
+            Ok(()) => {
+                if entry.acked_at.is_none() {
+                    entry.acked_at = Some(now.to_string());
+                }
+                entry.error = None;
+            }
+            Err(error) => {
+                let text = format!(
+                    "target {:?} topic {:?}: {}",
+                    message.target, message.message.topic, error.message
+                );
+                failed.add(policy.failures.handling(error.kind), &message.target, text);
+                entry.error = Some(error.message);
+            }
+        }
+    }
+    failed
+}
+
+impl Settled<'_> {
+    /// Counts a row's outcome in the report; returns its metrics label.
+    fn count(&mut self, outcome: &Outcome, created_at_ms: i64, nothing_sent: bool) -> &'static str {
+        match outcome {
+            Outcome::Published => {
+                self.report.published += 1;
+                self.published_created_at_ms.push(created_at_ms);
+                if nothing_sent { "dropped" } else { "published" }
+            }
+            Outcome::Retry { .. } => {
+                self.report.retried += 1;
+                "retried"
+            }
+            Outcome::Defer { .. } => {
+                self.report.waiting += 1;
+                "waiting"
+            }
+            Outcome::Dead { error } => {
+                self.report.dead += 1;
+                self.first_dead.get_or_insert_with(|| error.clone());
+                "dead_lettered"
+            }
+        }
+    }
+}
+
 /// Settles a batch. `results` holds every message's result (see
 /// [`super::plan`]); one still missing counts as a retryable failure.
 /// `now` (RFC 3339) stamps new acknowledgements and dates waits;
@@ -111,33 +177,7 @@ pub(super) fn settle<'a>(
                 if messages.is_empty() {
                     settled.report.dropped += 1;
                 }
-                let mut failed = Failed::default();
-                for (message, result) in messages.iter().zip(row_results) {
-                    let entry = deliveries
-                        .entry(message.delivery_key.clone())
-                        .or_insert_with(|| Delivery {
-                            target: message.target.clone(),
-                            topic: message.message.topic.clone(),
-                            acked_at: None,
-                            error: None,
-                        });
-                    match result.unwrap_or_else(|| Err(SinkError::retryable("not published"))) {
-                        Ok(()) => {
-                            if entry.acked_at.is_none() {
-                                entry.acked_at = Some(now.to_string());
-                            }
-                            entry.error = None;
-                        }
-                        Err(error) => {
-                            let text = format!(
-                                "target {:?} topic {:?}: {}",
-                                message.target, message.message.topic, error.message
-                            );
-                            failed.add(policy.failures.handling(error.kind), &message.target, text);
-                            entry.error = Some(error.message);
-                        }
-                    }
-                }
+                let mut failed = record(&messages, row_results, &mut deliveries, policy, now);
                 if failed.pause.is_some() {
                     // The targets its earlier events wait for stay in its
                     // set, so the next row of its aggregate learns them all.
@@ -148,30 +188,7 @@ pub(super) fn settle<'a>(
                 (outcome, version)
             }
         };
-        let kind = match &outcome {
-            Outcome::Published => {
-                settled.report.published += 1;
-                settled.published_created_at_ms.push(row.row.created_at_ms);
-                if deliveries.is_empty() {
-                    "dropped"
-                } else {
-                    "published"
-                }
-            }
-            Outcome::Retry { .. } => {
-                settled.report.retried += 1;
-                "retried"
-            }
-            Outcome::Defer { .. } => {
-                settled.report.waiting += 1;
-                "waiting"
-            }
-            Outcome::Dead { error } => {
-                settled.report.dead += 1;
-                settled.first_dead.get_or_insert_with(|| error.clone());
-                "dead_lettered"
-            }
-        };
+        let kind = settled.count(&outcome, row.row.created_at_ms, deliveries.is_empty());
         *settled.tally.entry((plugin_of(&row.row), kind)).or_default() += 1;
         row.span.in_scope(|| match &outcome {
             Outcome::Published => debug!(deliveries = deliveries.len(), "Row published."),
