@@ -752,3 +752,62 @@ async fn validate_runs_each_plugins_init_with_its_config() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A relay whose admin endpoint listens on a port the system chose is found
+/// by `status` all the same: running relays record their address in the
+/// database, and a relay that stops removes itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_finds_a_relay_whose_admin_port_the_system_chose() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream("ORDERS", &["orders.>"]).await;
+    let config = router_config(
+        &db.url,
+        &nats.url(),
+        &plugin("route_by_type"),
+        "target = \"events\"\ntopic = \"orders.{event_type}\"",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let dir = std::env::temp_dir().join(format!("sy-port-zero-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config_path = dir.join("relay.toml");
+    std::fs::write(&config_path, &config).unwrap();
+    let status = || async {
+        let (code, out, err) = cli(
+            SWITCHYARD,
+            &["status", "--json", "--config", config_path.to_str().unwrap()],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+
+    let mut relay = switchyard_tests::relay::Process::spawn(SWITCHYARD, &config, "port-zero");
+    let report = eventually("status finds the relay", Duration::from_secs(30), || async {
+        let report = status().await;
+        (report["relay"]["owner"] == "port-zero").then_some(report)
+    })
+    .await;
+    let relays = report["relays"].as_array().expect("relays");
+    assert_eq!(relays.len(), 1, "{report}");
+    assert_eq!(relays[0]["instance_id"], "port-zero");
+    let admin: std::net::SocketAddr = relays[0]["admin_address"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("an address: {report}"));
+    assert_ne!(admin.port(), 0);
+    assert_eq!(report["admin"], admin.to_string());
+    assert_eq!(report["relay"]["ready"], true, "{report}");
+
+    relay.terminate();
+    let report = status().await;
+    assert_eq!(
+        report["relays"],
+        serde_json::json!([]),
+        "a stopped relay removes itself"
+    );
+    assert!(report["relay"].is_null(), "{report}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -107,6 +107,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!("Shutdown requested; no new batches will be claimed.");
         signal.cancel();
     });
+    let announcer = tokio::spawn(announce(
+        relay.store().clone(),
+        relay.owner().to_string(),
+        admin.as_ref().map(|admin| admin.local_addr.to_string()),
+        shutdown.clone(),
+    ));
     let retention = config.retention.clone().map(|retention| {
         tokio::spawn(crate::retention::run(
             relay.store().clone(),
@@ -116,6 +122,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ))
     });
     let result = relay.run(shutdown).await;
+    let _ = announcer.await;
     if let Some(retention) = retention {
         let _ = retention.await;
     }
@@ -123,6 +130,33 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         admin.stopped().await;
     }
     result
+}
+
+/// How often a running relay says so in `switchyard_relays`.
+const ANNOUNCE_EVERY: Duration = Duration::from_secs(10);
+
+/// Keeps this relay's row in `switchyard_relays` (its admin address) fresh
+/// until `shutdown`, then removes it. Best effort: a database that is down
+/// or not yet migrated costs a warning, never the relay.
+async fn announce(store: OutboxStore, owner: String, admin: Option<String>, shutdown: CancellationToken) {
+    let mut warned = false;
+    loop {
+        match store.announce_relay(&owner, admin.as_deref()).await {
+            Ok(()) => warned = false,
+            Err(error) if !warned => {
+                warned = true;
+                tracing::warn!(%error, "Cannot record this relay in switchyard_relays; `status` may not find its admin endpoint.");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(ANNOUNCE_EVERY) => {}
+            () = shutdown.cancelled() => break,
+        }
+    }
+    if let Err(error) = store.relay_stopped(&owner).await {
+        tracing::debug!(%error, "Cannot remove this relay from switchyard_relays.");
+    }
 }
 
 async fn wait_for_signal() {

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -11,7 +12,7 @@ use serde::Serialize;
 use super::terminal::{field, terminal_safe};
 use crate::admin::RelayStatus;
 use crate::config::Config;
-use crate::store::{OutboxStats, OutboxStore};
+use crate::store::{OutboxStats, OutboxStore, RunningRelay};
 /// Where the outbox is: a config file or a database URL.
 #[derive(Debug, Args)]
 pub struct Database {
@@ -48,7 +49,10 @@ impl Database {
 struct StatusReport {
     database: &'static str,
     outbox: OutboxStats,
-    /// The admin address asked, if any.
+    /// The relays running against this outbox, most recently started first.
+    relays: Vec<RunningRelay>,
+    /// The admin address asked (given, from the config, or the first
+    /// running relay's), if any.
     admin: Option<String>,
     relay: Option<RelayStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,11 +66,19 @@ struct StatusReport {
 pub async fn status(database: Database, admin: Option<String>, json: bool) -> anyhow::Result<ExitCode> {
     let (store, config) = database.open().await?;
     let outbox = store.stats().await.context("cannot read the outbox")?;
-    let admin = admin.or_else(|| {
-        config
-            .map(|c| c.admin.listen)
-            .filter(|listen| !listen.is_empty() && !listen.ends_with(":0"))
-    });
+    // Relays record where their admin endpoint listens (a port the system
+    // chose, too); a relay silent for three refreshes is gone.
+    let relays = store
+        .running_relays(Duration::from_secs(30))
+        .await
+        .unwrap_or_default();
+    let admin = admin
+        .or_else(|| {
+            config
+                .map(|c| c.admin.listen)
+                .filter(|listen| !listen.is_empty() && !listen.ends_with(":0"))
+        })
+        .or_else(|| relays.iter().find_map(|r| r.admin_address.clone()));
     let (relay, relay_error) = match &admin {
         Some(addr) => match crate::admin::fetch_status(addr).await {
             Ok(status) => (Some(status), None),
@@ -77,6 +89,7 @@ pub async fn status(database: Database, admin: Option<String>, json: bool) -> an
     let report = StatusReport {
         database: store.kind(),
         outbox,
+        relays,
         admin,
         relay,
         relay_error,
@@ -112,6 +125,18 @@ fn render_status(report: &StatusReport) -> String {
         let _ = writeln!(out, "  waiting on a target (outage; no attempt spent)");
         for (target, n) in &o.waiting_on_targets {
             let _ = writeln!(out, "    {:<28} {n}", field(target));
+        }
+    }
+    if !report.relays.is_empty() {
+        let _ = writeln!(out, "Relays running");
+        for r in &report.relays {
+            let admin = r.admin_address.as_deref().unwrap_or("no admin endpoint");
+            let _ = writeln!(
+                out,
+                "  {:<28} {admin} (seen {:.0} s ago)",
+                field(&r.instance_id),
+                r.seen_seconds_ago
+            );
         }
     }
     match (&report.admin, &report.relay, &report.relay_error) {

@@ -105,6 +105,8 @@ macro_rules! dispatch {
 mod operations;
 
 mod listen;
+mod relays;
+pub use relays::RunningRelay;
 
 /// Handle to the outbox table, on PostgreSQL (production: many relays share
 /// it) or SQLite (the embedded default: one relay, one file).
