@@ -16,6 +16,18 @@ use switchyard_tests::{cli, eventually, free_port, http_get, init_logging};
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 use tokio_util::sync::CancellationToken;
 
+/// `switchyard status --json --config PATH`, parsed.
+async fn status_json(config_path: &std::path::Path) -> serde_json::Value {
+    let (code, out, err) = cli(
+        SWITCHYARD,
+        &["status", "--json", "--config", config_path.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
 /// The value of one sample line `name{labels} value` (labels as written), or 0.
 fn sample(metrics: &str, series: &str) -> f64 {
     metrics
@@ -437,16 +449,7 @@ async fn status_json_matches_the_database_and_the_running_relay() {
     })
     .await;
 
-    let status = || async {
-        let (code, out, err) = cli(
-            SWITCHYARD,
-            &["status", "--json", "--config", config_path.to_str().unwrap()],
-            &[],
-        )
-        .await;
-        assert_eq!(code, 0, "{err}");
-        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-    };
+    let status = || status_json(&config_path);
     let report = status().await;
     let outbox = &report["outbox"];
     let count = |sql: &'static str| {
@@ -773,16 +776,7 @@ async fn status_finds_a_relay_whose_admin_port_the_system_chose() {
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("relay.toml");
     std::fs::write(&config_path, &config).unwrap();
-    let status = || async {
-        let (code, out, err) = cli(
-            SWITCHYARD,
-            &["status", "--json", "--config", config_path.to_str().unwrap()],
-            &[],
-        )
-        .await;
-        assert_eq!(code, 0, "{err}");
-        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-    };
+    let status = || status_json(&config_path);
 
     let mut relay = switchyard_tests::relay::Process::spawn(SWITCHYARD, &config, "port-zero");
     let report = eventually("status finds the relay", Duration::from_secs(30), || async {

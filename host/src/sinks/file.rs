@@ -104,11 +104,7 @@ impl TargetKind for FileSinkConfig {
         }
     }
 
-    fn build<'a>(
-        &'a self,
-        name: &'a str,
-        _settings: &'a SinkSettings,
-    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
-        Box::pin(async move { Ok(Arc::new(FileSink::open(name, self).await?) as Arc<dyn Sink>) })
+    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
+        Ok(Arc::new(FileSink::open(name, self).await?) as Arc<dyn Sink>)
     }
 }

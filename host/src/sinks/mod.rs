@@ -16,7 +16,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-pub use registry::{SinkSettings, TargetConfig, TargetKind};
+pub(crate) use registry::TargetKind;
+pub use registry::{SinkSettings, TargetConfig};
 
 /// Header carrying the message key on brokers with no keys of their own
 /// (NATS, RabbitMQ).

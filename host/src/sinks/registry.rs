@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::{Sink, SinkError, file, kafka, nats, rabbitmq, stdout};
@@ -23,7 +22,7 @@ pub struct SinkSettings {
 }
 
 /// What every target kind's config provides.
-pub trait TargetKind {
+pub(crate) trait TargetKind {
     /// Its `type`, as written in the config.
     fn kind(&self) -> &'static str;
 
@@ -49,11 +48,7 @@ pub trait TargetKind {
     }
 
     /// Builds the sink called `name` (its health check is the caller's).
-    fn build<'a>(
-        &'a self,
-        name: &'a str,
-        settings: &'a SinkSettings,
-    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>>;
+    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError>;
 }
 
 /// A broker plugins can publish to, picked by `type`.

@@ -90,11 +90,7 @@ impl TargetKind for StdoutSinkConfig {
         "stdout"
     }
 
-    fn build<'a>(
-        &'a self,
-        name: &'a str,
-        _settings: &'a SinkSettings,
-    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
-        Box::pin(async move { Ok(Arc::new(StdoutSink::new(name, self)) as Arc<dyn Sink>) })
+    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
+        Ok(Arc::new(StdoutSink::new(name, self)) as Arc<dyn Sink>)
     }
 }

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
 use serde::Deserialize;
 
@@ -44,51 +43,6 @@ pub struct KafkaSinkConfig {
 }
 
 impl KafkaSinkConfig {
-    fn env_overrides(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        if let Some(url) = env(&format!("{prefix}URL")) {
-            self.bootstrap_servers = url;
-        }
-        if let Some(user) = env(&format!("{prefix}USER")) {
-            self.properties.insert("sasl.username".into(), user);
-        }
-        if let Some(password) = env(&format!("{prefix}PASSWORD")) {
-            self.properties.insert("sasl.password".into(), password);
-        }
-    }
-
-    pub(crate) fn problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
-        if self.bootstrap_servers.trim().is_empty() {
-            problems.push("bootstrap_servers is empty".to_string());
-        }
-        for server in self.bootstrap_servers.split(',').map(str::trim) {
-            if server.contains("://") && !server.starts_with("PLAINTEXT://") && !server.starts_with("SSL://")
-            {
-                problems.push(format!(
-                    "bootstrap server {server:?} must be host:port (optionally PLAINTEXT:// or SSL://)"
-                ));
-            }
-        }
-        for (name, reason) in OWNED {
-            if self.properties.contains_key(*name) {
-                problems.push(format!("properties may not set {name:?}: {reason}"));
-            }
-        }
-        let weakened = self.weakened();
-        if !self.allow_weaker_delivery {
-            for what in weakened {
-                problems.push(format!("{what}; set allow_weaker_delivery = true to accept this"));
-            }
-        }
-        if problems.is_empty() {
-            // librdkafka checks every name and value without connecting.
-            if let Err(e) = self.client_config(Duration::from_secs(10)).create_native_config() {
-                problems.push(format!("properties: {e}"));
-            }
-        }
-        problems
-    }
-
     /// What `properties` weakens of the relay's delivery guarantees, one line each.
     #[must_use]
     pub fn weakened(&self) -> Vec<String> {
@@ -148,37 +102,68 @@ impl KafkaSinkConfig {
     }
 }
 
-/// Properties are printed with secrets masked: `sasl.password` and anything
-/// else whose name says it holds a secret.
 impl TargetKind for KafkaSinkConfig {
     fn kind(&self) -> &'static str {
         "kafka"
     }
 
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        self.problems()
+        let mut problems = Vec::new();
+        if self.bootstrap_servers.trim().is_empty() {
+            problems.push("bootstrap_servers is empty".to_string());
+        }
+        for server in self.bootstrap_servers.split(',').map(str::trim) {
+            if server.contains("://") && !server.starts_with("PLAINTEXT://") && !server.starts_with("SSL://")
+            {
+                problems.push(format!(
+                    "bootstrap server {server:?} must be host:port (optionally PLAINTEXT:// or SSL://)"
+                ));
+            }
+        }
+        for (name, reason) in OWNED {
+            if self.properties.contains_key(*name) {
+                problems.push(format!("properties may not set {name:?}: {reason}"));
+            }
+        }
+        let weakened = self.weakened();
+        if !self.allow_weaker_delivery {
+            for what in weakened {
+                problems.push(format!("{what}; set allow_weaker_delivery = true to accept this"));
+            }
+        }
+        if problems.is_empty() {
+            // librdkafka checks every name and value without connecting.
+            if let Err(e) = self.client_config(Duration::from_secs(10)).create_native_config() {
+                problems.push(format!("properties: {e}"));
+            }
+        }
+        problems
     }
 
     fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        self.env_overrides(prefix, env);
+        if let Some(url) = env(&format!("{prefix}URL")) {
+            self.bootstrap_servers = url;
+        }
+        if let Some(user) = env(&format!("{prefix}USER")) {
+            self.properties.insert("sasl.username".into(), user);
+        }
+        if let Some(password) = env(&format!("{prefix}PASSWORD")) {
+            self.properties.insert("sasl.password".into(), password);
+        }
     }
 
     fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
         super::sink::check_topic(topic)
     }
 
-    fn build<'a>(
-        &'a self,
-        name: &'a str,
-        settings: &'a SinkSettings,
-    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
-        Box::pin(async move {
-            let sink = super::KafkaSink::new(name, self, settings.publish_timeout)?;
-            Ok(Arc::new(sink) as Arc<dyn Sink>)
-        })
+    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
+        let sink = super::KafkaSink::new(name, self, settings.publish_timeout)?;
+        Ok(Arc::new(sink) as Arc<dyn Sink>)
     }
 }
 
+/// Properties are printed with secrets masked: `sasl.password` and anything
+/// else whose name says it holds a secret.
 impl std::fmt::Debug for KafkaSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let properties: BTreeMap<&str, &str> = self
@@ -203,6 +188,11 @@ impl std::fmt::Debug for KafkaSinkConfig {
 mod tests {
     use super::*;
 
+    const SETTINGS: SinkSettings = SinkSettings {
+        publish_timeout: std::time::Duration::from_secs(1),
+        retry_horizon: std::time::Duration::from_secs(1),
+    };
+
     fn config(properties: &[(&str, &str)], allow: bool) -> KafkaSinkConfig {
         KafkaSinkConfig {
             bootstrap_servers: "127.0.0.1:9092".into(),
@@ -216,22 +206,26 @@ mod tests {
 
     #[test]
     fn weaker_acks_or_idempotence_are_refused_unless_allowed() {
-        let problems = config(&[("acks", "1"), ("enable.idempotence", "false")], false).problems();
+        let problems = config(&[("acks", "1"), ("enable.idempotence", "false")], false).validate(&SETTINGS);
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("acks = \"1\"") && problems[0].contains("allow_weaker_delivery"));
         assert!(problems[1].contains("enable.idempotence = false"));
-        assert!(config(&[("request.required.acks", "0")], false).problems()[0].contains("acks"));
+        assert!(config(&[("request.required.acks", "0")], false).validate(&SETTINGS)[0].contains("acks"));
 
         let allowed = config(&[("acks", "1"), ("enable.idempotence", "false")], true);
-        assert!(allowed.problems().is_empty(), "{:?}", allowed.problems());
+        assert!(
+            allowed.validate(&SETTINGS).is_empty(),
+            "{:?}",
+            allowed.validate(&SETTINGS)
+        );
         assert_eq!(allowed.weakened().len(), 2, "still reported as weakened");
 
         assert!(
             config(&[("acks", "all"), ("enable.idempotence", "true")], false)
-                .problems()
+                .validate(&SETTINGS)
                 .is_empty()
         );
-        assert!(config(&[("acks", "-1")], false).problems().is_empty());
+        assert!(config(&[("acks", "-1")], false).validate(&SETTINGS).is_empty());
     }
 
     #[test]

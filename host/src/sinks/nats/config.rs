@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use crate::sinks::registry::{SinkSettings, TargetKind};
@@ -82,21 +81,6 @@ const fn default_max_ack_inflight() -> usize {
 }
 
 impl NatsSinkConfig {
-    fn env_overrides(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        if let Some(url) = env(&format!("{prefix}URL")) {
-            self.url = url;
-        }
-        if let Some(user) = env(&format!("{prefix}USER")) {
-            self.user = Some(user);
-        }
-        if let Some(password) = env(&format!("{prefix}PASSWORD")) {
-            self.password = Some(password);
-        }
-        if let Some(token) = env(&format!("{prefix}TOKEN")) {
-            self.token = Some(token);
-        }
-    }
-
     pub(crate) fn problems(&self, horizon: std::time::Duration) -> Vec<String> {
         let mut problems = Vec::new();
         if self.mode == NatsMode::Jetstream && self.duplicate_window() < horizon {
@@ -163,7 +147,6 @@ impl NatsSinkConfig {
     }
 }
 
-/// Credentials are never printed.
 impl TargetKind for NatsSinkConfig {
     fn kind(&self) -> &'static str {
         "nats"
@@ -174,7 +157,18 @@ impl TargetKind for NatsSinkConfig {
     }
 
     fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        self.env_overrides(prefix, env);
+        if let Some(url) = env(&format!("{prefix}URL")) {
+            self.url = url;
+        }
+        if let Some(user) = env(&format!("{prefix}USER")) {
+            self.user = Some(user);
+        }
+        if let Some(password) = env(&format!("{prefix}PASSWORD")) {
+            self.password = Some(password);
+        }
+        if let Some(token) = env(&format!("{prefix}TOKEN")) {
+            self.token = Some(token);
+        }
     }
 
     fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
@@ -185,19 +179,14 @@ impl TargetKind for NatsSinkConfig {
         self.mode == NatsMode::Jetstream
     }
 
-    fn build<'a>(
-        &'a self,
-        name: &'a str,
-        settings: &'a SinkSettings,
-    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
-        Box::pin(async move {
-            let sink = super::NatsSink::connect(name, self, settings.publish_timeout, settings.retry_horizon)
-                .await?;
-            Ok(Arc::new(sink) as Arc<dyn Sink>)
-        })
+    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
+        let sink =
+            super::NatsSink::connect(name, self, settings.publish_timeout, settings.retry_horizon).await?;
+        Ok(Arc::new(sink) as Arc<dyn Sink>)
     }
 }
 
+/// Credentials are never printed.
 impl std::fmt::Debug for NatsSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let masked = |secret: &Option<String>| secret.as_ref().map(|_| "***");

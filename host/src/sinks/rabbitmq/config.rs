@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use crate::sinks::registry::{SinkSettings, TargetKind};
@@ -49,14 +48,12 @@ fn default_connection_name() -> String {
 /// AMQP short strings (exchange names, routing keys, header names) hold at most 255 bytes.
 pub(super) const SHORT_STRING_MAX: usize = 255;
 
-impl RabbitMqSinkConfig {
-    fn env_overrides(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        if let Some(url) = env(&format!("{prefix}URL")) {
-            self.url = url;
-        }
+impl TargetKind for RabbitMqSinkConfig {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
     }
 
-    pub(crate) fn problems(&self) -> Vec<String> {
+    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let mut problems = Vec::new();
         if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
             problems.push(format!(
@@ -82,38 +79,24 @@ impl RabbitMqSinkConfig {
         }
         problems
     }
-}
-
-/// The password in the URL is never printed.
-impl TargetKind for RabbitMqSinkConfig {
-    fn kind(&self) -> &'static str {
-        "rabbitmq"
-    }
-
-    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        self.problems()
-    }
 
     fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        self.env_overrides(prefix, env);
+        if let Some(url) = env(&format!("{prefix}URL")) {
+            self.url = url;
+        }
     }
 
     fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
         super::check_routing_key(topic)
     }
 
-    fn build<'a>(
-        &'a self,
-        name: &'a str,
-        settings: &'a SinkSettings,
-    ) -> BoxFuture<'a, Result<Arc<dyn Sink>, SinkError>> {
-        Box::pin(async move {
-            let sink = super::RabbitMqSink::new(name, self, settings.publish_timeout);
-            Ok(Arc::new(sink) as Arc<dyn Sink>)
-        })
+    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
+        let sink = super::RabbitMqSink::new(name, self, settings.publish_timeout);
+        Ok(Arc::new(sink) as Arc<dyn Sink>)
     }
 }
 
+/// The password in the URL is never printed.
 impl std::fmt::Debug for RabbitMqSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RabbitMqSinkConfig")
@@ -130,6 +113,11 @@ impl std::fmt::Debug for RabbitMqSinkConfig {
 mod tests {
     use super::*;
 
+    const SETTINGS: SinkSettings = SinkSettings {
+        publish_timeout: std::time::Duration::from_secs(1),
+        retry_horizon: std::time::Duration::from_secs(1),
+    };
+
     fn config(url: &str, exchange: &str) -> RabbitMqSinkConfig {
         RabbitMqSinkConfig {
             url: url.to_string(),
@@ -144,19 +132,19 @@ mod tests {
     fn urls_and_exchanges_are_checked_without_showing_the_password() {
         assert!(
             config("amqp://127.0.0.1:5672/%2f", "orders")
-                .problems()
+                .validate(&SETTINGS)
                 .is_empty()
         );
         assert!(
             config("amqps://user:secret@broker:5671/prod", "")
-                .problems()
+                .validate(&SETTINGS)
                 .is_empty()
         );
-        let problems = config("http://user:secret@broker", "orders").problems();
+        let problems = config("http://user:secret@broker", "orders").validate(&SETTINGS);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("must use amqp://"), "{problems:?}");
         assert!(!problems[0].contains("secret"), "{problems:?}");
-        let long = config("amqp://127.0.0.1", &"x".repeat(256)).problems();
+        let long = config("amqp://127.0.0.1", &"x".repeat(256)).validate(&SETTINGS);
         assert!(long[0].contains("longer than 255 bytes"), "{long:?}");
         let debug = format!("{:?}", config("amqp://user:secret@broker/", "orders"));
         assert!(!debug.contains("secret"), "{debug}");
