@@ -108,7 +108,21 @@ full_page_writes = off
 shared_buffers = 256MB
 CONF
     fi
+    # Replication mode reads the WAL: added to a data directory made before
+    # it too, and a server running without it is restarted.
+    local restart=""
+    if ! grep -q '^wal_level = logical' "$PG_DATA/postgresql.conf"; then
+        cat >>"$PG_DATA/postgresql.conf" <<CONF
+wal_level = logical
+max_replication_slots = 40
+max_wal_senders = 40
+CONF
+        restart=1
+    fi
     if pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
+        if [ -n "$restart" ]; then
+            pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -m fast -w -t 60 restart >/dev/null
+        fi
         return 0
     fi
     pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t 60 start >/dev/null

@@ -15,7 +15,11 @@ fi
 services_env="$(scripts/services.sh start)"
 eval "$services_env"
 
-# Test databases are dropped by the tests; a run killed midway leaves some.
+# Test databases are dropped by the tests; a run killed midway leaves some,
+# and their replication slots (a database with a slot cannot be dropped).
+psql "$DATABASE_URL" -qAt -c "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database LIKE 'sy\_%' AND active_pid IS NOT NULL" >/dev/null
+sleep 0.5
+psql "$DATABASE_URL" -qAt -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database LIKE 'sy\_%' AND NOT active" >/dev/null
 psql "$DATABASE_URL" -qAt -c "SELECT 'DROP DATABASE IF EXISTS ' || quote_ident(datname) || ' WITH (FORCE);' FROM pg_database WHERE datname LIKE 'sy\_%'" \
     | psql "$DATABASE_URL" -q >/dev/null
 

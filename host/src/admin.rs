@@ -73,6 +73,15 @@ async fn metrics(State(relay): State<Relay>) -> Response {
         Ok(Err(e)) => tracing::debug!(error = %e, "Backlog query failed during a scrape."),
         Err(_) => tracing::debug!("Backlog query timed out during a scrape."),
     }
+    if let Some(settings) = relay.replication()
+        && let Ok(Ok(Some(slot))) =
+            tokio::time::timeout(CHECK_TIMEOUT, relay.store().slot_status(&settings.slot)).await
+    {
+        relay
+            .metrics()
+            .replication_retained_wal
+            .set(slot.retained_wal_bytes.unwrap_or(0));
+    }
     if let Ok(Ok(waiting)) = tokio::time::timeout(CHECK_TIMEOUT, relay.store().waiting_by_target()).await {
         for name in relay.sinks().names() {
             let label = crate::metrics::TargetLabel {
@@ -163,6 +172,64 @@ pub struct Readiness {
     pub capture: Option<Check>,
     /// Plugin name to `name@version` or `not loaded`.
     pub plugins: BTreeMap<String, String>,
+    /// Replication mode: the slot, whether this relay reads it, and the
+    /// WAL kept for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replication: Option<SlotReadiness>,
+}
+
+/// The replication slot, as `/readyz` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SlotReadiness {
+    /// Its name.
+    pub slot: String,
+    /// This relay reads it (else it stands by).
+    pub reading: bool,
+    /// WAL the server keeps for it, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_wal_bytes: Option<i64>,
+    /// `ok`, or what is wrong: the slot is gone or lost its WAL, or keeps
+    /// more than `replication.max_retained_wal_bytes`.
+    pub check: Check,
+}
+
+/// The slot's state for readiness.
+async fn slot_readiness(relay: &Relay) -> Option<SlotReadiness> {
+    let settings = relay.replication()?;
+    let reading = relay.metrics().replication_reading.get() == 1;
+    let (retained, check) = match tokio::time::timeout(
+        CHECK_TIMEOUT,
+        relay.store().slot_status(&settings.slot),
+    )
+    .await
+    {
+        Ok(Ok(Some(slot))) => {
+            let retained = slot.retained_wal_bytes;
+            let check = if slot.wal_status.as_deref() == Some("lost") {
+                Check::Failed("the slot lost the WAL it needed (wal_status = lost)".into())
+            } else if retained
+                .is_some_and(|bytes| u64::try_from(bytes).unwrap_or(0) > settings.max_retained_wal_bytes)
+            {
+                Check::Failed(format!(
+                    "the server keeps {} bytes of WAL for the slot, over replication.max_retained_wal_bytes ({})",
+                    retained.unwrap_or(0),
+                    settings.max_retained_wal_bytes
+                ))
+            } else {
+                Check::Ok
+            };
+            (retained, check)
+        }
+        Ok(Ok(None)) => (None, Check::Failed("the slot does not exist".into())),
+        Ok(Err(error)) => (None, Check::Failed(error.to_string())),
+        Err(_) => (None, Check::Failed("no answer in time".into())),
+    };
+    Some(SlotReadiness {
+        slot: settings.slot.clone(),
+        reading,
+        retained_wal_bytes: retained,
+        check,
+    })
 }
 
 /// A paused target, as `/readyz` and `/status` show it.
@@ -234,8 +301,13 @@ pub async fn readiness(relay: &Relay) -> Readiness {
             },
         )
     };
-    let (database, targets, capture, paused) =
-        futures::join!(database, targets, capture, paused_targets(relay));
+    let (database, targets, capture, paused, replication) = futures::join!(
+        database,
+        targets,
+        capture,
+        paused_targets(relay),
+        slot_readiness(relay)
+    );
     let database = match (database, relay.outcomes_waiting()) {
         (Check::Ok, Some(since)) => Check::Failed(format!(
             "batch outcomes have waited {} s for the database to record them",
@@ -258,6 +330,7 @@ pub async fn readiness(relay: &Relay) -> Readiness {
     let ready = database.is_ok()
         && workers.is_ok()
         && capture.as_ref().is_none_or(Check::is_ok)
+        && replication.as_ref().is_none_or(|slot| slot.check.is_ok())
         && targets.iter().all(|(_, state)| state.is_ok())
         && plugins.values().all(|state| state != "not loaded");
     Readiness {
@@ -268,6 +341,7 @@ pub async fn readiness(relay: &Relay) -> Readiness {
         paused,
         capture,
         plugins,
+        replication,
     }
 }
 

@@ -50,10 +50,36 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     } else {
         None
     };
+    let replication = match config.replication_feed() {
+        Some(replication) => {
+            let problems = store
+                .replication_problems(&replication.slot, &replication.publication)
+                .await
+                .context("cannot check the replication setup")?;
+            anyhow::ensure!(
+                problems.is_empty(),
+                "replication mode cannot start:\n  - {}",
+                problems.join("\n  - ")
+            );
+            Some(crate::store::replication::StreamSettings {
+                url: config.database.url.clone(),
+                slot: replication.slot,
+                publication: replication.publication,
+                application_name: format!("switchyard {owner}"),
+                batch_size: usize::try_from(config.relay.batch_size).unwrap_or(usize::MAX),
+                max_retained_wal_bytes: replication.max_retained_wal_bytes,
+            })
+        }
+        None => None,
+    };
     let sinks = Sinks::connect(&config.targets, &config.relay.sink_settings()).await?;
-    Ok(Relay::new(store, plugins, sinks, config.relay.clone())
+    let relay = Relay::new(store, plugins, sinks, relay_config)
         .with_watcher(watcher)
-        .with_capture(capture))
+        .with_capture(capture);
+    Ok(match replication {
+        Some(settings) => relay.with_replication(settings),
+        None => relay,
+    })
 }
 
 /// Compiles every configured plugin (through the compiled cache) and runs

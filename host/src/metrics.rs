@@ -47,6 +47,10 @@ pub mod names {
     pub const RETENTION_ROWS: &str = "switchyard_retention_rows";
     /// Batches that panicked.
     pub const WORKER_PANICS: &str = "switchyard_worker_panics";
+    /// Replication mode: WAL the server keeps for the slot (set at scrape).
+    pub const REPLICATION_RETAINED_WAL: &str = "switchyard_replication_retained_wal_bytes";
+    /// Replication mode: 1 while this relay reads the slot, 0 on a standby.
+    pub const REPLICATION_READING: &str = "switchyard_replication_reading";
 }
 
 /// `mode` label.
@@ -130,6 +134,10 @@ pub struct Metrics {
     pub target_paused: Family<TargetLabel, Gauge>,
     /// Rows waiting for a paused target, by target (set at scrape).
     pub target_waiting_rows: Family<TargetLabel, Gauge>,
+    /// WAL retained for the replication slot (set at scrape).
+    pub replication_retained_wal: Gauge,
+    /// 1 while this relay reads the replication slot.
+    pub replication_reading: Gauge,
 }
 
 impl Metrics {
@@ -151,6 +159,8 @@ impl Metrics {
             worker_panics: Counter::default(),
             target_paused: Family::default(),
             target_waiting_rows: Family::default(),
+            replication_retained_wal: Gauge::default(),
+            replication_reading: Gauge::default(),
         };
         use names::*;
         registry.register(
@@ -213,6 +223,16 @@ impl Metrics {
             TARGET_WAITING_ROWS,
             "Outbox rows waiting for a paused target to come back",
             metrics.target_waiting_rows.clone(),
+        );
+        registry.register(
+            REPLICATION_RETAINED_WAL,
+            "WAL the server keeps for the replication slot (replication mode)",
+            metrics.replication_retained_wal.clone(),
+        );
+        registry.register(
+            REPLICATION_READING,
+            "1 while this relay reads the replication slot, 0 while it stands by",
+            metrics.replication_reading.clone(),
         );
         if let Some(plugins) = plugins {
             registry.register_collector(Box::new(ReloadCollector { plugins }));

@@ -48,11 +48,14 @@ pub fn init_with_default(format: LogFormat, default_filter: &str) {
 /// unroutable (its headers as byte arrays, one line each): the relay logs
 /// the refusal, with the broker's reason, once per batch and target. Its
 /// ERROR lines for a dropped connection (`channels`, `io_loop`): the relay
-/// reconnects by itself, and pausing the target logs the cause once. A
-/// filter set in the environment replaces all of this.
+/// reconnects by itself, and pausing the target logs the cause once. And
+/// pgwire-replication's ERROR for every session that ends (a standby's
+/// every try at a slot another relay reads): the replication feed says
+/// what happened, once. A filter set in the environment replaces all of this.
 fn default_env_filter(level: &str) -> EnvFilter {
     EnvFilter::new(format!(
-        "{level},lapin::returned_messages=error,lapin::channels=off,lapin::io_loop=off"
+        "{level},lapin::returned_messages=error,lapin::channels=off,lapin::io_loop=off,\
+         pgwire_replication::client::tokio_client=off"
     ))
 }
 
@@ -185,18 +188,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_filter_drops_lapins_returned_messages_and_connection_drops_only() {
+    fn the_default_filter_drops_what_the_relay_says_better_itself_only() {
         let text = testing::capture(default_env_filter("info"), || {
             tracing::warn!(target: "lapin::returned_messages", "Server returned us a message");
             tracing::error!(target: "lapin::io_loop", "error doing IO");
             tracing::error!(target: "lapin::channels", "Connection error");
             tracing::error!(target: "lapin::connection", "Connection closed");
+            tracing::error!(target: "pgwire_replication::client::tokio_client", "replication worker terminated");
             tracing::warn!(target: "switchyard::relay::publish", "This target refused deliveries for good");
         });
         assert!(!text.contains("returned us a message"), "{text}");
         assert!(!text.contains("error doing IO"), "{text}");
         assert!(!text.contains("Connection error"), "{text}");
         assert!(text.contains("Connection closed"), "{text}");
+        assert!(!text.contains("replication worker terminated"), "{text}");
         assert!(text.contains("refused deliveries for good"), "{text}");
     }
 

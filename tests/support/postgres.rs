@@ -40,6 +40,35 @@ pub struct TestDb {
 /// Drops a test database when dropped, forcing out connections still open
 /// (pools, relay processes). `scripts/test.sh` also clears leftovers of
 /// test runs that were killed before their guards ran.
+/// Drops the replication slots of database `name` (a database with a slot
+/// cannot be dropped), ending the sessions that read them first.
+///
+/// # Errors
+/// The database's.
+pub async fn drop_slots(admin: &mut sqlx::PgConnection, name: &str) -> Result<(), sqlx::Error> {
+    for _ in 0..50 {
+        sqlx::query("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL")
+            .bind(name)
+            .execute(&mut *admin)
+            .await?;
+        let dropped = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active",
+        )
+        .bind(name)
+        .execute(&mut *admin)
+        .await;
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE database = $1")
+            .bind(name)
+            .fetch_one(&mut *admin)
+            .await?;
+        if dropped.is_ok() && left == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 pub struct DropDatabase {
     name: String,
 }
@@ -55,6 +84,7 @@ impl Drop for DropDatabase {
             runtime.block_on(async move {
                 use sqlx::Connection;
                 let mut admin = sqlx::PgConnection::connect(&server_url()).await?;
+                drop_slots(&mut admin, &name).await?;
                 admin
                     .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
                     .await?;

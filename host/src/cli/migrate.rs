@@ -1,5 +1,6 @@
-//! `switchyard migrate`: the relay's schema and, with `[source]`, the
-//! capture trigger on the services' table; `--dry-run` prints the SQL.
+//! `switchyard migrate`: the relay's schema, with `[source]` the capture
+//! trigger on the services' table, and in replication mode the slot and
+//! publication; `--dry-run` prints the SQL.
 
 use anyhow::Context;
 
@@ -58,6 +59,20 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     let install = capture
         .as_ref()
         .filter(|_| args.backfill || installed != Some(Installed::Current));
+    // Without a config the mode is unknown: leave it as it is.
+    let feed = match &args.config {
+        Some(config) => {
+            let replication = config.replication_feed();
+            let names = replication
+                .as_ref()
+                .map(|r| (r.slot.as_str(), r.publication.as_str()));
+            store
+                .feed_statements(names)
+                .await
+                .context("cannot read the replication setup")?
+        }
+        None => Vec::new(),
+    };
 
     if args.dry_run {
         println!("-- switchyard migrate --dry-run: nothing below has been run.");
@@ -70,7 +85,13 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
                 println!("{};", statement.trim_end().trim_end_matches(';'));
             }
         }
-        if pending.is_empty() && install.is_none() {
+        if !feed.is_empty() {
+            println!("\n-- relay mode (each statement on its own)");
+            for statement in &feed {
+                println!("{statement};");
+            }
+        }
+        if pending.is_empty() && install.is_none() && feed.is_empty() {
             println!("-- nothing to do: the schema is up to date.");
         }
         return Ok(());
@@ -89,6 +110,19 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         }
     } else if let Some(capture) = &capture {
         println!("capture trigger on {} is up to date", capture.table());
+    }
+    if !feed.is_empty() {
+        store
+            .run_feed_statements(&feed)
+            .await
+            .context("setting the outbox's relay mode failed")?;
+        match args.config.as_ref().and_then(Config::replication_feed) {
+            Some(r) => println!(
+                "replication mode: rows are written for the stream; publication {} and slot {} are in place",
+                r.publication, r.slot
+            ),
+            None => println!("claim mode: rows are written for claiming"),
+        }
     }
     Ok(())
 }

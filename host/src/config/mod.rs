@@ -2,6 +2,7 @@
 //! secrets, and validation that reports every problem at once.
 
 mod failures;
+pub mod replication;
 pub mod source;
 mod validate;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use failures::{FailurePolicy, Handling};
+pub use replication::{FeedMode, ReplicationConfig};
 pub use validate::validate;
 
 pub use crate::sinks::TargetConfig;
@@ -75,6 +77,9 @@ pub struct Config {
     /// own by a trigger that `switchyard migrate` installs.
     #[serde(default)]
     pub source: Option<source::SourceConfig>,
+    /// The slot and publication of `relay.mode = "replication"`.
+    #[serde(default)]
+    pub replication: Option<ReplicationConfig>,
 }
 
 /// `[retention]`: published rows older than `published_max_age_seconds` are
@@ -256,6 +261,10 @@ pub struct RelayConfig {
     /// Which delivery failures spend an attempt (`[relay.failures]`).
     #[serde(default)]
     pub failures: FailurePolicy,
+    /// `claim` rows from the outbox table, or read them from the WAL
+    /// (`replication`, PostgreSQL; see `[replication]`).
+    #[serde(default)]
+    pub mode: FeedMode,
 }
 
 impl Default for RelayConfig {
@@ -385,6 +394,11 @@ const fn default_plugin_max_memory_bytes() -> usize {
 }
 
 impl Config {
+    /// The slot and publication to read, in replication mode.
+    pub fn replication_feed(&self) -> Option<ReplicationConfig> {
+        (self.relay.mode == FeedMode::Replication).then(|| self.replication.clone().unwrap_or_default())
+    }
+
     /// Reads, parses, applies environment overrides and validates a config file.
     ///
     /// # Errors
@@ -524,6 +538,7 @@ fn section_errors(text: &str) -> Vec<String> {
             "admin" => check::<AdminConfig>(key, value, &mut problems),
             "retention" => check::<RetentionConfig>(key, value, &mut problems),
             "source" => check::<source::SourceConfig>(key, value, &mut problems),
+            "replication" => check::<ReplicationConfig>(key, value, &mut problems),
             "plugins" => match value.as_array() {
                 Some(plugins) => {
                     for (index, plugin) in plugins.iter().enumerate() {

@@ -29,6 +29,12 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
             .0
             .extend(super::source::static_problems(source, &config.database.url));
     }
+    problems.0.extend(super::replication::static_problems(
+        config.relay.mode,
+        config.replication.as_ref(),
+        &config.database.url,
+        config.source.is_some(),
+    ));
     if let Some(retention) = &config.retention {
         self::retention(&mut problems, retention);
     }

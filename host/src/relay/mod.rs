@@ -18,6 +18,7 @@ mod health;
 mod outage;
 mod plan;
 mod publish;
+mod replicate;
 mod retry;
 mod route;
 mod settle;
@@ -89,6 +90,8 @@ struct Inner {
     native_router: OnceLock<NativeRouter>,
     /// Set once, by [`Relay::with_capture`].
     capture: OnceLock<crate::store::capture::Capture>,
+    /// Set once, by [`Relay::with_replication`]: the slot events are read from.
+    replication: OnceLock<crate::store::replication::StreamSettings>,
     store: OutboxStore,
     plugins: Plugins,
     sinks: Sinks,
@@ -137,6 +140,7 @@ impl Relay {
                 watcher: OnceLock::new(),
                 native_router: OnceLock::new(),
                 capture: OnceLock::new(),
+                replication: OnceLock::new(),
                 retry: RetryPolicy::from_config(&config),
                 metrics,
                 store,
@@ -181,6 +185,22 @@ impl Relay {
             warn!("This relay already has a capture trigger to watch; the new one is ignored.");
         }
         self
+    }
+
+    /// Reads new events from this replication slot instead of waiting for
+    /// commits to claim them; the claim path keeps relaying what the feed
+    /// hands over to the table. Only the first slot given is used.
+    #[must_use]
+    pub fn with_replication(self, settings: crate::store::replication::StreamSettings) -> Relay {
+        if self.inner.replication.set(settings).is_err() {
+            warn!("This relay already reads a replication slot; the new one is ignored.");
+        }
+        self
+    }
+
+    /// The replication slot this relay reads, in replication mode.
+    pub fn replication(&self) -> Option<&crate::store::replication::StreamSettings> {
+        self.inner.replication.get()
     }
 
     /// The capture trigger of `[source]`, if the relay has one.
@@ -338,19 +358,36 @@ impl Relay {
 
     /// The stages after the claim: route, plan, publish, settle, ack.
     async fn process(&self, claim: Claim) -> Result<BatchReport, BatchError> {
-        let inner = &self.inner;
-        inner.metrics.batch_size.observe(claim.rows.len() as f64);
         let claimed = claim.rows.len();
         let parked = claim.parked;
-        let mut routed = self.route(claim.rows, claim.deadline, claim.took).await;
-        let may_publish = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < claim.deadline;
-        let not_sent = || {
-            SinkError::retryable(lease_spent(
-                claim.took,
-                inner.config.lease_duration(),
-                "publishing",
-            ))
+        let lease = claim.lease;
+        let settled = self.stages(claim.rows, claim.deadline, claim.took).await;
+        let acked = self.record(lease, &settled.outcomes).await;
+        let report = BatchReport {
+            claimed,
+            parked,
+            lost: settled.outcomes.len() - acked.len(),
+            ..settled.report
         };
+        if report.lost > 0 {
+            warn!(
+                lost = report.lost,
+                "Leases expired before the ack; those rows will be delivered again."
+            );
+        }
+        Ok(report)
+    }
+
+    /// Route, plan, publish and settle: what every feed's batch goes
+    /// through, whatever records its outcomes. `deadline` bounds the work
+    /// (a lease's end); `took` is what taking the batch already cost.
+    async fn stages(&self, rows: Vec<OutboxRow>, deadline: Instant, took: Duration) -> settle::Settled<'_> {
+        let inner = &self.inner;
+        inner.metrics.batch_size.observe(rows.len() as f64);
+        let mut routed = self.route(rows, deadline, took).await;
+        let may_publish = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < deadline;
+        let not_sent =
+            || SinkError::retryable(lease_spent(took, inner.config.lease_duration(), "publishing"));
         let held_back = |target: &str| inner.outages.hold_back(target);
         let plan = plan::plan(&mut routed, may_publish, &not_sent, &held_back);
         let mut results = plan.results;
@@ -364,33 +401,20 @@ impl Relay {
         };
         let settled = settle::settle(routed, results, &inner.retry, now, &plugin_of);
         self.count(&settled);
-        let acked = self.record(claim.lease, &settled.outcomes).await;
-        let report = BatchReport {
-            claimed,
-            parked,
-            lost: settled.outcomes.len() - acked.len(),
-            ..settled.report
-        };
-        if report.lost > 0 {
-            warn!(
-                lost = report.lost,
-                "Leases expired before the ack; those rows will be delivered again."
-            );
-        }
         if let (rows, Some(error)) = &settled.unrouted {
             warn!(rows, %error, "Rows failed before publishing; they will be retried.");
         }
         if let Some(error) = &settled.first_dead {
-            warn!(dead = report.dead, %error, "Rows dead-lettered.");
+            warn!(dead = settled.report.dead, %error, "Rows dead-lettered.");
         }
         debug!(
-            batch.size = report.claimed,
-            published = report.published,
-            retried = report.retried,
-            dead = report.dead,
+            batch.size = settled.outcomes.len(),
+            published = settled.report.published,
+            retried = settled.report.retried,
+            dead = settled.report.dead,
             "Batch done."
         );
-        Ok(report)
+        settled
     }
 
     /// Records a batch's outcomes, trying again for as long as the

@@ -36,10 +36,30 @@ impl Relay {
         }
         // Ended with this future even when it is dropped rather than shut
         // down: a detached listener or sweeper would outlive its relay.
+        // In replication mode commits reach the feed, not the claim path:
+        // rows come to the table only when the feed hands them over (and
+        // it wakes a worker then), so a claim per commit would find nothing.
         let listener = AbortOnDropHandle::new(tokio::spawn({
             let (store, wake, shutdown) = (self.inner.store.clone(), wake.clone(), shutdown.clone());
-            async move { store.wake_on_commits(wake, shutdown).await }
+            let replicating = self.inner.replication.get().is_some();
+            async move {
+                if !replicating {
+                    store.wake_on_commits(wake, shutdown).await;
+                }
+            }
         }));
+        // A feed that ends on its own (its slot is gone) stops the relay.
+        let feed_failed = CancellationToken::new();
+        let mut feed = self.inner.replication.get().cloned().map(|settings| {
+            let (relay, shutdown, failed) = (self.clone(), shutdown.clone(), feed_failed.clone());
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                let result = relay.replicate(settings, shutdown).await;
+                if result.is_err() {
+                    failed.cancel();
+                }
+                result
+            }))
+        });
         let sweeper = AbortOnDropHandle::new(tokio::spawn(sweep_parked(
             self.inner.store.clone(),
             wake.clone(),
@@ -71,6 +91,7 @@ impl Relay {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
+                () = feed_failed.cancelled() => break,
                 Some(ended) = workers.join_next_with_id() => {
                     if shutdown.is_cancelled() {
                         break;
@@ -88,11 +109,26 @@ impl Relay {
                 }
             }
         }
+        let feed_error = if feed_failed.is_cancelled() {
+            match feed.take() {
+                Some(feed) => feed.await.ok().and_then(Result::err),
+                None => None,
+            }
+        } else {
+            None
+        };
+        if let Some(error) = &feed_error {
+            tracing::error!(%error, "The replication feed stopped; the relay stops.");
+            shutdown.cancel();
+        }
         let started = Instant::now();
         let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
         let drained = tokio::time::timeout(bound, async { while workers.join_next().await.is_some() {} })
             .await
             .is_ok();
+        if let Some(feed) = feed {
+            let _ = feed.await;
+        }
         listener.abort();
         sweeper.abort();
         waiting_sweeper.abort();
@@ -110,7 +146,10 @@ impl Relay {
                 "Relay stopped before batches finished; released their leases."
             );
         }
-        Ok(())
+        match feed_error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     /// One worker. Wake-ups are handed to one idle worker at a time (a

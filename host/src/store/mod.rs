@@ -21,6 +21,7 @@ mod sqlite;
 mod types;
 
 pub mod capture;
+pub mod replication;
 
 use std::collections::BTreeMap;
 use std::str::FromStr;

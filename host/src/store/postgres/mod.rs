@@ -10,6 +10,7 @@
 mod ack;
 pub(crate) mod capture;
 mod claim;
+pub(crate) mod replication;
 mod waiting;
 
 use std::collections::BTreeMap;
@@ -327,7 +328,7 @@ impl Backend for Postgres {
         let doomed = format!(
             "WITH doomed AS (
             SELECT id FROM switchyard_outbox
-             WHERE status = 'published'
+             WHERE status IN ('published', 'streamed')
                AND published_at < now() - $1 * interval '1 millisecond'
              ORDER BY {order} LIMIT $2
                FOR UPDATE SKIP LOCKED)"

@@ -1,0 +1,288 @@
+//! The replication feed: events read from the WAL go through the same
+//! stages as claimed rows, but nothing is written for an event that is
+//! published. An event that is not (a refusal, a retry, a paused target, a
+//! delay) is handed over to the table with its outcome, and the later
+//! events of its aggregate follow it there, so the claim path retries,
+//! dead-letters and orders them as in claim mode. The slot's position is
+//! confirmed past a batch only once every event of it is published or in
+//! the table.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::Relay;
+use crate::store::replication::{StreamError, StreamSettings, StreamedRow, WalBatch, WalStream};
+use crate::store::{Outcome, RowOutcome};
+use crate::telemetry::{Occurrence, Repeats};
+
+/// How often a standby tries the slot.
+const STANDBY_RETRY: Duration = Duration::from_secs(2);
+
+/// The longest pause between two tries to reconnect a broken stream, or to
+/// hand rows over while the database cannot take them.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// How often the relay asks whether any aggregate still waits in the
+/// table, while one might.
+const TABLE_RECHECK: Duration = Duration::from_secs(2);
+
+/// An aggregate: type and id.
+type Key = (String, String);
+
+fn key(row: &StreamedRow) -> Key {
+    (row.row.aggregate_type.clone(), row.row.aggregate_id.clone())
+}
+
+/// What the feed knows about the table between batches.
+struct TableState {
+    /// Some aggregate may wait behind a row in the table: each batch's
+    /// aggregates are looked up there (else none are).
+    may_hold: bool,
+    checked: Instant,
+}
+
+impl Relay {
+    /// Reads the slot until `shutdown`: as its reader, or as a standby
+    /// while another relay reads it.
+    ///
+    /// # Errors
+    /// The slot cannot be read any more (dropped, invalidated): the relay
+    /// has to stop, and an operator to act.
+    pub(super) async fn replicate(
+        &self,
+        settings: StreamSettings,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let broken = Repeats::default();
+        let mut standing_by = false;
+        let mut pause = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let opened = tokio::select! {
+                opened = WalStream::open(&settings) => opened,
+                () = shutdown.cancelled() => return Ok(()),
+            };
+            let failed = match opened {
+                Ok(stream) => {
+                    if standing_by || broken.ended().is_some() {
+                        info!(slot = %settings.slot, "Reading the replication slot now.");
+                    } else {
+                        info!(slot = %settings.slot, "Reading the replication slot.");
+                    }
+                    standing_by = false;
+                    pause = Duration::from_millis(100);
+                    self.inner.metrics.replication_reading.set(1);
+                    let ended = self.read(stream, &shutdown).await;
+                    self.inner.metrics.replication_reading.set(0);
+                    ended
+                }
+                Err(error) => error,
+            };
+            let wait = match failed {
+                StreamError::Standby(why) => {
+                    if !standing_by {
+                        info!(slot = %settings.slot, "Standing by: {why}.");
+                        standing_by = true;
+                    }
+                    STANDBY_RETRY
+                }
+                StreamError::Gone(why) => {
+                    if shutdown.is_cancelled() {
+                        return Ok(());
+                    }
+                    anyhow::bail!(why);
+                }
+                StreamError::Broken(why) => {
+                    match broken.occurred() {
+                        Occurrence::First => {
+                            warn!(slot = %settings.slot, error = %why, "The replication stream broke; connecting again.")
+                        }
+                        Occurrence::Still { count, lasting } => warn!(
+                            slot = %settings.slot, error = %why, count, lasting_s = lasting.as_secs(),
+                            "The replication stream still cannot be read."
+                        ),
+                        Occurrence::Quiet => debug!(error = %why, "Replication stream broke again."),
+                    }
+                    pause = (pause * 2).min(RETRY_MAX);
+                    pause
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Relays batches from an open stream until it fails or `shutdown`.
+    async fn read(&self, mut stream: WalStream, shutdown: &CancellationToken) -> StreamError {
+        let mut table = TableState {
+            may_hold: true,
+            checked: Instant::now() - TABLE_RECHECK,
+        };
+        loop {
+            let batch = tokio::select! {
+                batch = stream.next_batch() => batch,
+                () = shutdown.cancelled() => {
+                    stream.close().await;
+                    return StreamError::Gone("shut down".into());
+                }
+            };
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(error) => return error,
+            };
+            let WalBatch { rows, done_at } = batch;
+            if !rows.is_empty() {
+                self.refresh_table_state(&mut table).await;
+                self.relay_streamed(rows, &mut table).await;
+            }
+            if let Some(lsn) = done_at {
+                stream.confirm(lsn);
+            }
+        }
+    }
+
+    /// Forgets that aggregates may wait in the table once none does.
+    async fn refresh_table_state(&self, table: &mut TableState) {
+        if !table.may_hold || table.checked.elapsed() < TABLE_RECHECK {
+            return;
+        }
+        table.checked = Instant::now();
+        match self.inner.store.anything_waiting_in_table().await {
+            Ok(waiting) => table.may_hold = waiting,
+            Err(error) => debug!(%error, "Cannot tell whether rows wait in the table; looking them up."),
+        }
+    }
+
+    /// One batch from the stream. Its events go in waves of at most one per
+    /// aggregate, so that an aggregate's later event is never published
+    /// before an earlier one has its outcome.
+    async fn relay_streamed(&self, rows: Vec<StreamedRow>, table: &mut TableState) {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let mut waiting = if table.may_hold {
+            let keys: Vec<Key> = rows.iter().map(key).collect();
+            self.until_recorded("look up waiting aggregates", || {
+                self.inner.store.waiting_in_table(&keys)
+            })
+            .await
+        } else {
+            HashSet::new()
+        };
+        let mut follow = Vec::new();
+        let mut remaining = rows;
+        loop {
+            let mut wave = Vec::new();
+            let mut later = Vec::new();
+            let mut in_wave = HashSet::new();
+            for streamed in remaining {
+                let key = key(&streamed);
+                if waiting.contains(&key) {
+                    follow.push(streamed);
+                } else if streamed.not_before_ms.is_some_and(|at| at > now_ms) {
+                    // Delayed by its writer: the claim path holds it until then.
+                    waiting.insert(key);
+                    follow.push(streamed);
+                } else if in_wave.insert(key) {
+                    wave.push(streamed);
+                } else {
+                    later.push(streamed);
+                }
+            }
+            if wave.is_empty() {
+                break;
+            }
+            let failed = self.relay_wave(wave).await;
+            if !failed.is_empty() {
+                table.may_hold = true;
+                waiting.extend(failed);
+            }
+            remaining = later;
+        }
+        if !follow.is_empty() {
+            table.may_hold = true;
+            let outcomes: Vec<RowOutcome> = follow
+                .iter()
+                .map(|streamed| RowOutcome {
+                    id: streamed.row.id,
+                    outcome: Outcome::Defer {
+                        after: Duration::ZERO,
+                        reason: "follows an earlier event of its aggregate that waits in the outbox table, or was delayed by its writer".into(),
+                        waiting_on: Vec::new(),
+                    },
+                    deliveries: Default::default(),
+                    plugin_version: None,
+                })
+                .collect();
+            let rows: Vec<&StreamedRow> = follow.iter().collect();
+            self.hand_over(&rows, &outcomes).await;
+        }
+    }
+
+    /// Runs one wave through the stages; hands what was not published to
+    /// the table. Returns the aggregates that now wait there.
+    async fn relay_wave(&self, wave: Vec<StreamedRow>) -> HashSet<Key> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.config.lease_duration();
+        let rows = wave.iter().map(|streamed| streamed.row.clone()).collect();
+        let settled = self.stages(rows, deadline, Duration::ZERO).await;
+        let (mut rows, mut outcomes) = (Vec::new(), Vec::new());
+        for (streamed, outcome) in wave.iter().zip(settled.outcomes) {
+            if outcome.outcome != Outcome::Published {
+                rows.push(streamed);
+                outcomes.push(outcome);
+            }
+        }
+        if rows.is_empty() {
+            return HashSet::new();
+        }
+        self.hand_over(&rows, &outcomes).await;
+        rows.into_iter().map(key).collect()
+    }
+
+    /// Hands rows to the table, trying until the database takes them: the
+    /// slot is not confirmed past them before, so nothing is lost either
+    /// way, but the stream waits meanwhile.
+    async fn hand_over(&self, rows: &[&StreamedRow], outcomes: &[RowOutcome]) {
+        let inner = &self.inner;
+        let lease_ms = i64::try_from(inner.config.lease_duration_ms).unwrap_or(i64::MAX);
+        let recorded = self
+            .until_recorded("hand rows over to the outbox table", || {
+                inner.store.hand_over(&inner.owner, lease_ms, rows, outcomes)
+            })
+            .await;
+        debug!(rows = rows.len(), recorded, "Handed rows over to the claim path.");
+        inner.wake.notify_one();
+    }
+
+    /// Runs `attempt` until the database answers.
+    async fn until_recorded<T, F, Fut>(&self, what: &str, attempt: F) -> T
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, crate::store::Error>>,
+    {
+        let mut pause = Duration::from_millis(100);
+        let mut warned = false;
+        loop {
+            match attempt().await {
+                Ok(value) => {
+                    if warned {
+                        info!("The database answers again; the replication stream goes on.");
+                    }
+                    return value;
+                }
+                Err(error) => {
+                    if !warned {
+                        warn!(%error, "Cannot {what}; the replication stream waits until the database answers.");
+                        warned = true;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+}

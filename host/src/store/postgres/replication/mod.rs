@@ -1,0 +1,318 @@
+//! Replication mode on PostgreSQL: the slot and publication `migrate`
+//! creates, what `validate` and startup check, the slot's state for
+//! operators, and handing a streamed row over to the claim path.
+
+pub(crate) mod pgoutput;
+mod stream;
+
+use std::collections::HashSet;
+
+use sqlx::PgPool;
+
+pub use stream::{StreamError, StreamSettings, StreamedRow, WalBatch, WalStream};
+
+use crate::store::Error;
+use crate::store::types::LeaseId;
+
+/// The column default that makes a written row `streamed`.
+const STREAMED_DEFAULT: &str = "'streamed'::text";
+
+/// The publication's row filter: only rows written for the stream (a copy
+/// the relay writes into the table for the claim path is not read again).
+const ROW_FILTER: &str = "(status = 'streamed'::text)";
+
+/// The statements that put the outbox into replication mode, those still
+/// to run: each is idempotent, run on its own (a slot cannot be created in
+/// a transaction that wrote anything).
+pub(crate) async fn setup_statements(
+    pool: &PgPool,
+    slot: &str,
+    publication: &str,
+) -> Result<Vec<String>, Error> {
+    let mut statements = Vec::new();
+    if status_default(pool).await?.as_deref() != Some(STREAMED_DEFAULT) {
+        statements.push(
+            "ALTER TABLE switchyard_outbox ALTER COLUMN status SET DEFAULT 'streamed', \
+             ALTER COLUMN published_at SET DEFAULT now()"
+                .to_string(),
+        );
+    }
+    let filter: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT (SELECT t.rowfilter FROM pg_publication_tables t
+                  WHERE t.pubname = p.pubname AND t.schemaname = 'public' AND t.tablename = 'switchyard_outbox')
+           FROM pg_publication p WHERE p.pubname = $1",
+    )
+    .bind(publication)
+    .fetch_optional(pool)
+    .await?;
+    let table = format!("switchyard_outbox WHERE {ROW_FILTER}");
+    match filter {
+        None => statements.push(format!(
+            "CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert')"
+        )),
+        Some(filter) if filter.as_deref() != Some(ROW_FILTER) => {
+            statements.push(format!("ALTER PUBLICATION {publication} SET TABLE {table}"));
+            statements.push(format!(
+                "ALTER PUBLICATION {publication} SET (publish = 'insert')"
+            ));
+        }
+        Some(_) => {}
+    }
+    if slot_status(pool, slot).await?.is_none() {
+        statements.push(format!(
+            "SELECT 1 FROM pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+        ));
+    }
+    Ok(statements)
+}
+
+/// The statements that put an outbox written for replication mode back to
+/// claim mode (rows written from then on are claimed). The slot and the
+/// publication stay, for an operator to drop once the slot is drained.
+pub(crate) async fn claim_mode_statements(pool: &PgPool) -> Result<Vec<String>, Error> {
+    Ok(
+        if status_default(pool).await?.as_deref() == Some(STREAMED_DEFAULT) {
+            vec![
+                "ALTER TABLE switchyard_outbox ALTER COLUMN status SET DEFAULT 'pending', \
+             ALTER COLUMN published_at DROP DEFAULT"
+                    .to_string(),
+            ]
+        } else {
+            Vec::new()
+        },
+    )
+}
+
+/// Runs statements from [`setup_statements`], each on its own.
+pub(crate) async fn run(pool: &PgPool, statements: &[String]) -> Result<(), Error> {
+    for statement in statements {
+        sqlx::query(statement).execute(pool).await?;
+    }
+    Ok(())
+}
+
+async fn status_default(pool: &PgPool) -> Result<Option<String>, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT pg_get_expr(d.adbin, d.adrelid)
+           FROM pg_attrdef d
+           JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+          WHERE d.adrelid = to_regclass('switchyard_outbox') AND a.attname = 'status'",
+    )
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// A replication slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct SlotStatus {
+    /// Its output plugin.
+    pub plugin: String,
+    /// The database it decodes.
+    pub database: String,
+    /// The session reading it, if one does.
+    pub active_pid: Option<i32>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// WAL kept for it, in bytes.
+    pub retained_wal_bytes: Option<i64>,
+    /// How far it is confirmed.
+    pub confirmed_flush_lsn: Option<String>,
+}
+
+/// The slot's state; `None` when there is no such slot.
+pub(crate) async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<SlotStatus>, Error> {
+    Ok(sqlx::query_as(
+        "SELECT COALESCE(plugin::text, '') AS plugin, COALESCE(database::text, '') AS database,
+                active_pid, wal_status,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_wal_bytes,
+                confirmed_flush_lsn::text AS confirmed_flush_lsn
+           FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Everything that keeps replication mode from working, each naming what
+/// to do; empty when it can run.
+pub(crate) async fn problems(pool: &PgPool, slot: &str, publication: &str) -> Result<Vec<String>, Error> {
+    let mut problems = Vec::new();
+    let (wal_level, replicates, database): (String, bool, String) = sqlx::query_as(
+        "SELECT current_setting('wal_level'),
+                (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+                current_database()",
+    )
+    .fetch_one(pool)
+    .await?;
+    if wal_level != "logical" {
+        problems.push(format!(
+            "wal_level is {wal_level:?}: replication mode needs wal_level = logical in postgresql.conf (a restart)"
+        ));
+    }
+    if !replicates {
+        problems.push("the relay's role may not replicate: ALTER ROLE ... REPLICATION".into());
+    }
+    let pending = setup_statements(pool, slot, publication).await?;
+    if pending.iter().any(|s| s.starts_with("ALTER TABLE")) {
+        problems.push(
+            "switchyard_outbox still writes rows for claiming (status defaults to 'pending'): run `switchyard migrate`"
+                .into(),
+        );
+    }
+    if pending.iter().any(|s| s.contains("PUBLICATION")) {
+        problems.push(format!(
+            "publication {publication:?} is missing or does not publish switchyard_outbox's streamed inserts: run `switchyard migrate`"
+        ));
+    }
+    match slot_status(pool, slot).await? {
+        None => problems.push(format!(
+            "replication slot {slot:?} does not exist: run `switchyard migrate`"
+        )),
+        Some(status) => {
+            if status.plugin != "pgoutput" {
+                problems.push(format!(
+                    "replication slot {slot:?} decodes with {:?}, not pgoutput: drop it and run `switchyard migrate`",
+                    status.plugin
+                ));
+            }
+            if status.database != database {
+                problems.push(format!(
+                    "replication slot {slot:?} belongs to database {:?}, not {database:?}: name another slot",
+                    status.database
+                ));
+            }
+            if status.wal_status.as_deref() == Some("lost") {
+                problems.push(format!(
+                    "replication slot {slot:?} lost the WAL it needed (wal_status = lost): drop it, run \
+                     `switchyard migrate`, and relay what it missed in claim mode"
+                ));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// Hands streamed rows to the claim path, leased under `lease` as if
+/// claimed (their first attempt spent), for the ack to record their
+/// outcomes. A row no longer in the table (deleted by its writer after the
+/// insert, or by retention) is written back from the WAL's values; one no
+/// longer `streamed` was handed over before (a replay) and is left alone.
+pub(crate) async fn take_over(
+    pool: &PgPool,
+    owner: &str,
+    lease: LeaseId,
+    lease_ms: i64,
+    rows: &[&StreamedRow],
+) -> Result<u64, Error> {
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut event_ids = Vec::with_capacity(rows.len());
+    let (mut types, mut aggregates, mut event_types) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut payloads, mut bytes, mut headers, mut tenants) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut created, mut not_before) = (Vec::new(), Vec::new());
+    for streamed in rows {
+        let row = &streamed.row;
+        ids.push(row.id.0);
+        event_ids.push(row.event_id);
+        types.push(row.aggregate_type.clone());
+        aggregates.push(row.aggregate_id.clone());
+        event_types.push(row.event_type.clone());
+        payloads.push(row.payload_json.clone());
+        bytes.push(streamed.text.payload_bytes.clone());
+        headers.push(row.headers_json.clone());
+        tenants.push(row.tenant.clone());
+        created.push(streamed.text.created_at.clone());
+        not_before.push(streamed.text.not_before.clone());
+    }
+    let taken = sqlx::query(
+        "WITH r AS (
+            SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])
+                AS r(id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
+                     headers, tenant, created_at, not_before)
+         ), copied AS (
+            INSERT INTO switchyard_outbox (id, event_id, aggregate_type, aggregate_id, event_type, payload,
+                                           payload_bytes, headers, tenant, created_at, not_before, status,
+                                           attempts, lease_owner, lease_id, lease_expires_at, published_at)
+            OVERRIDING SYSTEM VALUE
+            SELECT r.id, r.event_id, r.aggregate_type, r.aggregate_id, r.event_type, r.payload::jsonb,
+                   r.payload_bytes::bytea, r.headers::jsonb, r.tenant, COALESCE(r.created_at::timestamptz, now()),
+                   r.not_before::timestamptz, 'in_flight', 1, $12, $13,
+                   now() + $14 * interval '1 millisecond', NULL
+              FROM r
+             WHERE NOT EXISTS (SELECT 1 FROM switchyard_outbox o WHERE o.id = r.id)
+            ON CONFLICT DO NOTHING
+            RETURNING 1
+         ), taken AS (
+            UPDATE switchyard_outbox o
+               SET status = 'in_flight', published_at = NULL, attempts = o.attempts + 1,
+                   lease_owner = $12, lease_id = $13,
+                   lease_expires_at = now() + $14 * interval '1 millisecond'
+              FROM r
+             WHERE o.id = r.id AND o.status = 'streamed'
+            RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM copied) + (SELECT count(*) FROM taken)",
+    )
+    .bind(&ids)
+    .bind(&event_ids)
+    .bind(&types)
+    .bind(&aggregates)
+    .bind(&event_types)
+    .bind(&payloads)
+    .bind(&bytes)
+    .bind(&headers)
+    .bind(&tenants)
+    .bind(&created)
+    .bind(&not_before)
+    .bind(owner)
+    .bind(lease.0)
+    .bind(lease_ms)
+    .fetch_one(pool)
+    .await?;
+    let count: i64 = sqlx::Row::try_get(&taken, 0)?;
+    Ok(u64::try_from(count).unwrap_or_default())
+}
+
+/// Of these aggregates, those with an unfinished row in the table (a
+/// dead letter too when dead letters block): their next events must wait
+/// behind it, in the table.
+pub(crate) async fn waiting_in_table(
+    pool: &PgPool,
+    keys: &[(String, String)],
+    dead_letters_block: bool,
+) -> Result<HashSet<(String, String)>, Error> {
+    let (types, ids): (Vec<&str>, Vec<&str>) = keys.iter().map(|(t, i)| (t.as_str(), i.as_str())).unzip();
+    let dead = if dead_letters_block {
+        ""
+    } else {
+        "AND o.queue <> 4"
+    };
+    let rows: Vec<(String, String)> = sqlx::query_as(&format!(
+        "SELECT k.t, k.i
+           FROM (SELECT DISTINCT t, i FROM unnest($1::text[], $2::text[]) AS k(t, i)) k
+          WHERE EXISTS (SELECT 1 FROM switchyard_outbox o
+                         WHERE o.aggregate_type = k.t AND o.aggregate_id = k.i
+                           AND o.published_at IS NULL AND o.queue IS NOT NULL {dead})"
+    ))
+    .bind(&types)
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Whether any aggregate waits in the table at all (see [`waiting_in_table`]).
+pub(crate) async fn anything_waiting_in_table(
+    pool: &PgPool,
+    dead_letters_block: bool,
+) -> Result<bool, Error> {
+    // One EXISTS per queue, each answered by that queue's partial index.
+    let last = if dead_letters_block { 4 } else { 3 };
+    let probes: Vec<String> = (1..=last)
+        .map(|queue| format!("EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = {queue})"))
+        .collect();
+    Ok(sqlx::query_scalar(&format!("SELECT {}", probes.join(" OR ")))
+        .fetch_one(pool)
+        .await?)
+}

@@ -1,0 +1,113 @@
+//! Replication mode through the store: setting the outbox up for it,
+//! checking it, the slot's state, and handing streamed rows to the claim
+//! path (PostgreSQL; SQLite is relayed by claiming only).
+
+use std::collections::HashSet;
+
+use super::postgres::replication as pg;
+pub use super::postgres::replication::{
+    SlotStatus, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
+};
+use super::{Error, LeaseId, OutboxStore, RowOutcome};
+
+impl OutboxStore {
+    /// What `migrate` runs to put the outbox into replication mode through
+    /// `slot` and `publication` (only what is missing), or, with `None`,
+    /// back to claim mode. Nothing on SQLite.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn feed_statements(&self, replication: Option<(&str, &str)>) -> Result<Vec<String>, Error> {
+        let Some(pool) = self.pg_pool() else {
+            return Ok(Vec::new());
+        };
+        match replication {
+            Some((slot, publication)) => pg::setup_statements(pool, slot, publication).await,
+            None => pg::claim_mode_statements(pool).await,
+        }
+    }
+
+    /// Runs what [`OutboxStore::feed_statements`] returned.
+    ///
+    /// # Errors
+    /// The database's; statements before the failing one stay done (each
+    /// is idempotent, so running `migrate` again finishes the job).
+    pub async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
+        match self.pg_pool() {
+            Some(pool) => pg::run(pool, statements).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Everything that keeps replication mode from working here, each
+    /// saying what to do.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn replication_problems(&self, slot: &str, publication: &str) -> Result<Vec<String>, Error> {
+        match self.pg_pool() {
+            Some(pool) => pg::problems(pool, slot, publication).await,
+            None => Ok(vec!["replication mode needs PostgreSQL".into()]),
+        }
+    }
+
+    /// The slot's state; `None` when there is no such slot.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn slot_status(&self, slot: &str) -> Result<Option<SlotStatus>, Error> {
+        match self.pg_pool() {
+            Some(pool) => pg::slot_status(pool, slot).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Hands streamed rows to the claim path with their outcomes: leased
+    /// as if claimed, then acked. Returns the rows recorded; a row handed
+    /// over before (a replay after a restart) is left as it is.
+    ///
+    /// # Errors
+    /// The database's; nothing is recorded then.
+    pub async fn hand_over(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        rows: &[&StreamedRow],
+        outcomes: &[RowOutcome],
+    ) -> Result<usize, Error> {
+        let Some(pool) = self.pg_pool() else {
+            return Ok(0);
+        };
+        let lease = LeaseId(uuid::Uuid::new_v4());
+        pg::take_over(pool, owner, lease, lease_ms, rows).await?;
+        Ok(self.ack(lease, outcomes).await?.len())
+    }
+
+    /// Of these aggregates, those whose next event must wait behind an
+    /// unfinished one in the table.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn waiting_in_table(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<HashSet<(String, String)>, Error> {
+        match self.pg_pool() {
+            Some(pool) if !keys.is_empty() => {
+                pg::waiting_in_table(pool, keys, self.dead_letter_blocks_aggregate).await
+            }
+            _ => Ok(HashSet::new()),
+        }
+    }
+
+    /// Whether any aggregate waits behind a row in the table.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
+        match self.pg_pool() {
+            Some(pool) => pg::anything_waiting_in_table(pool, self.dead_letter_blocks_aggregate).await,
+            None => Ok(false),
+        }
+    }
+}

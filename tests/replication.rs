@@ -1,0 +1,361 @@
+//! Replication mode on real services: events read from PostgreSQL's WAL
+//! through a logical slot reach NATS in order with no row update; a failing
+//! event takes only its own aggregate to the table and the claim path; a
+//! killed reader's standby takes over and nothing is lost.
+
+use std::time::Duration;
+
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::{Expected, order_event, verify, write_orders};
+use switchyard_tests::postgres::{TestDb, count_status, fresh_db, place_order_event};
+use switchyard_tests::relay::{InProcess, Process, Settings, example_config, parse};
+use switchyard_tests::{cli, eventually, init_logging};
+
+const STREAM: &str = "ORDERS";
+const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
+
+/// The example pipeline in replication mode, through a slot of this
+/// database's own (slot names are unique in the whole server).
+fn replication_config(db: &TestDb, nats: &NatsServer, relay: &[(&str, &str)]) -> String {
+    let settings = relay.iter().fold(
+        Settings::new(&db.url, &nats.url()).relay("mode", "\"replication\""),
+        |settings, (key, value)| settings.relay(key, value),
+    );
+    format!(
+        "{}\n[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
+        example_config(&settings),
+        db.name
+    )
+}
+
+/// Runs `switchyard migrate` on `config` and fails the test if it does.
+async fn migrate(config: &str) -> String {
+    let path = std::env::temp_dir().join(format!("sy-migrate-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, config).unwrap();
+    let (code, out, err) = cli(SWITCHYARD, &["migrate", "--config", path.to_str().unwrap()], &[]).await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "migrate: {out}{err}");
+    out
+}
+
+async fn streamed_untouched(db: &TestDb) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox
+          WHERE status = 'streamed' AND attempts = 0 AND lease_owner IS NULL AND deliveries = '{}'::jsonb",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_config(&db, &nats, &[]);
+
+    // Before migrate, startup names what is missing.
+    let refused = switchyard::app::build(&parse(&config))
+        .await
+        .err()
+        .expect("refused");
+    let refused = format!("{refused:#}");
+    assert!(refused.contains("status defaults to 'pending'"), "{refused}");
+    assert!(
+        refused.contains(&format!("replication slot {:?} does not exist", db.name)),
+        "{refused}"
+    );
+    let migrated = migrate(&config).await;
+    assert!(migrated.contains("replication mode"), "{migrated}");
+    // Idempotent: nothing left to do the second time.
+    assert!(!migrate(&config).await.contains("replication mode"));
+
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 200, 10, 4).await;
+    // Everything written so far ends before this position; one more event after.
+    let written: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let last = place_order_event(&db.pool, &order_event(999, 0), true).await;
+    eventually("every event in the stream", Duration::from_secs(120), || async {
+        (nats.stream_len(STREAM).await >= 2001).then_some(())
+    })
+    .await;
+    // The slot is confirmed past what was published (other databases of
+    // the server write WAL too: compare with our own position only).
+    eventually("the slot confirmed past the last event", Duration::from_secs(30), || async {
+        let past: bool = sqlx::query_scalar(
+            "SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&db.name)
+        .bind(&written)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        past.then_some(())
+    })
+    .await;
+    relay.stop().await;
+
+    let received: Vec<_> = nats
+        .read_stream(STREAM)
+        .await
+        .into_iter()
+        .filter(|m| m.header("Switchyard-Event-Id") != Some(last.to_string().as_str()))
+        .collect();
+    let verdict = verify(&received, &expected);
+    assert_eq!(verdict.duplicates, 0);
+    assert_eq!(streamed_untouched(&db).await, 2001, "no row was written by the relay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_event_takes_only_its_own_aggregate_to_the_table() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    // A plugin that traps on `Poison` events: the event's own fault.
+    let config = replication_config(
+        &db,
+        &nats,
+        &[("max_attempts", "3"), ("initial_backoff_ms", "200"), ("max_backoff_ms", "400")],
+    )
+    .replacen(
+        "[[plugins]]",
+        &format!(
+            "[[plugins]]\nname = \"poison\"\npath = \"{}\"\nevent_types = [\"Poison\"]\n[plugins.config]\nmode = \"trap\"\ntarget = \"events\"\n\n[[plugins]]",
+            switchyard_tests::plugins::plugin("misbehave").display()
+        ),
+        1,
+    );
+    migrate(&config).await;
+    let relay = InProcess::start(&parse(&config)).await;
+
+    // order-0: events 0..3, the poison, then 3 more; order-1..19: 8 each.
+    let mut expected = std::collections::HashMap::new();
+    for seq in 0..8 {
+        for aggregate in 0..20 {
+            let mut event = order_event(aggregate, seq);
+            if aggregate == 0 && seq == 4 {
+                event.event_type = "Poison".into();
+                place_order_event(&db.pool, &event, true).await;
+                continue;
+            }
+            let id = place_order_event(&db.pool, &event, true).await;
+            expected.insert(
+                id.to_string(),
+                Expected {
+                    aggregate_id: event.aggregate_id.clone(),
+                    seq: seq as u64,
+                    event_type: event.event_type.clone(),
+                },
+            );
+        }
+    }
+    eventually(
+        "every good event in the stream",
+        Duration::from_secs(120),
+        || async { (nats.stream_len(STREAM).await >= 159).then_some(()) },
+    )
+    .await;
+    eventually("the poison dead-lettered", Duration::from_secs(30), || async {
+        (count_status(&db.pool, "dead").await == 1).then_some(())
+    })
+    .await;
+    relay.stop().await;
+
+    let received = nats.read_stream(STREAM).await;
+    let mut seqs: std::collections::HashMap<String, Vec<u64>> = std::collections::HashMap::new();
+    for message in &received {
+        let want = &expected[message.header("Switchyard-Event-Id").unwrap()];
+        seqs.entry(want.aggregate_id.clone()).or_default().push(want.seq);
+    }
+    assert_eq!(
+        seqs["order-0"],
+        vec![0, 1, 2, 3, 5, 6, 7],
+        "order-0 in order, the poison missing"
+    );
+    for aggregate in 1..20 {
+        assert_eq!(seqs[&format!("order-{aggregate}")], (0..8).collect::<Vec<_>>());
+    }
+    let reason: String = sqlx::query_scalar("SELECT last_error FROM switchyard_outbox WHERE status = 'dead'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(reason.contains("poison"), "the dead letter says why: {reason}");
+    // Only the poison's aggregate went through the table, from the poison on.
+    let through_table: Vec<(String, String)> = sqlx::query_as(
+        "SELECT aggregate_id, event_type FROM switchyard_outbox WHERE status <> 'streamed' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        through_table.iter().all(|(aggregate, _)| aggregate == "order-0"),
+        "{through_table:?}"
+    );
+    assert_eq!(
+        through_table.len(),
+        4,
+        "the poison and the three after it: {through_table:?}"
+    );
+    assert_eq!(streamed_untouched(&db).await, 156);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_reader_is_replaced_by_its_standby_and_nothing_is_lost() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_config(&db, &nats, &[]);
+    migrate(&config).await;
+    let mut first = Process::spawn(SWITCHYARD, &config, "first");
+    let active = |pid_of: &'static str| {
+        let (pool, slot) = (db.pool.clone(), db.name.clone());
+        async move {
+            let reader: Option<String> = sqlx::query_scalar(
+                "SELECT a.application_name FROM pg_replication_slots s
+                   JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1",
+            )
+            .bind(&slot)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            reader.filter(|name| name.ends_with(pid_of)).map(|_| ())
+        }
+    };
+    eventually("the first relay reads the slot", Duration::from_secs(60), || {
+        active("first")
+    })
+    .await;
+    let mut second = Process::spawn(SWITCHYARD, &config, "second");
+
+    let writer = {
+        let pool = db.pool.clone();
+        tokio::spawn(async move { write_orders(&pool, 100, 30, 2).await })
+    };
+    eventually("some events through", Duration::from_secs(60), || async {
+        (nats.stream_len(STREAM).await >= 300).then_some(())
+    })
+    .await;
+    first.kill();
+    eventually("the standby reads the slot", Duration::from_secs(30), || {
+        active("second")
+    })
+    .await;
+    let expected = writer.await.unwrap();
+    eventually("every event in the stream", Duration::from_secs(120), || async {
+        (nats.stream_len(STREAM).await >= 3000).then_some(())
+    })
+    .await;
+    second.terminate();
+
+    // JetStream absorbs what the killed reader published but had not confirmed.
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!(verdict.duplicates, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_in_replication_mode_dead_letters_nothing_and_keeps_order() {
+    init_logging();
+    let db = fresh_db().await;
+    let mut nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    // Two attempts: any outage charged to the events would dead-letter them.
+    let config = replication_config(
+        &db,
+        &nats,
+        &[("max_attempts", "2"), ("publish_timeout_ms", "1000")],
+    );
+    migrate(&config).await;
+    let relay = InProcess::start(&parse(&config)).await;
+
+    let writer = {
+        let pool = db.pool.clone();
+        tokio::spawn(async move { write_orders(&pool, 50, 40, 2).await })
+    };
+    eventually("some events through", Duration::from_secs(60), || async {
+        (nats.stream_len(STREAM).await >= 200).then_some(())
+    })
+    .await;
+    nats.stop();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    nats.resume().await;
+    let expected = writer.await.unwrap();
+    eventually("every event in the stream", Duration::from_secs(120), || async {
+        (nats.stream_len(STREAM).await >= 2000).then_some(())
+    })
+    .await;
+    relay.stop().await;
+
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!(verdict.duplicates, 0);
+    assert_eq!(
+        count_status(&db.pool, "dead").await,
+        0,
+        "an outage is not the events' fault"
+    );
+    let unfinished: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE status NOT IN ('streamed', 'published')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(unfinished, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_dropped_under_the_relay_stops_it_with_what_to_do() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_config(&db, &nats, &[]);
+    migrate(&config).await;
+    let path = std::env::temp_dir().join(format!("sy-run-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, format!("{config}\n[admin]\nlisten = \"\"\n")).unwrap();
+    let run = {
+        let path = path.clone();
+        tokio::spawn(async move { cli(SWITCHYARD, &["run", "--config", path.to_str().unwrap()], &[]).await })
+    };
+    let active = || async {
+        let pid: Option<Option<i32>> =
+            sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(&db.name)
+                .fetch_optional(&db.pool)
+                .await
+                .unwrap();
+        pid.flatten()
+    };
+    eventually("the relay reads the slot", Duration::from_secs(60), active).await;
+    // End the reader's session and drop the slot before it comes back.
+    eventually("the slot dropped", Duration::from_secs(30), || async {
+        sqlx::query("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&db.name)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&db.name)
+            .execute(&db.pool)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let (code, out, err) = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the relay stops")
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains(&format!("replication slot {:?} does not exist", db.name))
+            && err.contains("switchyard migrate"),
+        "{err}"
+    );
+}
