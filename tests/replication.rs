@@ -86,17 +86,21 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
     .await;
     // The slot is confirmed past what was published (other databases of
     // the server write WAL too: compare with our own position only).
-    eventually("the slot confirmed past the last event", Duration::from_secs(30), || async {
-        let past: bool = sqlx::query_scalar(
-            "SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(&db.name)
-        .bind(&written)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        past.then_some(())
-    })
+    eventually(
+        "the slot confirmed past the last event",
+        Duration::from_secs(30),
+        || async {
+            let past: bool = sqlx::query_scalar(
+                "SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(&db.name)
+            .bind(&written)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            past.then_some(())
+        },
+    )
     .await;
     relay.stop().await;
 
@@ -108,7 +112,11 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
         .collect();
     let verdict = verify(&received, &expected);
     assert_eq!(verdict.duplicates, 0);
-    assert_eq!(streamed_untouched(&db).await, 2001, "no row was written by the relay");
+    assert_eq!(
+        streamed_untouched(&db).await,
+        2001,
+        "no row was written by the relay"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

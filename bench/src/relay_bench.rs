@@ -34,6 +34,7 @@ use switchyard_tests::postgres::{CLAIM_V2_MIGRATION, migrate_before};
 use tokio_util::sync::CancellationToken;
 
 mod large_reload;
+mod replication;
 
 #[derive(Debug, Parser)]
 #[command(about = "Relay throughput, latency, plugin overhead and memory against the SQL ceiling")]
@@ -75,6 +76,11 @@ struct Args {
     /// (needs scripts/plugin-toolchains.sh).
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload"])]
     interpreted: bool,
+    /// Only replication mode against claim v2 (keep and delete): drains to
+    /// NATS and Kafka, PostgreSQL CPU per event, latency at 100 and 1,000
+    /// events/s.
+    #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted"])]
+    replication: bool,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -259,6 +265,17 @@ async fn build_template(services: &Services, args: &Args, schema: Schema) -> any
     let url = services.db_url(schema.template());
     let pool = PgPool::connect(&url).await?;
     schema.migrate(&pool).await?;
+    load_rows(&pool, args).await?;
+    sqlx::query("VACUUM ANALYZE switchyard_outbox")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    Ok(started.elapsed())
+}
+
+/// Writes `args.rows` ~200-byte order documents over `args.aggregates`
+/// orders, in id order like real traffic.
+async fn load_rows(pool: &PgPool, args: &Args) -> anyhow::Result<()> {
     let chunk = 100_000u64;
     let mut from = 0;
     while from < args.rows {
@@ -281,15 +298,11 @@ async fn build_template(services: &Services, args: &Args, schema: Schema) -> any
         .bind(i64::try_from(from)?)
         .bind(i64::try_from(to)?)
         .bind(i64::try_from(args.aggregates)?)
-        .execute(&pool)
+        .execute(pool)
         .await?;
         from = to;
     }
-    sqlx::query("VACUUM ANALYZE switchyard_outbox")
-        .execute(&pool)
-        .await?;
-    pool.close().await;
-    Ok(started.elapsed())
+    Ok(())
 }
 
 /// Drops a finished run's database: its dead rows would otherwise keep
@@ -657,13 +670,33 @@ async fn latency(
     seconds: u64,
     reload: bool,
 ) -> anyhow::Result<Latency> {
+    latency_in(services, args, rate, seconds, reload, false).await
+}
+
+/// [`latency`], in claim mode or (with `replication`) reading the WAL.
+async fn latency_in(
+    services: &Services,
+    args: &Args,
+    rate: u64,
+    seconds: u64,
+    reload: bool,
+    replication: bool,
+) -> anyhow::Result<Latency> {
     let admin = admin_pool(services).await?;
     let name = format!("sy_bench_latency_{rate}");
+    replication::drop_slot(&admin, &name).await?;
     recreate_db(&admin, &name, None).await?;
     let url = services.db_url(&name);
     let store = OutboxStore::connect(&url, 4).await?;
     store.migrate().await?;
-    let pool = sqlx::PgPool::connect(&url).await?;
+    if replication {
+        replication::set_up(&store, &name).await?;
+    }
+    // The writer commits as a service does (the test server's default is
+    // `synchronous_commit = off`, whose WAL reaches disk, and a WAL reader,
+    // only at the WAL writer's next round, up to 200 ms later).
+    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+    let pool = sqlx::PgPool::connect_with(options.options([("synchronous_commit", "on")])).await?;
     reset_brokers(services, Target::Nats).await?;
 
     let dir = std::env::temp_dir().join(format!("sy-bench-{rate}"));
@@ -671,7 +704,7 @@ async fn latency(
     let plugin_path = dir.join("router.wasm");
     let original = std::fs::read(plugin_file())?;
     std::fs::write(&plugin_path, &original)?;
-    let config = relay_config(
+    let mut config = relay_config(
         &url,
         services,
         args,
@@ -679,6 +712,9 @@ async fn latency(
         &plugin_path,
         PublishedRows::Keep,
     )?;
+    if replication {
+        replication::configure(&mut config, &name);
+    }
     reset_peak_rss();
     let relay = switchyard::app::build(&config).await?;
     let running = Running::start(&relay);
@@ -765,6 +801,7 @@ async fn latency(
     let peak_rss = peak_rss();
     drop(relay);
     pool.close().await;
+    replication::drop_slot(&admin, &name).await?;
     drop_db(services, &name).await?;
     Ok(Latency {
         rate,
@@ -940,6 +977,9 @@ async fn main() -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     if args.large_reload {
         return large_reload::run(&services, &args).await;
+    }
+    if args.replication {
+        return replication::run(&services, &args).await;
     }
     if args.latency_only {
         let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|replication-kills|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -19,7 +19,9 @@
 //! store, tansu on SQLite, a durable RabbitMQ queue). `down-pg MINUTES`
 //! (2 by default): the same with NATS up and PostgreSQL stopped. These
 //! print their own table (dead letters, first delivery after the return,
-//! drain rate).
+//! drain rate). `replication-kills`: two relays in replication mode on
+//! one slot, the one reading it SIGKILLed ROUNDS times (10 by default)
+//! while EVENTS events are written; prints each takeover's time.
 //! Prints one table row per run.
 
 use std::collections::HashMap;
@@ -32,6 +34,8 @@ use switchyard_tests::relay::{Process, Settings, example_config};
 
 #[path = "fault-run/outage.rs"]
 mod outage;
+#[path = "fault-run/replication.rs"]
+mod replication;
 
 const STREAM: &str = "ORDERS";
 const AGGREGATES: usize = 1000;
@@ -72,6 +76,10 @@ async fn main() {
     if which == "kills" || which == "all" {
         let kills = if rounds == 0 { 20 } else { rounds };
         rows.push(kills_run(&relay_bin, events, kills).await);
+    }
+    if which == "replication-kills" || which == "all" {
+        let kills = if rounds == 0 { 10 } else { rounds };
+        rows.push(replication::kills_run(&relay_bin, events, kills).await);
     }
     if which == "pg-restart" || which == "all" {
         rows.push(pg_restart_run(&relay_bin, events.min(20_000)).await);

@@ -36,6 +36,59 @@ fn key(row: &StreamedRow) -> Key {
     (row.row.aggregate_type.clone(), row.row.aggregate_id.clone())
 }
 
+/// The lane of an event's aggregate.
+fn lane_of(row: &StreamedRow, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    row.row.aggregate_type.hash(&mut hasher);
+    row.row.aggregate_id.hash(&mut hasher);
+    usize::try_from(hasher.finish() % lanes as u64).unwrap_or(0)
+}
+
+/// Batches in flight, in stream order: a batch's position may be
+/// confirmed once every part of it and of every earlier batch is done.
+struct Progress<P> {
+    next: u64,
+    /// Sequence number, parts not yet done, position it completes.
+    pending: std::collections::VecDeque<(u64, usize, Option<P>)>,
+}
+
+impl<P> Default for Progress<P> {
+    fn default() -> Self {
+        Progress {
+            next: 0,
+            pending: std::collections::VecDeque::new(),
+        }
+    }
+}
+
+impl<P: Ord + Copy> Progress<P> {
+    /// A batch handed to `parts` lanes; returns its sequence number.
+    fn push(&mut self, parts: usize, done_at: Option<P>) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        self.pending.push_back((seq, parts, done_at));
+        seq
+    }
+
+    /// One lane finished its part of batch `seq`.
+    fn part_done(&mut self, seq: u64) {
+        if let Some(entry) = self.pending.iter_mut().find(|(s, _, _)| *s == seq) {
+            entry.1 = entry.1.saturating_sub(1);
+        }
+    }
+
+    /// The furthest position every finished batch at the front completes.
+    fn confirmable(&mut self) -> Option<P> {
+        let mut furthest = None;
+        while let Some(&(_, 0, done_at)) = self.pending.front() {
+            self.pending.pop_front();
+            furthest = furthest.max(done_at);
+        }
+        furthest
+    }
+}
+
 /// What the feed knows about the table between batches.
 struct TableState {
     /// Some aggregate may wait behind a row in the table: each batch's
@@ -118,32 +171,89 @@ impl Relay {
     }
 
     /// Relays batches from an open stream until it fails or `shutdown`.
+    /// Each aggregate belongs to one of `concurrency` lanes, which relay
+    /// their share of each batch in stream order, side by side; the slot is
+    /// confirmed up to the last batch that every lane has finished, as have
+    /// all batches before it.
     async fn read(&self, mut stream: WalStream, shutdown: &CancellationToken) -> StreamError {
-        let mut table = TableState {
-            may_hold: true,
-            checked: Instant::now() - TABLE_RECHECK,
-        };
-        loop {
-            let batch = tokio::select! {
-                batch = stream.next_batch() => batch,
-                () = shutdown.cancelled() => {
-                    stream.close().await;
-                    return StreamError::Gone("shut down".into());
+        let lanes = usize::try_from(self.inner.config.concurrency.max(1)).unwrap_or(1);
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let mut senders = Vec::with_capacity(lanes);
+        let mut running = tokio::task::JoinSet::new();
+        for _ in 0..lanes {
+            // Two batches queued per lane: the reader keeps the lanes fed
+            // without holding more of the stream in memory.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(2);
+            senders.push(tx);
+            let (relay, done) = (self.clone(), done_tx.clone());
+            running.spawn(async move {
+                let mut table = TableState {
+                    may_hold: true,
+                    checked: Instant::now() - TABLE_RECHECK,
+                };
+                while let Some((seq, rows)) = rx.recv().await {
+                    relay.refresh_table_state(&mut table).await;
+                    relay.relay_streamed(rows, &mut table).await;
+                    let _ = done.send(seq);
                 }
-            };
-            let batch = match batch {
-                Ok(batch) => batch,
-                Err(error) => return error,
-            };
-            let WalBatch { rows, done_at } = batch;
-            if !rows.is_empty() {
-                self.refresh_table_state(&mut table).await;
-                self.relay_streamed(rows, &mut table).await;
+            });
+        }
+        drop(done_tx);
+        let mut progress = Progress::default();
+        let ended = loop {
+            while let Ok(seq) = done_rx.try_recv() {
+                progress.part_done(seq);
             }
-            if let Some(lsn) = done_at {
+            if let Some(lsn) = progress.confirmable() {
                 stream.confirm(lsn);
             }
+            let batch = tokio::select! {
+                batch = stream.next_batch() => batch,
+                Some(seq) = done_rx.recv() => {
+                    progress.part_done(seq);
+                    continue;
+                }
+                () = shutdown.cancelled() => break StreamError::Gone("shut down".into()),
+            };
+            let WalBatch { rows, done_at } = match batch {
+                Ok(batch) => batch,
+                Err(error) => break error,
+            };
+            let mut parts: Vec<Vec<StreamedRow>> = (0..lanes).map(|_| Vec::new()).collect();
+            for streamed in rows {
+                parts[lane_of(&streamed, lanes)].push(streamed);
+            }
+            let seq = progress.push(parts.iter().filter(|part| !part.is_empty()).count(), done_at);
+            let mut lane_stopped = false;
+            for (sender, part) in senders.iter().zip(parts) {
+                if !part.is_empty() && sender.send((seq, part)).await.is_err() {
+                    lane_stopped = true;
+                }
+            }
+            if lane_stopped {
+                break StreamError::Broken(
+                    "a replication lane stopped (a panic?); reading again from the confirmed position".into(),
+                );
+            }
+        };
+        // What the lanes hold was read: finish it (within the shutdown
+        // bound) and confirm it, so that a restart replays less.
+        drop(senders);
+        let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
+        if tokio::time::timeout(bound, async { while running.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            running.abort_all();
         }
+        while let Ok(seq) = done_rx.try_recv() {
+            progress.part_done(seq);
+        }
+        if let Some(lsn) = progress.confirmable() {
+            stream.confirm(lsn);
+        }
+        stream.close().await;
+        ended
     }
 
     /// Forgets that aggregates may wait in the table once none does.
@@ -284,5 +394,36 @@ impl Relay {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Progress;
+
+    #[test]
+    fn a_position_is_confirmed_only_when_every_earlier_batch_is_done() {
+        let mut progress = Progress::default();
+        let first = progress.push(2, Some(10u64));
+        let second = progress.push(1, Some(20));
+        let empty = progress.push(0, Some(25));
+        let third = progress.push(1, None);
+        // The second batch finishing first confirms nothing.
+        progress.part_done(second);
+        assert_eq!(progress.confirmable(), None);
+        progress.part_done(first);
+        assert_eq!(
+            progress.confirmable(),
+            None,
+            "one lane of the first batch is still at work"
+        );
+        progress.part_done(first);
+        // The first three are done: the furthest of their positions.
+        assert_eq!(progress.confirmable(), Some(25));
+        assert_eq!(progress.confirmable(), None);
+        // A batch that ends inside a transaction moves nothing.
+        progress.part_done(third);
+        assert_eq!(progress.confirmable(), None);
+        let _ = empty;
     }
 }
