@@ -102,6 +102,14 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
         },
     )
     .await;
+    // `status` shows the slot and who reads it.
+    let path = std::env::temp_dir().join(format!("sy-status-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, format!("{config}\n[admin]\nlisten = \"\"\n")).unwrap();
+    let (code, out, err) = cli(SWITCHYARD, &["status", "--config", path.to_str().unwrap()], &[]).await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("Replication slot {}", db.name)), "{out}");
+    assert!(out.contains("read by         switchyard "), "{out}");
     relay.stop().await;
 
     let received: Vec<_> = nats

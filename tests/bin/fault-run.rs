@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|replication-kills|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|replication-kills|replication-pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -22,6 +22,8 @@
 //! drain rate). `replication-kills`: two relays in replication mode on
 //! one slot, the one reading it SIGKILLed ROUNDS times (10 by default)
 //! while EVENTS events are written; prints each takeover's time.
+//! `replication-pg-restart`: the same two relays drain a backlog from the
+//! slot while PostgreSQL restarts under them twice.
 //! Prints one table row per run.
 
 use std::collections::HashMap;
@@ -80,6 +82,9 @@ async fn main() {
     if which == "replication-kills" || which == "all" {
         let kills = if rounds == 0 { 10 } else { rounds };
         rows.push(replication::kills_run(&relay_bin, events, kills).await);
+    }
+    if which == "replication-pg-restart" || which == "all" {
+        rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000)).await);
     }
     if which == "pg-restart" || which == "all" {
         rows.push(pg_restart_run(&relay_bin, events.min(20_000)).await);
@@ -259,6 +264,20 @@ async fn outage_run(relay_bin: &str, events: usize, round: usize) -> Row {
     run.finish(format!("NATS down 30 s, run {round}")).await
 }
 
+/// Restarts the project's PostgreSQL in fast mode: every connection cut.
+fn restart_postgres() {
+    let state = std::env::var("SWITCHYARD_STATE_DIR").unwrap_or_else(|_| "/tmp/switchyard-services".into());
+    let pg_ctl = std::env::var("SWITCHYARD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    let status = std::process::Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(format!("{pg_ctl}/pg_ctl"))
+        .args(["-D", &format!("{state}/pg"), "-m", "fast", "-w", "restart"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("pg_ctl");
+    assert!(status.success(), "pg_ctl restart failed");
+}
+
 /// Two relays drain a backlog; PostgreSQL restarts under them twice.
 async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
     let db = fresh_db().await;
@@ -276,18 +295,7 @@ async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
         while published(&db.pool).await < total * round / 3 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let state =
-            std::env::var("SWITCHYARD_STATE_DIR").unwrap_or_else(|_| "/tmp/switchyard-services".into());
-        let pg_ctl =
-            std::env::var("SWITCHYARD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
-        let status = std::process::Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(format!("{pg_ctl}/pg_ctl"))
-            .args(["-D", &format!("{state}/pg"), "-m", "fast", "-w", "restart"])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("pg_ctl");
-        assert!(status.success(), "pg_ctl restart failed");
+        restart_postgres();
         eprintln!("pg-restart: PostgreSQL restarted (round {round})");
     }
     // The harness pool lost its connections too; sqlx reconnects on use.

@@ -57,6 +57,17 @@ struct StatusReport {
     relay: Option<RelayStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     relay_error: Option<String>,
+    /// Replication mode (from the config): the slot, who reads it, the WAL kept for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replication: Option<SlotReport>,
+}
+
+/// The replication slot in [`StatusReport`].
+#[derive(Debug, Serialize)]
+struct SlotReport {
+    slot: String,
+    /// `None`: the slot does not exist.
+    status: Option<crate::store::replication::SlotStatus>,
 }
 
 /// `switchyard status`.
@@ -66,6 +77,16 @@ struct StatusReport {
 pub async fn status(database: Database, admin: Option<String>, json: bool) -> anyhow::Result<ExitCode> {
     let (store, config) = database.open().await?;
     let outbox = store.stats().await.context("cannot read the outbox")?;
+    let replication = match config.as_ref().and_then(Config::replication_feed) {
+        Some(feed) => Some(SlotReport {
+            status: store
+                .slot_status(&feed.slot)
+                .await
+                .context("cannot read the replication slot")?,
+            slot: feed.slot,
+        }),
+        None => None,
+    };
     // Relays record where their admin endpoint listens (a port the system
     // chose, too); a relay silent for three refreshes is gone.
     let relays = store
@@ -93,6 +114,7 @@ pub async fn status(database: Database, admin: Option<String>, json: bool) -> an
         admin,
         relay,
         relay_error,
+        replication,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -125,6 +147,39 @@ fn render_status(report: &StatusReport) -> String {
         let _ = writeln!(out, "  waiting on a target (outage; no attempt spent)");
         for (target, n) in &o.waiting_on_targets {
             let _ = writeln!(out, "    {:<28} {n}", field(target));
+        }
+    }
+    if let Some(slot) = &report.replication {
+        let _ = writeln!(out, "Replication slot {}", field(&slot.slot));
+        match &slot.status {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  MISSING: run `switchyard migrate` (events written meanwhile were not read)"
+                );
+            }
+            Some(status) => {
+                let reader = match (&status.reader, status.active_pid) {
+                    (Some(name), _) => field(name).into_owned(),
+                    (None, Some(pid)) => format!("pid {pid}"),
+                    (None, None) => "nobody (no relay reads it: WAL accumulates)".to_string(),
+                };
+                let _ = writeln!(out, "  read by         {reader}");
+                let retained = status.retained_wal_bytes.map_or_else(
+                    || "-".to_string(),
+                    |b| format!("{:.1} MiB", b as f64 / 1_048_576.0),
+                );
+                let _ = writeln!(
+                    out,
+                    "  retained WAL    {retained} (wal_status {})",
+                    status.wal_status.as_deref().unwrap_or("-")
+                );
+                let _ = writeln!(
+                    out,
+                    "  confirmed to    {}",
+                    status.confirmed_flush_lsn.as_deref().unwrap_or("-")
+                );
+            }
         }
     }
     if !report.relays.is_empty() {

@@ -18,6 +18,9 @@ use crate::store::replication::{StreamError, StreamSettings, StreamedRow, WalBat
 use crate::store::{Outcome, RowOutcome};
 use crate::telemetry::{Occurrence, Repeats};
 
+/// Parts of batches queued per lane at most.
+const LANE_QUEUE: usize = 4;
+
 /// How often a standby tries the slot.
 const STANDBY_RETRY: Duration = Duration::from_secs(2);
 
@@ -181,9 +184,10 @@ impl Relay {
         let mut senders = Vec::with_capacity(lanes);
         let mut running = tokio::task::JoinSet::new();
         for _ in 0..lanes {
-            // Two batches queued per lane: the reader keeps the lanes fed
-            // without holding more of the stream in memory.
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(2);
+            // A few parts queued per lane; a lane takes all that wait at
+            // once, so that a busy stream is published in large calls (a
+            // broker's round trip per call bounds a lane, not its rows).
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
             senders.push(tx);
             let (relay, done) = (self.clone(), done_tx.clone());
             running.spawn(async move {
@@ -191,10 +195,17 @@ impl Relay {
                     may_hold: true,
                     checked: Instant::now() - TABLE_RECHECK,
                 };
-                while let Some((seq, rows)) = rx.recv().await {
+                while let Some((seq, mut rows)) = rx.recv().await {
+                    let mut seqs = vec![seq];
+                    while let Ok((seq, more)) = rx.try_recv() {
+                        seqs.push(seq);
+                        rows.extend(more);
+                    }
                     relay.refresh_table_state(&mut table).await;
                     relay.relay_streamed(rows, &mut table).await;
-                    let _ = done.send(seq);
+                    for seq in seqs {
+                        let _ = done.send(seq);
+                    }
                 }
             });
         }

@@ -8,7 +8,7 @@ use switchyard_tests::orders::write_orders;
 use switchyard_tests::postgres::{TestDb, fresh_db};
 use switchyard_tests::relay::Process;
 
-use super::{AGGREGATES, Row, STREAM, settings};
+use super::{AGGREGATES, Row, STREAM, restart_postgres, settings};
 
 /// The fault run's config in replication mode, through a slot named after
 /// the database.
@@ -117,6 +117,49 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
             "replication, {} SIGKILLs of the reader, 2 relays (takeover worst {worst_takeover:.1} s)",
             takeovers.len()
         ),
+        written: expected.len(),
+        received: counted.received,
+        lost: counted.lost,
+        duplicates: counted.duplicates,
+        reordered: counted.reordered,
+        worst_commit_to_publish_s: f64::NAN,
+        drain_s,
+    }
+}
+
+/// Two relays in replication mode drain a backlog written before they
+/// start; PostgreSQL restarts under them twice.
+pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_settings(&db, &nats);
+    migrate(relay_bin, &config).await;
+    let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
+    let total = expected.len() as u64;
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    for round in 1..=2u64 {
+        while nats.stream_len(STREAM).await < total * round / 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        restart_postgres();
+        eprintln!("replication pg-restart: PostgreSQL restarted (round {round})");
+    }
+    let limit = Instant::now() + Duration::from_secs(900);
+    while (nats.stream_len(STREAM).await < total || unfinished(&db).await > 0) && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drain_s = started.elapsed().as_secs_f64();
+    let counted = switchyard_tests::orders::tally(&nats.read_stream(STREAM).await, &expected);
+    eprintln!("replication pg-restart: {counted:?}");
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    Row {
+        scenario: "replication, PostgreSQL restarted twice, 2 relays".into(),
         written: expected.len(),
         received: counted.received,
         lost: counted.lost,

@@ -111,6 +111,8 @@ pub struct SlotStatus {
     pub database: String,
     /// The session reading it, if one does.
     pub active_pid: Option<i32>,
+    /// That session's `application_name` (`switchyard <instance id>`).
+    pub reader: Option<String>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
     pub wal_status: Option<String>,
     /// WAL kept for it, in bytes.
@@ -123,7 +125,8 @@ pub struct SlotStatus {
 pub(crate) async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<SlotStatus>, Error> {
     Ok(sqlx::query_as(
         "SELECT COALESCE(plugin::text, '') AS plugin, COALESCE(database::text, '') AS database,
-                active_pid, wal_status,
+                active_pid, (SELECT a.application_name FROM pg_stat_activity a WHERE a.pid = active_pid) AS reader,
+                wal_status,
                 pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_wal_bytes,
                 confirmed_flush_lsn::text AS confirmed_flush_lsn
            FROM pg_replication_slots WHERE slot_name = $1",

@@ -3,6 +3,7 @@
 //! Everything else (updates, deletes, truncates, types, origins) is skipped.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Why a message could not be read: the stream is not what `pgoutput`
 /// protocol 1 sends.
@@ -10,27 +11,38 @@ use std::collections::HashMap;
 #[error("malformed pgoutput message: {0}")]
 pub struct Malformed(pub String);
 
-/// A new row: its table and its column values by name (`None`: NULL, or
-/// a TOASTed value not sent, which an insert never has).
+/// A new row: its table's columns and its values in their order (`None`:
+/// NULL, or a TOASTed value not sent, which an insert never has).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inserted {
+    /// The table, as its Relation message described it.
+    pub relation: Arc<RelationInfo>,
+    /// Text values, one per column.
+    pub values: Vec<Option<String>>,
+}
+
+impl Inserted {
+    /// Takes the value of column `name` out of the row.
+    pub fn take(&mut self, name: &str) -> Option<String> {
+        let index = self.relation.columns.iter().position(|c| c == name)?;
+        self.values.get_mut(index)?.take()
+    }
+}
+
+/// A table as `pgoutput` describes it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RelationInfo {
     /// `schema.table`.
     pub table: String,
-    /// Column name -> text value.
-    pub values: HashMap<String, Option<String>>,
+    /// Its columns, in order.
+    pub columns: Vec<String>,
 }
 
 /// The tables seen so far in this session: `pgoutput` describes each once,
 /// before its first change.
 #[derive(Debug, Default)]
 pub struct Decoder {
-    relations: HashMap<u32, Relation>,
-}
-
-#[derive(Debug)]
-struct Relation {
-    table: String,
-    columns: Vec<String>,
+    relations: HashMap<u32, Arc<RelationInfo>>,
 }
 
 /// Reads big-endian fields off the front of a message.
@@ -96,10 +108,10 @@ impl Decoder {
                 }
                 self.relations.insert(
                     id,
-                    Relation {
+                    Arc::new(RelationInfo {
                         table: format!("{schema}.{name}"),
                         columns,
-                    },
+                    }),
                 );
                 Ok(None)
             }
@@ -119,9 +131,9 @@ impl Decoder {
                         relation.columns.len()
                     )));
                 }
-                let mut values = HashMap::with_capacity(count);
+                let mut values = Vec::with_capacity(count);
                 for column in &relation.columns {
-                    let value = match r.u8("column kind")? {
+                    values.push(match r.u8("column kind")? {
                         b'n' | b'u' => None,
                         b't' => {
                             let len = r.u32("value length")? as usize;
@@ -134,11 +146,10 @@ impl Decoder {
                                 char::from(other)
                             )));
                         }
-                    };
-                    values.insert(column.clone(), value);
+                    });
                 }
                 Ok(Some(Inserted {
-                    table: relation.table.clone(),
+                    relation: Arc::clone(relation),
                     values,
                 }))
             }
@@ -193,10 +204,11 @@ pub(crate) mod tests {
     fn an_insert_is_read_by_the_columns_its_relation_named() {
         let mut decoder = Decoder::default();
         assert_eq!(decoder.decode(&relation(7, "t", &["a", "b"])), Ok(None));
-        let row = decoder.decode(&insert(7, &[Some("x"), None])).unwrap().unwrap();
-        assert_eq!(row.table, "public.t");
-        assert_eq!(row.values["a"].as_deref(), Some("x"));
-        assert_eq!(row.values["b"], None);
+        let mut row = decoder.decode(&insert(7, &[Some("x"), None])).unwrap().unwrap();
+        assert_eq!(row.relation.table, "public.t");
+        assert_eq!(row.take("a").as_deref(), Some("x"));
+        assert_eq!(row.take("b"), None);
+        assert_eq!(row.take("c"), None, "no such column");
         // Updates, deletes and the rest are skipped.
         assert_eq!(decoder.decode(b"U\0\0\0\x07"), Ok(None));
     }

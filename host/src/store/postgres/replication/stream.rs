@@ -170,7 +170,7 @@ impl WalStream {
                     .decoder
                     .decode(&data)
                     .map_err(|e| StreamError::Broken(e.to_string()))?;
-                if let Some(inserted) = inserted.filter(|i| i.table == OUTBOX_TABLE) {
+                if let Some(inserted) = inserted.filter(|i| i.relation.table == OUTBOX_TABLE) {
                     batch.rows.push(streamed_row(inserted));
                 }
             }
@@ -257,7 +257,7 @@ fn url_password(url: &str) -> Option<String> {
 /// An insert as an outbox row. A value that cannot be read makes the row
 /// malformed (dead-lettered with the reason), as the claim does.
 fn streamed_row(mut inserted: Inserted) -> StreamedRow {
-    let mut take = |column: &str| inserted.values.remove(column).flatten();
+    let mut take = |column: &str| inserted.take(column);
     let mut problem: Option<String> = None;
     let id = take("id").and_then(|v| v.parse().ok()).unwrap_or_default();
     let event_id_text = take("event_id").unwrap_or_default();
@@ -354,11 +354,11 @@ mod tests {
             ("created_at", Some("2026-11-25 16:55:01+00")),
         ];
         let inserted = Inserted {
-            table: OUTBOX_TABLE.into(),
-            values: values
-                .iter()
-                .map(|(k, v)| ((*k).to_string(), v.map(str::to_string)))
-                .collect(),
+            relation: std::sync::Arc::new(super::super::pgoutput::RelationInfo {
+                table: OUTBOX_TABLE.into(),
+                columns: values.iter().map(|(k, _)| (*k).to_string()).collect(),
+            }),
+            values: values.iter().map(|(_, v)| v.map(str::to_string)).collect(),
         };
         let streamed = streamed_row(inserted);
         assert_eq!(streamed.row.id, RowId(42));
