@@ -27,7 +27,7 @@ pub fn init_with_default(format: LogFormat, default_filter: &str) {
     let filter = std::env::var("SWITCHYARD_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .ok()
-        .and_then(|spec| EnvFilter::try_new(spec).ok())
+        .and_then(|spec| EnvFilter::try_new(with_quiet_libraries(&spec)).ok())
         .unwrap_or_else(|| default_env_filter(default_filter));
     // Colour only for a person at a terminal: a file, a pipe or a log
     // shipper gets plain text, and NO_COLOR is honoured.
@@ -43,20 +43,39 @@ pub fn init_with_default(format: LogFormat, default_filter: &str) {
     };
 }
 
-/// `level` for everything, except two kinds of lapin lines the relay says
-/// better itself. Its WARN for every message RabbitMQ returned as
-/// unroutable (its headers as byte arrays, one line each): the relay logs
-/// the refusal, with the broker's reason, once per batch and target. Its
+/// Library lines the relay says better itself, turned down whatever the
+/// level. lapin's WARN for every message RabbitMQ returned as unroutable
+/// (its headers as byte arrays, one line each): the relay logs the
+/// refusal, with the broker's reason, once per batch and target. lapin's
 /// ERROR lines for a dropped connection (`channels`, `io_loop`): the relay
-/// reconnects by itself, and pausing the target logs the cause once. And
+/// reconnects by itself, and pausing the target logs the cause once.
 /// pgwire-replication's ERROR for every session that ends (a standby's
 /// every try at a slot another relay reads): the replication feed says
-/// what happened, once. A filter set in the environment replaces all of this.
+/// what happened, once.
+const QUIET_LIBRARIES: &[&str] = &[
+    "lapin::returned_messages=error",
+    "lapin::channels=off",
+    "lapin::io_loop=off",
+    "pgwire_replication::client::tokio_client=off",
+];
+
+/// `level` for everything, with [`QUIET_LIBRARIES`].
 fn default_env_filter(level: &str) -> EnvFilter {
-    EnvFilter::new(format!(
-        "{level},lapin::returned_messages=error,lapin::channels=off,lapin::io_loop=off,\
-         pgwire_replication::client::tokio_client=off"
-    ))
+    EnvFilter::new(with_quiet_libraries(level))
+}
+
+/// A filter spec with [`QUIET_LIBRARIES`] added, except for the crates it
+/// names itself (`SWITCHYARD_LOG=info,lapin=debug` shows all of lapin).
+fn with_quiet_libraries(spec: &str) -> String {
+    let mut out = spec.to_string();
+    for directive in QUIET_LIBRARIES {
+        let krate = directive.split("::").next().unwrap_or(directive);
+        if !spec.contains(krate) {
+            out.push(',');
+            out.push_str(directive);
+        }
+    }
+    out
 }
 
 /// A condition that repeats while it lasts (a broker down: an error per
@@ -203,6 +222,18 @@ mod tests {
         assert!(text.contains("Connection closed"), "{text}");
         assert!(!text.contains("replication worker terminated"), "{text}");
         assert!(text.contains("refused deliveries for good"), "{text}");
+    }
+
+    #[test]
+    fn a_filter_from_the_environment_keeps_libraries_quiet_unless_it_names_them() {
+        assert_eq!(
+            with_quiet_libraries("warn"),
+            "warn,lapin::returned_messages=error,lapin::channels=off,lapin::io_loop=off,\
+             pgwire_replication::client::tokio_client=off"
+        );
+        let named = with_quiet_libraries("info,lapin=debug");
+        assert!(!named.contains("lapin::io_loop"), "{named}");
+        assert!(named.ends_with("pgwire_replication::client::tokio_client=off"), "{named}");
     }
 
     #[test]
