@@ -28,6 +28,14 @@ fn replication_config(db: &TestDb, nats: &NatsServer, relay: &[(&str, &str)]) ->
     )
 }
 
+/// Waits until the stream holds `count` messages, failing after `seconds`.
+async fn stream_holds(nats: &NatsServer, count: u64, what: &str, seconds: u64) {
+    eventually(what, Duration::from_secs(seconds), || async {
+        (nats.stream_len(STREAM).await >= count).then_some(())
+    })
+    .await;
+}
+
 /// Runs `switchyard migrate` on `config` and fails the test if it does.
 async fn migrate(config: &str) -> String {
     let path = std::env::temp_dir().join(format!("sy-migrate-{}.toml", uuid::Uuid::new_v4().simple()));
@@ -80,10 +88,7 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
         .await
         .unwrap();
     let last = place_order_event(&db.pool, &order_event(999, 0), true).await;
-    eventually("every event in the stream", Duration::from_secs(120), || async {
-        (nats.stream_len(STREAM).await >= 2001).then_some(())
-    })
-    .await;
+    stream_holds(&nats, 2001, "every event in the stream", 120).await;
     // The slot is confirmed past what was published (other databases of
     // the server write WAL too: compare with our own position only).
     eventually(
@@ -254,20 +259,14 @@ async fn a_killed_reader_is_replaced_by_its_standby_and_nothing_is_lost() {
         let pool = db.pool.clone();
         tokio::spawn(async move { write_orders(&pool, 100, 30, 2).await })
     };
-    eventually("some events through", Duration::from_secs(60), || async {
-        (nats.stream_len(STREAM).await >= 300).then_some(())
-    })
-    .await;
+    stream_holds(&nats, 300, "some events through", 60).await;
     first.kill();
     eventually("the standby reads the slot", Duration::from_secs(30), || {
         active("second")
     })
     .await;
     let expected = writer.await.unwrap();
-    eventually("every event in the stream", Duration::from_secs(120), || async {
-        (nats.stream_len(STREAM).await >= 3000).then_some(())
-    })
-    .await;
+    stream_holds(&nats, 3000, "every event in the stream", 120).await;
     second.terminate();
 
     // JetStream absorbs what the killed reader published but had not confirmed.
@@ -294,18 +293,12 @@ async fn a_broker_outage_in_replication_mode_dead_letters_nothing_and_keeps_orde
         let pool = db.pool.clone();
         tokio::spawn(async move { write_orders(&pool, 50, 40, 2).await })
     };
-    eventually("some events through", Duration::from_secs(60), || async {
-        (nats.stream_len(STREAM).await >= 200).then_some(())
-    })
-    .await;
+    stream_holds(&nats, 200, "some events through", 60).await;
     nats.stop();
     tokio::time::sleep(Duration::from_secs(5)).await;
     nats.resume().await;
     let expected = writer.await.unwrap();
-    eventually("every event in the stream", Duration::from_secs(120), || async {
-        (nats.stream_len(STREAM).await >= 2000).then_some(())
-    })
-    .await;
+    stream_holds(&nats, 2000, "every event in the stream", 120).await;
     relay.stop().await;
 
     let verdict = verify(&nats.read_stream(STREAM).await, &expected);

@@ -52,15 +52,7 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
     };
     let replication = match config.replication_feed() {
         Some(replication) => {
-            let problems = store
-                .replication_problems(&replication.slot, &replication.publication)
-                .await
-                .context("cannot check the replication setup")?;
-            anyhow::ensure!(
-                problems.is_empty(),
-                "replication mode cannot start:\n  - {}",
-                problems.join("\n  - ")
-            );
+            check_replication(config, &store).await?;
             Some(crate::store::replication::StreamSettings {
                 url: config.database.url.clone(),
                 slot: replication.slot,
@@ -205,6 +197,27 @@ async fn wait_for_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// In replication mode: everything that keeps it from working (wal_level,
+/// privilege, publication, slot), for `validate` and relay startup.
+///
+/// # Errors
+/// Every problem found, each saying what to do, or the database's error.
+pub async fn check_replication(config: &Config, store: &OutboxStore) -> anyhow::Result<()> {
+    let Some(replication) = config.replication_feed() else {
+        return Ok(());
+    };
+    let problems = store
+        .replication_problems(&replication.slot, &replication.publication)
+        .await
+        .context("cannot check the replication setup")?;
+    anyhow::ensure!(
+        problems.is_empty(),
+        "replication mode cannot start:\n  - {}",
+        problems.join("\n  - ")
+    );
+    Ok(())
 }
 
 /// With `[source]`: the mapping checked against the live table, and what

@@ -233,7 +233,10 @@ mod tests {
         );
         let named = with_quiet_libraries("info,lapin=debug");
         assert!(!named.contains("lapin::io_loop"), "{named}");
-        assert!(named.ends_with("pgwire_replication::client::tokio_client=off"), "{named}");
+        assert!(
+            named.ends_with("pgwire_replication::client::tokio_client=off"),
+            "{named}"
+        );
     }
 
     #[test]

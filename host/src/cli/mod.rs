@@ -210,20 +210,13 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
                     println!("warning: {problem}");
                 }
             }
-            if let Some(replication) = loaded.replication_feed() {
+            if loaded.replication_feed().is_some() {
                 let store = OutboxStore::connect(&loaded.database.url, 2)
                     .await
                     .context("cannot connect to the database to check replication mode")?;
-                let problems = store
-                    .replication_problems(&replication.slot, &replication.publication)
+                crate::app::check_replication(&loaded, &store)
                     .await
-                    .context("cannot check the replication setup")?;
-                anyhow::ensure!(
-                    problems.is_empty(),
-                    "{}: replication mode cannot start:\n  - {}",
-                    config.display(),
-                    problems.join("\n  - ")
-                );
+                    .with_context(|| config.display().to_string())?;
             }
             // A plugin may refuse its own config (a placeholder it does
             // not know): only its `init` can say.

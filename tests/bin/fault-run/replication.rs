@@ -66,7 +66,6 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
         })
         .collect();
     let per_aggregate = events.div_ceil(AGGREGATES);
-    let total = AGGREGATES * per_aggregate;
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
@@ -99,24 +98,39 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
         takeovers.push(took);
     }
     let expected = writer.await.expect("writer");
+    let worst_takeover = takeovers.iter().copied().fold(0.0, f64::max);
+    eprintln!("replication kills: takeovers (s): {takeovers:.2?}");
+    let scenario = format!(
+        "replication, {} SIGKILLs of the reader, 2 relays (takeover worst {worst_takeover:.1} s)",
+        takeovers.len()
+    );
+    let processes = relays.iter_mut().map(|(_, relay)| relay).collect();
+    drain_and_count(scenario, &db, &nats, &expected, processes, started).await
+}
+
+/// Waits until every event is in the stream and nothing waits in the
+/// table, stops the relays, and counts what arrived.
+async fn drain_and_count(
+    scenario: String,
+    db: &TestDb,
+    nats: &NatsServer,
+    expected: &std::collections::HashMap<String, switchyard_tests::orders::Expected>,
+    relays: Vec<&mut Process>,
+    started: Instant,
+) -> Row {
+    let total = expected.len() as u64;
     let limit = Instant::now() + Duration::from_secs(900);
-    while (nats.stream_len(STREAM).await < total as u64 || unfinished(&db).await > 0)
-        && Instant::now() < limit
-    {
+    while (nats.stream_len(STREAM).await < total || unfinished(db).await > 0) && Instant::now() < limit {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let drain_s = started.elapsed().as_secs_f64();
-    let counted = switchyard_tests::orders::tally(&nats.read_stream(STREAM).await, &expected);
-    eprintln!("replication kills: {counted:?}; takeovers (s): {takeovers:.2?}");
-    for (_, relay) in &mut relays {
+    let counted = switchyard_tests::orders::tally(&nats.read_stream(STREAM).await, expected);
+    eprintln!("{scenario}: {counted:?}");
+    for relay in relays {
         relay.terminate();
     }
-    let worst_takeover = takeovers.iter().copied().fold(0.0, f64::max);
     Row {
-        scenario: format!(
-            "replication, {} SIGKILLs of the reader, 2 relays (takeover worst {worst_takeover:.1} s)",
-            takeovers.len()
-        ),
+        scenario,
         written: expected.len(),
         received: counted.received,
         lost: counted.lost,
@@ -148,24 +162,14 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
         restart_postgres();
         eprintln!("replication pg-restart: PostgreSQL restarted (round {round})");
     }
-    let limit = Instant::now() + Duration::from_secs(900);
-    while (nats.stream_len(STREAM).await < total || unfinished(&db).await > 0) && Instant::now() < limit {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let drain_s = started.elapsed().as_secs_f64();
-    let counted = switchyard_tests::orders::tally(&nats.read_stream(STREAM).await, &expected);
-    eprintln!("replication pg-restart: {counted:?}");
-    for relay in &mut relays {
-        relay.terminate();
-    }
-    Row {
-        scenario: "replication, PostgreSQL restarted twice, 2 relays".into(),
-        written: expected.len(),
-        received: counted.received,
-        lost: counted.lost,
-        duplicates: counted.duplicates,
-        reordered: counted.reordered,
-        worst_commit_to_publish_s: f64::NAN,
-        drain_s,
-    }
+    let scenario = "replication, PostgreSQL restarted twice, 2 relays".to_string();
+    drain_and_count(
+        scenario,
+        &db,
+        &nats,
+        &expected,
+        relays.iter_mut().collect(),
+        started,
+    )
+    .await
 }
