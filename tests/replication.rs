@@ -75,7 +75,39 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
         refused.contains(&format!("replication slot {:?} does not exist", db.name)),
         "{refused}"
     );
+    // --dry-run shows every step and changes nothing.
+    let path = std::env::temp_dir().join(format!("sy-dry-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, &config).unwrap();
+    let (code, out, err) = cli(
+        SWITCHYARD,
+        &["migrate", "--dry-run", "--config", path.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "{out}{err}");
+    for step in [
+        "SET DEFAULT 'streamed'",
+        "DISABLE TRIGGER switchyard_outbox_notify",
+        "CREATE PUBLICATION switchyard_outbox FOR TABLE switchyard_outbox WHERE (status = 'streamed'::text)",
+        "pg_create_logical_replication_slot",
+    ] {
+        assert!(out.contains(step), "{step} missing from:\n{out}");
+    }
+    let slots: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1")
+        .bind(&db.name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(slots, 0, "--dry-run created nothing");
     let migrated = migrate(&config).await;
+    let notifies: bool = sqlx::query_scalar(
+        "SELECT tgenabled <> 'D' FROM pg_trigger WHERE tgname = 'switchyard_outbox_notify'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(!notifies, "nothing listens to NOTIFY in replication mode");
     assert!(migrated.contains("replication mode"), "{migrated}");
     // Idempotent: nothing left to do the second time.
     assert!(!migrate(&config).await.contains("replication mode"));

@@ -24,6 +24,9 @@
 //! while EVENTS events are written; prints each takeover's time.
 //! `replication-pg-restart`: the same two relays drain a backlog from the
 //! slot while PostgreSQL restarts under them twice.
+//! `replication-relay-down MINUTES` (5 by default): one relay in
+//! replication mode SIGKILLed and kept down while writers go on at 100
+//! events/s; reports the WAL the slot kept.
 //! Prints one table row per run.
 
 use std::collections::HashMap;
@@ -68,6 +71,11 @@ async fn main() {
         "build the relay binary first: cargo build --release -p switchyard-tests --bin relay-process"
     );
     let relay_bin = relay_bin.to_string_lossy().to_string();
+    if which == "replication-relay-down" {
+        let row = replication::relay_down_run(&relay_bin, second.unwrap_or(5)).await;
+        print_rows(vec![row]);
+        return;
+    }
     if let Some(down) = which.strip_prefix("down-") {
         let minutes = second.unwrap_or(if down == "pg" { 2 } else { 10 });
         let row = outage::down_run(&relay_bin, down, minutes).await;
@@ -95,6 +103,10 @@ async fn main() {
             rows.push(outage_run(&relay_bin, events.min(20_000), run).await);
         }
     }
+    print_rows(rows);
+}
+
+fn print_rows(rows: Vec<Row>) {
     println!();
     println!(
         "| scenario | written | received | lost | duplicates | reordered | worst commit-to-publish | drain |"

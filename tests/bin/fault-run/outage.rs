@@ -28,7 +28,7 @@ pub struct Row {
 
 /// Writes at [`RATE`] until `stop` is cancelled; a write that fails (the
 /// database is down) is tried again until it goes through.
-fn writer(
+pub(super) fn writer(
     db: &TestDb,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<HashMap<String, Expected>> {

@@ -173,3 +173,45 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
     )
     .await
 }
+
+/// One relay in replication mode, writers at 100 events/s; the relay is
+/// SIGKILLed and stays down for `minutes` while the writers go on, then
+/// starts again. Reports the WAL the slot kept by the end of the outage.
+pub async fn relay_down_run(relay_bin: &str, minutes: u64) -> Row {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_settings(&db, &nats);
+    migrate(relay_bin, &config).await;
+    let mut relay = Process::spawn(relay_bin, &config, "relay-0");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = super::outage::writer(&db, stop.clone());
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    relay.kill();
+    let down = Instant::now();
+    eprintln!("replication relay-down: relay killed, down for {minutes} min");
+    tokio::time::sleep(Duration::from_secs(minutes * 60)).await;
+    let retained: Option<i64> = sqlx::query_scalar(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(&db.name)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap_or(None);
+    let waiting_at_return = nats.stream_len(STREAM).await;
+    let mut relay = Process::spawn(relay_bin, &config, "relay-1");
+    eprintln!(
+        "replication relay-down: back after {:.0} s; the slot kept {} bytes of WAL; {waiting_at_return} events in the stream",
+        down.elapsed().as_secs_f64(),
+        retained.unwrap_or(-1)
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    stop.cancel();
+    let expected = writer.await.expect("writer");
+    let scenario = format!(
+        "replication, the relay down {minutes} min while writers went on (slot kept {:.1} MiB of WAL)",
+        retained.unwrap_or(0) as f64 / 1_048_576.0
+    );
+    drain_and_count(scenario, &db, &nats, &expected, vec![&mut relay], started).await
+}

@@ -37,6 +37,11 @@ pub(crate) async fn setup_statements(
                 .to_string(),
         );
     }
+    if notify_enabled(pool).await? == Some(true) {
+        // Commits reach the feed through the WAL: a NOTIFY per insert is a
+        // cost to every writer (a lock at commit) that nobody listens to.
+        statements.push("ALTER TABLE switchyard_outbox DISABLE TRIGGER switchyard_outbox_notify".to_string());
+    }
     let filter: Option<Option<String>> = sqlx::query_scalar(
         "SELECT (SELECT t.rowfilter FROM pg_publication_tables t
                   WHERE t.pubname = p.pubname AND t.schemaname = 'public' AND t.tablename = 'switchyard_outbox')
@@ -70,17 +75,29 @@ pub(crate) async fn setup_statements(
 /// claim mode (rows written from then on are claimed). The slot and the
 /// publication stay, for an operator to drop once the slot is drained.
 pub(crate) async fn claim_mode_statements(pool: &PgPool) -> Result<Vec<String>, Error> {
-    Ok(
-        if status_default(pool).await?.as_deref() == Some(STREAMED_DEFAULT) {
-            vec![
-                "ALTER TABLE switchyard_outbox ALTER COLUMN status SET DEFAULT 'pending', \
+    let mut statements = Vec::new();
+    if status_default(pool).await?.as_deref() == Some(STREAMED_DEFAULT) {
+        statements.push(
+            "ALTER TABLE switchyard_outbox ALTER COLUMN status SET DEFAULT 'pending', \
              ALTER COLUMN published_at DROP DEFAULT"
-                    .to_string(),
-            ]
-        } else {
-            Vec::new()
-        },
+                .to_string(),
+        );
+    }
+    if notify_enabled(pool).await? == Some(false) {
+        statements.push("ALTER TABLE switchyard_outbox ENABLE TRIGGER switchyard_outbox_notify".to_string());
+    }
+    Ok(statements)
+}
+
+/// Whether the insert trigger that wakes claiming relays fires (`None`:
+/// no such trigger, or no table yet).
+async fn notify_enabled(pool: &PgPool) -> Result<Option<bool>, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT tgenabled <> 'D' FROM pg_trigger
+          WHERE tgrelid = to_regclass('switchyard_outbox') AND tgname = 'switchyard_outbox_notify'",
     )
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// Runs statements from [`setup_statements`], each on its own.
@@ -156,7 +173,7 @@ pub(crate) async fn problems(pool: &PgPool, slot: &str, publication: &str) -> Re
         problems.push("the relay's role may not replicate: ALTER ROLE ... REPLICATION".into());
     }
     let pending = setup_statements(pool, slot, publication).await?;
-    if pending.iter().any(|s| s.starts_with("ALTER TABLE")) {
+    if pending.iter().any(|s| s.contains("SET DEFAULT 'streamed'")) {
         problems.push(
             "switchyard_outbox still writes rows for claiming (status defaults to 'pending'): run `switchyard migrate`"
                 .into(),
