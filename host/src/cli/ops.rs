@@ -124,6 +124,42 @@ pub async fn status(database: Database, admin: Option<String>, json: bool) -> an
     Ok(ExitCode::SUCCESS)
 }
 
+/// The replication slot's lines of `status`.
+fn render_slot(out: &mut String, slot: &SlotReport) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "Replication slot {}", field(&slot.slot));
+    match &slot.status {
+        None => {
+            let _ = writeln!(
+                out,
+                "  MISSING: run `switchyard migrate` (events written meanwhile were not read)"
+            );
+        }
+        Some(status) => {
+            let reader = match (&status.reader, status.active_pid) {
+                (Some(name), _) => field(name).into_owned(),
+                (None, Some(pid)) => format!("pid {pid}"),
+                (None, None) => "nobody (no relay reads it: WAL accumulates)".to_string(),
+            };
+            let _ = writeln!(out, "  read by         {reader}");
+            let retained = status.retained_wal_bytes.map_or_else(
+                || "-".to_string(),
+                |b| format!("{:.1} MiB", b as f64 / 1_048_576.0),
+            );
+            let _ = writeln!(
+                out,
+                "  retained WAL    {retained} (wal_status {})",
+                status.wal_status.as_deref().unwrap_or("-")
+            );
+            let _ = writeln!(
+                out,
+                "  confirmed to    {}",
+                status.confirmed_flush_lsn.as_deref().unwrap_or("-")
+            );
+        }
+    }
+}
+
 fn render_status(report: &StatusReport) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -150,37 +186,7 @@ fn render_status(report: &StatusReport) -> String {
         }
     }
     if let Some(slot) = &report.replication {
-        let _ = writeln!(out, "Replication slot {}", field(&slot.slot));
-        match &slot.status {
-            None => {
-                let _ = writeln!(
-                    out,
-                    "  MISSING: run `switchyard migrate` (events written meanwhile were not read)"
-                );
-            }
-            Some(status) => {
-                let reader = match (&status.reader, status.active_pid) {
-                    (Some(name), _) => field(name).into_owned(),
-                    (None, Some(pid)) => format!("pid {pid}"),
-                    (None, None) => "nobody (no relay reads it: WAL accumulates)".to_string(),
-                };
-                let _ = writeln!(out, "  read by         {reader}");
-                let retained = status.retained_wal_bytes.map_or_else(
-                    || "-".to_string(),
-                    |b| format!("{:.1} MiB", b as f64 / 1_048_576.0),
-                );
-                let _ = writeln!(
-                    out,
-                    "  retained WAL    {retained} (wal_status {})",
-                    status.wal_status.as_deref().unwrap_or("-")
-                );
-                let _ = writeln!(
-                    out,
-                    "  confirmed to    {}",
-                    status.confirmed_flush_lsn.as_deref().unwrap_or("-")
-                );
-            }
-        }
+        render_slot(&mut out, slot);
     }
     if !report.relays.is_empty() {
         let _ = writeln!(out, "Relays running");

@@ -25,15 +25,7 @@ impl Relay {
     /// and broker errors are retried inside.
     pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let wake = self.inner.wake.clone();
-        // Targets are up (the relay connected them): rows a relay left
-        // waiting on one that was down go now, not at their late recheck.
-        match self.inner.store.wake_waiting(None).await {
-            Ok(0) => {}
-            Ok(woken) => info!(woken, "Rows waiting on targets that are up now are due."),
-            Err(error) => {
-                warn!(%error, "Could not wake rows waiting on targets; they are tried at their recheck.")
-            }
-        }
+        self.wake_rows_waiting_on_targets().await;
         // Ended with this future even when it is dropped rather than shut
         // down: a detached listener or sweeper would outlive its relay.
         // In replication mode commits reach the feed, not the claim path:
@@ -50,16 +42,7 @@ impl Relay {
         }));
         // A feed that ends on its own (its slot is gone) stops the relay.
         let feed_failed = CancellationToken::new();
-        let mut feed = self.inner.replication.get().cloned().map(|settings| {
-            let (relay, shutdown, failed) = (self.clone(), shutdown.clone(), feed_failed.clone());
-            AbortOnDropHandle::new(tokio::spawn(async move {
-                let result = relay.replicate(settings, shutdown).await;
-                if result.is_err() {
-                    failed.cancel();
-                }
-                result
-            }))
-        });
+        let mut feed = self.spawn_feed(&shutdown, &feed_failed);
         let sweeper = AbortOnDropHandle::new(tokio::spawn(sweep_parked(
             self.inner.store.clone(),
             wake.clone(),
@@ -121,17 +104,27 @@ impl Relay {
             tracing::error!(%error, "The replication feed stopped; the relay stops.");
             shutdown.cancel();
         }
-        let started = Instant::now();
-        let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
-        let drained = tokio::time::timeout(bound, async { while workers.join_next().await.is_some() {} })
-            .await
-            .is_ok();
+        self.stop_workers(workers).await?;
         if let Some(feed) = feed {
             let _ = feed.await;
         }
         listener.abort();
         sweeper.abort();
         waiting_sweeper.abort();
+        match feed_error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Lets running batches finish within `shutdown_timeout_ms`, then
+    /// releases the leases of those that did not.
+    async fn stop_workers(&self, mut workers: JoinSet<()>) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
+        let drained = tokio::time::timeout(bound, async { while workers.join_next().await.is_some() {} })
+            .await
+            .is_ok();
         if drained {
             info!(
                 elapsed_ms = started.elapsed().as_millis() as u64,
@@ -146,10 +139,37 @@ impl Relay {
                 "Relay stopped before batches finished; released their leases."
             );
         }
-        match feed_error {
-            Some(error) => Err(error),
-            None => Ok(()),
+        Ok(())
+    }
+
+    /// Targets are up (the relay connected them): rows a relay left waiting
+    /// on one that was down go now, not at their late recheck.
+    async fn wake_rows_waiting_on_targets(&self) {
+        match self.inner.store.wake_waiting(None).await {
+            Ok(0) => {}
+            Ok(woken) => info!(woken, "Rows waiting on targets that are up now are due."),
+            Err(error) => {
+                warn!(%error, "Could not wake rows waiting on targets; they are tried at their recheck.")
+            }
         }
+    }
+
+    /// In replication mode, the task that reads the slot; `failed` is
+    /// cancelled when it ends with an error.
+    fn spawn_feed(
+        &self,
+        shutdown: &CancellationToken,
+        failed: &CancellationToken,
+    ) -> Option<AbortOnDropHandle<anyhow::Result<()>>> {
+        let settings = self.inner.replication.get().cloned()?;
+        let (relay, shutdown, failed) = (self.clone(), shutdown.clone(), failed.clone());
+        Some(AbortOnDropHandle::new(tokio::spawn(async move {
+            let result = relay.replicate(settings, shutdown).await;
+            if result.is_err() {
+                failed.cancel();
+            }
+            result
+        })))
     }
 
     /// One worker. Wake-ups are handed to one idle worker at a time (a
