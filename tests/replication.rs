@@ -36,6 +36,18 @@ async fn stream_holds(nats: &NatsServer, count: u64, what: &str, seconds: u64) {
     .await;
 }
 
+/// A fresh outbox migrated to replication mode, a nats-server with the
+/// orders stream, and the config (with these `[relay]` keys).
+async fn migrated(relay: &[(&str, &str)]) -> (TestDb, NatsServer, String) {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_config(&db, &nats, relay);
+    migrate(&config).await;
+    (db, nats, config)
+}
+
 /// Runs `switchyard migrate` on `config` and fails the test if it does.
 async fn migrate(config: &str) -> String {
     let path = std::env::temp_dir().join(format!("sy-migrate-{}.toml", uuid::Uuid::new_v4().simple()));
@@ -260,12 +272,7 @@ async fn a_failing_event_takes_only_its_own_aggregate_to_the_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_reader_is_replaced_by_its_standby_and_nothing_is_lost() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_config(&db, &nats, &[]);
-    migrate(&config).await;
+    let (db, nats, config) = migrated(&[]).await;
     let mut first = Process::spawn(SWITCHYARD, &config, "first");
     let active = |pid_of: &'static str| {
         let (pool, slot) = (db.pool.clone(), db.name.clone());
@@ -308,17 +315,8 @@ async fn a_killed_reader_is_replaced_by_its_standby_and_nothing_is_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_in_replication_mode_dead_letters_nothing_and_keeps_order() {
-    init_logging();
-    let db = fresh_db().await;
-    let mut nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
     // Two attempts: any outage charged to the events would dead-letter them.
-    let config = replication_config(
-        &db,
-        &nats,
-        &[("max_attempts", "2"), ("publish_timeout_ms", "1000")],
-    );
-    migrate(&config).await;
+    let (db, mut nats, config) = migrated(&[("max_attempts", "2"), ("publish_timeout_ms", "1000")]).await;
     let relay = InProcess::start(&parse(&config)).await;
 
     let writer = {
@@ -351,12 +349,7 @@ async fn a_broker_outage_in_replication_mode_dead_letters_nothing_and_keeps_orde
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_dropped_under_the_relay_stops_it_with_what_to_do() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_config(&db, &nats, &[]);
-    migrate(&config).await;
+    let (db, _nats, config) = migrated(&[]).await;
     let path = std::env::temp_dir().join(format!("sy-run-{}.toml", uuid::Uuid::new_v4().simple()));
     std::fs::write(&path, format!("{config}\n[admin]\nlisten = \"\"\n")).unwrap();
     let run = {
