@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, tally, write_orders};
+use switchyard_tests::orders::{Expected, Tally, tally, write_orders};
 use switchyard_tests::postgres::fresh_db;
 use switchyard_tests::relay::{Process, Settings, example_config};
 
@@ -54,6 +54,28 @@ struct Row {
     reordered: usize,
     worst_commit_to_publish_s: f64,
     drain_s: f64,
+}
+
+impl Row {
+    /// A run's row from what the consumer counted.
+    fn counted(
+        scenario: String,
+        written: usize,
+        counted: Tally,
+        worst_commit_to_publish_s: f64,
+        drain_s: f64,
+    ) -> Row {
+        Row {
+            scenario,
+            written,
+            received: counted.received,
+            lost: counted.lost,
+            duplicates: counted.duplicates,
+            reordered: counted.reordered,
+            worst_commit_to_publish_s,
+            drain_s,
+        }
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -168,16 +190,7 @@ async fn finish(
     let received = nats.read_stream(STREAM).await;
     let counted = tally(&received, expected);
     eprintln!("{scenario}: {counted:?}");
-    Row {
-        scenario,
-        written: expected.len(),
-        received: counted.received,
-        lost: counted.lost,
-        duplicates: counted.duplicates,
-        reordered: counted.reordered,
-        worst_commit_to_publish_s: worst,
-        drain_s,
-    }
+    Row::counted(scenario, expected.len(), counted, worst, drain_s)
 }
 
 /// A fresh outbox and stream, `relays` relay processes, and a writer task

@@ -129,16 +129,7 @@ async fn drain_and_count(
     for relay in relays {
         relay.terminate();
     }
-    Row {
-        scenario,
-        written: expected.len(),
-        received: counted.received,
-        lost: counted.lost,
-        duplicates: counted.duplicates,
-        reordered: counted.reordered,
-        worst_commit_to_publish_s: f64::NAN,
-        drain_s,
-    }
+    Row::counted(scenario, expected.len(), counted, f64::NAN, drain_s)
 }
 
 /// Two relays in replication mode drain a backlog written before they
