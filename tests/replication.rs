@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, verify, write_orders};
-use switchyard_tests::postgres::{TestDb, count_status, fresh_db, place_order_event};
+use switchyard_tests::postgres::{Outbox, TestDb, count_status, fresh_db, place_event, place_order_event};
 use switchyard_tests::relay::{InProcess, Process, Settings, example_config, parse};
 use switchyard_tests::{cli, eventually, init_logging};
 
@@ -56,6 +56,19 @@ async fn migrate(config: &str) -> String {
     let _ = std::fs::remove_file(&path);
     assert_eq!(code, 0, "migrate: {out}{err}");
     out
+}
+
+/// `config` with a plugin that traps on `Poison` events: the event's own
+/// fault, retried and then dead-lettered.
+fn with_poison_plugin(config: &str) -> String {
+    config.replacen(
+        "[[plugins]]",
+        &format!(
+            "[[plugins]]\nname = \"poison\"\npath = \"{}\"\nevent_types = [\"Poison\"]\n[plugins.config]\nmode = \"trap\"\ntarget = \"events\"\n\n[[plugins]]",
+            switchyard_tests::plugins::plugin("misbehave").display()
+        ),
+        1,
+    )
 }
 
 async fn streamed_untouched(db: &TestDb) -> i64 {
@@ -182,20 +195,15 @@ async fn a_failing_event_takes_only_its_own_aggregate_to_the_table() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    // A plugin that traps on `Poison` events: the event's own fault.
-    let config = replication_config(
+    let config = with_poison_plugin(&replication_config(
         &db,
         &nats,
-        &[("max_attempts", "3"), ("initial_backoff_ms", "200"), ("max_backoff_ms", "400")],
-    )
-    .replacen(
-        "[[plugins]]",
-        &format!(
-            "[[plugins]]\nname = \"poison\"\npath = \"{}\"\nevent_types = [\"Poison\"]\n[plugins.config]\nmode = \"trap\"\ntarget = \"events\"\n\n[[plugins]]",
-            switchyard_tests::plugins::plugin("misbehave").display()
-        ),
-        1,
-    );
+        &[
+            ("max_attempts", "3"),
+            ("initial_backoff_ms", "200"),
+            ("max_backoff_ms", "400"),
+        ],
+    ));
     migrate(&config).await;
     let relay = InProcess::start(&parse(&config)).await;
 
@@ -392,4 +400,134 @@ async fn a_slot_dropped_under_the_relay_stops_it_with_what_to_do() {
             && err.contains("switchyard migrate"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_written_without_a_row_keep_their_order_among_rows_and_fail_alone() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = with_poison_plugin(&replication_config(
+        &db,
+        &nats,
+        &[
+            ("max_attempts", "2"),
+            ("initial_backoff_ms", "200"),
+            ("max_backoff_ms", "400"),
+        ],
+    ));
+    migrate(&config).await;
+    // The function refuses what the table would.
+    let refused = sqlx::query("SELECT switchyard_emit(NULL, 'o-1', 'OrderCreated', '{}')")
+        .execute(&db.pool)
+        .await
+        .expect_err("a NULL aggregate type is refused");
+    assert!(
+        refused.to_string().contains("aggregate_type must not be NULL"),
+        "{refused}"
+    );
+    let relay = InProcess::start(&parse(&config)).await;
+
+    // Each aggregate's events alternate between a row and a message; a
+    // poisoned message in order-0 and a message that is not an event.
+    let mut expected = std::collections::HashMap::new();
+    let mut rows = 0;
+    for seq in 0..8 {
+        for aggregate in 0..20 {
+            let mut event = order_event(aggregate, seq);
+            let outbox = if (seq + aggregate) % 2 == 0 && !(aggregate == 0 && seq == 4) {
+                rows += 1;
+                Outbox::Switchyard
+            } else {
+                Outbox::Emitted
+            };
+            if aggregate == 0 && seq == 4 {
+                event.event_type = "Poison".into();
+            }
+            let id = place_event(&db.pool, outbox, &event, true).await;
+            if event.event_type != "Poison" {
+                expected.insert(
+                    id.to_string(),
+                    Expected {
+                        aggregate_id: event.aggregate_id.clone(),
+                        seq: seq as u64,
+                        event_type: event.event_type.clone(),
+                    },
+                );
+            }
+        }
+        if seq == 2 {
+            sqlx::query("SELECT pg_logical_emit_message(true, 'switchyard.event', 'not an event')")
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+    }
+    stream_holds(&nats, 159, "every good event in the stream", 120).await;
+    eventually(
+        "the poison and the stray message dead-lettered",
+        Duration::from_secs(30),
+        || async { (count_status(&db.pool, "dead").await == 2).then_some(()) },
+    )
+    .await;
+    relay.stop().await;
+
+    let received = nats.read_stream(STREAM).await;
+    assert_eq!(received.len(), 159);
+    let mut seqs: std::collections::HashMap<String, Vec<u64>> = std::collections::HashMap::new();
+    for message in &received {
+        let want = &expected[message.header("Switchyard-Event-Id").unwrap()];
+        seqs.entry(want.aggregate_id.clone()).or_default().push(want.seq);
+    }
+    assert_eq!(
+        seqs["order-0"],
+        vec![0, 1, 2, 3, 5, 6, 7],
+        "order-0 in order, the poison missing"
+    );
+    expected.retain(|_, want| want.aggregate_id != "order-0");
+    let others: Vec<_> = received
+        .into_iter()
+        .filter(|m| expected.contains_key(m.header("Switchyard-Event-Id").unwrap()))
+        .collect();
+    assert_eq!(verify(&others, &expected).duplicates, 0);
+    let reasons: Vec<(String, String)> = sqlx::query_as(
+        "SELECT event_type, last_error FROM switchyard_outbox WHERE status = 'dead' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let reason = |event_type: &str| {
+        reasons
+            .iter()
+            .find(|(t, _)| t == event_type)
+            .map(|(_, why)| why.clone())
+            .unwrap_or_else(|| panic!("no dead letter of type {event_type}: {reasons:?}"))
+    };
+    assert!(reason("Poison").contains("poison"), "{reasons:?}");
+    assert!(
+        reason("unreadable").contains("not an event written by switchyard_emit"),
+        "{reasons:?}"
+    );
+    // Messages leave no row unless handed over: the poison and the three
+    // events of order-0 after it, and the stray message.
+    let handed: Vec<(String, String)> = sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id FROM switchyard_outbox WHERE status <> 'streamed' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(handed.len(), 5, "{handed:?}");
+    assert_eq!(
+        handed.iter().filter(|(_, id)| id == "order-0").count(),
+        4,
+        "{handed:?}"
+    );
+    let in_table: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // Of order-0's last three, those written as rows stay `streamed` rows
+    // handed over in place, the rest are new rows.
+    assert!(in_table <= rows + 5, "{in_table} rows for {rows} inserts");
 }

@@ -195,6 +195,9 @@ pub enum Outbox {
     /// A table of the service's own in Debezium's outbox-router shape
     /// ([`DEBEZIUM_OUTBOX`]); the service knows nothing of Switchyard.
     Debezium,
+    /// No row at all: `switchyard_emit` writes a logical message into the
+    /// WAL (replication mode).
+    Emitted,
 }
 
 /// Debezium's outbox table, as services using its outbox router create it.
@@ -280,6 +283,12 @@ pub async fn try_place_event(
         .bind(&event.event_type)
         .bind(&event.payload)
         .bind(&event.headers),
+        Outbox::Emitted => sqlx::query_scalar("SELECT switchyard_emit($1, $2, $3, $4, $5)")
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(&event.payload)
+            .bind(&event.headers),
     }
     .fetch_one(&mut *tx)
     .await?;

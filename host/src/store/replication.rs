@@ -79,8 +79,19 @@ impl OutboxStore {
             return Ok(0);
         };
         let lease = LeaseId(uuid::Uuid::new_v4());
-        pg::take_over(pool, owner, lease, lease_ms, rows).await?;
-        Ok(self.ack(lease, outcomes).await?.len())
+        let renamed = pg::take_over(pool, owner, lease, lease_ms, rows).await?;
+        if renamed.is_empty() {
+            return Ok(self.ack(lease, outcomes).await?.len());
+        }
+        let renamed: std::collections::HashMap<_, _> = renamed.into_iter().collect();
+        let outcomes: Vec<RowOutcome> = outcomes
+            .iter()
+            .map(|outcome| RowOutcome {
+                id: renamed.get(&outcome.id).copied().unwrap_or(outcome.id),
+                ..outcome.clone()
+            })
+            .collect();
+        Ok(self.ack(lease, &outcomes).await?.len())
     }
 
     /// Of these aggregates, those whose next event must wait behind an

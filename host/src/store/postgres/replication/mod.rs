@@ -12,10 +12,42 @@ use sqlx::PgPool;
 pub use stream::{StreamError, StreamSettings, StreamedRow, WalBatch, WalStream};
 
 use crate::store::Error;
-use crate::store::types::LeaseId;
+use crate::store::types::{LeaseId, RowId};
 
 /// The column default that makes a written row `streamed`.
 const STREAMED_DEFAULT: &str = "'streamed'::text";
+
+/// The prefix of the logical messages that carry events written without
+/// a row (`switchyard_emit`).
+pub const EMIT_PREFIX: &str = "switchyard.event";
+
+/// The function services call to write an event without a row: a
+/// transactional logical message, decoded only once its transaction
+/// commits, and costing the writer one WAL record (no heap or index write).
+/// Its checks are the table's `NOT NULL`s, so a bad call fails in the
+/// writer's transaction as an insert would. The event takes its id from
+/// the table's sequence as a row would, so that rows and messages of one
+/// aggregate keep their order should they meet in the table.
+const EMIT_FUNCTION: &str = r"
+DECLARE
+    missing text := CASE WHEN aggregate_type IS NULL THEN 'aggregate_type'
+                         WHEN aggregate_id IS NULL THEN 'aggregate_id'
+                         WHEN event_type IS NULL THEN 'event_type'
+                         WHEN event_id IS NULL THEN 'event_id' END;
+BEGIN
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'switchyard_emit: % must not be NULL', missing USING ERRCODE = 'not_null_violation';
+    END IF;
+    PERFORM pg_logical_emit_message(true, 'switchyard.event', jsonb_build_object(
+        'id', nextval('switchyard_outbox_id_seq'), 'event_id', event_id, 'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id,
+        'event_type', event_type, 'payload', payload, 'payload_bytes', encode(payload_bytes, 'hex'),
+        'headers', COALESCE(headers, '{}'::jsonb), 'tenant', tenant, 'created_at', now())::text);
+    RETURN event_id;
+END
+";
+
+/// The emit function's signature, as `to_regprocedure` reads it.
+const EMIT_SIGNATURE: &str = "switchyard_emit(text,text,text,jsonb,jsonb,text,uuid,bytea)";
 
 /// The publication's row filter: only rows written for the stream (a copy
 /// the relay writes into the table for the claim path is not read again).
@@ -62,6 +94,20 @@ pub(crate) async fn setup_statements(
             ));
         }
         Some(_) => {}
+    }
+    let emit: Option<String> =
+        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)")
+            .bind(EMIT_SIGNATURE)
+            .fetch_optional(pool)
+            .await?;
+    if emit.as_deref() != Some(EMIT_FUNCTION) {
+        statements.push(format!(
+            "CREATE OR REPLACE FUNCTION switchyard_emit(\
+             \n    aggregate_type text, aggregate_id text, event_type text, payload jsonb,\
+             \n    headers jsonb DEFAULT '{{}}', tenant text DEFAULT NULL,\
+             \n    event_id uuid DEFAULT gen_random_uuid(), payload_bytes bytea DEFAULT NULL)\
+             \nRETURNS uuid LANGUAGE plpgsql VOLATILE AS $switchyard${EMIT_FUNCTION}$switchyard$"
+        ));
     }
     if slot_status(pool, slot).await?.is_none() {
         statements.push(format!(
@@ -217,13 +263,29 @@ pub(crate) async fn problems(pool: &PgPool, slot: &str, publication: &str) -> Re
 /// outcomes. A row no longer in the table (deleted by its writer after the
 /// insert, or by retention) is written back from the WAL's values; one no
 /// longer `streamed` was handed over before (a replay) and is left alone.
+/// An event that never had a row gets one, with a fresh id in stream
+/// order (returned beside its stand-in), unless its event id is in the
+/// table already (a replay).
 pub(crate) async fn take_over(
     pool: &PgPool,
     owner: &str,
     lease: LeaseId,
     lease_ms: i64,
     rows: &[&StreamedRow],
-) -> Result<u64, Error> {
+) -> Result<Vec<(RowId, RowId)>, Error> {
+    let needing = rows.iter().filter(|r| r.id_at_handover).count();
+    let mut fresh = if needing == 0 {
+        Vec::new()
+    } else {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT nextval(pg_get_serial_sequence('switchyard_outbox', 'id')) FROM generate_series(1, $1) ORDER BY 1",
+        )
+        .bind(i64::try_from(needing).unwrap_or(i64::MAX))
+        .fetch_all(pool)
+        .await?
+    }
+    .into_iter();
+    let mut renamed = Vec::with_capacity(needing);
     let mut ids = Vec::with_capacity(rows.len());
     let mut event_ids = Vec::with_capacity(rows.len());
     let (mut types, mut aggregates, mut event_types) = (Vec::new(), Vec::new(), Vec::new());
@@ -232,7 +294,18 @@ pub(crate) async fn take_over(
     let (mut created, mut not_before) = (Vec::new(), Vec::new());
     for streamed in rows {
         let row = &streamed.row;
-        ids.push(row.id.0);
+        let id = if streamed.id_at_handover {
+            fresh.next()
+        } else {
+            None
+        };
+        match id {
+            Some(id) => {
+                renamed.push((row.id, RowId(id)));
+                ids.push(id);
+            }
+            None => ids.push(row.id.0),
+        }
         event_ids.push(row.event_id);
         types.push(row.aggregate_type.clone());
         aggregates.push(row.aggregate_id.clone());
@@ -291,7 +364,12 @@ pub(crate) async fn take_over(
     .fetch_one(pool)
     .await?;
     let count: i64 = sqlx::Row::try_get(&taken, 0)?;
-    Ok(u64::try_from(count).unwrap_or_default())
+    tracing::debug!(
+        rows = rows.len(),
+        taken = count,
+        "Rows taken over by the claim path."
+    );
+    Ok(renamed)
 }
 
 /// Of these aggregates, those with an unfinished row in the table (a

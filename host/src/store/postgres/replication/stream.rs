@@ -77,6 +77,10 @@ pub struct StreamedRow {
     pub(crate) text: StreamedText,
     /// When the writer delayed it to (`not_before`), ms since the epoch.
     pub not_before_ms: Option<i64>,
+    /// Not a row of the outbox table (a logical message): `row.id` is a
+    /// stand-in, unique in the stream, and the table gives the event an id
+    /// of its own should it be handed over.
+    pub(crate) id_at_handover: bool,
 }
 
 /// The column values a copy of the row needs, as text.
@@ -165,6 +169,12 @@ impl WalStream {
                 self.in_transaction = false;
                 batch.done_at = batch.done_at.max(Some(end_lsn));
             }
+            ReplicationEvent::Message {
+                transactional: true,
+                lsn,
+                prefix,
+                content,
+            } if prefix == super::EMIT_PREFIX => batch.rows.push(emitted_row(lsn, &content)),
             ReplicationEvent::XLogData { data, .. } => {
                 let inserted = self
                     .decoder
@@ -305,7 +315,121 @@ fn streamed_row(mut inserted: Inserted) -> StreamedRow {
             created_at,
             not_before,
         },
+        id_at_handover: false,
     }
+}
+
+/// An event as `switchyard_emit` writes it into its message.
+#[derive(serde::Deserialize)]
+struct Emitted<'a> {
+    id: i64,
+    event_id: uuid::Uuid,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    #[serde(borrow)]
+    payload: Option<&'a serde_json::value::RawValue>,
+    payload_bytes: Option<String>,
+    #[serde(borrow)]
+    headers: Option<&'a serde_json::value::RawValue>,
+    tenant: Option<String>,
+    created_at: String,
+}
+
+/// An event written by `switchyard_emit`. Content that is not an event is
+/// dead-lettered with the reason, its bytes kept.
+fn emitted_row(lsn: Lsn, content: &[u8]) -> StreamedRow {
+    let read = serde_json::from_slice::<Emitted<'_>>(content)
+        .map_err(|e| e.to_string())
+        .and_then(|emitted| {
+            let created = chrono::DateTime::parse_from_rfc3339(&emitted.created_at)
+                .map_err(|e| format!("created_at {:?}: {e}", emitted.created_at))?;
+            let bytes = match &emitted.payload_bytes {
+                Some(hex) => Some(hex_bytea(&format!("\\x{hex}")).ok_or("payload_bytes is not hex")?),
+                None => None,
+            };
+            Ok((emitted, created, bytes))
+        });
+    let (row, text) = match read {
+        Ok((emitted, created, payload_bytes)) => (
+            OutboxRow {
+                id: RowId(emitted.id),
+                event_id: emitted.event_id,
+                aggregate_type: emitted.aggregate_type,
+                aggregate_id: emitted.aggregate_id,
+                event_type: emitted.event_type,
+                payload_json: emitted
+                    .payload
+                    .filter(|raw| raw.get() != "null")
+                    .map(|raw| raw.get().to_string()),
+                payload_bytes,
+                headers_json: emitted
+                    .headers
+                    .map_or_else(|| "{}".into(), |raw| raw.get().to_string()),
+                tenant: emitted.tenant,
+                created_at_ms: created.timestamp_millis(),
+                attempts: 1,
+                deliveries: std::collections::BTreeMap::new(),
+                held_by: Vec::new(),
+                malformed: None,
+            },
+            StreamedText {
+                payload_bytes: emitted.payload_bytes.map(|hex| format!("\\x{hex}")),
+                created_at: Some(emitted.created_at),
+                not_before: None,
+            },
+        ),
+        Err(why) => {
+            let (row, text) = unreadable_message(lsn, content, why);
+            return StreamedRow {
+                row,
+                text,
+                not_before_ms: None,
+                id_at_handover: true,
+            };
+        }
+    };
+    StreamedRow {
+        row,
+        text,
+        not_before_ms: None,
+        id_at_handover: false,
+    }
+}
+
+/// A message under the event prefix that is not an event: an aggregate of
+/// its own (it holds nothing back), its content kept as the payload bytes.
+/// Its stand-in id is its position, negated so that it never meets a row's.
+fn unreadable_message(lsn: Lsn, content: &[u8], why: String) -> (OutboxRow, StreamedText) {
+    let position = i64::try_from(lsn.as_u64()).unwrap_or(i64::MAX);
+    let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
+    let row = OutboxRow {
+        id: RowId(-position),
+        // The same id whenever the message is read again: a replay finds
+        // the dead letter it left the first time.
+        event_id: uuid::Uuid::from_u64_pair(0x7377_6974_6368_7964, lsn.as_u64()),
+        aggregate_type: super::EMIT_PREFIX.into(),
+        aggregate_id: lsn.to_string(),
+        event_type: "unreadable".into(),
+        payload_json: None,
+        payload_bytes: Some(content.to_vec()),
+        headers_json: "{}".into(),
+        tenant: None,
+        created_at_ms: chrono::Utc::now().timestamp_millis(),
+        attempts: 1,
+        deliveries: std::collections::BTreeMap::new(),
+        held_by: Vec::new(),
+        malformed: Some(format!(
+            "the message at {lsn} with prefix {:?} is not an event written by switchyard_emit: {why}",
+            super::EMIT_PREFIX
+        )),
+    };
+    let text = StreamedText {
+        payload_bytes: Some(format!("\\x{hex}")),
+        created_at: None,
+        not_before: None,
+    };
+    (row, text)
 }
 
 /// A `timestamptz` in ISO form at UTC (`2026-11-25 16:55:01.123456+00`), in
