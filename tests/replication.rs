@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, order_event, verify, write_orders};
-use switchyard_tests::postgres::{Outbox, TestDb, count_status, fresh_db, place_event, place_order_event};
+use switchyard_tests::orders::{Expected, order_event, verify, write_orders, write_orders_to};
+use switchyard_tests::postgres::{
+    DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, TestDb, count_status, fresh_db, place_event, place_order_event,
+};
 use switchyard_tests::relay::{InProcess, Process, Settings, example_config, parse};
 use switchyard_tests::{cli, eventually, init_logging};
 
@@ -530,4 +532,105 @@ async fn events_written_without_a_row_keep_their_order_among_rows_and_fail_alone
     // Of order-0's last three, those written as rows stay `streamed` rows
     // handed over in place, the rest are new rows.
     assert!(in_table <= rows + 5, "{in_table} rows for {rows} inserts");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_services_own_outbox_table_is_read_from_the_wal_with_its_trigger_turned_off() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    sqlx::query(DEBEZIUM_OUTBOX).execute(&db.pool).await.unwrap();
+    let config = format!(
+        "{}{DEBEZIUM_SOURCE}",
+        with_poison_plugin(&replication_config(
+            &db,
+            &nats,
+            &[
+                ("max_attempts", "2"),
+                ("initial_backoff_ms", "200"),
+                ("max_backoff_ms", "400")
+            ],
+        ))
+    );
+    // The table was relayed in claim mode before: its capture trigger is on.
+    let claim_mode = config
+        .replace("mode = \"replication\"", "mode = \"claim\"")
+        .replace(
+            &format!(
+                "[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
+                db.name
+            ),
+            "",
+        );
+    migrate(&claim_mode).await;
+    let path = std::env::temp_dir().join(format!("sy-dry-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, &config).unwrap();
+    let (code, out, err) = cli(
+        SWITCHYARD,
+        &["migrate", "--dry-run", "--config", path.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "{out}{err}");
+    for step in [
+        "WHERE (status = 'streamed'::text), \"public\".\"outbox\" WITH (publish = 'insert')",
+        "ALTER TABLE \"public\".\"outbox\" DISABLE TRIGGER switchyard_capture",
+    ] {
+        assert!(out.contains(step), "{step} missing from:\n{out}");
+    }
+    assert!(!out.contains("CREATE TRIGGER"), "{out}");
+    migrate(&config).await;
+    let relay = InProcess::start(&parse(&config)).await;
+
+    let writer = {
+        let pool = db.pool.clone();
+        tokio::spawn(async move { write_orders_to(&pool, Outbox::Debezium, 50, 20, 4).await })
+    };
+    // An aggregate of its own: a poison, then two events that follow it.
+    let mut poisoned = std::collections::HashMap::new();
+    for seq in 0..3 {
+        let mut event = order_event(999, seq);
+        if seq == 0 {
+            event.event_type = "Poison".into();
+        }
+        let id = place_event(&db.pool, Outbox::Debezium, &event, true).await;
+        poisoned.insert(id.to_string(), seq as u64);
+    }
+    let expected = writer.await.unwrap();
+    stream_holds(&nats, 1002, "every good event in the stream", 120).await;
+    eventually("the poison dead-lettered", Duration::from_secs(30), || async {
+        (count_status(&db.pool, "dead").await == 1).then_some(())
+    })
+    .await;
+    relay.stop().await;
+
+    let received = nats.read_stream(STREAM).await;
+    let followers: Vec<u64> = received
+        .iter()
+        .filter_map(|m| poisoned.get(m.header("Switchyard-Event-Id").unwrap()).copied())
+        .collect();
+    assert_eq!(followers, vec![1, 2], "the poison's aggregate went on in order");
+    let others: Vec<_> = received
+        .into_iter()
+        .filter(|m| !poisoned.contains_key(m.header("Switchyard-Event-Id").unwrap()))
+        .collect();
+    assert_eq!(verify(&others, &expected).duplicates, 0);
+    // Nothing was copied: only the poison's aggregate went through the
+    // relay's table, the poison dead-lettered with its reason.
+    let copied: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT aggregate_id, status, last_error FROM switchyard_outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(copied.len(), 3, "{copied:?}");
+    assert!(
+        copied.iter().all(|(aggregate, _, _)| aggregate == "order-999"),
+        "{copied:?}"
+    );
+    assert!(
+        copied[0].2.as_deref().is_some_and(|why| why.contains("poison")),
+        "{copied:?}"
+    );
 }

@@ -275,26 +275,29 @@ async fn build_template(services: &Services, args: &Args, schema: Schema) -> any
 
 /// Writes `args.rows` ~200-byte order documents over `args.aggregates`
 /// orders, in id order like real traffic.
+/// Event `n` of the bench backlog (aggregate `n % $3`), as the columns of
+/// an insert or the arguments of `switchyard_emit`.
+const EVENT_FIELDS: &str = "'order', 'order-' || lpad((n % $3)::text, 6, '0'),
+    (ARRAY['OrderCreated', 'OrderPaid', 'OrderShipped'])[1 + (n / $3) % 3],
+    jsonb_build_object(
+        'order_id', 'order-' || lpad((n % $3)::text, 6, '0'),
+        'customer_id', 'cust-' || (n % 997),
+        'status', 'created', 'currency', 'EUR',
+        'total_cents', 1000 + n % 90000,
+        'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (n % 50), 'qty', 1 + n % 3)),
+        'created_at', '2026-11-22T10:00:00Z'),
+    jsonb_build_object('traceparent',
+        '00-' || lpad(to_hex(n), 32, '0') || '-' || lpad(to_hex(n + 1), 16, '0') || '-01')";
+
 async fn load_rows(pool: &PgPool, args: &Args) -> anyhow::Result<()> {
     let chunk = 100_000u64;
     let mut from = 0;
     while from < args.rows {
         let to = (from + chunk).min(args.rows);
-        sqlx::query(
+        sqlx::query(&format!(
             "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
-             SELECT 'order', 'order-' || lpad((n % $3)::text, 6, '0'),
-                    (ARRAY['OrderCreated', 'OrderPaid', 'OrderShipped'])[1 + (n / $3) % 3],
-                    jsonb_build_object(
-                        'order_id', 'order-' || lpad((n % $3)::text, 6, '0'),
-                        'customer_id', 'cust-' || (n % 997),
-                        'status', 'created', 'currency', 'EUR',
-                        'total_cents', 1000 + n % 90000,
-                        'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (n % 50), 'qty', 1 + n % 3)),
-                        'created_at', '2026-11-22T10:00:00Z'),
-                    jsonb_build_object('traceparent',
-                        '00-' || lpad(to_hex(n), 32, '0') || '-' || lpad(to_hex(n + 1), 16, '0') || '-01')
-               FROM generate_series($1::bigint, $2::bigint - 1) n",
-        )
+             SELECT {EVENT_FIELDS} FROM generate_series($1::bigint, $2::bigint - 1) n"
+        ))
         .bind(i64::try_from(from)?)
         .bind(i64::try_from(to)?)
         .bind(i64::try_from(args.aggregates)?)

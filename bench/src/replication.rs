@@ -1,7 +1,9 @@
 //! `relay-bench --replication`: replication mode against claim v2 (keep
 //! and delete) in the same run: drain rate and CPU per process to NATS
-//! JetStream and to Kafka from the same backlog, and commit-to-consumer
-//! latency at 100 and 1,000 events/s in both modes.
+//! JetStream and to Kafka from the same backlog (in replication mode also
+//! one written with `switchyard_emit`, no rows), commit-to-consumer latency
+//! at 100 and 1,000 events/s in both modes, and what a writer pays for an
+//! event written as a row or as a logical message.
 //!
 //! A replication drain cannot start from a copy of the template (a copied
 //! database has no WAL of its rows): its backlog is written after the slot
@@ -16,8 +18,8 @@ use switchyard::config::{FeedMode, ReplicationConfig};
 use switchyard::store::{OutboxStore, PublishedRows};
 
 use super::{
-    Args, CpuTimes, Drain, DrainKind, Latency, RUST_PLUGIN, Running, Schema, Services, Target, admin_pool,
-    build_template, drain, drop_db, latency_in, load_rows, peak_rss, recreate_db, relay_config,
+    Args, CpuTimes, Drain, DrainKind, EVENT_FIELDS, Latency, RUST_PLUGIN, Running, Schema, Services, Target,
+    admin_pool, build_template, drain, drop_db, latency_in, load_rows, peak_rss, recreate_db, relay_config,
     reset_brokers, reset_peak_rss, workspace_root,
 };
 
@@ -32,7 +34,9 @@ pub(super) async fn drop_slot(admin: &PgPool, name: &str) -> anyhow::Result<()> 
 
 /// Puts a migrated outbox into replication mode through slot `slot`.
 pub(super) async fn set_up(store: &OutboxStore, slot: &str) -> anyhow::Result<()> {
-    let statements = store.feed_statements(Some((slot, "switchyard_outbox"))).await?;
+    let statements = store
+        .feed_statements(Some((slot, "switchyard_outbox")), None)
+        .await?;
     store.run_feed_statements(&statements).await?;
     Ok(())
 }
@@ -46,8 +50,22 @@ pub(super) fn configure(config: &mut Config, slot: &str) {
     });
 }
 
-/// One replication drain of `args.rows` rows to `target`.
-async fn replication_drain(services: &Services, args: &Args, target: Target) -> anyhow::Result<Drain> {
+/// How a backlog is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// Rows of `switchyard_outbox`.
+    Rows,
+    /// Logical messages, through `switchyard_emit`.
+    Emitted,
+}
+
+/// One replication drain of `args.rows` events to `target`.
+async fn replication_drain(
+    services: &Services,
+    args: &Args,
+    target: Target,
+    written: Written,
+) -> anyhow::Result<Drain> {
     let admin = admin_pool(services).await?;
     let name = "sy_bench_replication";
     drop_slot(&admin, name).await?;
@@ -57,7 +75,10 @@ async fn replication_drain(services: &Services, args: &Args, target: Target) -> 
     store.migrate().await?;
     set_up(&store, name).await?;
     let pool = PgPool::connect(&url).await?;
-    load_rows(&pool, args).await?;
+    match written {
+        Written::Rows => load_rows(&pool, args).await?,
+        Written::Emitted => emit_events(&pool, args).await?,
+    }
     let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
         .fetch_one(&pool)
         .await?;
@@ -98,10 +119,11 @@ async fn replication_drain(services: &Services, args: &Args, target: Target) -> 
     .fetch_one(&pool)
     .await?;
     anyhow::ensure!(dead == 0, "{dead} rows dead-lettered during the drain");
+    let streamed = if written == Written::Rows { args.rows } else { 0 };
     anyhow::ensure!(
-        u64::try_from(untouched)? == args.rows,
+        u64::try_from(untouched)? == streamed,
         "{} rows went through the table",
-        args.rows - u64::try_from(untouched)?
+        streamed.abs_diff(u64::try_from(untouched)?)
     );
     drop(relay);
     pool.close().await;
@@ -149,7 +171,18 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         }
         let label = format!("replication, wasm -> {to}");
         eprintln!("{label} ...");
-        rows.push((label, replication_drain(services, args, target).await?));
+        rows.push((
+            label,
+            replication_drain(services, args, target, Written::Rows).await?,
+        ));
+        if target == Target::Nats {
+            let label = format!("replication (switchyard_emit), wasm -> {to}");
+            eprintln!("{label} ...");
+            rows.push((
+                label,
+                replication_drain(services, args, target, Written::Emitted).await?,
+            ));
+        }
     }
     drop_db(services, Schema::V2.template()).await?;
     let mut latencies: Vec<(String, Latency)> = Vec::new();
@@ -162,7 +195,165 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         }
     }
     print(args, &rows, &latencies);
+    eprintln!("writer cost, rows and switchyard_emit ...");
+    print_writers(&writer_cost(services).await?);
     Ok(())
+}
+
+/// The bench backlog's events, written with `switchyard_emit` in
+/// transactions of 10,000.
+async fn emit_events(pool: &PgPool, args: &Args) -> anyhow::Result<()> {
+    let chunk = 10_000u64;
+    let mut from = 0;
+    while from < args.rows {
+        let to = (from + chunk).min(args.rows);
+        sqlx::query(&format!(
+            "SELECT count(switchyard_emit({})) FROM generate_series($1::bigint, $2::bigint - 1) n",
+            EVENT_FIELDS
+        ))
+        .bind(i64::try_from(from)?)
+        .bind(i64::try_from(to)?)
+        .bind(i64::try_from(args.aggregates)?)
+        .execute(pool)
+        .await?;
+        from = to;
+    }
+    Ok(())
+}
+
+/// Events each way in the writer comparison, and writers side by side.
+const WRITER_EVENTS: u64 = 20_000;
+const WRITERS: u64 = 4;
+
+/// What writers paid for their events written one way.
+struct WriterCost {
+    how: &'static str,
+    rate: f64,
+    sorted_us: Vec<u64>,
+    postgres_ms_per_thousand: f64,
+    wal_bytes_per_event: f64,
+    table_bytes_per_event: f64,
+}
+
+/// Writers in replication mode, one event per transaction, each way in
+/// turn on the same database: as a row, and through `switchyard_emit`.
+async fn writer_cost(services: &Services) -> anyhow::Result<Vec<WriterCost>> {
+    let admin = admin_pool(services).await?;
+    let name = "sy_bench_writers";
+    drop_slot(&admin, name).await?;
+    recreate_db(&admin, name, None).await?;
+    let url = services.db_url(name);
+    let store = OutboxStore::connect(&url, 2).await?;
+    store.migrate().await?;
+    set_up(&store, name).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(WRITERS)?)
+        .connect(&url)
+        .await?;
+    let mut costs = Vec::new();
+    for (how, statement) in [
+        (
+            "INSERT INTO switchyard_outbox",
+            format!(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+                 SELECT {EVENT_FIELDS} FROM (SELECT $1::bigint AS n) s"
+            ),
+        ),
+        (
+            "SELECT switchyard_emit(...)",
+            format!("SELECT switchyard_emit({EVENT_FIELDS}) FROM (SELECT $1::bigint AS n) s"),
+        ),
+    ] {
+        costs.push(write_events(&pool, how, &statement).await?);
+    }
+    pool.close().await;
+    drop_slot(&admin, name).await?;
+    drop_db(services, name).await?;
+    Ok(costs)
+}
+
+/// `WRITER_EVENTS` one-event transactions by `WRITERS` writers.
+async fn write_events(pool: &PgPool, how: &'static str, statement: &str) -> anyhow::Result<WriterCost> {
+    let position = || async {
+        let (lsn, table): (i64, i64) = sqlx::query_as(
+            "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, pg_total_relation_size('switchyard_outbox')",
+        )
+        .fetch_one(pool)
+        .await?;
+        anyhow::Ok((lsn, table))
+    };
+    let (wal_before, table_before) = position().await?;
+    let cpu = CpuTimes::now();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for writer in 0..WRITERS {
+        let (pool, statement) = (pool.clone(), statement.to_string());
+        tasks.spawn(async move {
+            let mut took = Vec::new();
+            let mut n = writer;
+            while n < WRITER_EVENTS {
+                let began = Instant::now();
+                let mut tx = pool.begin().await?;
+                sqlx::query(&statement)
+                    .bind(i64::try_from(n)?)
+                    .bind(i64::try_from(n + 1)?)
+                    .bind(1000i64)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                took.push(u64::try_from(began.elapsed().as_micros())?);
+                n += WRITERS;
+            }
+            anyhow::Ok(took)
+        });
+    }
+    let mut sorted_us = Vec::new();
+    while let Some(took) = tasks.join_next().await {
+        sorted_us.extend(took??);
+    }
+    let elapsed = started.elapsed();
+    let cpu = CpuTimes::now().since(cpu);
+    let (wal_after, table_after) = position().await?;
+    sorted_us.sort_unstable();
+    let events = WRITER_EVENTS as f64;
+    Ok(WriterCost {
+        how,
+        rate: events / elapsed.as_secs_f64(),
+        sorted_us,
+        postgres_ms_per_thousand: cpu.postgres * 1000.0 / events * 1000.0,
+        wal_bytes_per_event: (wal_after - wal_before) as f64 / events,
+        table_bytes_per_event: (table_after - table_before) as f64 / events,
+    })
+}
+
+fn print_writers(costs: &[WriterCost]) {
+    println!();
+    println!(
+        "{:<32} {:>9} {:>8} {:>8}  {:>12}  {:>9}  {:>11}",
+        format!("writer, {WRITERS} x one-event transactions"),
+        "tx/s",
+        "p50 ms",
+        "p99 ms",
+        "PG CPU/1000",
+        "WAL/event",
+        "table/event"
+    );
+    for cost in costs {
+        let at = |p: f64| {
+            let index = ((cost.sorted_us.len().max(1) - 1) as f64 * p).round() as usize;
+            cost.sorted_us.get(index).copied().unwrap_or_default() as f64 / 1000.0
+        };
+        println!(
+            "{:<32} {:>9.0} {:>8.2} {:>8.2}  {:>9.0} ms  {:>7.0} B  {:>9.0} B",
+            cost.how,
+            cost.rate,
+            at(0.5),
+            at(0.99),
+            cost.postgres_ms_per_thousand,
+            cost.wal_bytes_per_event,
+            cost.table_bytes_per_event
+        );
+    }
 }
 
 fn print(args: &Args, drains: &[(String, Drain)], latencies: &[(String, Latency)]) {

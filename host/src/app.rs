@@ -10,6 +10,7 @@ use crate::plugin::{PluginEngine, Plugins, watch};
 use crate::relay::Relay;
 use crate::sinks::Sinks;
 use crate::store::OutboxStore;
+use crate::store::replication::SourceTable;
 
 /// Connects to the database and the targets, loads the plugins and builds a relay.
 ///
@@ -43,6 +44,11 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         Some((capture, None)) => Some(capture),
         None => None,
     };
+    // In replication mode the table is read from the WAL: no trigger to watch.
+    let (capture, source) = match config.replication_feed() {
+        Some(_) => (None, capture.as_ref().map(SourceTable::new)),
+        None => (capture, None),
+    };
     let plugins = load_plugins(config).await?;
     let watcher = if config.plugin_runtime.watch {
         let debounce = Duration::from_millis(config.plugin_runtime.reload_debounce_ms);
@@ -60,6 +66,7 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
                 application_name: format!("switchyard {owner}"),
                 batch_size: usize::try_from(config.relay.batch_size).unwrap_or(usize::MAX),
                 max_retained_wal_bytes: replication.max_retained_wal_bytes,
+                source,
             })
         }
         None => None,
@@ -208,8 +215,13 @@ pub async fn check_replication(config: &Config, store: &OutboxStore) -> anyhow::
     let Some(replication) = config.replication_feed() else {
         return Ok(());
     };
+    let source = match &config.source {
+        Some(source) => store.check_source(source).await?,
+        None => None,
+    };
+    let source = source.as_ref().map(SourceTable::new);
     let problems = store
-        .replication_problems(&replication.slot, &replication.publication)
+        .replication_problems(&replication.slot, &replication.publication, source.as_ref())
         .await
         .context("cannot check the replication setup")?;
     anyhow::ensure!(
@@ -236,6 +248,10 @@ pub async fn check_source(
     let Some(capture) = store.check_source(source).await? else {
         return Ok(None);
     };
+    if config.replication_feed().is_some() {
+        // Read from the WAL; `check_replication` checks that.
+        return Ok(Some((capture, None)));
+    }
     let problem = store
         .capture_problem(&capture)
         .await

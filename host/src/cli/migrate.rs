@@ -7,6 +7,7 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::store::OutboxStore;
 use crate::store::capture::Installed;
+use crate::store::replication::SourceTable;
 
 /// What `migrate` was asked to do.
 pub struct Migrate {
@@ -56,18 +57,26 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         Some(_) => Some(Installed::Missing),
         None => None,
     };
+    let replication = args.config.as_ref().and_then(Config::replication_feed);
+    anyhow::ensure!(
+        !(args.backfill && replication.is_some()),
+        "--backfill copies a [source] table's rows for claim mode; in replication mode new rows are read \
+         from the WAL: run the backfill with relay.mode = \"claim\" first, then migrate in replication mode"
+    );
+    // In replication mode the table is read from the WAL, not copied.
     let install = capture
         .as_ref()
+        .filter(|_| replication.is_none())
         .filter(|_| args.backfill || installed != Some(Installed::Current));
     // Without a config the mode is unknown: leave it as it is.
     let feed = match &args.config {
-        Some(config) => {
-            let replication = config.replication_feed();
+        Some(_) => {
             let names = replication
                 .as_ref()
                 .map(|r| (r.slot.as_str(), r.publication.as_str()));
+            let source = capture.as_ref().map(SourceTable::new);
             store
-                .feed_statements(names)
+                .feed_statements(names, source.as_ref())
                 .await
                 .context("cannot read the replication setup")?
         }
@@ -108,7 +117,7 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         if args.backfill {
             println!("{copied} existing row(s) of {} copied", capture.table());
         }
-    } else if let Some(capture) = &capture {
+    } else if let Some(capture) = capture.as_ref().filter(|_| replication.is_none()) {
         println!("capture trigger on {} is up to date", capture.table());
     }
     if !feed.is_empty() {
@@ -116,7 +125,7 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
             .run_feed_statements(&feed)
             .await
             .context("setting the outbox's relay mode failed")?;
-        match args.config.as_ref().and_then(Config::replication_feed) {
+        match &replication {
             Some(r) => println!(
                 "replication mode: rows are written for the stream; publication {} and slot {} are in place",
                 r.publication, r.slot

@@ -70,7 +70,6 @@ pub fn static_problems(
     mode: FeedMode,
     replication: Option<&ReplicationConfig>,
     database_url: &str,
-    has_source: bool,
 ) -> Vec<String> {
     let mut problems = Vec::new();
     if mode == FeedMode::Claim {
@@ -81,12 +80,6 @@ pub fn static_problems(
     }
     if database_url.starts_with("sqlite:") {
         problems.push("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming".into());
-    }
-    if has_source {
-        problems.push(
-            "relay.mode = \"replication\" reads switchyard_outbox; a [source] table is relayed in claim mode for now"
-                .into(),
-        );
     }
     let replication = replication.cloned().unwrap_or_default();
     for (key, name) in [
@@ -112,17 +105,15 @@ mod tests {
             slot: "My-Slot".into(),
             ..ReplicationConfig::default()
         };
-        let problems = static_problems(FeedMode::Replication, Some(&bad), "sqlite:x.db", true);
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        let problems = static_problems(FeedMode::Replication, Some(&bad), "sqlite:x.db");
+        assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("needs PostgreSQL"));
-        assert!(problems[1].contains("[source]"));
-        assert!(problems[2].contains("replication.slot \"My-Slot\""));
-        assert!(static_problems(FeedMode::Replication, None, "postgres://h/db", false).is_empty());
+        assert!(problems[1].contains("replication.slot \"My-Slot\""));
+        assert!(static_problems(FeedMode::Replication, None, "postgres://h/db").is_empty());
         let stray = static_problems(
             FeedMode::Claim,
             Some(&ReplicationConfig::default()),
             "postgres://h/db",
-            false,
         );
         assert_eq!(stray.len(), 1);
     }

@@ -33,7 +33,6 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         config.relay.mode,
         config.replication.as_ref(),
         &config.database.url,
-        config.source.is_some(),
     ));
     if let Some(retention) = &config.retention {
         self::retention(&mut problems, retention);

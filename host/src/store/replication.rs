@@ -6,23 +6,27 @@ use std::collections::HashSet;
 
 use super::postgres::replication as pg;
 pub use super::postgres::replication::{
-    SlotStatus, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
+    SlotStatus, SourceTable, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
 };
 use super::{Error, LeaseId, OutboxStore, RowOutcome};
 
 impl OutboxStore {
-    /// What `migrate` runs to put the outbox into replication mode through
-    /// `slot` and `publication` (only what is missing), or, with `None`,
-    /// back to claim mode. Nothing on SQLite.
+    /// What `migrate` runs to put the outbox (and the `[source]` table)
+    /// into replication mode through `slot` and `publication` (only what is
+    /// missing), or, with `None`, back to claim mode. Nothing on SQLite.
     ///
     /// # Errors
     /// The database's.
-    pub async fn feed_statements(&self, replication: Option<(&str, &str)>) -> Result<Vec<String>, Error> {
+    pub async fn feed_statements(
+        &self,
+        replication: Option<(&str, &str)>,
+        source: Option<&SourceTable>,
+    ) -> Result<Vec<String>, Error> {
         let Some(pool) = self.pg_pool() else {
             return Ok(Vec::new());
         };
         match replication {
-            Some((slot, publication)) => pg::setup_statements(pool, slot, publication).await,
+            Some((slot, publication)) => pg::setup_statements(pool, slot, publication, source).await,
             None => pg::claim_mode_statements(pool).await,
         }
     }
@@ -44,9 +48,14 @@ impl OutboxStore {
     ///
     /// # Errors
     /// The database's.
-    pub async fn replication_problems(&self, slot: &str, publication: &str) -> Result<Vec<String>, Error> {
+    pub async fn replication_problems(
+        &self,
+        slot: &str,
+        publication: &str,
+        source: Option<&SourceTable>,
+    ) -> Result<Vec<String>, Error> {
         match self.pg_pool() {
-            Some(pool) => pg::problems(pool, slot, publication).await,
+            Some(pool) => pg::problems(pool, slot, publication, source).await,
             None => Ok(vec!["replication mode needs PostgreSQL".into()]),
         }
     }

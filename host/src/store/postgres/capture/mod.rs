@@ -24,7 +24,7 @@ mod sql;
 
 /// How a payload column is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PayloadKind {
+pub(crate) enum PayloadKind {
     Jsonb,
     /// `json` or text: parsed as `jsonb` when it is valid, bytes otherwise.
     JsonText,
@@ -40,6 +40,25 @@ pub struct Capture {
     payload: PayloadKind,
     /// The table's name for messages, `schema.table`.
     display: String,
+    /// Its schema, unquoted.
+    schema: String,
+}
+
+impl Capture {
+    /// The mapping this capture was checked from.
+    pub(crate) fn source(&self) -> &SourceConfig {
+        &self.source
+    }
+
+    /// How the payload column is read.
+    pub(crate) fn payload_kind(&self) -> PayloadKind {
+        self.payload
+    }
+
+    /// Schema and table, unquoted (as the WAL and the catalogs name them).
+    pub(crate) fn schema_and_table(&self) -> (&str, &str) {
+        (&self.schema, &self.source.table)
+    }
 }
 
 const TEXT_TYPES: &[&str] = &["text", "character varying", "character", "name", "citext"];
@@ -60,7 +79,7 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
     )
     .fetch_one(pool)
     .await?;
-    let (oid, display) = locate(pool, source).await?;
+    let (oid, display, schema) = locate(pool, source).await?;
     let columns = columns(pool, oid).await?;
     let payload = mismatches(source, &columns, &display).map_err(CheckError::Mismatch)?;
     let payload = match payload.as_deref() {
@@ -73,11 +92,12 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
         outbox_schema,
         payload,
         display,
+        schema,
     })
 }
 
-/// The table's oid and its `schema.table` for messages.
-async fn locate(pool: &PgPool, source: &SourceConfig) -> Result<(i64, String), CheckError> {
+/// The table's oid, its `schema.table` for messages, and its schema.
+async fn locate(pool: &PgPool, source: &SourceConfig) -> Result<(i64, String, String), CheckError> {
     let qualified = match &source.schema {
         Some(schema) => format!("{}.{}", ident(schema), ident(&source.table)),
         None => ident(&source.table),
@@ -102,7 +122,7 @@ async fn locate(pool: &PgPool, source: &SourceConfig) -> Result<(i64, String), C
             "source.table: {display} is not a table (views and foreign tables cannot carry the capture trigger)"
         )]));
     }
-    Ok((oid, display))
+    Ok((oid, display, schema))
 }
 
 /// Each column's type (a domain's base type) and whether a unique index
@@ -281,6 +301,7 @@ mod tests {
             source,
             outbox_schema: "public".into(),
             payload,
+            schema: "public".into(),
         }
     }
 

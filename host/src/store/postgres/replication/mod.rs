@@ -2,6 +2,7 @@
 //! creates, what `validate` and startup check, the slot's state for
 //! operators, and handing a streamed row over to the claim path.
 
+mod events;
 pub(crate) mod pgoutput;
 mod stream;
 
@@ -9,7 +10,8 @@ use std::collections::HashSet;
 
 use sqlx::PgPool;
 
-pub use stream::{StreamError, StreamSettings, StreamedRow, WalBatch, WalStream};
+pub use events::{SourceTable, StreamedRow};
+pub use stream::{StreamError, StreamSettings, WalBatch, WalStream};
 
 use crate::store::Error;
 use crate::store::types::{LeaseId, RowId};
@@ -60,6 +62,7 @@ pub(crate) async fn setup_statements(
     pool: &PgPool,
     slot: &str,
     publication: &str,
+    source: Option<&SourceTable>,
 ) -> Result<Vec<String>, Error> {
     let mut statements = Vec::new();
     if status_default(pool).await?.as_deref() != Some(STREAMED_DEFAULT) {
@@ -74,26 +77,15 @@ pub(crate) async fn setup_statements(
         // cost to every writer (a lock at commit) that nobody listens to.
         statements.push("ALTER TABLE switchyard_outbox DISABLE TRIGGER switchyard_outbox_notify".to_string());
     }
-    let filter: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT (SELECT t.rowfilter FROM pg_publication_tables t
-                  WHERE t.pubname = p.pubname AND t.schemaname = 'public' AND t.tablename = 'switchyard_outbox')
-           FROM pg_publication p WHERE p.pubname = $1",
-    )
-    .bind(publication)
-    .fetch_optional(pool)
-    .await?;
-    let table = format!("switchyard_outbox WHERE {ROW_FILTER}");
-    match filter {
-        None => statements.push(format!(
-            "CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert')"
-        )),
-        Some(filter) if filter.as_deref() != Some(ROW_FILTER) => {
-            statements.push(format!("ALTER PUBLICATION {publication} SET TABLE {table}"));
-            statements.push(format!(
-                "ALTER PUBLICATION {publication} SET (publish = 'insert')"
-            ));
-        }
-        Some(_) => {}
+    statements.extend(publication_statements(pool, publication, source).await?);
+    if let Some(source) = source
+        && capture_enabled(pool, source).await?
+    {
+        // The WAL carries the table's inserts: a copy would be read twice.
+        statements.push(format!(
+            "ALTER TABLE {} DISABLE TRIGGER switchyard_capture",
+            source.display
+        ));
     }
     let emit: Option<String> =
         sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)")
@@ -133,6 +125,73 @@ pub(crate) async fn claim_mode_statements(pool: &PgPool) -> Result<Vec<String>, 
         statements.push("ALTER TABLE switchyard_outbox ENABLE TRIGGER switchyard_outbox_notify".to_string());
     }
     Ok(statements)
+}
+
+/// What makes `publication` publish the inserts of the outbox's streamed
+/// rows and of the `[source]` table, and nothing else.
+async fn publication_statements(
+    pool: &PgPool,
+    publication: &str,
+    source: Option<&SourceTable>,
+) -> Result<Vec<String>, Error> {
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+        .bind(publication)
+        .fetch_one(pool)
+        .await?;
+    let mut want = vec![(
+        "public".to_string(),
+        "switchyard_outbox".to_string(),
+        Some(ROW_FILTER.to_string()),
+    )];
+    let mut tables = format!("switchyard_outbox WHERE {ROW_FILTER}");
+    if let Some(source) = source {
+        let (schema, table) = source.schema_and_table();
+        want.push((schema.to_string(), table.to_string(), None));
+        tables.push_str(&format!(", {}", source.display));
+    }
+    want.sort();
+    if !exists {
+        return Ok(vec![format!(
+            "CREATE PUBLICATION {publication} FOR TABLE {tables} WITH (publish = 'insert')"
+        )]);
+    }
+    let (published, inserts_only): (Vec<(String, String, Option<String>)>, bool) = (
+        sqlx::query_as(
+            "SELECT schemaname::text, tablename::text, rowfilter FROM pg_publication_tables
+              WHERE pubname = $1 ORDER BY 1, 2",
+        )
+        .bind(publication)
+        .fetch_all(pool)
+        .await?,
+        sqlx::query_scalar(
+            "SELECT pubinsert AND NOT (pubupdate OR pubdelete OR pubtruncate) FROM pg_publication WHERE pubname = $1",
+        )
+        .bind(publication)
+        .fetch_one(pool)
+        .await?,
+    );
+    let mut statements = Vec::new();
+    if published != want {
+        statements.push(format!("ALTER PUBLICATION {publication} SET TABLE {tables}"));
+    }
+    if !inserts_only {
+        statements.push(format!(
+            "ALTER PUBLICATION {publication} SET (publish = 'insert')"
+        ));
+    }
+    Ok(statements)
+}
+
+/// Whether the `[source]` table's capture trigger copies its rows.
+async fn capture_enabled(pool: &PgPool, source: &SourceTable) -> Result<bool, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT tgenabled <> 'D' FROM pg_trigger
+          WHERE tgrelid = to_regclass($1) AND tgname = 'switchyard_capture'",
+    )
+    .bind(&source.display)
+    .fetch_optional(pool)
+    .await?
+    .unwrap_or(false))
 }
 
 /// Whether the insert trigger that wakes claiming relays fires (`None`:
@@ -201,7 +260,12 @@ pub(crate) async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<Slot
 
 /// Everything that keeps replication mode from working, each naming what
 /// to do; empty when it can run.
-pub(crate) async fn problems(pool: &PgPool, slot: &str, publication: &str) -> Result<Vec<String>, Error> {
+pub(crate) async fn problems(
+    pool: &PgPool,
+    slot: &str,
+    publication: &str,
+    source: Option<&SourceTable>,
+) -> Result<Vec<String>, Error> {
     let mut problems = Vec::new();
     let (wal_level, replicates, database): (String, bool, String) = sqlx::query_as(
         "SELECT current_setting('wal_level'),
@@ -218,7 +282,7 @@ pub(crate) async fn problems(pool: &PgPool, slot: &str, publication: &str) -> Re
     if !replicates {
         problems.push("the relay's role may not replicate: ALTER ROLE ... REPLICATION".into());
     }
-    let pending = setup_statements(pool, slot, publication).await?;
+    let pending = setup_statements(pool, slot, publication, source).await?;
     if pending.iter().any(|s| s.contains("SET DEFAULT 'streamed'")) {
         problems.push(
             "switchyard_outbox still writes rows for claiming (status defaults to 'pending'): run `switchyard migrate`"
@@ -226,8 +290,25 @@ pub(crate) async fn problems(pool: &PgPool, slot: &str, publication: &str) -> Re
         );
     }
     if pending.iter().any(|s| s.contains("PUBLICATION")) {
+        let tables = match source {
+            Some(source) => format!(
+                "switchyard_outbox's streamed inserts and {}'s inserts",
+                source.display
+            ),
+            None => "switchyard_outbox's streamed inserts".to_string(),
+        };
         problems.push(format!(
-            "publication {publication:?} is missing or does not publish switchyard_outbox's streamed inserts: run `switchyard migrate`"
+            "publication {publication:?} is missing or does not publish {tables} (only): run `switchyard migrate`"
+        ));
+    }
+    if pending
+        .iter()
+        .any(|s| s.contains("DISABLE TRIGGER switchyard_capture"))
+    {
+        problems.push(format!(
+            "the capture trigger on {} copies its rows into switchyard_outbox, and replication mode reads \
+             the table itself (each event would go out twice): run `switchyard migrate` (it turns the trigger off)",
+            source.map_or("", |s| s.display.as_str())
         ));
     }
     match slot_status(pool, slot).await? {

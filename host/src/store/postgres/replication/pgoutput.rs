@@ -22,6 +22,12 @@ pub struct Inserted {
 }
 
 impl Inserted {
+    /// The value of column `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        let index = self.relation.columns.iter().position(|c| c == name)?;
+        self.values.get(index)?.as_deref()
+    }
+
     /// Takes the value of column `name` out of the row.
     pub fn take(&mut self, name: &str) -> Option<String> {
         let index = self.relation.columns.iter().position(|c| c == name)?;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use futures::FutureExt;
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 
-use super::pgoutput::{Decoder, Inserted};
-use crate::store::types::{OutboxRow, RowId};
+use super::events::{SourceTable, StreamedRow, emitted_row, source_row, streamed_row};
+use super::pgoutput::Decoder;
 
 /// The outbox table as the WAL names it.
 const OUTBOX_TABLE: &str = "public.switchyard_outbox";
@@ -65,30 +65,8 @@ pub struct StreamSettings {
     pub batch_size: usize,
     /// Retained WAL above this makes the relay unready.
     pub max_retained_wal_bytes: u64,
-}
-
-/// An insert read from the WAL, ready for the stages.
-#[derive(Debug, Clone)]
-pub struct StreamedRow {
-    /// The row as the stages take it (`attempts` 1: this is its first).
-    pub row: OutboxRow,
-    /// Its values as the WAL had them, to copy it into the table should it
-    /// be deleted before it is handed over.
-    pub(crate) text: StreamedText,
-    /// When the writer delayed it to (`not_before`), ms since the epoch.
-    pub not_before_ms: Option<i64>,
-    /// Not a row of the outbox table (a logical message): `row.id` is a
-    /// stand-in, unique in the stream, and the table gives the event an id
-    /// of its own should it be handed over.
-    pub(crate) id_at_handover: bool,
-}
-
-/// The column values a copy of the row needs, as text.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct StreamedText {
-    pub(crate) payload_bytes: Option<String>,
-    pub(crate) created_at: Option<String>,
-    pub(crate) not_before: Option<String>,
+    /// The `[source]` table, read beside the outbox.
+    pub source: Option<SourceTable>,
 }
 
 /// Rows read, and the position that is done once they are.
@@ -109,7 +87,12 @@ pub struct WalStream {
     decoder: Decoder,
     slot: String,
     batch_size: usize,
+    source: Option<SourceTable>,
     in_transaction: bool,
+    /// The open transaction's commit time, ms since the epoch.
+    committed_ms: i64,
+    /// The last stand-in id's position: each is unique in the session.
+    last_position: u64,
 }
 
 impl WalStream {
@@ -132,7 +115,10 @@ impl WalStream {
             decoder: Decoder::default(),
             slot: settings.slot.clone(),
             batch_size: settings.batch_size.max(1),
+            source: settings.source.clone(),
             in_transaction: false,
+            committed_ms: 0,
+            last_position: 0,
         })
     }
 
@@ -164,7 +150,13 @@ impl WalStream {
             .map_err(|e| StreamError::from_wire(e, &self.slot))?
             .ok_or_else(|| StreamError::Broken("the server ended the replication stream".into()))?;
         match event {
-            ReplicationEvent::Begin { .. } => self.in_transaction = true,
+            ReplicationEvent::Begin {
+                commit_time_micros, ..
+            } => {
+                self.in_transaction = true;
+                // PostgreSQL's epoch is 2000-01-01.
+                self.committed_ms = commit_time_micros / 1000 + 946_684_800_000;
+            }
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.in_transaction = false;
                 batch.done_at = batch.done_at.max(Some(end_lsn));
@@ -175,13 +167,26 @@ impl WalStream {
                 prefix,
                 content,
             } if prefix == super::EMIT_PREFIX => batch.rows.push(emitted_row(lsn, &content)),
-            ReplicationEvent::XLogData { data, .. } => {
+            ReplicationEvent::XLogData { data, wal_start, .. } => {
                 let inserted = self
                     .decoder
                     .decode(&data)
                     .map_err(|e| StreamError::Broken(e.to_string()))?;
-                if let Some(inserted) = inserted.filter(|i| i.relation.table == OUTBOX_TABLE) {
+                let Some(inserted) = inserted else {
+                    return Ok(());
+                };
+                if inserted.relation.table == OUTBOX_TABLE {
                     batch.rows.push(streamed_row(inserted));
+                } else if let Some(source) = self
+                    .source
+                    .as_ref()
+                    .filter(|s| s.relation == inserted.relation.table)
+                {
+                    let position = wal_start.as_u64().max(self.last_position + 1);
+                    self.last_position = position;
+                    batch
+                        .rows
+                        .push(source_row(&inserted, source, position, self.committed_ms));
                 }
             }
             // Between transactions every row before it is handed out (in
@@ -264,234 +269,9 @@ fn url_password(url: &str) -> Option<String> {
     )
 }
 
-/// An insert as an outbox row. A value that cannot be read makes the row
-/// malformed (dead-lettered with the reason), as the claim does.
-fn streamed_row(mut inserted: Inserted) -> StreamedRow {
-    let mut take = |column: &str| inserted.take(column);
-    let mut problem: Option<String> = None;
-    let id = take("id").and_then(|v| v.parse().ok()).unwrap_or_default();
-    let event_id_text = take("event_id").unwrap_or_default();
-    let event_id = uuid::Uuid::parse_str(&event_id_text).unwrap_or_else(|_| {
-        problem.get_or_insert_with(|| format!("event_id {event_id_text:?} is not a UUID"));
-        uuid::Uuid::nil()
-    });
-    let created_at = take("created_at");
-    let created_at_ms = created_at.as_deref().and_then(timestamp_ms);
-    if created_at_ms.is_none() {
-        problem
-            .get_or_insert_with(|| "created_at is -infinity or infinity; it must be a point in time".into());
-    }
-    let not_before = take("not_before");
-    let payload_bytes_text = take("payload_bytes");
-    let payload_bytes = match payload_bytes_text.as_deref().map(hex_bytea) {
-        Some(Some(bytes)) => Some(bytes),
-        Some(None) => {
-            problem.get_or_insert_with(|| "payload_bytes is not in hex form".into());
-            None
-        }
-        None => None,
-    };
-    let row = OutboxRow {
-        id: RowId(id),
-        event_id,
-        aggregate_type: take("aggregate_type").unwrap_or_default(),
-        aggregate_id: take("aggregate_id").unwrap_or_default(),
-        event_type: take("event_type").unwrap_or_default(),
-        payload_json: take("payload"),
-        payload_bytes,
-        headers_json: take("headers").unwrap_or_else(|| "{}".into()),
-        tenant: take("tenant"),
-        created_at_ms: created_at_ms.unwrap_or_default(),
-        attempts: 1,
-        deliveries: std::collections::BTreeMap::new(),
-        held_by: Vec::new(),
-        malformed: problem,
-    };
-    StreamedRow {
-        row,
-        not_before_ms: not_before.as_deref().and_then(timestamp_ms),
-        text: StreamedText {
-            payload_bytes: payload_bytes_text,
-            created_at,
-            not_before,
-        },
-        id_at_handover: false,
-    }
-}
-
-/// An event as `switchyard_emit` writes it into its message.
-#[derive(serde::Deserialize)]
-struct Emitted<'a> {
-    id: i64,
-    event_id: uuid::Uuid,
-    aggregate_type: String,
-    aggregate_id: String,
-    event_type: String,
-    #[serde(borrow)]
-    payload: Option<&'a serde_json::value::RawValue>,
-    payload_bytes: Option<String>,
-    #[serde(borrow)]
-    headers: Option<&'a serde_json::value::RawValue>,
-    tenant: Option<String>,
-    created_at: String,
-}
-
-/// An event written by `switchyard_emit`. Content that is not an event is
-/// dead-lettered with the reason, its bytes kept.
-fn emitted_row(lsn: Lsn, content: &[u8]) -> StreamedRow {
-    let read = serde_json::from_slice::<Emitted<'_>>(content)
-        .map_err(|e| e.to_string())
-        .and_then(|emitted| {
-            let created = chrono::DateTime::parse_from_rfc3339(&emitted.created_at)
-                .map_err(|e| format!("created_at {:?}: {e}", emitted.created_at))?;
-            let bytes = match &emitted.payload_bytes {
-                Some(hex) => Some(hex_bytea(&format!("\\x{hex}")).ok_or("payload_bytes is not hex")?),
-                None => None,
-            };
-            Ok((emitted, created, bytes))
-        });
-    let (row, text) = match read {
-        Ok((emitted, created, payload_bytes)) => (
-            OutboxRow {
-                id: RowId(emitted.id),
-                event_id: emitted.event_id,
-                aggregate_type: emitted.aggregate_type,
-                aggregate_id: emitted.aggregate_id,
-                event_type: emitted.event_type,
-                payload_json: emitted
-                    .payload
-                    .filter(|raw| raw.get() != "null")
-                    .map(|raw| raw.get().to_string()),
-                payload_bytes,
-                headers_json: emitted
-                    .headers
-                    .map_or_else(|| "{}".into(), |raw| raw.get().to_string()),
-                tenant: emitted.tenant,
-                created_at_ms: created.timestamp_millis(),
-                attempts: 1,
-                deliveries: std::collections::BTreeMap::new(),
-                held_by: Vec::new(),
-                malformed: None,
-            },
-            StreamedText {
-                payload_bytes: emitted.payload_bytes.map(|hex| format!("\\x{hex}")),
-                created_at: Some(emitted.created_at),
-                not_before: None,
-            },
-        ),
-        Err(why) => {
-            let (row, text) = unreadable_message(lsn, content, why);
-            return StreamedRow {
-                row,
-                text,
-                not_before_ms: None,
-                id_at_handover: true,
-            };
-        }
-    };
-    StreamedRow {
-        row,
-        text,
-        not_before_ms: None,
-        id_at_handover: false,
-    }
-}
-
-/// A message under the event prefix that is not an event: an aggregate of
-/// its own (it holds nothing back), its content kept as the payload bytes.
-/// Its stand-in id is its position, negated so that it never meets a row's.
-fn unreadable_message(lsn: Lsn, content: &[u8], why: String) -> (OutboxRow, StreamedText) {
-    let position = i64::try_from(lsn.as_u64()).unwrap_or(i64::MAX);
-    let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
-    let row = OutboxRow {
-        id: RowId(-position),
-        // The same id whenever the message is read again: a replay finds
-        // the dead letter it left the first time.
-        event_id: uuid::Uuid::from_u64_pair(0x7377_6974_6368_7964, lsn.as_u64()),
-        aggregate_type: super::EMIT_PREFIX.into(),
-        aggregate_id: lsn.to_string(),
-        event_type: "unreadable".into(),
-        payload_json: None,
-        payload_bytes: Some(content.to_vec()),
-        headers_json: "{}".into(),
-        tenant: None,
-        created_at_ms: chrono::Utc::now().timestamp_millis(),
-        attempts: 1,
-        deliveries: std::collections::BTreeMap::new(),
-        held_by: Vec::new(),
-        malformed: Some(format!(
-            "the message at {lsn} with prefix {:?} is not an event written by switchyard_emit: {why}",
-            super::EMIT_PREFIX
-        )),
-    };
-    let text = StreamedText {
-        payload_bytes: Some(format!("\\x{hex}")),
-        created_at: None,
-        not_before: None,
-    };
-    (row, text)
-}
-
-/// A `timestamptz` in ISO form at UTC (`2026-11-25 16:55:01.123456+00`), in
-/// ms since the epoch; `None` for infinities and anything else.
-fn timestamp_ms(text: &str) -> Option<i64> {
-    chrono::DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
-        .ok()
-        .map(|t| t.timestamp_millis())
-}
-
-/// A `bytea` in hex form (`\x0aff`).
-fn hex_bytea(text: &str) -> Option<Vec<u8>> {
-    let hex = text.strip_prefix("\\x")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn values_read_as_the_table_has_them() {
-        assert_eq!(timestamp_ms("1970-01-01 00:00:01.5+00"), Some(1500));
-        assert_eq!(timestamp_ms("2026-11-25 16:55:01+00"), Some(1_795_625_701_000));
-        assert_eq!(timestamp_ms("infinity"), None);
-        assert_eq!(hex_bytea("\\x00ff10"), Some(vec![0, 255, 16]));
-        assert_eq!(hex_bytea("\\x0"), None);
-        assert_eq!(hex_bytea("00"), None);
-    }
-
-    #[test]
-    fn an_unreadable_value_makes_the_row_malformed_not_lost() {
-        let values = [
-            ("id", Some("42")),
-            ("event_id", Some("not-a-uuid")),
-            ("aggregate_type", Some("order")),
-            ("aggregate_id", Some("1")),
-            ("event_type", Some("created")),
-            ("payload", Some("{\"a\": 1}")),
-            ("created_at", Some("2026-11-25 16:55:01+00")),
-        ];
-        let inserted = Inserted {
-            relation: std::sync::Arc::new(super::super::pgoutput::RelationInfo {
-                table: OUTBOX_TABLE.into(),
-                columns: values.iter().map(|(k, _)| (*k).to_string()).collect(),
-            }),
-            values: values.iter().map(|(_, v)| v.map(str::to_string)).collect(),
-        };
-        let streamed = streamed_row(inserted);
-        assert_eq!(streamed.row.id, RowId(42));
-        assert_eq!(streamed.row.attempts, 1);
-        assert_eq!(streamed.row.payload_json.as_deref(), Some("{\"a\": 1}"));
-        assert_eq!(streamed.row.headers_json, "{}");
-        let why = streamed.row.malformed.expect("malformed");
-        assert!(why.contains("not-a-uuid"), "{why}");
-    }
 
     #[test]
     fn a_slot_another_session_reads_means_standing_by() {

@@ -1,0 +1,538 @@
+//! What the WAL carries, as rows for the stages: an insert into the
+//! outbox table, an event written by `switchyard_emit`, an insert into a
+//! `[source]` table. A value that cannot be read makes a malformed row
+//! (dead-lettered with the reason), never a lost event or a stuck stream.
+
+use std::collections::BTreeMap;
+
+use pgwire_replication::Lsn;
+
+use super::pgoutput::Inserted;
+use crate::config::source::SourceColumns;
+use crate::store::postgres::capture::{Capture, PayloadKind};
+use crate::store::types::{OutboxRow, RowId};
+
+/// A `[source]` table as replication mode reads it: the services' own
+/// outbox, published as it is, with no trigger and no copy.
+#[derive(Debug, Clone)]
+pub struct SourceTable {
+    /// `schema.table` as the WAL names it (unquoted).
+    pub(crate) relation: String,
+    /// The same, quoted, for messages and SQL.
+    pub(crate) display: String,
+    columns: SourceColumns,
+    header_columns: BTreeMap<String, String>,
+    payload: PayloadKind,
+}
+
+impl SourceTable {
+    /// The table of a checked `[source]` mapping.
+    pub fn new(capture: &Capture) -> SourceTable {
+        let (schema, table) = capture.schema_and_table();
+        SourceTable {
+            relation: format!("{schema}.{table}"),
+            display: capture.table().to_string(),
+            columns: capture.source().columns.clone(),
+            header_columns: capture.source().header_columns.clone(),
+            payload: capture.payload_kind(),
+        }
+    }
+
+    /// Schema and table, unquoted.
+    pub(crate) fn schema_and_table(&self) -> (&str, &str) {
+        self.relation.split_once('.').unwrap_or(("", &self.relation))
+    }
+}
+
+/// An insert read from the WAL, ready for the stages.
+#[derive(Debug, Clone)]
+pub struct StreamedRow {
+    /// The row as the stages take it (`attempts` 1: this is its first).
+    pub row: OutboxRow,
+    /// Its values as the WAL had them, to copy it into the table should it
+    /// be deleted before it is handed over.
+    pub(crate) text: StreamedText,
+    /// When the writer delayed it to (`not_before`), ms since the epoch.
+    pub not_before_ms: Option<i64>,
+    /// Not a row of the outbox table (a logical message): `row.id` is a
+    /// stand-in, unique in the stream, and the table gives the event an id
+    /// of its own should it be handed over.
+    pub(crate) id_at_handover: bool,
+}
+
+/// The column values a copy of the row needs, as text.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StreamedText {
+    pub(crate) payload_bytes: Option<String>,
+    pub(crate) created_at: Option<String>,
+    pub(crate) not_before: Option<String>,
+}
+
+/// An insert as an outbox row. A value that cannot be read makes the row
+/// malformed (dead-lettered with the reason), as the claim does.
+pub(super) fn streamed_row(mut inserted: Inserted) -> StreamedRow {
+    let mut take = |column: &str| inserted.take(column);
+    let mut problem: Option<String> = None;
+    let id = take("id").and_then(|v| v.parse().ok()).unwrap_or_default();
+    let event_id_text = take("event_id").unwrap_or_default();
+    let event_id = uuid::Uuid::parse_str(&event_id_text).unwrap_or_else(|_| {
+        problem.get_or_insert_with(|| format!("event_id {event_id_text:?} is not a UUID"));
+        uuid::Uuid::nil()
+    });
+    let created_at = take("created_at");
+    let created_at_ms = created_at.as_deref().and_then(timestamp_ms);
+    if created_at_ms.is_none() {
+        problem
+            .get_or_insert_with(|| "created_at is -infinity or infinity; it must be a point in time".into());
+    }
+    let not_before = take("not_before");
+    let payload_bytes_text = take("payload_bytes");
+    let payload_bytes = match payload_bytes_text.as_deref().map(hex_bytea) {
+        Some(Some(bytes)) => Some(bytes),
+        Some(None) => {
+            problem.get_or_insert_with(|| "payload_bytes is not in hex form".into());
+            None
+        }
+        None => None,
+    };
+    let row = OutboxRow {
+        id: RowId(id),
+        event_id,
+        aggregate_type: take("aggregate_type").unwrap_or_default(),
+        aggregate_id: take("aggregate_id").unwrap_or_default(),
+        event_type: take("event_type").unwrap_or_default(),
+        payload_json: take("payload"),
+        payload_bytes,
+        headers_json: take("headers").unwrap_or_else(|| "{}".into()),
+        tenant: take("tenant"),
+        created_at_ms: created_at_ms.unwrap_or_default(),
+        attempts: 1,
+        deliveries: std::collections::BTreeMap::new(),
+        held_by: Vec::new(),
+        malformed: problem,
+    };
+    StreamedRow {
+        row,
+        not_before_ms: not_before.as_deref().and_then(timestamp_ms),
+        text: StreamedText {
+            payload_bytes: payload_bytes_text,
+            created_at,
+            not_before,
+        },
+        id_at_handover: false,
+    }
+}
+
+/// An event as `switchyard_emit` writes it into its message.
+#[derive(serde::Deserialize)]
+struct Emitted<'a> {
+    id: i64,
+    event_id: uuid::Uuid,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    #[serde(borrow)]
+    payload: Option<&'a serde_json::value::RawValue>,
+    payload_bytes: Option<String>,
+    #[serde(borrow)]
+    headers: Option<&'a serde_json::value::RawValue>,
+    tenant: Option<String>,
+    created_at: String,
+}
+
+/// An event written by `switchyard_emit`. Content that is not an event is
+/// dead-lettered with the reason, its bytes kept.
+pub(super) fn emitted_row(lsn: Lsn, content: &[u8]) -> StreamedRow {
+    let read = serde_json::from_slice::<Emitted<'_>>(content)
+        .map_err(|e| e.to_string())
+        .and_then(|emitted| {
+            let created = chrono::DateTime::parse_from_rfc3339(&emitted.created_at)
+                .map_err(|e| format!("created_at {:?}: {e}", emitted.created_at))?;
+            let bytes = match &emitted.payload_bytes {
+                Some(hex) => Some(hex_bytea(&format!("\\x{hex}")).ok_or("payload_bytes is not hex")?),
+                None => None,
+            };
+            Ok((emitted, created, bytes))
+        });
+    let (row, text) = match read {
+        Ok((emitted, created, payload_bytes)) => (
+            OutboxRow {
+                id: RowId(emitted.id),
+                event_id: emitted.event_id,
+                aggregate_type: emitted.aggregate_type,
+                aggregate_id: emitted.aggregate_id,
+                event_type: emitted.event_type,
+                payload_json: emitted
+                    .payload
+                    .filter(|raw| raw.get() != "null")
+                    .map(|raw| raw.get().to_string()),
+                payload_bytes,
+                headers_json: emitted
+                    .headers
+                    .map_or_else(|| "{}".into(), |raw| raw.get().to_string()),
+                tenant: emitted.tenant,
+                created_at_ms: created.timestamp_millis(),
+                attempts: 1,
+                deliveries: std::collections::BTreeMap::new(),
+                held_by: Vec::new(),
+                malformed: None,
+            },
+            StreamedText {
+                payload_bytes: emitted.payload_bytes.map(|hex| format!("\\x{hex}")),
+                created_at: Some(emitted.created_at),
+                not_before: None,
+            },
+        ),
+        Err(why) => {
+            let (row, text) = unreadable_message(lsn, content, why);
+            return StreamedRow {
+                row,
+                text,
+                not_before_ms: None,
+                id_at_handover: true,
+            };
+        }
+    };
+    StreamedRow {
+        row,
+        text,
+        not_before_ms: None,
+        id_at_handover: false,
+    }
+}
+
+/// A message under the event prefix that is not an event: an aggregate of
+/// its own (it holds nothing back), its content kept as the payload bytes.
+/// Its stand-in id is its position, negated so that it never meets a row's.
+fn unreadable_message(lsn: Lsn, content: &[u8], why: String) -> (OutboxRow, StreamedText) {
+    let position = i64::try_from(lsn.as_u64()).unwrap_or(i64::MAX);
+    let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
+    let row = OutboxRow {
+        id: RowId(-position),
+        // The same id whenever the message is read again: a replay finds
+        // the dead letter it left the first time.
+        event_id: position_event_id(lsn.as_u64()),
+        aggregate_type: super::EMIT_PREFIX.into(),
+        aggregate_id: lsn.to_string(),
+        event_type: "unreadable".into(),
+        payload_json: None,
+        payload_bytes: Some(content.to_vec()),
+        headers_json: "{}".into(),
+        tenant: None,
+        created_at_ms: chrono::Utc::now().timestamp_millis(),
+        attempts: 1,
+        deliveries: std::collections::BTreeMap::new(),
+        held_by: Vec::new(),
+        malformed: Some(format!(
+            "the message at {lsn} with prefix {:?} is not an event written by switchyard_emit: {why}",
+            super::EMIT_PREFIX
+        )),
+    };
+    let text = StreamedText {
+        payload_bytes: Some(format!("\\x{hex}")),
+        created_at: None,
+        not_before: None,
+    };
+    (row, text)
+}
+
+/// An insert into the `[source]` table. Its stand-in id is `position`
+/// negated (unique in the stream, never a row's); its event id is its
+/// event id column, else one made from its position, the same whenever it
+/// is read again. Checks and messages are the capture trigger's: a row
+/// that cannot be relayed is a dead letter that says which column, with its
+/// keys cut to fit the table.
+pub(super) fn source_row(
+    inserted: &Inserted,
+    source: &SourceTable,
+    position: u64,
+    committed_ms: i64,
+) -> StreamedRow {
+    let columns = &source.columns;
+    let value = |name: &str| inserted.get(name).map(str::to_string);
+    let mut problems: Vec<String> = Vec::new();
+    let mut key = |field: &str, name: &str, bytes: usize| match value(name) {
+        None => {
+            problems.push(format!("{field} (column {name:?}) is NULL"));
+            String::new()
+        }
+        Some(text) if text.len() > bytes => {
+            problems.push(format!(
+                "{field} (column {name:?}) is {} bytes; at most {bytes}",
+                text.len()
+            ));
+            text
+        }
+        Some(text) => text,
+    };
+    let mut aggregate_type = key("aggregate_type", &columns.aggregate_type, 255);
+    let mut aggregate_id = key("aggregate_id", &columns.aggregate_id, 1024);
+    let event_type = key("event_type", &columns.event_type, usize::MAX);
+    let event_id = columns
+        .event_id
+        .as_deref()
+        .and_then(value)
+        .and_then(|text| uuid::Uuid::parse_str(&text).ok())
+        .unwrap_or_else(|| position_event_id(position));
+    let (payload_json, payload_bytes) = source_payload(value(&columns.payload), source.payload);
+    let headers = match source_headers(
+        columns.headers.as_deref().and_then(value),
+        &source.header_columns,
+        &value,
+    ) {
+        Ok(headers) => headers,
+        Err(why) => {
+            problems.push(why);
+            "{}".into()
+        }
+    };
+    let malformed = (!problems.is_empty()).then(|| {
+        format!(
+            "cannot be relayed from {}: {}",
+            source.display,
+            problems.join("; ")
+        )
+    });
+    if malformed.is_some() {
+        // What the table takes: a dead letter must fit to be recorded.
+        aggregate_type = aggregate_type.chars().take(60).collect();
+        aggregate_id = aggregate_id.chars().take(250).collect();
+    }
+    let created_at = chrono::DateTime::from_timestamp_millis(committed_ms)
+        .unwrap_or_default()
+        .to_rfc3339();
+    let bytes_text = payload_bytes.as_ref().map(|bytes| {
+        format!(
+            "\\x{}",
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    });
+    StreamedRow {
+        row: OutboxRow {
+            id: RowId(-i64::try_from(position).unwrap_or(i64::MAX)),
+            event_id,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            payload_json,
+            payload_bytes,
+            headers_json: headers,
+            tenant: columns.tenant.as_deref().and_then(value),
+            created_at_ms: committed_ms,
+            attempts: 1,
+            deliveries: std::collections::BTreeMap::new(),
+            held_by: Vec::new(),
+            malformed,
+        },
+        text: StreamedText {
+            payload_bytes: bytes_text,
+            created_at: Some(created_at),
+            not_before: None,
+        },
+        not_before_ms: None,
+        id_at_handover: true,
+    }
+}
+
+/// An event id made from a WAL position.
+fn position_event_id(position: u64) -> uuid::Uuid {
+    uuid::Uuid::from_u64_pair(0x7377_6974_6368_7964, position)
+}
+
+/// The payload column's text as JSON or bytes, as the trigger reads it: a
+/// `json` or text value that `jsonb` would not take is carried as bytes.
+fn source_payload(text: Option<String>, kind: PayloadKind) -> (Option<String>, Option<Vec<u8>>) {
+    let Some(text) = text else {
+        return (None, None);
+    };
+    match kind {
+        PayloadKind::Jsonb => (Some(text), None),
+        PayloadKind::Bytea => (None, hex_bytea(&text)),
+        PayloadKind::JsonText => {
+            let json = serde_json::from_str::<&serde_json::value::RawValue>(&text).is_ok()
+                && !text.contains("\\u0000");
+            if json {
+                (Some(text), None)
+            } else {
+                (None, Some(text.into_bytes()))
+            }
+        }
+    }
+}
+
+/// The headers column's object with the header columns' values added
+/// (NULLs send no header).
+fn source_headers(
+    column: Option<String>,
+    header_columns: &BTreeMap<String, String>,
+    value: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    if header_columns.is_empty() {
+        return Ok(column.unwrap_or_else(|| "{}".into()));
+    }
+    let mut headers = match column {
+        Some(text) => serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text)
+            .map_err(|_| "headers is not a JSON object".to_string())?,
+        None => serde_json::Map::new(),
+    };
+    for (header, name) in header_columns {
+        if let Some(text) = value(name) {
+            headers.insert(header.clone(), serde_json::Value::String(text));
+        }
+    }
+    Ok(serde_json::Value::Object(headers).to_string())
+}
+
+/// A `timestamptz` in ISO form at UTC (`2026-11-25 16:55:01.123456+00`), in
+/// ms since the epoch; `None` for infinities and anything else.
+fn timestamp_ms(text: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
+/// A `bytea` in hex form (`\x0aff`).
+fn hex_bytea(text: &str) -> Option<Vec<u8>> {
+    let hex = text.strip_prefix("\\x")?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_read_as_the_table_has_them() {
+        assert_eq!(timestamp_ms("1970-01-01 00:00:01.5+00"), Some(1500));
+        assert_eq!(timestamp_ms("2026-11-25 16:55:01+00"), Some(1_795_625_701_000));
+        assert_eq!(timestamp_ms("infinity"), None);
+        assert_eq!(hex_bytea("\\x00ff10"), Some(vec![0, 255, 16]));
+        assert_eq!(hex_bytea("\\x0"), None);
+        assert_eq!(hex_bytea("00"), None);
+    }
+
+    #[test]
+    fn an_unreadable_value_makes_the_row_malformed_not_lost() {
+        let values = [
+            ("id", Some("42")),
+            ("event_id", Some("not-a-uuid")),
+            ("aggregate_type", Some("order")),
+            ("aggregate_id", Some("1")),
+            ("event_type", Some("created")),
+            ("payload", Some("{\"a\": 1}")),
+            ("created_at", Some("2026-11-25 16:55:01+00")),
+        ];
+        let inserted = Inserted {
+            relation: std::sync::Arc::new(super::super::pgoutput::RelationInfo {
+                table: "public.switchyard_outbox".into(),
+                columns: values.iter().map(|(k, _)| (*k).to_string()).collect(),
+            }),
+            values: values.iter().map(|(_, v)| v.map(str::to_string)).collect(),
+        };
+        let streamed = streamed_row(inserted);
+        assert_eq!(streamed.row.id, RowId(42));
+        assert_eq!(streamed.row.attempts, 1);
+        assert_eq!(streamed.row.payload_json.as_deref(), Some("{\"a\": 1}"));
+        assert_eq!(streamed.row.headers_json, "{}");
+        let why = streamed.row.malformed.expect("malformed");
+        assert!(why.contains("not-a-uuid"), "{why}");
+    }
+
+    fn debezium_table(payload: PayloadKind) -> SourceTable {
+        SourceTable {
+            relation: "public.outbox".into(),
+            display: "\"public\".\"outbox\"".into(),
+            columns: SourceColumns {
+                event_id: None,
+                aggregate_type: "aggregatetype".into(),
+                aggregate_id: "aggregateid".into(),
+                event_type: "type".into(),
+                payload: "payload".into(),
+                headers: None,
+                tenant: None,
+            },
+            header_columns: [("traceparent".to_string(), "span".to_string())].into(),
+            payload,
+        }
+    }
+
+    fn insert(values: &[(&str, Option<&str>)]) -> Inserted {
+        Inserted {
+            relation: std::sync::Arc::new(super::super::pgoutput::RelationInfo {
+                table: "public.outbox".into(),
+                columns: values.iter().map(|(k, _)| (*k).to_string()).collect(),
+            }),
+            values: values.iter().map(|(_, v)| v.map(str::to_string)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_source_row_is_read_as_the_capture_trigger_copies_it() {
+        let table = debezium_table(PayloadKind::JsonText);
+        let row = insert(&[
+            ("aggregatetype", Some("order")),
+            ("aggregateid", Some("o-1")),
+            ("type", Some("OrderPaid")),
+            ("payload", Some("not json")),
+            ("span", Some("00-ab-cd-01")),
+        ]);
+        let first = source_row(&row, &table, 100, 1_000);
+        assert_eq!(first.row.malformed, None);
+        assert_eq!(
+            first.row.payload_json, None,
+            "text that is not JSON travels as bytes"
+        );
+        assert_eq!(first.row.payload_bytes.as_deref(), Some(&b"not json"[..]));
+        assert_eq!(first.text.payload_bytes.as_deref(), Some("\\x6e6f74206a736f6e"));
+        assert_eq!(first.row.headers_json, r#"{"traceparent":"00-ab-cd-01"}"#);
+        assert_eq!(first.row.id, RowId(-100));
+        assert!(first.id_at_handover);
+        // Read again (a replay), the same event id: consumers and the table deduplicate it.
+        assert_eq!(
+            source_row(&row, &table, 100, 1_000).row.event_id,
+            first.row.event_id
+        );
+        assert_ne!(
+            source_row(&row, &table, 101, 1_000).row.event_id,
+            first.row.event_id
+        );
+    }
+
+    #[test]
+    fn a_source_row_that_cannot_be_relayed_is_a_dead_letter_that_fits_the_table() {
+        let table = debezium_table(PayloadKind::Jsonb);
+        let long = "x".repeat(2000);
+        let row = insert(&[
+            ("aggregatetype", None),
+            ("aggregateid", Some(long.as_str())),
+            ("type", Some("OrderPaid")),
+            ("payload", Some("{}")),
+            ("span", None),
+        ]);
+        let streamed = source_row(&row, &table, 7, 0);
+        let why = streamed.row.malformed.expect("malformed");
+        assert!(
+            why.starts_with("cannot be relayed from \"public\".\"outbox\": "),
+            "{why}"
+        );
+        assert!(
+            why.contains("aggregate_type (column \"aggregatetype\") is NULL"),
+            "{why}"
+        );
+        assert!(
+            why.contains("aggregate_id (column \"aggregateid\") is 2000 bytes; at most 1024"),
+            "{why}"
+        );
+        assert_eq!(streamed.row.aggregate_id.len(), 250);
+        assert_eq!(
+            streamed.row.headers_json, "{}",
+            "a NULL header column sends no header"
+        );
+    }
+}
