@@ -116,7 +116,7 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
     for step in [
         "SET DEFAULT 'streamed'",
         "DISABLE TRIGGER switchyard_outbox_notify",
-        "CREATE PUBLICATION switchyard_outbox FOR TABLE switchyard_outbox WHERE (status = 'streamed'::text)",
+        "CREATE PUBLICATION switchyard_outbox FOR TABLE switchyard_outbox (\"aggregate_id\", \"aggregate_type\", \"created_at\", \"event_id\", \"event_type\", \"headers\", \"id\", \"not_before\", \"payload\", \"payload_bytes\", \"tenant\") WHERE (status = 'streamed'::text)",
         "pg_create_logical_replication_slot",
     ] {
         assert!(out.contains(step), "{step} missing from:\n{out}");
@@ -575,7 +575,7 @@ async fn a_services_own_outbox_table_is_read_from_the_wal_with_its_trigger_turne
     let _ = std::fs::remove_file(&path);
     assert_eq!(code, 0, "{out}{err}");
     for step in [
-        "WHERE (status = 'streamed'::text), \"public\".\"outbox\" WITH (publish = 'insert')",
+        "WHERE (status = 'streamed'::text), \"public\".\"outbox\" (\"aggregateid\", \"aggregatetype\", \"id\", \"payload\", \"tracingspancontext\", \"type\") WITH (publish = 'insert')",
         "ALTER TABLE \"public\".\"outbox\" DISABLE TRIGGER switchyard_capture",
     ] {
         assert!(out.contains(step), "{step} missing from:\n{out}");

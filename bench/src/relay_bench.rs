@@ -15,6 +15,9 @@
 //! cargo run --release -p switchyard-bench --bin relay-bench [-- --rows 1000000]
 //! ```
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -104,7 +104,7 @@ fn check_identifier(name: &str) -> Result<(), String> {
 
 impl SourceColumns {
     /// `(config key, column)` for every mapped field.
-    fn named(&self) -> Vec<(&'static str, &str)> {
+    pub(crate) fn named(&self) -> Vec<(&'static str, &str)> {
         let mut named = vec![
             ("source.columns.aggregate_type", self.aggregate_type.as_str()),
             ("source.columns.aggregate_id", self.aggregate_id.as_str()),

@@ -39,13 +39,20 @@ fn key(row: &StreamedRow) -> Key {
     (row.row.aggregate_type.clone(), row.row.aggregate_id.clone())
 }
 
-/// The lane of an event's aggregate.
-fn lane_of(row: &StreamedRow, lanes: usize) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+/// A hash of an event's aggregate: its lane, and its place in a wave.
+/// Two aggregates that share one only share a lane or wait for the next
+/// wave; order never depends on it.
+fn aggregate_hash(row: &StreamedRow) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = rustc_hash::FxBuildHasher.build_hasher();
     row.row.aggregate_type.hash(&mut hasher);
     row.row.aggregate_id.hash(&mut hasher);
-    usize::try_from(hasher.finish() % lanes as u64).unwrap_or(0)
+    hasher.finish()
+}
+
+/// The lane of an event's aggregate.
+fn lane_of(row: &StreamedRow, lanes: usize) -> usize {
+    usize::try_from(aggregate_hash(row) % lanes as u64).unwrap_or(0)
 }
 
 /// Batches in flight, in stream order: a batch's position may be
@@ -298,16 +305,15 @@ impl Relay {
         loop {
             let mut wave = Vec::new();
             let mut later = Vec::new();
-            let mut in_wave = HashSet::new();
+            let mut in_wave = rustc_hash::FxHashSet::default();
             for streamed in remaining {
-                let key = key(&streamed);
-                if waiting.contains(&key) {
+                if !waiting.is_empty() && waiting.contains(&key(&streamed)) {
                     follow.push(streamed);
                 } else if streamed.not_before_ms.is_some_and(|at| at > now_ms) {
                     // Delayed by its writer: the claim path holds it until then.
-                    waiting.insert(key);
+                    waiting.insert(key(&streamed));
                     follow.push(streamed);
-                } else if in_wave.insert(key) {
+                } else if in_wave.insert(aggregate_hash(&streamed)) {
                     wave.push(streamed);
                 } else {
                     later.push(streamed);

@@ -42,6 +42,21 @@ impl SourceTable {
     pub(crate) fn schema_and_table(&self) -> (&str, &str) {
         self.relation.split_once('.').unwrap_or(("", &self.relation))
     }
+
+    /// The columns an event is made of, each once, in name order: all the
+    /// publication sends of the table.
+    pub(crate) fn published_columns(&self) -> Vec<String> {
+        let mut columns: Vec<String> = self
+            .columns
+            .named()
+            .into_iter()
+            .map(|(_, column)| column.to_string())
+            .chain(self.header_columns.values().cloned())
+            .collect();
+        columns.sort();
+        columns.dedup();
+        columns
+    }
 }
 
 /// An insert read from the WAL, ready for the stages.
@@ -123,7 +138,8 @@ pub(super) fn streamed_row(mut inserted: Inserted) -> StreamedRow {
     }
 }
 
-/// An event as `switchyard_emit` writes it into its message.
+/// An event's fields as `switchyard_emit` writes them, on the message's
+/// first line.
 #[derive(serde::Deserialize)]
 struct Emitted<'a> {
     id: i64,
@@ -132,57 +148,73 @@ struct Emitted<'a> {
     aggregate_id: String,
     event_type: String,
     #[serde(borrow)]
-    payload: Option<&'a serde_json::value::RawValue>,
-    payload_bytes: Option<String>,
-    #[serde(borrow)]
     headers: Option<&'a serde_json::value::RawValue>,
     tenant: Option<String>,
     created_at: String,
+    /// What follows the line: `json`, `hex` (bytes) or nothing.
+    body: Option<&'a str>,
+}
+
+/// An event's fields, and its payload as JSON or bytes (`hex` kept as the
+/// table takes it).
+type ReadEmitted<'a> = (Emitted<'a>, i64, Option<String>, Option<(Vec<u8>, String)>);
+
+/// Reads a `switchyard_emit` message.
+fn read_emitted(content: &[u8]) -> Result<ReadEmitted<'_>, String> {
+    let split = content
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or("no line break after the fields")?;
+    let (fields, body) = (&content[..split], &content[split + 1..]);
+    let emitted: Emitted<'_> = serde_json::from_slice(fields).map_err(|e| e.to_string())?;
+    let created = chrono::DateTime::parse_from_rfc3339(&emitted.created_at)
+        .map_err(|e| format!("created_at {:?}: {e}", emitted.created_at))?
+        .timestamp_millis();
+    let body = std::str::from_utf8(body).map_err(|_| "the payload is not UTF-8")?;
+    let (json, bytes) = match emitted.body {
+        Some("json") => (Some(body.to_string()), None),
+        Some("hex") => {
+            let text = format!("\\x{body}");
+            let bytes = hex_bytea(&text).ok_or("the payload bytes are not hex")?;
+            (None, Some((bytes, text)))
+        }
+        _ => (None, None),
+    };
+    Ok((emitted, created, json, bytes))
 }
 
 /// An event written by `switchyard_emit`. Content that is not an event is
 /// dead-lettered with the reason, its bytes kept.
 pub(super) fn emitted_row(lsn: Lsn, content: &[u8]) -> StreamedRow {
-    let read = serde_json::from_slice::<Emitted<'_>>(content)
-        .map_err(|e| e.to_string())
-        .and_then(|emitted| {
-            let created = chrono::DateTime::parse_from_rfc3339(&emitted.created_at)
-                .map_err(|e| format!("created_at {:?}: {e}", emitted.created_at))?;
-            let bytes = match &emitted.payload_bytes {
-                Some(hex) => Some(hex_bytea(&format!("\\x{hex}")).ok_or("payload_bytes is not hex")?),
-                None => None,
-            };
-            Ok((emitted, created, bytes))
-        });
-    let (row, text) = match read {
-        Ok((emitted, created, payload_bytes)) => (
-            OutboxRow {
-                id: RowId(emitted.id),
-                event_id: emitted.event_id,
-                aggregate_type: emitted.aggregate_type,
-                aggregate_id: emitted.aggregate_id,
-                event_type: emitted.event_type,
-                payload_json: emitted
-                    .payload
-                    .filter(|raw| raw.get() != "null")
-                    .map(|raw| raw.get().to_string()),
-                payload_bytes,
-                headers_json: emitted
-                    .headers
-                    .map_or_else(|| "{}".into(), |raw| raw.get().to_string()),
-                tenant: emitted.tenant,
-                created_at_ms: created.timestamp_millis(),
-                attempts: 1,
-                deliveries: std::collections::BTreeMap::new(),
-                held_by: Vec::new(),
-                malformed: None,
-            },
-            StreamedText {
-                payload_bytes: emitted.payload_bytes.map(|hex| format!("\\x{hex}")),
-                created_at: Some(emitted.created_at),
-                not_before: None,
-            },
-        ),
+    let (row, text) = match read_emitted(content) {
+        Ok((emitted, created_at_ms, payload_json, bytes)) => {
+            let (payload_bytes, bytes_text) = bytes.unzip();
+            (
+                OutboxRow {
+                    id: RowId(emitted.id),
+                    event_id: emitted.event_id,
+                    aggregate_type: emitted.aggregate_type,
+                    aggregate_id: emitted.aggregate_id,
+                    event_type: emitted.event_type,
+                    payload_json,
+                    payload_bytes,
+                    headers_json: emitted
+                        .headers
+                        .map_or_else(|| "{}".into(), |raw| raw.get().to_string()),
+                    tenant: emitted.tenant,
+                    created_at_ms,
+                    attempts: 1,
+                    deliveries: std::collections::BTreeMap::new(),
+                    held_by: Vec::new(),
+                    malformed: None,
+                },
+                StreamedText {
+                    payload_bytes: bytes_text,
+                    created_at: Some(emitted.created_at),
+                    not_before: None,
+                },
+            )
+        }
         Err(why) => {
             let (row, text) = unreadable_message(lsn, content, why);
             return StreamedRow {
@@ -534,5 +566,29 @@ mod tests {
             streamed.row.headers_json, "{}",
             "a NULL header column sends no header"
         );
+    }
+
+    #[test]
+    fn an_emitted_event_is_its_fields_line_then_its_payload_unparsed() {
+        let fields = r#"{"id": 7, "event_id": "0b7e2a4c-4b8e-4d0e-9a57-1f2f4e0b9c11", "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "OrderPaid", "headers": {"traceparent": "00-ab"}, "tenant": null, "created_at": "2026-11-25T19:49:37.5+00:00", "body": "#;
+        let json = emitted_row(
+            Lsn::from_u64(9),
+            format!("{fields}\"json\"}}\n{{\"total\": 1}}").as_bytes(),
+        );
+        assert_eq!(json.row.malformed, None);
+        assert_eq!(json.row.id, RowId(7));
+        assert!(!json.id_at_handover);
+        assert_eq!(json.row.payload_json.as_deref(), Some("{\"total\": 1}"));
+        assert_eq!(json.row.headers_json, r#"{"traceparent": "00-ab"}"#);
+        assert_eq!(json.row.created_at_ms, 1_795_636_177_500);
+        let bytes = emitted_row(Lsn::from_u64(9), format!("{fields}\"hex\"}}\n00ff").as_bytes());
+        assert_eq!(bytes.row.payload_bytes.as_deref(), Some(&[0u8, 255][..]));
+        assert_eq!(bytes.text.payload_bytes.as_deref(), Some("\\x00ff"));
+        // No line break, or a body that is not what it says: a dead letter.
+        for broken in [format!("{fields}\"json\"}}"), format!("{fields}\"hex\"}}\nzz")] {
+            let row = emitted_row(Lsn::from_u64(9), broken.as_bytes());
+            assert!(row.row.malformed.is_some(), "{broken}");
+            assert!(row.id_at_handover, "a stand-in id: the table gives it one");
+        }
     }
 }

@@ -26,6 +26,9 @@ pub const EMIT_PREFIX: &str = "switchyard.event";
 /// The function services call to write an event without a row: a
 /// transactional logical message, decoded only once its transaction
 /// commits, and costing the writer one WAL record (no heap or index write).
+/// The message is the event's fields as a JSON object on one line (`jsonb`
+/// text has no line break), then the payload as it is: the relay parses
+/// the small part and never the payload.
 /// Its checks are the table's `NOT NULL`s, so a bad call fails in the
 /// writer's transaction as an insert would. The event takes its id from
 /// the table's sequence as a row would, so that rows and messages of one
@@ -41,15 +44,34 @@ BEGIN
         RAISE EXCEPTION 'switchyard_emit: % must not be NULL', missing USING ERRCODE = 'not_null_violation';
     END IF;
     PERFORM pg_logical_emit_message(true, 'switchyard.event', jsonb_build_object(
-        'id', nextval('switchyard_outbox_id_seq'), 'event_id', event_id, 'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id,
-        'event_type', event_type, 'payload', payload, 'payload_bytes', encode(payload_bytes, 'hex'),
-        'headers', COALESCE(headers, '{}'::jsonb), 'tenant', tenant, 'created_at', now())::text);
+        'id', nextval('switchyard_outbox_id_seq'), 'event_id', event_id, 'aggregate_type', aggregate_type,
+        'aggregate_id', aggregate_id, 'event_type', event_type, 'headers', COALESCE(headers, '{}'::jsonb),
+        'tenant', tenant, 'created_at', now(),
+        'body', CASE WHEN payload IS NOT NULL THEN 'json' WHEN payload_bytes IS NOT NULL THEN 'hex' END)::text
+        || E'\n' || COALESCE(payload::text, encode(payload_bytes, 'hex'), ''));
     RETURN event_id;
 END
 ";
 
 /// The emit function's signature, as `to_regprocedure` reads it.
 const EMIT_SIGNATURE: &str = "switchyard_emit(text,text,text,jsonb,jsonb,text,uuid,bytea)";
+
+/// The outbox columns an event is made of, in name order: all the
+/// publication sends (the relay's own columns would cost the server an
+/// output conversion each, and the relay a decode, for nothing).
+const OUTBOX_COLUMNS: [&str; 11] = [
+    "aggregate_id",
+    "aggregate_type",
+    "created_at",
+    "event_id",
+    "event_type",
+    "headers",
+    "id",
+    "not_before",
+    "payload",
+    "payload_bytes",
+    "tenant",
+];
 
 /// The publication's row filter: only rows written for the stream (a copy
 /// the relay writes into the table for the claim path is not read again).
@@ -138,16 +160,29 @@ async fn publication_statements(
         .bind(publication)
         .fetch_one(pool)
         .await?;
+    let quoted = |columns: &[String]| {
+        let quoted: Vec<String> = columns
+            .iter()
+            .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
+            .collect();
+        quoted.join(", ")
+    };
+    let outbox_columns: Vec<String> = OUTBOX_COLUMNS.iter().map(|c| (*c).to_string()).collect();
     let mut want = vec![(
         "public".to_string(),
         "switchyard_outbox".to_string(),
+        outbox_columns.clone(),
         Some(ROW_FILTER.to_string()),
     )];
-    let mut tables = format!("switchyard_outbox WHERE {ROW_FILTER}");
+    let mut tables = format!(
+        "switchyard_outbox ({}) WHERE {ROW_FILTER}",
+        quoted(&outbox_columns)
+    );
     if let Some(source) = source {
         let (schema, table) = source.schema_and_table();
-        want.push((schema.to_string(), table.to_string(), None));
-        tables.push_str(&format!(", {}", source.display));
+        let columns = source.published_columns();
+        tables.push_str(&format!(", {} ({})", source.display, quoted(&columns)));
+        want.push((schema.to_string(), table.to_string(), columns, None));
     }
     want.sort();
     if !exists {
@@ -155,10 +190,12 @@ async fn publication_statements(
             "CREATE PUBLICATION {publication} FOR TABLE {tables} WITH (publish = 'insert')"
         )]);
     }
-    let (published, inserts_only): (Vec<(String, String, Option<String>)>, bool) = (
+    type Published = Vec<(String, String, Vec<String>, Option<String>)>;
+    let (published, inserts_only): (Published, bool) = (
         sqlx::query_as(
-            "SELECT schemaname::text, tablename::text, rowfilter FROM pg_publication_tables
-              WHERE pubname = $1 ORDER BY 1, 2",
+            "SELECT schemaname::text, tablename::text,
+                    ARRAY(SELECT a::text FROM unnest(attnames) a ORDER BY a COLLATE \"C\"), rowfilter
+               FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2",
         )
         .bind(publication)
         .fetch_all(pool)
