@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|replication-kills|replication-pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -24,6 +24,10 @@
 //! while EVENTS events are written; prints each takeover's time.
 //! `replication-pg-restart`: the same two relays drain a backlog from the
 //! slot while PostgreSQL restarts under them twice.
+//! `replication-outage`: two relays in replication mode, NATS stopped for
+//! 30 s mid-stream (at most 20,000 events). `replication-poison`: two
+//! relays in replication mode, a poison event (a plugin traps on it) and 20
+//! events of its aggregate among at most 10,000 others.
 //! `replication-relay-down MINUTES` (5 by default): one relay in
 //! replication mode SIGKILLed and kept down while writers go on at 100
 //! events/s; reports the WAL the slot kept.
@@ -112,6 +116,12 @@ async fn main() {
     if which == "replication-kills" || which == "all" {
         let kills = if rounds == 0 { 10 } else { rounds };
         rows.push(replication::kills_run(&relay_bin, events, kills).await);
+    }
+    if which == "replication-outage" || which == "all" {
+        rows.push(replication::outage_run(&relay_bin, events.min(20_000)).await);
+    }
+    if which == "replication-poison" || which == "all" {
+        rows.push(replication::poison_run(&relay_bin, events.min(10_000)).await);
     }
     if which == "replication-pg-restart" || which == "all" {
         rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000)).await);

@@ -82,7 +82,7 @@ fn pg_ctl(action: &str) {
     assert!(status.success(), "pg_ctl {action} failed");
 }
 
-async fn scalar<T>(db: &TestDb, sql: &str) -> T
+pub(super) async fn scalar<T>(db: &TestDb, sql: &str) -> T
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
 {

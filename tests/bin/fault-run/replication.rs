@@ -206,3 +206,147 @@ pub async fn relay_down_run(relay_bin: &str, minutes: u64) -> Row {
     );
     drain_and_count(scenario, &db, &nats, &expected, vec![&mut relay], started).await
 }
+
+/// Rows that went through the table (handed over to the claim path).
+async fn through_table(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status <> 'streamed'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_or(-1)
+}
+
+/// Two relays in replication mode while writers put `events` events in;
+/// NATS is stopped for 30 s once a quarter of them is in the stream (its
+/// JetStream store kept).
+pub async fn outage_run(relay_bin: &str, events: usize) -> Row {
+    let db = fresh_db().await;
+    let mut nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_settings(&db, &nats);
+    migrate(relay_bin, &config).await;
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let writer = tokio::spawn({
+        let pool = db.pool.clone();
+        async move { write_orders(&pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await }
+    });
+    while nats.stream_len(STREAM).await < (events / 4) as u64 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nats.stop();
+    eprintln!("replication outage: NATS stopped");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    nats.resume().await;
+    eprintln!("replication outage: NATS back");
+    let expected = writer.await.expect("writer");
+    let scenario = "replication, NATS down 30 s, 2 relays".to_string();
+    let row = drain_and_count(
+        scenario,
+        &db,
+        &nats,
+        &expected,
+        relays.iter_mut().collect(),
+        started,
+    )
+    .await;
+    let dead: i64 = super::outage::scalar(
+        &db,
+        "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
+    )
+    .await;
+    eprintln!(
+        "replication outage: {} events went through the table; {dead} dead-lettered",
+        through_table(&db).await
+    );
+    Row {
+        scenario: format!("{} ({dead} dead-lettered)", row.scenario),
+        ..row
+    }
+}
+
+/// Two relays in replication mode while writers put `events` events in;
+/// one aggregate of its own starts with a poison (a plugin that traps on
+/// it) followed by 20 events. Only that aggregate may go through the table;
+/// the poison is dead-lettered with its reason.
+pub async fn poison_run(relay_bin: &str, events: usize) -> Row {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_settings(&db, &nats)
+        .replace("max_attempts = 500", "max_attempts = 3")
+        .replace("max_backoff_ms = 2000", "max_backoff_ms = 400")
+        .replacen(
+            "[[plugins]]",
+            &format!(
+                "[[plugins]]\nname = \"poison\"\npath = \"{}\"\nevent_types = [\"Poison\"]\n[plugins.config]\nmode = \"trap\"\ntarget = \"events\"\n\n[[plugins]]",
+                switchyard_tests::plugins::plugin("misbehave").display()
+            ),
+            1,
+        );
+    migrate(relay_bin, &config).await;
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let writer = tokio::spawn({
+        let pool = db.pool.clone();
+        async move { write_orders(&pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The poisoned aggregate: its events after the poison count from 0.
+    let mut followers = std::collections::HashMap::new();
+    for seq in 0..=20 {
+        let mut event = switchyard_tests::orders::order_event(AGGREGATES + 1, seq);
+        if seq == 0 {
+            event.event_type = "Poison".into();
+        }
+        let id = switchyard_tests::postgres::place_order_event(&db.pool, &event, true).await;
+        if seq > 0 {
+            followers.insert(
+                id.to_string(),
+                switchyard_tests::orders::Expected {
+                    aggregate_id: event.aggregate_id.clone(),
+                    seq: seq as u64 - 1,
+                    event_type: event.event_type.clone(),
+                },
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut expected = writer.await.expect("writer");
+    expected.extend(followers);
+    let scenario = format!("replication, a poison among {events} events, 2 relays");
+    let row = drain_and_count(
+        scenario,
+        &db,
+        &nats,
+        &expected,
+        relays.iter_mut().collect(),
+        started,
+    )
+    .await;
+    let (aggregates, rows): (i64, i64) = sqlx::query_as(
+        "SELECT count(DISTINCT aggregate_id), count(*) FROM switchyard_outbox WHERE status <> 'streamed'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap_or((-1, -1));
+    let reason: Option<String> =
+        sqlx::query_scalar("SELECT last_error FROM switchyard_outbox WHERE status = 'dead' LIMIT 1")
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap_or(None);
+    eprintln!(
+        "replication poison: {rows} rows of {aggregates} aggregate(s) went through the table; dead letter: {reason:?}"
+    );
+    Row {
+        scenario: format!(
+            "{} ({rows} rows of {aggregates} aggregate through the table; dead letter: {})",
+            row.scenario,
+            reason.as_deref().unwrap_or("none")
+        ),
+        ..row
+    }
+}
