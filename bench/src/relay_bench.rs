@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 mod large_reload;
 mod replication;
+mod slot_spread;
 
 #[derive(Debug, Parser)]
 #[command(about = "Relay throughput, latency, plugin overhead and memory against the SQL ceiling")]
@@ -84,6 +85,10 @@ struct Args {
     /// events/s.
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted"])]
     replication: bool,
+    /// Only the cost to PostgreSQL of one outbox spread over 1, 2 and 4
+    /// slots with hash row filters.
+    #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication"])]
+    slot_spread: bool,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -986,6 +991,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.replication {
         return replication::run(&services, &args).await;
+    }
+    if args.slot_spread {
+        return slot_spread::run(&services, &args).await;
     }
     if args.latency_only {
         let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;
