@@ -94,7 +94,12 @@ async fn spread(services: &Services, args: &Args, slots: usize) -> anyhow::Resul
         readers.push(
             tokio::process::Command::new(format!("{pg_bin}/pg_recvlogical"))
                 .args(["-d", &url, "--slot", &slot_name(slots, n), "--start", "--no-loop"])
-                .args(["-o", "proto_version=1", "-o", &format!("publication_names=sy_spread_{n}")])
+                .args([
+                    "-o",
+                    "proto_version=1",
+                    "-o",
+                    &format!("publication_names=sy_spread_{n}"),
+                ])
                 .args(["-f", "/dev/null", "-F", "0", "-s", "1"])
                 .kill_on_drop(true)
                 .spawn()?,
@@ -113,7 +118,10 @@ async fn spread(services: &Services, args: &Args, slots: usize) -> anyhow::Resul
         if behind == 0 {
             break;
         }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "the readers did not catch up");
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "the readers did not catch up"
+        );
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = CpuTimes::now().since(cpu);

@@ -64,7 +64,16 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
                 slot: replication.slot,
                 publication: replication.publication,
                 application_name: format!("switchyard {owner}"),
-                batch_size: usize::try_from(config.relay.batch_size).unwrap_or(usize::MAX),
+                // A batch from the WAL is shared out to the lanes: each
+                // lane's share is then about a claim's batch, and a broker
+                // gets requests as large as in claim mode.
+                batch_size: usize::try_from(
+                    config
+                        .relay
+                        .batch_size
+                        .saturating_mul(config.relay.concurrency.max(1)),
+                )
+                .unwrap_or(usize::MAX),
                 max_retained_wal_bytes: replication.max_retained_wal_bytes,
                 source,
             })
