@@ -40,7 +40,7 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                 || PluginRuntimeConfig::default().cache_dir(),
                 |r| r.plugin_runtime.cache_dir(),
             );
-            let events: Vec<Result<Event, String>> = match (event.is_empty(), from_db) {
+            let events: Vec<Result<Event, UnreadableRow>> = match (event.is_empty(), from_db) {
                 (false, _) => events_from_files(&event, payload_file.as_deref())?
                     .into_iter()
                     .map(Ok)
@@ -57,8 +57,11 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                         .await?
                         .iter()
                         .map(|row| {
-                            router::event_from_row(row, &limits)
-                                .map_err(|e| format!("row {} ({}): {e}", row.id, row.event_id))
+                            router::event_from_row(row, &limits).map_err(|error| UnreadableRow {
+                                id: row.id,
+                                event_id: row.event_id,
+                                error,
+                            })
                         })
                         .collect()
                 }
@@ -246,14 +249,23 @@ fn event_from(event: EventFile, row_id: i64, payload_file: Option<&Path>) -> any
     })
 }
 
+/// A pending row that cannot be read as an event.
+#[derive(Debug, thiserror::Error)]
+#[error("row {id} ({event_id}): {error}")]
+struct UnreadableRow {
+    id: crate::store::RowId,
+    event_id: uuid::Uuid,
+    error: router::Unroutable,
+}
+
 /// Whether a message fits its target's broker rules (with a relay config).
 fn broker_check(
     targets: Option<&BTreeMap<String, TargetConfig>>,
     target: &str,
     topic: &str,
-) -> Result<(), String> {
+) -> Result<(), crate::sinks::SinkError> {
     match targets.and_then(|targets| targets.get(target)) {
-        Some(target) => target.check_topic(topic).map_err(|e| e.message),
+        Some(target) => target.check_topic(topic),
         None => Ok(()),
     }
 }
@@ -324,7 +336,7 @@ struct TestReport {
 /// Routes every event and reports what would be published.
 fn test(
     config: &PluginConfig,
-    events: Vec<Result<Event, String>>,
+    events: Vec<Result<Event, UnreadableRow>>,
     targets: Option<&BTreeMap<String, TargetConfig>>,
     cache_dir: Option<&Path>,
 ) -> anyhow::Result<TestReport> {
@@ -368,7 +380,7 @@ fn test(
             let report = EventReport {
                 event: None,
                 outcome: "not_routable",
-                reason: Some(error),
+                reason: Some(error.to_string()),
                 problem: None,
                 took_us: None,
                 messages: Vec::new(),
@@ -470,7 +482,7 @@ fn judge(
     let refused = routed.iter().find_map(|message| {
         broker_check(targets, &message.target, &message.message.topic)
             .err()
-            .map(|e| format!("target {:?}: {e}", message.target))
+            .map(|e| format!("target {:?}: {}", message.target, e.message))
     });
     match refused {
         Some(refused) => Judged::not_published("invalid_output", refused, Some("refused_by_target")),

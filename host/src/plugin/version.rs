@@ -53,7 +53,20 @@ pub struct Instance {
 pub type Answer = Result<Vec<Message>, CallFailure>;
 
 /// Answers for one call's events, or why the call as a whole gave none.
-type BatchAnswer = Result<Vec<Answer>, String>;
+type BatchAnswer = Result<Vec<Answer>, BatchFailure>;
+
+/// Why a `route-batch` call gave no answers (its events are then routed one
+/// at a time). Said after "A route-batch call".
+#[derive(Debug, thiserror::Error)]
+enum BatchFailure {
+    #[error("was called as a batch plugin but exports `route`")]
+    NotBatch,
+    #[error("returned {} for {}", counted(*answers, "result"), counted(*events, "event"))]
+    WrongCount { answers: usize, events: usize },
+    /// Trapped, out of time or memory: the instance is discarded.
+    #[error("{0}")]
+    Trapped(String),
+}
 
 /// Most event bytes handed to one `route-batch` call, as a share of the
 /// plugin's memory limit: a batch of large payloads is split so that
@@ -189,7 +202,7 @@ impl PluginVersion {
         let Exports::Single(router) = &instance.exports else {
             let (answer, back) = self.call_batch(instance, std::slice::from_ref(event), self.timeout);
             let answer = answer
-                .map_err(CallFailure::Crashed)
+                .map_err(|failure| CallFailure::Crashed(failure.to_string()))
                 .and_then(|mut answers| answers.pop().unwrap_or_else(|| Ok(Vec::new())));
             return (answer, back);
         };
@@ -278,10 +291,7 @@ impl PluginVersion {
         limit: Duration,
     ) -> (BatchAnswer, Option<Instance>) {
         let Exports::Batch(router) = &instance.exports else {
-            return (
-                Err("was called as a batch plugin but exports `route`".to_string()),
-                Some(instance),
-            );
+            return (Err(BatchFailure::NotBatch), Some(instance));
         };
         instance.store.set_epoch_deadline(ticks(limit));
         let result = router.call_route_batch(&mut instance.store, events);
@@ -295,18 +305,17 @@ impl PluginVersion {
                 Some(instance),
             ),
             Ok(answers) => (
-                Err(format!(
-                    "returned {} for {}",
-                    counted(answers.len(), "result"),
-                    counted(events.len(), "event")
-                )),
+                Err(BatchFailure::WrongCount {
+                    answers: answers.len(),
+                    events: events.len(),
+                }),
                 Some(instance),
             ),
             Err(e) => (
-                Err(with_stderr(
+                Err(BatchFailure::Trapped(with_stderr(
                     describe_trap(&e, limit, self.max_memory_bytes),
                     &stderr,
-                )),
+                ))),
                 None,
             ),
         }

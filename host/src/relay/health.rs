@@ -17,6 +17,16 @@ pub(super) struct WorkerHealth {
     last_analyze: Mutex<Option<Instant>>,
 }
 
+/// A batch panicked lately: the workers are unready for a while.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a batch panicked {seconds_ago} s ago: {message}")]
+pub struct RecentPanic {
+    /// How long ago.
+    pub seconds_ago: u64,
+    /// What the panic said.
+    pub message: String,
+}
+
 /// What a panic said, when it said it with a string.
 pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -37,16 +47,16 @@ impl WorkerHealth {
     }
 
     /// `Err` with the latest panic while one happened within [`PANIC_UNREADY_FOR`].
-    pub(super) fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), RecentPanic> {
         let last = match self.last_panic.lock() {
             Ok(last) => last.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         };
         match last {
-            Some((at, message)) if at.elapsed() < PANIC_UNREADY_FOR => Err(format!(
-                "a batch panicked {} s ago: {message}",
-                at.elapsed().as_secs()
-            )),
+            Some((at, message)) if at.elapsed() < PANIC_UNREADY_FOR => Err(RecentPanic {
+                seconds_ago: at.elapsed().as_secs(),
+                message,
+            }),
             _ => Ok(()),
         }
     }
@@ -77,7 +87,8 @@ mod tests {
         let panic: Box<dyn std::any::Any + Send> = Box::new(String::from("index out of bounds"));
         assert_eq!(health.panicked(panic.as_ref()), "index out of bounds");
         let unready = health.check().unwrap_err();
-        assert!(unready.contains("index out of bounds"), "{unready}");
+        assert_eq!(unready.message, "index out of bounds");
+        assert!(unready.to_string().contains("index out of bounds"), "{unready}");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! for readiness.
 
 mod health;
+pub use health::RecentPanic;
 mod outage;
 mod plan;
 mod publish;
@@ -238,7 +239,7 @@ impl Relay {
     ///
     /// # Errors
     /// The panic's age and message.
-    pub fn workers_health(&self) -> Result<(), String> {
+    pub fn workers_health(&self) -> Result<(), RecentPanic> {
         self.inner.health.check()
     }
 

@@ -159,23 +159,41 @@ struct Emitted<'a> {
 /// table takes it).
 type ReadEmitted<'a> = (Emitted<'a>, i64, Option<String>, Option<(Vec<u8>, String)>);
 
+/// Why a message under the event prefix is not an event.
+#[derive(Debug, thiserror::Error)]
+enum NotAnEvent {
+    #[error("no line break after the fields")]
+    NoFieldLine,
+    #[error("{0}")]
+    Fields(#[from] serde_json::Error),
+    #[error("created_at {text:?}: {error}")]
+    CreatedAt { text: String, error: chrono::ParseError },
+    #[error("the payload is not UTF-8")]
+    NotUtf8,
+    #[error("the payload bytes are not hex")]
+    NotHex,
+}
+
 /// Reads a `switchyard_emit` message.
-fn read_emitted(content: &[u8]) -> Result<ReadEmitted<'_>, String> {
+fn read_emitted(content: &[u8]) -> Result<ReadEmitted<'_>, NotAnEvent> {
     let split = content
         .iter()
         .position(|&b| b == b'\n')
-        .ok_or("no line break after the fields")?;
+        .ok_or(NotAnEvent::NoFieldLine)?;
     let (fields, body) = (&content[..split], &content[split + 1..]);
-    let emitted: Emitted<'_> = serde_json::from_slice(fields).map_err(|e| e.to_string())?;
+    let emitted: Emitted<'_> = serde_json::from_slice(fields)?;
     let created = chrono::DateTime::parse_from_rfc3339(&emitted.created_at)
-        .map_err(|e| format!("created_at {:?}: {e}", emitted.created_at))?
+        .map_err(|error| NotAnEvent::CreatedAt {
+            text: emitted.created_at.clone(),
+            error,
+        })?
         .timestamp_millis();
-    let body = std::str::from_utf8(body).map_err(|_| "the payload is not UTF-8")?;
+    let body = std::str::from_utf8(body).map_err(|_| NotAnEvent::NotUtf8)?;
     let (json, bytes) = match emitted.body {
         Some("json") => (Some(body.to_string()), None),
         Some("hex") => {
             let text = format!("\\x{body}");
-            let bytes = hex_bytea(&text).ok_or("the payload bytes are not hex")?;
+            let bytes = hex_bytea(&text).ok_or(NotAnEvent::NotHex)?;
             (None, Some((bytes, text)))
         }
         _ => (None, None),
@@ -216,7 +234,7 @@ pub(super) fn emitted_row(lsn: Lsn, content: &[u8]) -> StreamedRow {
             )
         }
         Err(why) => {
-            let (row, text) = unreadable_message(lsn, content, why);
+            let (row, text) = unreadable_message(lsn, content, &why);
             return StreamedRow {
                 row,
                 text,
@@ -236,7 +254,7 @@ pub(super) fn emitted_row(lsn: Lsn, content: &[u8]) -> StreamedRow {
 /// A message under the event prefix that is not an event: an aggregate of
 /// its own (it holds nothing back), its content kept as the payload bytes.
 /// Its stand-in id is its position, negated so that it never meets a row's.
-fn unreadable_message(lsn: Lsn, content: &[u8], why: String) -> (OutboxRow, StreamedText) {
+fn unreadable_message(lsn: Lsn, content: &[u8], why: &NotAnEvent) -> (OutboxRow, StreamedText) {
     let position = i64::try_from(lsn.as_u64()).unwrap_or(i64::MAX);
     let hex: String = content.iter().map(|b| format!("{b:02x}")).collect();
     let row = OutboxRow {
@@ -314,7 +332,7 @@ pub(super) fn source_row(
     ) {
         Ok(headers) => headers,
         Err(why) => {
-            problems.push(why);
+            problems.push(why.to_string());
             "{}".into()
         }
     };
@@ -392,19 +410,24 @@ fn source_payload(text: Option<String>, kind: PayloadKind) -> (Option<String>, O
     }
 }
 
+/// The headers column holds something other than a JSON object.
+#[derive(Debug, thiserror::Error)]
+#[error("headers is not a JSON object")]
+struct HeadersNotAnObject;
+
 /// The headers column's object with the header columns' values added
 /// (NULLs send no header).
 fn source_headers(
     column: Option<String>,
     header_columns: &BTreeMap<String, String>,
     value: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, String> {
+) -> Result<String, HeadersNotAnObject> {
     if header_columns.is_empty() {
         return Ok(column.unwrap_or_else(|| "{}".into()));
     }
     let mut headers = match column {
         Some(text) => serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text)
-            .map_err(|_| "headers is not a JSON object".to_string())?,
+            .map_err(|_| HeadersNotAnObject)?,
         None => serde_json::Map::new(),
     };
     for (header, name) in header_columns {
