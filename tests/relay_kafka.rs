@@ -67,6 +67,18 @@ async fn ten_thousand_events_fan_out_to_two_kafka_clusters_and_nats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_down_is_retried_alone_and_the_healthy_ones_get_no_duplicates() {
+    a_target_down_alone(false).await;
+}
+
+/// The same in replication mode: each event leaves the fast path with its
+/// per-target state (two targets done), and the claim path finishes only
+/// the third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_replication_mode_a_target_down_is_retried_alone_from_the_table() {
+    a_target_down_alone(true).await;
+}
+
+async fn a_target_down_alone(replication: bool) {
     init_logging();
     let _heavy = exclusive().await;
     let db = fresh_db().await;
@@ -83,6 +95,18 @@ async fn a_target_down_is_retried_alone_and_the_healthy_ones_get_no_duplicates()
         &analytics.bootstrap(),
         &nats.url(),
     );
+    let config = if replication {
+        let store = switchyard::store::OutboxStore::connect(&db.url, 2).await.unwrap();
+        let statements = store
+            .feed_statements(Some((&db.name, "switchyard_outbox")), None)
+            .await
+            .unwrap();
+        store.run_feed_statements(&statements).await.unwrap();
+        config.replacen("[relay]", "[relay]\nmode = \"replication\"", 1)
+            + &format!("\n[replication]\nslot = \"{}\"\n", db.name)
+    } else {
+        config
+    };
     let relay = InProcess::start(&parse(&config)).await;
 
     nats.stop();
