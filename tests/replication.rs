@@ -73,6 +73,22 @@ fn with_poison_plugin(config: &str) -> String {
     )
 }
 
+/// What `switchyard migrate --dry-run` prints for `config`; fails the
+/// test if it fails.
+async fn dry_run(config: &str) -> String {
+    let path = std::env::temp_dir().join(format!("sy-dry-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, config).unwrap();
+    let (code, out, err) = cli(
+        SWITCHYARD,
+        &["migrate", "--dry-run", "--config", path.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "{out}{err}");
+    out
+}
+
 async fn streamed_untouched(db: &TestDb) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM switchyard_outbox
@@ -103,16 +119,7 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
         "{refused}"
     );
     // --dry-run shows every step and changes nothing.
-    let path = std::env::temp_dir().join(format!("sy-dry-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, &config).unwrap();
-    let (code, out, err) = cli(
-        SWITCHYARD,
-        &["migrate", "--dry-run", "--config", path.to_str().unwrap()],
-        &[],
-    )
-    .await;
-    let _ = std::fs::remove_file(&path);
-    assert_eq!(code, 0, "{out}{err}");
+    let out = dry_run(&config).await;
     for step in [
         "SET DEFAULT 'streamed'",
         "DISABLE TRIGGER switchyard_outbox_notify",
@@ -564,16 +571,7 @@ async fn a_services_own_outbox_table_is_read_from_the_wal_with_its_trigger_turne
             "",
         );
     migrate(&claim_mode).await;
-    let path = std::env::temp_dir().join(format!("sy-dry-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, &config).unwrap();
-    let (code, out, err) = cli(
-        SWITCHYARD,
-        &["migrate", "--dry-run", "--config", path.to_str().unwrap()],
-        &[],
-    )
-    .await;
-    let _ = std::fs::remove_file(&path);
-    assert_eq!(code, 0, "{out}{err}");
+    let out = dry_run(&config).await;
     for step in [
         "WHERE (status = 'streamed'::text), \"public\".\"outbox\" (\"aggregateid\", \"aggregatetype\", \"id\", \"payload\", \"tracingspancontext\", \"type\") WITH (publish = 'insert')",
         "ALTER TABLE \"public\".\"outbox\" DISABLE TRIGGER switchyard_capture",
