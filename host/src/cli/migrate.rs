@@ -84,25 +84,7 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     };
 
     if args.dry_run {
-        println!("-- switchyard migrate --dry-run: nothing below has been run.");
-        for (version, description, sql) in &pending {
-            println!("\n-- migration {version}: {description}\n{}", sql.trim_end());
-        }
-        if let Some(capture) = install {
-            println!("\n-- capture trigger on {} (one transaction)", capture.table());
-            for statement in capture.install_sql(args.backfill) {
-                println!("{};", statement.trim_end().trim_end_matches(';'));
-            }
-        }
-        if !feed.is_empty() {
-            println!("\n-- relay mode (each statement on its own)");
-            for statement in &feed {
-                println!("{statement};");
-            }
-        }
-        if pending.is_empty() && install.is_none() && feed.is_empty() {
-            println!("-- nothing to do: the schema is up to date.");
-        }
+        print_dry_run(&pending, install, args.backfill, &feed);
         return Ok(());
     }
 
@@ -134,4 +116,32 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `--dry-run` prints: every statement `migrate` would run, in order.
+fn print_dry_run(
+    pending: &[(i64, String, String)],
+    install: Option<&crate::store::capture::Capture>,
+    backfill: bool,
+    feed: &[String],
+) {
+    println!("-- switchyard migrate --dry-run: nothing below has been run.");
+    for (version, description, sql) in pending {
+        println!("\n-- migration {version}: {description}\n{}", sql.trim_end());
+    }
+    if let Some(capture) = install {
+        println!("\n-- capture trigger on {} (one transaction)", capture.table());
+        for statement in capture.install_sql(backfill) {
+            println!("{};", statement.trim_end().trim_end_matches(';'));
+        }
+    }
+    if !feed.is_empty() {
+        println!("\n-- relay mode (each statement on its own)");
+        for statement in feed {
+            println!("{statement};");
+        }
+    }
+    if pending.is_empty() && install.is_none() && feed.is_empty() {
+        println!("-- nothing to do: the schema is up to date.");
+    }
 }

@@ -4,13 +4,15 @@
 
 mod events;
 pub(crate) mod pgoutput;
+mod source;
 mod stream;
 
 use std::collections::HashSet;
 
 use sqlx::PgPool;
 
-pub use events::{SourceTable, StreamedRow};
+pub use events::StreamedRow;
+pub use source::SourceTable;
 pub use stream::{StreamError, StreamSettings, WalBatch, WalStream};
 
 use crate::store::Error;
@@ -392,17 +394,7 @@ pub(crate) async fn take_over(
     rows: &[&StreamedRow],
 ) -> Result<Vec<(RowId, RowId)>, Error> {
     let needing = rows.iter().filter(|r| r.id_at_handover).count();
-    let mut fresh = if needing == 0 {
-        Vec::new()
-    } else {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT nextval(pg_get_serial_sequence('switchyard_outbox', 'id')) FROM generate_series(1, $1) ORDER BY 1",
-        )
-        .bind(i64::try_from(needing).unwrap_or(i64::MAX))
-        .fetch_all(pool)
-        .await?
-    }
-    .into_iter();
+    let mut fresh = fresh_ids(pool, needing).await?.into_iter();
     let mut renamed = Vec::with_capacity(needing);
     let mut ids = Vec::with_capacity(rows.len());
     let mut event_ids = Vec::with_capacity(rows.len());
@@ -488,6 +480,19 @@ pub(crate) async fn take_over(
         "Rows taken over by the claim path."
     );
     Ok(renamed)
+}
+
+/// `count` ids from the table's sequence, in ascending order.
+async fn fresh_ids(pool: &PgPool, count: usize) -> Result<Vec<i64>, Error> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_scalar(
+        "SELECT nextval(pg_get_serial_sequence('switchyard_outbox', 'id')) FROM generate_series(1, $1) ORDER BY 1",
+    )
+    .bind(i64::try_from(count).unwrap_or(i64::MAX))
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Of these aggregates, those with an unfinished row in the table (a

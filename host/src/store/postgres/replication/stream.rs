@@ -7,8 +7,9 @@ use std::time::Duration;
 use futures::FutureExt;
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 
-use super::events::{SourceTable, StreamedRow, emitted_row, source_row, streamed_row};
+use super::events::{StreamedRow, emitted_row, streamed_row};
 use super::pgoutput::Decoder;
+use super::source::{SourceTable, source_row};
 
 /// The outbox table as the WAL names it.
 const OUTBOX_TABLE: &str = "public.switchyard_outbox";
