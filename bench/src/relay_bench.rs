@@ -580,10 +580,11 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
     let plugin = workspace_root().join("plugins/target").join(plugin);
     let config = relay_config(&url, services, args, target, &plugin, published_rows)?;
     reset_peak_rss();
-    let mut relay = switchyard::app::build(&config).await?;
+    let mut relay = switchyard::app::builder(&config).await?;
     if native {
-        relay = relay.with_native_router(native_router(target));
+        relay = relay.native_router(native_router(target));
     }
+    let relay = relay.build();
     let cpu = CpuTimes::now();
     let pool = sqlx::PgPool::connect(&url).await?;
     let rate = run_until_drained(&relay, &pool, args.rows, schema).await?;

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::plugin::{PluginEngine, Plugins, watch};
-use crate::relay::Relay;
+use crate::relay::{Relay, RelayBuilder};
 use crate::sinks::Sinks;
 use crate::store::OutboxStore;
 use crate::store::replication::SourceTable;
@@ -18,6 +18,15 @@ use crate::store::replication::SourceTable;
 /// Any startup failure, with which part failed: unreachable database or
 /// target, missing migrations, plugins that do not load.
 pub async fn build(config: &Config) -> anyhow::Result<Relay> {
+    Ok(builder(config).await?.build())
+}
+
+/// [`build`], stopping short of the relay: for an embedder that gives it
+/// more (a native router) before it exists.
+///
+/// # Errors
+/// As [`build`].
+pub async fn builder(config: &Config) -> anyhow::Result<RelayBuilder> {
     for warning in config.warnings() {
         tracing::warn!(%warning, "Config weakens a delivery guarantee.");
     }
@@ -81,13 +90,10 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
         None => None,
     };
     let sinks = Sinks::connect(&config.targets, &config.relay.sink_settings()).await?;
-    let relay = Relay::new(store, plugins, sinks, relay_config)
-        .with_watcher(watcher)
-        .with_capture(capture);
-    Ok(match replication {
-        Some(settings) => relay.with_replication(settings),
-        None => relay,
-    })
+    Ok(Relay::builder(store, plugins, sinks, relay_config)
+        .watcher(watcher)
+        .capture(capture)
+        .replication(replication))
 }
 
 /// Compiles every configured plugin (through the compiled cache) and runs

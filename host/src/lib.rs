@@ -39,5 +39,5 @@ pub mod telemetry;
 pub mod trace;
 
 pub use config::Config;
-pub use relay::{BatchReport, Relay};
+pub use relay::{BatchReport, Relay, RelayBuilder};
 pub use store::OutboxStore;

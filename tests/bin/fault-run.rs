@@ -17,7 +17,8 @@
 //! default retry settings, writers at 100 events/s, the broker stopped for
 //! MINUTES (10 by default) and started again with its data (JetStream
 //! store, tansu on SQLite, a durable RabbitMQ queue). `down-pg MINUTES`
-//! (2 by default): the same with NATS up and PostgreSQL stopped. These
+//! (2 by default): the same with NATS up and PostgreSQL stopped.
+//! `replication-down-*` runs each of them in replication mode. These
 //! print their own table (dead letters, first delivery after the return,
 //! drain rate). `replication-kills`: two relays in replication mode on
 //! one slot, the one reading it SIGKILLed ROUNDS times (10 by default)
@@ -102,9 +103,10 @@ async fn main() {
         print_rows(vec![row]);
         return;
     }
-    if let Some(down) = which.strip_prefix("down-") {
+    let replication_down = which.strip_prefix("replication-down-");
+    if let Some(down) = which.strip_prefix("down-").or(replication_down) {
         let minutes = second.unwrap_or(if down == "pg" { 2 } else { 10 });
-        let row = outage::down_run(&relay_bin, down, minutes).await;
+        let row = outage::down_run(&relay_bin, down, minutes, replication_down.is_some()).await;
         outage::print(&[row]);
         return;
     }

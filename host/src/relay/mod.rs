@@ -14,6 +14,8 @@
 //! policy, [`listen`] the LISTEN loop and [`health`] what workers report
 //! for readiness.
 
+mod builder;
+pub use builder::RelayBuilder;
 mod health;
 pub use health::RecentPanic;
 mod outage;
@@ -26,8 +28,8 @@ mod settle;
 mod workers;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -85,14 +87,14 @@ struct Inner {
     acks_pending: std::sync::atomic::AtomicUsize,
     /// When the oldest of those began waiting.
     acks_waiting_since: std::sync::Mutex<Option<Instant>>,
-    /// Set once, by [`Relay::with_watcher`].
-    watcher: OnceLock<std::sync::Mutex<crate::plugin::watch::PluginWatcher>>,
-    /// Set once, by [`Relay::with_native_router`].
-    native_router: OnceLock<NativeRouter>,
-    /// Set once, by [`Relay::with_capture`].
-    capture: OnceLock<crate::store::capture::Capture>,
-    /// Set once, by [`Relay::with_replication`]: the slot events are read from.
-    replication: OnceLock<crate::store::replication::StreamSettings>,
+    /// Kept alive as long as the relay: hot reload.
+    _watcher: Option<crate::plugin::watch::PluginWatcher>,
+    /// Routes instead of the plugins when set.
+    native_router: Option<NativeRouter>,
+    /// The `[source]` capture trigger `/readyz` watches.
+    capture: Option<crate::store::capture::Capture>,
+    /// In replication mode, the slot events are read from.
+    replication: Option<crate::store::replication::StreamSettings>,
     store: OutboxStore,
     plugins: Plugins,
     sinks: Sinks,
@@ -126,87 +128,35 @@ pub struct BatchReport {
 }
 
 impl Relay {
-    /// Assembles a relay.
+    /// Assembles a relay with nothing beyond its parts; see [`Relay::builder`].
     pub fn new(store: OutboxStore, plugins: Plugins, sinks: Sinks, config: RelayConfig) -> Relay {
-        let owner = config.instance_id.clone().unwrap_or_else(default_owner);
-        let limits = Limits::from_config(&config);
-        let metrics = Metrics::new(Some(plugins.clone()));
-        Relay {
-            inner: Arc::new(Inner {
-                health: WorkerHealth::default(),
-                outages: outage::Outages::default(),
-                wake: Arc::new(tokio::sync::Notify::new()),
-                acks_pending: std::sync::atomic::AtomicUsize::new(0),
-                acks_waiting_since: std::sync::Mutex::new(None),
-                watcher: OnceLock::new(),
-                native_router: OnceLock::new(),
-                capture: OnceLock::new(),
-                replication: OnceLock::new(),
-                retry: RetryPolicy::from_config(&config),
-                metrics,
-                store,
-                plugins,
-                sinks,
-                config,
-                owner,
-                limits,
-            }),
-        }
+        Relay::builder(store, plugins, sinks, config).build()
     }
 
-    /// Keeps a plugin watcher alive as long as the relay (hot reload).
-    /// Only the first watcher given is kept.
-    #[must_use]
-    pub fn with_watcher(self, watcher: Option<crate::plugin::watch::PluginWatcher>) -> Relay {
-        if let Some(watcher) = watcher
-            && self.inner.watcher.set(std::sync::Mutex::new(watcher)).is_err()
-        {
-            warn!("This relay already has a plugin watcher; the new one is dropped.");
+    /// Starts assembling a relay: what it may also have (a plugin watcher,
+    /// a native router, a capture trigger, a replication slot) is given to
+    /// the builder, once, before the relay exists.
+    pub fn builder(store: OutboxStore, plugins: Plugins, sinks: Sinks, config: RelayConfig) -> RelayBuilder {
+        RelayBuilder {
+            store,
+            plugins,
+            sinks,
+            config,
+            watcher: None,
+            native_router: None,
+            capture: None,
+            replication: None,
         }
-        self
-    }
-
-    /// Routes every event with `router` instead of the configured plugins.
-    /// Only the first router given is used.
-    #[must_use]
-    pub fn with_native_router(self, router: NativeRouter) -> Relay {
-        if self.inner.native_router.set(router).is_err() {
-            warn!("This relay already has a native router; the new one is ignored.");
-        }
-        self
-    }
-
-    /// The `[source]` capture trigger this relay depends on: `/readyz`
-    /// checks that it is still there and enabled.
-    #[must_use]
-    pub fn with_capture(self, capture: Option<crate::store::capture::Capture>) -> Relay {
-        if let Some(capture) = capture
-            && self.inner.capture.set(capture).is_err()
-        {
-            warn!("This relay already has a capture trigger to watch; the new one is ignored.");
-        }
-        self
-    }
-
-    /// Reads new events from this replication slot instead of waiting for
-    /// commits to claim them; the claim path keeps relaying what the feed
-    /// hands over to the table. Only the first slot given is used.
-    #[must_use]
-    pub fn with_replication(self, settings: crate::store::replication::StreamSettings) -> Relay {
-        if self.inner.replication.set(settings).is_err() {
-            warn!("This relay already reads a replication slot; the new one is ignored.");
-        }
-        self
     }
 
     /// The replication slot this relay reads, in replication mode.
     pub fn replication(&self) -> Option<&crate::store::replication::StreamSettings> {
-        self.inner.replication.get()
+        self.inner.replication.as_ref()
     }
 
     /// The capture trigger of `[source]`, if the relay has one.
     pub fn capture(&self) -> Option<&crate::store::capture::Capture> {
-        self.inner.capture.get()
+        self.inner.capture.as_ref()
     }
 
     /// The plugins this relay routes with (for status and tests).

@@ -195,7 +195,7 @@ impl Relay {
             span.id = child.map(|c| c.span_hex()),
             parent.id = parent.map(|p| p.span_hex()),
         );
-        if let Some(native) = inner.native_router.get() {
+        if let Some(native) = inner.native_router.as_ref() {
             let started = Instant::now();
             let result = span.in_scope(|| native(&event)).map_err(CallFailure::from);
             self.observe_call("native", started);

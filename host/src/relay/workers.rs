@@ -33,7 +33,7 @@ impl Relay {
         // it wakes a worker then), so a claim per commit would find nothing.
         let listener = AbortOnDropHandle::new(tokio::spawn({
             let (store, wake, shutdown) = (self.inner.store.clone(), wake.clone(), shutdown.clone());
-            let replicating = self.inner.replication.get().is_some();
+            let replicating = self.inner.replication.is_some();
             async move {
                 if !replicating {
                     store.wake_on_commits(wake, shutdown).await;
@@ -161,7 +161,7 @@ impl Relay {
         shutdown: &CancellationToken,
         failed: &CancellationToken,
     ) -> Option<AbortOnDropHandle<anyhow::Result<()>>> {
-        let settings = self.inner.replication.get().cloned()?;
+        let settings = self.inner.replication.clone()?;
         let (relay, shutdown, failed) = (self.clone(), shutdown.clone(), failed.clone());
         Some(AbortOnDropHandle::new(tokio::spawn(async move {
             let result = relay.replicate(settings, shutdown).await;

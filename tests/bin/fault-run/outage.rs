@@ -94,13 +94,32 @@ where
     }
 }
 
+/// Rows not yet published: in replication mode, rows the fast path read
+/// stay `streamed`, and only what it handed over waits in the table.
+fn unfinished_sql(replication: bool) -> &'static str {
+    if replication {
+        "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight', 'parked', 'held')"
+    } else {
+        "SELECT count(*) FROM switchyard_outbox WHERE status <> 'published'"
+    }
+}
+
 /// One run: `down` is `nats`, `kafka`, `rabbitmq` (that broker down) or
-/// `pg` (PostgreSQL down, NATS up), for `minutes`.
-pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
+/// `pg` (PostgreSQL down, NATS up), for `minutes`; in claim mode or, with
+/// `replication`, reading the WAL.
+pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bool) -> Row {
     let db = fresh_db().await;
     let mut broker = Broker::start(if down == "pg" { "nats" } else { down }).await;
-    // The default retry settings: no [relay] section.
-    let config = broker.config(&db.url, "", "[admin]\nlisten = \"\"\n");
+    // The default retry settings: [relay] names the mode at most.
+    let config = if replication {
+        let relay = "[relay]\nmode = \"replication\"\n";
+        let extra = format!("[admin]\nlisten = \"\"\n[replication]\nslot = \"{}\"\n", db.name);
+        let config = broker.config(&db.url, relay, &extra);
+        super::replication::migrate(relay_bin, &config).await;
+        config
+    } else {
+        broker.config(&db.url, "", "[admin]\nlisten = \"\"\n")
+    };
     let mut relay = Process::spawn(relay_bin, &config, "relay-0");
     let stop = tokio_util::sync::CancellationToken::new();
     let writing = writer(&db, stop.clone());
@@ -138,23 +157,20 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
         broker.resume().await;
     }
     let back: chrono::DateTime<chrono::Utc> = scalar(&db, "SELECT now()").await;
-    let backlog_at_return: i64 = scalar(
-        &db,
-        "SELECT count(*) FROM switchyard_outbox WHERE status <> 'published'",
-    )
-    .await;
+    let backlog_at_return: i64 = scalar(&db, unfinished_sql(replication)).await;
     eprintln!("{down}: back; backlog {backlog_at_return}");
     tokio::time::sleep(AROUND).await;
     stop.cancel();
     let expected = writing.await.expect("writer");
     let total = expected.len() as i64;
     let limit = Instant::now() + Duration::from_secs(900);
-    while scalar::<i64>(
-        &db,
-        "SELECT count(*) FROM switchyard_outbox WHERE status = 'published'",
-    )
-    .await
-        < total
+    let done_sql = if replication {
+        "SELECT count(*) FROM switchyard_outbox WHERE status IN ('published', 'streamed')"
+    } else {
+        "SELECT count(*) FROM switchyard_outbox WHERE status = 'published'"
+    };
+    while (scalar::<i64>(&db, done_sql).await < total
+        || scalar::<i64>(&db, unfinished_sql(replication)).await > 0)
         && Instant::now() < limit
     {
         if scalar::<i64>(
@@ -174,11 +190,14 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
         "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
     )
     .await;
+    // Only rows the relay marked published: a `streamed` row's
+    // published_at is its insert time.
     let (first, drained, drain_s): (Option<f64>, i64, Option<f64>) = sqlx::query_as(
         "SELECT (SELECT extract(epoch FROM min(published_at) - $1)::float8
-                   FROM switchyard_outbox WHERE published_at > $1),
+                   FROM switchyard_outbox WHERE published_at > $1 AND status = 'published'),
                 count(*), extract(epoch FROM max(published_at) - $1)::float8
-           FROM switchyard_outbox WHERE created_at < $1 AND published_at >= $1",
+           FROM switchyard_outbox
+          WHERE created_at < $1 AND published_at >= $1 AND status = 'published'",
     )
     .bind(back)
     .fetch_one(&db.pool)
@@ -186,9 +205,10 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64) -> Row {
     .expect("figures");
     let received = broker.received(expected.len()).await;
     let counted = tally(&received, &expected);
+    let mode = if replication { ", replication" } else { "" };
     let scenario = match down {
-        "pg" => format!("PostgreSQL down {minutes} min (NATS)"),
-        broker => format!("{broker} down {minutes} min"),
+        "pg" => format!("PostgreSQL down {minutes} min (NATS{mode})"),
+        broker => format!("{broker} down {minutes} min{mode}"),
     };
     eprintln!("{scenario}: {counted:?}");
     Row {

@@ -17,7 +17,7 @@ fn replication_settings(db: &TestDb, nats: &NatsServer) -> String {
         + &format!("\n[replication]\nslot = \"{}\"\n", db.name)
 }
 
-async fn migrate(relay_bin: &str, config: &str) {
+pub(super) async fn migrate(relay_bin: &str, config: &str) {
     let path = std::env::temp_dir().join(format!("sy-fault-{}.toml", uuid::Uuid::new_v4().simple()));
     std::fs::write(&path, config).expect("write config");
     let (code, out, err) =

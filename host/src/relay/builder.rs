@@ -1,0 +1,86 @@
+//! Assembling a relay: its parts, and what it may also have, given once
+//! before it exists (no setter can race a running worker).
+
+use std::sync::Arc;
+
+use super::{Inner, NativeRouter, Relay, RetryPolicy, default_owner, outage};
+use crate::config::RelayConfig;
+use crate::metrics::Metrics;
+use crate::plugin::Plugins;
+use crate::plugin::watch::PluginWatcher;
+use crate::router::Limits;
+use crate::sinks::Sinks;
+use crate::store::OutboxStore;
+use crate::store::capture::Capture;
+use crate::store::replication::StreamSettings;
+
+/// A relay being assembled; [`Relay::builder`] starts one.
+#[must_use = "a builder does nothing until `build`"]
+pub struct RelayBuilder {
+    pub(super) store: OutboxStore,
+    pub(super) plugins: Plugins,
+    pub(super) sinks: Sinks,
+    pub(super) config: RelayConfig,
+    pub(super) watcher: Option<PluginWatcher>,
+    pub(super) native_router: Option<NativeRouter>,
+    pub(super) capture: Option<Capture>,
+    pub(super) replication: Option<StreamSettings>,
+}
+
+impl RelayBuilder {
+    /// Keeps a plugin watcher alive as long as the relay (hot reload).
+    pub fn watcher(mut self, watcher: Option<PluginWatcher>) -> Self {
+        self.watcher = watcher;
+        self
+    }
+
+    /// Routes every event with `router` instead of the configured plugins.
+    pub fn native_router(mut self, router: NativeRouter) -> Self {
+        self.native_router = Some(router);
+        self
+    }
+
+    /// The `[source]` capture trigger this relay depends on: `/readyz`
+    /// checks that it is still there and enabled.
+    pub fn capture(mut self, capture: Option<Capture>) -> Self {
+        self.capture = capture;
+        self
+    }
+
+    /// Reads new events from this replication slot instead of waiting for
+    /// commits to claim them; the claim path keeps relaying what the feed
+    /// hands over to the table.
+    pub fn replication(mut self, settings: Option<StreamSettings>) -> Self {
+        self.replication = settings;
+        self
+    }
+
+    /// The relay, ready to run.
+    pub fn build(self) -> Relay {
+        let config = self.config;
+        let owner = config.instance_id.clone().unwrap_or_else(default_owner);
+        let limits = Limits::from_config(&config);
+        let metrics = Metrics::new(Some(self.plugins.clone()));
+        Relay {
+            inner: Arc::new(Inner {
+                health: super::WorkerHealth::default(),
+                outages: outage::Outages::default(),
+                wake: Arc::new(tokio::sync::Notify::new()),
+                acks_pending: std::sync::atomic::AtomicUsize::new(0),
+                acks_waiting_since: std::sync::Mutex::new(None),
+                _watcher: self.watcher,
+                native_router: self.native_router,
+                capture: self.capture,
+                replication: self.replication,
+                retry: RetryPolicy::from_config(&config),
+                metrics,
+                store: self.store,
+                plugins: self.plugins,
+                sinks: self.sinks,
+                config,
+                owner,
+                limits,
+            }),
+        }
+    }
+}
