@@ -149,7 +149,7 @@ impl Relay {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::{Arc, Mutex};
 
     use futures::future::BoxFuture;
@@ -159,7 +159,7 @@ mod tests {
 
     /// Answers each message from `answer` (by topic), after `delay`, and
     /// records what it was sent.
-    struct Scripted {
+    pub(in crate::relay) struct Scripted {
         delay: Duration,
         answer: fn(&OutgoingMessage) -> Result<(), SinkError>,
         seen: Mutex<Vec<String>>,
@@ -189,7 +189,10 @@ mod tests {
         }
     }
 
-    fn scripted(delay_ms: u64, answer: fn(&OutgoingMessage) -> Result<(), SinkError>) -> Arc<Scripted> {
+    pub(in crate::relay) fn scripted(
+        delay_ms: u64,
+        answer: fn(&OutgoingMessage) -> Result<(), SinkError>,
+    ) -> Arc<Scripted> {
         Arc::new(Scripted {
             delay: Duration::from_millis(delay_ms),
             answer,

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, debug_span, warn};
 
-use super::Relay;
-use super::retry::lease_spent;
-use crate::config::UnmatchedPolicy;
-use crate::metrics::PluginLabel;
-use crate::plugin::{CallFailure, Event, Message, PluginVersion};
-use crate::router::{self, Routed};
+use super::retry::{RetryPolicy, lease_spent};
+use super::{NativeRouter, Relay};
+use crate::config::{RelayConfig, UnmatchedPolicy};
+use crate::metrics::{Metrics, PluginLabel};
+use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins};
+use crate::router::{self, Limits, Routed};
+use crate::sinks::Sinks;
 use crate::store::{OutboxRow, Outcome};
 use crate::trace::TraceParent;
 
@@ -100,7 +101,8 @@ impl Relay {
     ) -> Vec<RoutedRow> {
         let relay = self.clone();
         let count = rows.len();
-        match tokio::task::spawn_blocking(move || relay.route_blocking(rows, deadline, claim_took)).await {
+        let route = move || relay.inner.route_stage().run(rows, deadline, claim_took);
+        match tokio::task::spawn_blocking(route).await {
             Ok(routed) => routed,
             Err(join_error) => {
                 // Only reachable if routing panicked: nothing is acked, the
@@ -110,14 +112,47 @@ impl Relay {
             }
         }
     }
+}
 
-    fn route_blocking(
+impl super::Inner {
+    /// The route stage over this relay's parts.
+    fn route_stage(&self) -> RouteStage<'_> {
+        RouteStage {
+            config: &self.config,
+            limits: &self.limits,
+            native_router: self.native_router.as_ref(),
+            plugins: &self.plugins,
+            retry: &self.retry,
+            metrics: &self.metrics,
+            sinks: &self.sinks,
+        }
+    }
+}
+
+/// The route stage as a value: what routing a batch reads, borrowed. Runs
+/// synchronously (on a blocking thread in the relay).
+pub(super) struct RouteStage<'a> {
+    pub(super) config: &'a RelayConfig,
+    pub(super) limits: &'a Limits,
+    pub(super) native_router: Option<&'a NativeRouter>,
+    pub(super) plugins: &'a Plugins,
+    pub(super) retry: &'a RetryPolicy,
+    pub(super) metrics: &'a Metrics,
+    /// Which targets deduplicate by id (the message's dedup id).
+    pub(super) sinks: &'a Sinks,
+}
+
+impl RouteStage<'_> {
+    /// Each row's state after routing, in claim order. Routing stops
+    /// `publish_timeout` plus the ack reserve before `deadline`: rows not
+    /// routed by then are retried, as a spent lease.
+    pub(super) fn run(
         &self,
         rows: Vec<OutboxRow>,
         deadline: Instant,
         claim_took: Duration,
     ) -> Vec<RoutedRow> {
-        let config = &self.inner.config;
+        let config = &self.config;
         let route_until = deadline
             .checked_sub(config.publish_timeout() + super::ACK_RESERVE)
             .unwrap_or(deadline);
@@ -163,7 +198,7 @@ impl Relay {
         route_until: Instant,
         claim_took: Duration,
     ) -> Prepared {
-        let inner = &self.inner;
+        let inner = self;
         let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
         if attempts > inner.config.max_attempts {
             // Only reached when leases keep expiring (e.g. the relay crashed
@@ -171,7 +206,7 @@ impl Relay {
             let error = format!("lease expired {} times without an outcome", attempts - 1);
             return Prepared::Done(RoutedRow::failed(row, Outcome::Dead { error }, None));
         }
-        let event = match router::event_from_row(&row, &inner.limits) {
+        let event = match router::event_from_row(&row, inner.limits) {
             Ok(event) => event,
             Err(error) => {
                 let error = error.to_string();
@@ -195,7 +230,7 @@ impl Relay {
             span.id = child.map(|c| c.span_hex()),
             parent.id = parent.map(|p| p.span_hex()),
         );
-        if let Some(native) = inner.native_router.as_ref() {
+        if let Some(native) = inner.native_router {
             let started = Instant::now();
             let result = span.in_scope(|| native(&event)).map_err(CallFailure::from);
             self.observe_call("native", started);
@@ -209,7 +244,7 @@ impl Relay {
         };
         if Instant::now() >= route_until {
             let error = lease_spent(claim_took, inner.config.lease_duration(), "routing");
-            let outcome = self.inner.retry.after_failure(attempts, error);
+            let outcome = self.retry.after_failure(attempts, error);
             return Prepared::Done(RoutedRow::failed(row, outcome, None).in_span(&span));
         }
         let Some(version) = pinned(slot).or_else(|| inner.plugins.slots()[slot].current()) else {
@@ -232,7 +267,7 @@ impl Relay {
 
     /// What happens to an event no plugin is configured for.
     fn unmatched(&self, event: &Event) -> RowState {
-        match self.inner.config.unmatched {
+        match self.config.unmatched {
             UnmatchedPolicy::DeadLetter => RowState::Failed {
                 outcome: Outcome::Dead {
                     error: format!(
@@ -251,9 +286,9 @@ impl Relay {
 
     /// The wait for a plugin whose file was deleted (and so unloaded).
     fn unloaded(&self, slot: usize) -> Outcome {
-        let config = self.inner.plugins.slots()[slot].config();
+        let config = self.plugins.slots()[slot].config();
         Outcome::Defer {
-            after: Duration::from_millis(self.inner.config.poll_interval_ms.max(1000)),
+            after: Duration::from_millis(self.config.poll_interval_ms.max(1000)),
             reason: format!(
                 "plugin {} is unloaded (its file {} was deleted); waiting for it to return",
                 config.name,
@@ -301,9 +336,9 @@ impl Relay {
                     )
                 }),
                 None => {
-                    let error = lease_spent(claim_took, self.inner.config.lease_duration(), "routing");
+                    let error = lease_spent(claim_took, self.config.lease_duration(), "routing");
                     RowState::Failed {
-                        outcome: self.inner.retry.after_failure(waiting.attempts, error),
+                        outcome: self.retry.after_failure(waiting.attempts, error),
                         version: None,
                     }
                 }
@@ -319,7 +354,7 @@ impl Relay {
     /// Each event's share of the calls that routed it: a batch call's time
     /// is split among its events.
     fn observe_calls(&self, plugin: &str, calls: &[(Duration, usize)]) {
-        let histogram = self.inner.metrics.plugin_call.get_or_create(&PluginLabel {
+        let histogram = self.metrics.plugin_call.get_or_create(&PluginLabel {
             plugin: plugin.to_string(),
         });
         for &(took, events) in calls {
@@ -331,8 +366,7 @@ impl Relay {
     }
 
     fn observe_call(&self, plugin: &str, started: Instant) {
-        self.inner
-            .metrics
+        self.metrics
             .plugin_call
             .get_or_create(&PluginLabel {
                 plugin: plugin.to_string(),
@@ -357,14 +391,12 @@ impl Relay {
                 error: format!("plugin {label} refused permanently: {reason}"),
             },
             Err(CallFailure::Transient(reason)) => self
-                .inner
                 .retry
                 .after_failure(attempts, format!("plugin {label} refused for now: {reason}")),
             Err(CallFailure::Crashed(reason)) => self
-                .inner
                 .retry
                 .after_failure(attempts, format!("plugin {label} {reason}")),
-            Err(CallFailure::Unavailable(reason)) => self.inner.retry.after_failure(attempts, reason),
+            Err(CallFailure::Unavailable(reason)) => self.retry.after_failure(attempts, reason),
         };
         RowState::Failed { outcome, version }
     }
@@ -377,12 +409,12 @@ impl Relay {
         version: Option<String>,
         trace: Option<&TraceParent>,
     ) -> RowState {
-        let sinks = &self.inner.sinks;
+        let sinks = &self.sinks;
         match router::assemble(
             event,
             messages,
             label,
-            &self.inner.limits,
+            self.limits,
             &|name| sinks.get(name).map(|sink| sink.deduplicates_by_id()),
             trace,
         ) {
@@ -397,5 +429,155 @@ impl Relay {
                 version,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::plugin::{PluginEngine, Refusal};
+    use crate::relay::plan::tests::row;
+    use crate::relay::publish::tests::scripted;
+    use crate::sinks::Sink;
+
+    /// What a route stage borrows, owned by the test.
+    struct Parts {
+        config: RelayConfig,
+        limits: Limits,
+        plugins: Plugins,
+        retry: RetryPolicy,
+        metrics: Metrics,
+        sinks: Sinks,
+    }
+
+    fn parts(unmatched: UnmatchedPolicy) -> Parts {
+        let config = RelayConfig {
+            unmatched,
+            max_attempts: 3,
+            ..RelayConfig::default()
+        };
+        let plugins = Plugins::load(PluginEngine::new(None).unwrap(), &[]).ok().unwrap();
+        Parts {
+            limits: Limits::from_config(&config),
+            retry: RetryPolicy::from_config(&config),
+            metrics: Metrics::new(None),
+            sinks: Sinks::from_sinks([("out".to_string(), scripted(0, |_| Ok(())) as Arc<dyn Sink>)]),
+            plugins,
+            config,
+        }
+    }
+
+    fn run(parts: &Parts, native: Option<NativeRouter>, rows: Vec<OutboxRow>) -> Vec<RoutedRow> {
+        let stage = RouteStage {
+            config: &parts.config,
+            limits: &parts.limits,
+            native_router: native.as_ref(),
+            plugins: &parts.plugins,
+            retry: &parts.retry,
+            metrics: &parts.metrics,
+            sinks: &parts.sinks,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        stage.run(rows, deadline, Duration::ZERO)
+    }
+
+    /// Sends each event to `target`, or refuses by event type.
+    fn native(target: &'static str) -> NativeRouter {
+        Arc::new(move |event: &Event| match event.event_type.as_str() {
+            "Refused" => Err(Refusal::Permanent("not ours".into())),
+            "Later" => Err(Refusal::Transient("busy".into())),
+            _ => Ok(vec![Message {
+                target: target.into(),
+                topic: format!("orders.{}", event.event_type),
+                key: Some(event.aggregate_id.clone()),
+                payload: event.payload.clone(),
+                headers: Vec::new(),
+            }]),
+        })
+    }
+
+    fn with_type(mut row: OutboxRow, event_type: &str) -> OutboxRow {
+        row.event_type = event_type.into();
+        row
+    }
+
+    fn outcome(routed: &RoutedRow) -> &Outcome {
+        match &routed.state {
+            RowState::Failed { outcome, .. } => outcome,
+            RowState::Routed { .. } => panic!("row {} was routed", routed.row.id),
+        }
+    }
+
+    #[test]
+    fn every_row_keeps_its_place_and_gets_its_own_state() {
+        let parts = parts(UnmatchedPolicy::DeadLetter);
+        let rows = vec![
+            row(1, &[]),
+            with_type(row(2, &[]), "Refused"),
+            with_type(row(3, &[]), "Later"),
+            row(4, &[]),
+        ];
+        let routed = run(&parts, Some(native("out")), rows);
+        let ids: Vec<i64> = routed.iter().map(|r| r.row.id.0).collect();
+        assert_eq!(ids, vec![1, 2, 3, 4]);
+        let RowState::Routed { messages, .. } = &routed[0].state else {
+            panic!("row 1 not routed");
+        };
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].target, "out");
+        assert_eq!(messages[0].message.topic, "orders.OrderCreated");
+        assert_eq!(messages[0].message.key.as_deref(), Some("order-1"));
+        assert!(
+            matches!(outcome(&routed[1]), Outcome::Dead { error } if error.contains("refused permanently: not ours"))
+        );
+        assert!(
+            matches!(outcome(&routed[2]), Outcome::Retry { error, .. } if error.contains("refused for now: busy"))
+        );
+        assert!(matches!(routed[3].state, RowState::Routed { .. }));
+    }
+
+    #[test]
+    fn a_message_to_a_target_that_does_not_exist_dead_letters_its_row() {
+        let parts = parts(UnmatchedPolicy::DeadLetter);
+        let routed = run(&parts, Some(native("nowhere")), vec![row(1, &[])]);
+        assert!(
+            matches!(outcome(&routed[0]), Outcome::Dead { error } if error.contains("nowhere")),
+            "{:?}",
+            outcome(&routed[0])
+        );
+    }
+
+    #[test]
+    fn rows_past_their_attempts_or_unreadable_are_decided_before_any_call() {
+        let parts = parts(UnmatchedPolicy::DeadLetter);
+        let mut spent = row(1, &[]);
+        spent.attempts = 4;
+        let mut unreadable = row(2, &[]);
+        unreadable.headers_json = "[1, 2]".into();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = calls.clone();
+        let router: NativeRouter = Arc::new(move |event: &Event| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            native("out")(event)
+        });
+        let routed = run(&parts, Some(router), vec![spent, unreadable, row(3, &[])]);
+        assert!(
+            matches!(outcome(&routed[0]), Outcome::Dead { error } if error == "lease expired 3 times without an outcome")
+        );
+        assert!(matches!(outcome(&routed[1]), Outcome::Dead { error } if error.contains("headers")));
+        assert!(matches!(routed[2].state, RowState::Routed { .. }));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn an_event_no_plugin_matches_follows_the_unmatched_policy() {
+        let dead = run(&parts(UnmatchedPolicy::DeadLetter), None, vec![row(1, &[])]);
+        assert!(
+            matches!(outcome(&dead[0]), Outcome::Dead { error } if error.contains("no plugin matches aggregate type \"order\""))
+        );
+        let dropped = run(&parts(UnmatchedPolicy::Drop), None, vec![row(1, &[])]);
+        assert!(matches!(&dropped[0].state, RowState::Routed { messages, .. } if messages.is_empty()));
     }
 }
