@@ -79,13 +79,30 @@ impl FailureKind {
 }
 
 /// A failed delivery, classified.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
+#[derive(Debug, Clone)]
 pub struct SinkError {
     /// Why it failed.
     pub kind: FailureKind,
     /// What went wrong, for `last_error`.
     pub message: String,
+    /// The client library's own error, when there is one (shared: one
+    /// failed call fails each of its messages).
+    pub source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl std::fmt::Display for SinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SinkError {
+    // The client's error itself, not the Arc around it: callers downcast it.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl SinkError {
@@ -94,7 +111,15 @@ impl SinkError {
         SinkError {
             kind,
             message: message.into(),
+            source: None,
         }
+    }
+
+    /// The same failure, carrying the error that caused it.
+    #[must_use]
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     /// The event's own failure that a later attempt may not repeat.

@@ -350,7 +350,7 @@ pub fn classify(error: &KafkaError) -> SinkError {
         Some(code) => format!("Kafka refused the message: {code}"),
         None => format!("Kafka refused the message: {error}"),
     };
-    SinkError::new(kind, text)
+    SinkError::new(kind, text).with_source(error.clone())
 }
 
 impl Sink for KafkaSink {
@@ -463,6 +463,24 @@ mod tests {
         assert!(text.contains("1/1 brokers are down"), "{text}");
         assert_eq!(text.matches("something else").count(), 1, "{text}");
         assert_eq!(context.unreachable.ended().map(|(n, _)| n), Some(200));
+    }
+
+    #[test]
+    fn a_failure_keeps_the_client_error_it_came_from() {
+        use std::error::Error as _;
+        let error = classify(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageSizeTooLarge,
+        ));
+        assert_eq!(error.kind, FailureKind::Refused);
+        let source = error.source().expect("a source");
+        let kafka = source.downcast_ref::<KafkaError>().expect("the KafkaError");
+        assert_eq!(
+            kafka.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::MessageSizeTooLarge)
+        );
+        // Each message of a failed call gets a copy; the source is shared.
+        let copy = error.clone();
+        assert!(copy.source().is_some());
     }
 
     #[test]

@@ -230,14 +230,14 @@ impl NatsSink {
                 context
                     .send_publish(message.topic, publish)
                     .await
-                    .map_err(|e| classify_jetstream(e.kind(), &e.to_string())),
+                    .map_err(|e| classify_jetstream(e.kind(), &e.to_string()).with_source(e)),
             );
         }
         let results = join_all(pending.into_iter().map(|sent| async move {
             let ack = sent?;
             match ack.await {
                 Ok(ack) => Ok(Some(ack.stream)),
-                Err(e) => Err(classify_jetstream(e.kind(), &e.to_string())),
+                Err(e) => Err(classify_jetstream(e.kind(), &e.to_string()).with_source(e)),
             }
         }))
         .await;
@@ -318,7 +318,7 @@ impl NatsSink {
                 Ok(headers) => client
                     .publish_with_headers(message.topic, headers, message.payload)
                     .await
-                    .map_err(|e| classify_core(e.kind(), &e.to_string())),
+                    .map_err(|e| classify_core(e.kind(), &e.to_string()).with_source(e)),
                 Err(e) => Err(e),
             };
             results.push(outcome);

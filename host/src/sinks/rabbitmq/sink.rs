@@ -222,7 +222,7 @@ impl RabbitMqSink {
 
     fn classify(&self, error: &lapin::Error) -> SinkError {
         let text = format!("{}: {}", message_route(&self.config.exchange), error);
-        SinkError::new(kind_of(error), text)
+        SinkError::new(kind_of(error), text).with_source(error.clone())
     }
 }
 
