@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 mod large_reload;
 mod replication;
 mod slot_spread;
+mod steady;
 
 #[derive(Debug, Parser)]
 #[command(about = "Relay throughput, latency, plugin overhead and memory against the SQL ceiling")]
@@ -89,6 +90,11 @@ struct Args {
     /// slots with hash row filters.
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication"])]
     slot_spread: bool,
+    /// Only the steady-rate cost: PostgreSQL and relay CPU per event at 100
+    /// and 500 one-event transactions/s in claim and replication mode,
+    /// against the writes alone, and the writer's INSERT against a plain table.
+    #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread"])]
+    steady: bool,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -655,6 +661,37 @@ struct Latency {
     sent: u64,
     reload_ms: Option<f64>,
     peak_rss: u64,
+    /// CPU from the first write until the last event arrived.
+    cpu: CpuTimes,
+}
+
+/// A steady load: `rate` events/s for `seconds`.
+#[derive(Clone, Copy)]
+struct Load {
+    rate: u64,
+    seconds: u64,
+    /// Swap the plugin file halfway and time the first event routed by it.
+    reload: bool,
+    /// The relay reads the WAL instead of claiming.
+    replication: bool,
+    /// No relay at all: what the writes alone cost.
+    writer_only: bool,
+    /// Each event in its own transaction (as services write), not one
+    /// multi-row insert per 10 ms tick.
+    one_per_transaction: bool,
+}
+
+impl Load {
+    fn new(rate: u64, seconds: u64) -> Load {
+        Load {
+            rate,
+            seconds,
+            reload: false,
+            replication: false,
+            writer_only: false,
+            one_per_transaction: false,
+        }
+    }
 }
 
 impl Latency {
@@ -682,18 +719,27 @@ async fn latency(
     seconds: u64,
     reload: bool,
 ) -> anyhow::Result<Latency> {
-    latency_in(services, args, rate, seconds, reload, false).await
+    latency_in(
+        services,
+        args,
+        Load {
+            reload,
+            ..Load::new(rate, seconds)
+        },
+    )
+    .await
 }
 
-/// [`latency`], in claim mode or (with `replication`) reading the WAL.
-async fn latency_in(
-    services: &Services,
-    args: &Args,
-    rate: u64,
-    seconds: u64,
-    reload: bool,
-    replication: bool,
-) -> anyhow::Result<Latency> {
+/// [`latency`] under any [`Load`]: claim mode, replication mode, or the
+/// writer alone.
+async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Result<Latency> {
+    let Load {
+        rate,
+        seconds,
+        reload,
+        replication,
+        ..
+    } = load;
     let admin = admin_pool(services).await?;
     let name = format!("sy_bench_latency_{rate}");
     replication::drop_slot(&admin, &name).await?;
@@ -729,7 +775,7 @@ async fn latency_in(
     }
     reset_peak_rss();
     let relay = switchyard::app::build(&config).await?;
-    let running = Running::start(&relay);
+    let running = (!load.writer_only).then(|| Running::start(&relay));
 
     let client = async_nats::connect(&services.nats_url).await?;
     let mut subscription = client.subscribe("bench.>").await?;
@@ -737,13 +783,15 @@ async fn latency_in(
     let new_version = Arc::new(std::sync::Mutex::new(None::<String>));
     let reload_seen = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let total = rate * seconds;
+    let expected = if load.writer_only { 0 } else { total };
     let consumer = tokio::spawn({
         let new_version = new_version.clone();
         let reload_seen = reload_seen.clone();
         async move {
-            let mut latencies = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-            while let Ok(Some(message)) =
-                tokio::time::timeout(Duration::from_secs(5), subscription.next()).await
+            let mut latencies = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
+            while (latencies.len() as u64) < expected
+                && let Ok(Some(message)) =
+                    tokio::time::timeout(Duration::from_secs(5), subscription.next()).await
             {
                 let arrived = now_us();
                 let sent = serde_json::from_slice::<serde_json::Value>(&message.payload)
@@ -761,9 +809,6 @@ async fn latency_in(
                 {
                     seen.get_or_insert_with(Instant::now);
                 }
-                if latencies.len() as u64 >= total {
-                    break;
-                }
             }
             latencies
         }
@@ -776,6 +821,7 @@ async fn latency_in(
     let mut sent = 0u64;
     let mut reload_started = None;
     let started = Instant::now();
+    let cpu = CpuTimes::now();
     while sent < total {
         tick.tick().await;
         if reload && reload_started.is_none() && started.elapsed() >= Duration::from_secs(seconds / 2) {
@@ -787,23 +833,19 @@ async fn latency_in(
             switchyard_tests::plugins::replace_atomically(&plugin_path, &variant);
         }
         let n = per_tick.min(total - sent);
-        let sent_us = now_us();
-        sqlx::query(
-            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
-             SELECT 'order', 'order-' || ((($1::bigint + n) * 7919) % 10000), 'OrderCreated',
-                    jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint + n, 'currency', 'EUR',
-                                       'total_cents', 12900, 'customer_id', 'cust-42')
-               FROM generate_series(0, $3::bigint - 1) n",
-        )
-        .bind(i64::try_from(sent)?)
-        .bind(i64::try_from(sent_us)?)
-        .bind(i64::try_from(n)?)
-        .execute(&pool)
-        .await?;
+        if load.one_per_transaction {
+            let writes = (sent..sent + n).map(|at| write_steady(&pool, at, 1));
+            futures::future::try_join_all(writes).await?;
+        } else {
+            write_steady(&pool, sent, n).await?;
+        }
         sent += n;
     }
     let mut sorted_us = consumer.await?;
-    running.stop().await?;
+    let cpu = CpuTimes::now().since(cpu);
+    if let Some(running) = running {
+        running.stop().await?;
+    }
     sorted_us.sort_unstable();
     let reload_ms = match (reload_started, reload_seen.lock().ok().and_then(|s| *s)) {
         (Some(from), Some(to)) => Some(to.saturating_duration_since(from).as_secs_f64() * 1000.0),
@@ -821,7 +863,25 @@ async fn latency_in(
         sent,
         reload_ms,
         peak_rss,
+        cpu,
     })
+}
+
+/// Events `from..from + n` in one insert, each carrying its send time.
+async fn write_steady(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+         SELECT 'order', 'order-' || ((($1::bigint + n) * 7919) % 10000), 'OrderCreated',
+                jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint + n, 'currency', 'EUR',
+                                   'total_cents', 12900, 'customer_id', 'cust-42')
+           FROM generate_series(0, $3::bigint - 1) n",
+    )
+    .bind(i64::try_from(from)?)
+    .bind(i64::try_from(now_us())?)
+    .bind(i64::try_from(n)?)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// A cumulative latency plot, one line per rate.
@@ -995,6 +1055,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.slot_spread {
         return slot_spread::run(&services, &args).await;
+    }
+    if args.steady {
+        return steady::run(&services, &args).await;
     }
     if args.latency_only {
         let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;

@@ -18,9 +18,9 @@ use switchyard::config::{FeedMode, ReplicationConfig};
 use switchyard::store::{OutboxStore, PublishedRows};
 
 use super::{
-    Args, CpuTimes, Drain, DrainKind, EVENT_FIELDS, Latency, RUST_PLUGIN, Running, Schema, Services, Target,
-    admin_pool, build_template, drain, drop_db, latency_in, load_rows, peak_rss, recreate_db, relay_config,
-    reset_brokers, reset_peak_rss, workspace_root,
+    Args, CpuTimes, Drain, DrainKind, EVENT_FIELDS, Latency, Load, RUST_PLUGIN, Running, Schema, Services,
+    Target, admin_pool, build_template, drain, drop_db, latency_in, load_rows, peak_rss, recreate_db,
+    relay_config, reset_brokers, reset_peak_rss, workspace_root,
 };
 
 /// Drops slot `name` if it exists (a database with a slot cannot be dropped).
@@ -190,7 +190,11 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         for replication in [false, true] {
             let mode = if replication { "replication" } else { "claim v2" };
             eprintln!("latency, {mode}, {rate} events/s ...");
-            let run = latency_in(services, args, rate, args.latency_seconds, false, replication).await?;
+            let load = Load {
+                replication,
+                ..Load::new(rate, args.latency_seconds)
+            };
+            let run = latency_in(services, args, load).await?;
             latencies.push((format!("{mode} at {rate} events/s"), run));
         }
     }
@@ -222,11 +226,11 @@ async fn emit_events(pool: &PgPool, args: &Args) -> anyhow::Result<()> {
 }
 
 /// Events each way in the writer comparison, and writers side by side.
-const WRITER_EVENTS: u64 = 20_000;
-const WRITERS: u64 = 4;
+pub(super) const WRITER_EVENTS: u64 = 20_000;
+pub(super) const WRITERS: u64 = 4;
 
 /// What writers paid for their events written one way.
-struct WriterCost {
+pub(super) struct WriterCost {
     how: &'static str,
     rate: f64,
     sorted_us: Vec<u64>,
@@ -264,7 +268,7 @@ async fn writer_cost(services: &Services) -> anyhow::Result<Vec<WriterCost>> {
             format!("SELECT switchyard_emit({EVENT_FIELDS}) FROM (SELECT $1::bigint AS n) s"),
         ),
     ] {
-        costs.push(write_events(&pool, how, &statement).await?);
+        costs.push(write_events(&pool, how, &statement, "switchyard_outbox").await?);
     }
     pool.close().await;
     drop_slot(&admin, name).await?;
@@ -272,12 +276,19 @@ async fn writer_cost(services: &Services) -> anyhow::Result<Vec<WriterCost>> {
     Ok(costs)
 }
 
-/// `WRITER_EVENTS` one-event transactions by `WRITERS` writers.
-async fn write_events(pool: &PgPool, how: &'static str, statement: &str) -> anyhow::Result<WriterCost> {
+/// `WRITER_EVENTS` one-event transactions by `WRITERS` writers; the
+/// growth measured is `table`'s.
+pub(super) async fn write_events(
+    pool: &PgPool,
+    how: &'static str,
+    statement: &str,
+    table: &str,
+) -> anyhow::Result<WriterCost> {
     let position = || async {
         let (lsn, table): (i64, i64) = sqlx::query_as(
-            "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, pg_total_relation_size('switchyard_outbox')",
+            "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, pg_total_relation_size($1::regclass)",
         )
+        .bind(table)
         .fetch_one(pool)
         .await?;
         anyhow::Ok((lsn, table))
@@ -326,7 +337,7 @@ async fn write_events(pool: &PgPool, how: &'static str, statement: &str) -> anyh
     })
 }
 
-fn print_writers(costs: &[WriterCost]) {
+pub(super) fn print_writers(costs: &[WriterCost]) {
     println!();
     println!(
         "{:<32} {:>9} {:>8} {:>8}  {:>12}  {:>9}  {:>11}",

@@ -163,6 +163,19 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     stop.cancel();
     let expected = writing.await.expect("writer");
     let total = expected.len() as i64;
+    if replication {
+        // A row is `streamed` from its insert on: done only once the slot
+        // is confirmed past the last write (published or in the table).
+        let written_to: String = scalar(&db, "SELECT pg_current_wal_lsn()::text").await;
+        let confirmed = format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND confirmed_flush_lsn >= '{written_to}'::pg_lsn",
+            db.name
+        );
+        let limit = Instant::now() + Duration::from_secs(300);
+        while scalar::<i64>(&db, &confirmed).await == 0 && Instant::now() < limit {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let limit = Instant::now() + Duration::from_secs(900);
     let done_sql = if replication {
         "SELECT count(*) FROM switchyard_outbox WHERE status IN ('published', 'streamed')"
@@ -205,6 +218,9 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     .expect("figures");
     let received = broker.received(expected.len()).await;
     let counted = tally(&received, &expected);
+    if counted.lost > 0 {
+        report_lost(&db, &received, &expected).await;
+    }
     let mode = if replication { ", replication" } else { "" };
     let scenario = match down {
         "pg" => format!("PostgreSQL down {minutes} min (NATS{mode})"),
@@ -219,6 +235,41 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
         first_after_return_s: first,
         backlog_at_return,
         drain_rate: drain_s.filter(|s| *s > 0.0).map(|s| drained as f64 / s),
+    }
+}
+
+/// What the outbox holds for each event the consumer did not get.
+async fn report_lost(
+    db: &TestDb,
+    received: &[switchyard_tests::nats::Received],
+    expected: &HashMap<String, Expected>,
+) {
+    let seen: std::collections::HashSet<&str> = received
+        .iter()
+        .filter_map(|m| m.header("Switchyard-Event-Id"))
+        .collect();
+    let lost: Vec<String> = expected
+        .keys()
+        .filter(|id| !seen.contains(id.as_str()))
+        .cloned()
+        .collect();
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT format('id %s, event %s, %s, created %s, published %s', id, event_id, status, created_at, published_at)
+           FROM switchyard_outbox WHERE event_id::text = ANY($1) ORDER BY id",
+    )
+    .bind(&lost)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap_or_default();
+    let last: Option<(i64, Option<String>)> =
+        sqlx::query_as("SELECT max(id), max(created_at)::text FROM switchyard_outbox")
+            .fetch_optional(&db.pool)
+            .await
+            .ok()
+            .flatten();
+    eprintln!("lost: {} events; the outbox's last row: {last:?}", lost.len());
+    for row in rows {
+        eprintln!("  lost: {row}");
     }
 }
 

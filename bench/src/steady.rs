@@ -1,0 +1,138 @@
+//! `relay-bench --steady`: what PostgreSQL pays per event at the rates
+//! services run (100 and 500 events/s, each event its own transaction, so
+//! each is about its own batch), in claim mode and in replication mode,
+//! against the writes alone in the same run; and what a writer's INSERT
+//! costs against a plain table of the same columns, with and without the
+//! NOTIFY trigger.
+
+use super::replication::{WRITERS, print_writers, write_events};
+use super::{Args, EVENT_FIELDS, Latency, Load, Services, admin_pool, drop_db, latency_in, recreate_db};
+use switchyard::store::OutboxStore;
+
+/// The writer's INSERT three ways on one claim-mode database.
+async fn writer_cost(services: &Services) -> anyhow::Result<Vec<super::replication::WriterCost>> {
+    let admin = admin_pool(services).await?;
+    let name = "sy_bench_steady_writers";
+    recreate_db(&admin, name, None).await?;
+    let url = services.db_url(name);
+    OutboxStore::connect(&url, 2).await?.migrate().await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(WRITERS)?)
+        .connect(&url)
+        .await?;
+    // The same columns and defaults, a primary key, nothing else.
+    sqlx::raw_sql(
+        "CREATE TABLE plain_outbox (LIKE switchyard_outbox INCLUDING DEFAULTS);
+         ALTER TABLE plain_outbox ADD PRIMARY KEY (id);",
+    )
+    .execute(&pool)
+    .await?;
+    let insert = |table: &str| {
+        format!(
+            "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload, headers)
+             SELECT {EVENT_FIELDS} FROM (SELECT $1::bigint AS n) s"
+        )
+    };
+    let mut costs = Vec::new();
+    costs.push(
+        write_events(
+            &pool,
+            "switchyard_outbox",
+            &insert("switchyard_outbox"),
+            "switchyard_outbox",
+        )
+        .await?,
+    );
+    sqlx::query("ALTER TABLE switchyard_outbox DISABLE TRIGGER switchyard_outbox_notify")
+        .execute(&pool)
+        .await?;
+    costs.push(
+        write_events(
+            &pool,
+            "switchyard_outbox, no NOTIFY",
+            &insert("switchyard_outbox"),
+            "switchyard_outbox",
+        )
+        .await?,
+    );
+    costs.push(
+        write_events(
+            &pool,
+            "plain table, same columns",
+            &insert("plain_outbox"),
+            "plain_outbox",
+        )
+        .await?,
+    );
+    pool.close().await;
+    drop_db(services, name).await?;
+    Ok(costs)
+}
+
+pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> {
+    eprintln!("writer cost ...");
+    let writers = writer_cost(services).await?;
+    let mut runs: Vec<(&str, Latency)> = Vec::new();
+    for rate in [100, 500] {
+        let steady = Load {
+            one_per_transaction: true,
+            ..Load::new(rate, args.latency_seconds)
+        };
+        for (mode, load) in [
+            (
+                "writes alone",
+                Load {
+                    writer_only: true,
+                    ..steady
+                },
+            ),
+            ("claim v2", steady),
+            (
+                "replication",
+                Load {
+                    replication: true,
+                    ..steady
+                },
+            ),
+        ] {
+            eprintln!("{mode}, {rate} events/s ...");
+            runs.push((mode, latency_in(services, args, load).await?));
+        }
+    }
+    println!();
+    println!(
+        "steady rate, one event per transaction, {} s per run; CPU per event in ms",
+        args.latency_seconds
+    );
+    println!(
+        "{:<14} {:>7} {:>10} {:>16} {:>10} {:>8} {:>8}",
+        "mode", "rate", "PG CPU", "PG over writes", "relay CPU", "p50 ms", "p99 ms"
+    );
+    for pair in runs.chunks(3) {
+        let alone = pair[0].1.cpu.postgres / pair[0].1.sent.max(1) as f64;
+        for (mode, run) in pair {
+            let events = run.sent.max(1) as f64;
+            let postgres = run.cpu.postgres / events;
+            let (p50, p99) = if run.sorted_us.is_empty() {
+                ("-".to_string(), "-".to_string())
+            } else {
+                (
+                    format!("{:.1}", run.percentile_ms(0.5)),
+                    format!("{:.1}", run.percentile_ms(0.99)),
+                )
+            };
+            println!(
+                "{:<14} {:>7} {:>10.3} {:>16.3} {:>10.3} {:>8} {:>8}",
+                mode,
+                run.rate,
+                postgres * 1000.0,
+                (postgres - alone) * 1000.0,
+                run.cpu.relay / events * 1000.0,
+                p50,
+                p99
+            );
+        }
+    }
+    print_writers(&writers);
+    Ok(())
+}
