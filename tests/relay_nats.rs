@@ -389,3 +389,22 @@ async fn polling_covers_lost_notifications() {
     relay.stop().await;
     verify(&nats.read_stream(STREAM).await, &expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_event_is_announced_not_polled_for() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    // Polling every minute, and a worker does not claim again after a
+    // partial batch: an event that waited behind its predecessor (parked
+    // by a claim) goes out this fast only if the ack that frees it says so.
+    let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "60000");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Two hot aggregates, each event committed right after the one before.
+    let expected = write_orders(&db.pool, 2, 40, 2).await;
+    all_published(&db.pool, 80, Duration::from_secs(30)).await;
+    relay.stop().await;
+    verify(&nats.read_stream(STREAM).await, &expected);
+}

@@ -22,7 +22,7 @@ async fn writer_cost(services: &Services) -> anyhow::Result<Vec<super::replicati
         .await?;
     // The same columns and defaults, a primary key, nothing else.
     sqlx::raw_sql(
-        "CREATE TABLE plain_outbox (LIKE switchyard_outbox INCLUDING DEFAULTS);
+        "CREATE TABLE plain_outbox (LIKE switchyard_outbox INCLUDING DEFAULTS INCLUDING IDENTITY);
          ALTER TABLE plain_outbox ADD PRIMARY KEY (id);",
     )
     .execute(&pool)

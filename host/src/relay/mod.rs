@@ -125,6 +125,9 @@ pub struct BatchReport {
     pub dead: usize,
     /// Rows whose lease was lost before the ack.
     pub lost: usize,
+    /// Whether claiming again at once may find rows no wake-up announces
+    /// (see [`Claim::look_again`]).
+    pub look_again: bool,
 }
 
 impl Relay {
@@ -267,6 +270,7 @@ impl Relay {
         if claim.rows.is_empty() {
             return Ok(BatchReport {
                 parked: claim.parked,
+                look_again: claim.look_again,
                 ..BatchReport::default()
             });
         }
@@ -310,13 +314,14 @@ impl Relay {
     /// The stages after the claim: route, plan, publish, settle, ack.
     async fn process(&self, claim: Claim) -> Result<BatchReport, BatchError> {
         let claimed = claim.rows.len();
-        let parked = claim.parked;
+        let (parked, look_again) = (claim.parked, claim.look_again);
         let lease = claim.lease;
         let settled = self.stages(claim.rows, claim.deadline, claim.took).await;
         let acked = self.record(lease, &settled.outcomes).await;
         let report = BatchReport {
             claimed,
             parked,
+            look_again,
             lost: settled.outcomes.len() - acked.len(),
             ..settled.report
         };

@@ -179,6 +179,9 @@ impl Relay {
     async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
         let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
         let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
+        // The feed hands rows to the table without a NOTIFY: claim again
+        // after every batch, as an ack may have freed the next of an aggregate.
+        let replicating = self.inner.replication.is_some();
         let mut db_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
             // A panicking batch must not take the worker with it.
@@ -195,18 +198,30 @@ impl Relay {
                 }
             };
             match batch {
-                Ok(report) if report.claimed > 0 => {
+                // A full batch: more may be due. Rows set aside: others may
+                // be claimable behind them. Otherwise a partial batch left
+                // nothing to find that a NOTIFY (a commit, an ack that freed a
+                // parked row) or the poll will not announce, unless the store
+                // says so.
+                Ok(report)
+                    if report.claimed >= full
+                        || report.parked > 0
+                        || (report.claimed > 0 && (report.look_again || replicating)) =>
+                {
                     db_backoff = Duration::from_millis(100);
                     if report.claimed >= full {
                         wake.notify_one();
                     }
-                    // The ack just freed the next event of each aggregate: look again now.
                     continue;
                 }
-                // The claim only set rows aside: others may be claimable behind them.
-                Ok(report) if report.parked > 0 => {
+                // Nothing taken: rows behind a predecessor being acked right
+                // now. Its ack commits within moments.
+                Ok(report) if report.look_again => {
                     db_backoff = Duration::from_millis(100);
-                    continue;
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(2)) => {}
+                        () = shutdown.cancelled() => {}
+                    }
                 }
                 Ok(_) => {
                     db_backoff = Duration::from_millis(100);

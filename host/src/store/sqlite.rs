@@ -220,6 +220,7 @@ impl Backend for Sqlite {
             rows.push(row);
         }
         rows.sort_by_key(|row| row.id);
+        let look_again = !rows.is_empty();
         Ok(Claim {
             lease: lease_id,
             rows,
@@ -227,6 +228,7 @@ impl Backend for Sqlite {
             took: started.elapsed(),
             statement: None,
             parked: 0,
+            look_again,
         })
     }
 

@@ -121,6 +121,12 @@ pub struct Claim {
     /// their aggregate and set aside (PostgreSQL). When it set some aside
     /// and claimed nothing, claiming again at once finds other rows.
     pub parked: usize,
+    /// Whether claiming again right after this batch may find rows no
+    /// wake-up will announce. On SQLite and the v1 schema, whenever rows
+    /// were claimed (an ack frees the next event of each aggregate). On v2
+    /// only when a row was left queued behind a predecessor another
+    /// relay was acking: an ack that frees a parked row notifies by itself.
+    pub look_again: bool,
 }
 
 /// What happened to a row.

@@ -195,8 +195,13 @@ pub(super) async fn ack(
             aggregates.push(row.try_get::<String, _>(3)?);
         }
     }
-    if !types.is_empty() {
-        unpark(&mut tx, &types, &aggregates).await?;
+    // A freed row is announced at commit like a new one: workers do not
+    // claim again after every batch on the chance that one was freed.
+    if !types.is_empty() && unpark(&mut tx, &types, &aggregates).await? > 0 {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(crate::store::NOTIFY_CHANNEL)
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     Ok(acked)

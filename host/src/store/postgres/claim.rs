@@ -221,6 +221,7 @@ WITH due AS MATERIALIZED (
     SELECT p.id, p.held_by FROM probe p WHERE p.held_by IS NOT NULL
 )
 SELECT c.*, h.held_by, (SELECT count(*) FROM parked) AS parked,
+       (SELECT count(*) FROM probe p WHERE p.blocker IS NOT NULL AND p.held_by IS NULL) AS blocked,
        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s
   FROM (SELECT 1) AS one LEFT JOIN claimed c ON true LEFT JOIN held_by h ON h.id = c.id
 "#;
@@ -321,6 +322,7 @@ pub(super) async fn claim(
     };
     let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
     let mut parked = 0;
+    let mut blocked = 0;
     let mut statement = None;
     let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
     let read = async {
@@ -336,6 +338,7 @@ pub(super) async fn claim(
                 // every row carries the same statement-wide figures.
                 if statement.is_none() {
                     parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
+                    blocked = usize::try_from(record.try_get::<i64, _>("blocked")?).unwrap_or(0);
                     let seconds: f64 = record.try_get("statement_s")?;
                     statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
                 }
@@ -363,6 +366,9 @@ pub(super) async fn claim(
     tx.commit().await?;
     // UPDATE ... RETURNING gives no order guarantee.
     rows.sort_by_key(|row| row.id);
+    // v2: rows behind a predecessor that were neither taken nor parked
+    // (it was being acked); v1 parks nothing, so any ack may free rows.
+    let look_again = if v2 { blocked > parked } else { !rows.is_empty() };
     Ok(Claim {
         lease: lease_id,
         rows,
@@ -370,5 +376,6 @@ pub(super) async fn claim(
         took: started.elapsed(),
         statement,
         parked,
+        look_again,
     })
 }
