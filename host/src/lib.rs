@@ -8,7 +8,8 @@
 //! - [`store`]: the outbox (PostgreSQL or SQLite): migrations, claims under a
 //!   lease, acks, and the operator queries behind `status` and `dlq`.
 //! - [`plugin`]: the wasmtime component runtime for routing plugins.
-//! - [`router`]: pure checks and message assembly around the plugin call.
+//! - [`router`]: pure checks and message assembly around the plugin call
+//!   (part of the relay's route stage).
 //! - [`redact`]: masking credentials wherever a URL is shown.
 //! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
 //! - [`relay`]: the worker loop tying the above together.
@@ -32,12 +33,11 @@ pub mod plugin;
 pub mod redact;
 pub mod relay;
 pub mod retention;
-pub mod router;
 pub mod sinks;
 pub mod store;
 pub mod telemetry;
 pub mod trace;
 
 pub use config::Config;
-pub use relay::{BatchReport, Relay, RelayBuilder};
+pub use relay::{BatchReport, Relay, RelayBuilder, router};
 pub use store::OutboxStore;

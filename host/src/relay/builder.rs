@@ -8,7 +8,7 @@ use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
 use crate::plugin::watch::PluginWatcher;
-use crate::router::Limits;
+use crate::relay::router::Limits;
 use crate::sinks::Sinks;
 use crate::store::OutboxStore;
 use crate::store::capture::Capture;

@@ -24,6 +24,7 @@ mod publish;
 mod replicate;
 mod retry;
 mod route;
+pub use route::router;
 mod settle;
 mod workers;
 
@@ -41,7 +42,7 @@ pub use retry::{RetryPolicy, backoff};
 use crate::config::RelayConfig;
 use crate::metrics::{Metrics, PluginLabel};
 use crate::plugin::{Event, Message, Plugins, Refusal};
-use crate::router::Limits;
+use crate::relay::router::Limits;
 use crate::sinks::{SinkError, Sinks};
 use crate::store::{self, Claim, OutboxRow, OutboxStore};
 use health::WorkerHealth;

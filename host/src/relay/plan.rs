@@ -85,7 +85,7 @@ pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::router::Routed;
+    use crate::relay::router::Routed;
     use crate::store::{Delivery, OutboxRow, Outcome, RowId};
 
     pub(in crate::relay) fn row(id: i64, acked: &[&str]) -> OutboxRow {

@@ -13,7 +13,7 @@ use super::plan::Results;
 use super::retry::RetryPolicy;
 use super::route::{RoutedRow, RowState};
 use crate::config::Handling;
-use crate::router::Routed;
+use crate::relay::router::Routed;
 use crate::sinks::SinkError;
 use crate::store::{Delivery, DeliveryKey, OutboxRow, Outcome, RowOutcome};
 

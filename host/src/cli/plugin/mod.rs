@@ -14,7 +14,7 @@ use report::{EventReport, EventSummary, MessageReport, TestReport, message_repor
 
 use crate::config::{Config, PluginConfig, PluginRuntimeConfig, TargetConfig};
 use crate::plugin::{CallFailure, Event, PayloadFormat, PluginEngine};
-use crate::router::{self, Limits};
+use crate::relay::router::{self, Limits};
 use crate::store::OutboxStore;
 
 pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {

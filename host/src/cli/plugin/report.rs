@@ -68,7 +68,7 @@ pub(super) struct TestReport {
     pub(super) failed: usize,
 }
 
-pub(super) fn message_report(routed: crate::router::Routed) -> MessageReport {
+pub(super) fn message_report(routed: crate::relay::router::Routed) -> MessageReport {
     use base64::Engine;
     let m = routed.message;
     let (payload, payload_base64) = match String::from_utf8(m.payload.to_vec()) {

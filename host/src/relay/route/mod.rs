@@ -15,10 +15,12 @@ use super::{NativeRouter, Relay};
 use crate::config::{RelayConfig, UnmatchedPolicy};
 use crate::metrics::{Metrics, PluginLabel};
 use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins};
-use crate::router::{self, Limits, Routed};
+pub mod router;
+
 use crate::sinks::Sinks;
 use crate::store::{OutboxRow, Outcome};
 use crate::trace::TraceParent;
+use router::{Limits, Routed};
 
 /// A claimed row after routing.
 pub(super) struct RoutedRow {
