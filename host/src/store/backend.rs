@@ -85,3 +85,86 @@ pub(super) trait Backend {
     async fn prune_published(&self, max_age: Duration, mode: RetentionMode, batch: u32)
     -> Result<u64, Error>;
 }
+
+/// The operator queries that differ between backends only in their SQL
+/// dialect, written once and expanded into each `impl Backend`. `$this` names
+/// the backend in `$dialect`, the expression that gives its [`Dialect`]
+/// (`self` cannot be passed into a macro-made method).
+///
+/// [`Dialect`]: super::dialect::Dialect
+macro_rules! dialect_queries {
+    (|$this:ident| $dialect:expr) => {
+        async fn stats(&self) -> Result<OutboxStats, Error> {
+            let $this = self;
+            let dialect = $dialect;
+            let counts = sqlx::query_as(&dialect::status_counts_sql(dialect))
+                .fetch_one(&self.pool)
+                .await?;
+            let by_type = sqlx::query_as(&dialect::dead_by_type_sql(dialect))
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(OutboxStats::from_counts(counts, by_type))
+        }
+
+        async fn dead_letters(
+            &self,
+            filter: &DeadLetterFilter,
+            after: i64,
+            limit: u32,
+        ) -> Result<Vec<OutboxEntry>, Error> {
+            let $this = self;
+            let records = dialect::dead_letters_query($dialect, filter, after, limit)
+                .build()
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(records
+                .iter()
+                .map(dialect::entry_from_record)
+                .collect::<Result<_, _>>()?)
+        }
+
+        async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<i64, Error> {
+            let $this = self;
+            Ok(dialect::count_dead_letters_query($dialect, filter)
+                .build_query_scalar()
+                .fetch_one(&self.pool)
+                .await?)
+        }
+
+        async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {
+            let $this = self;
+            let record = dialect::entry_query($dialect, id)
+                .build()
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(record
+                .as_ref()
+                .map(dialect::entry_from_record)
+                .transpose()?)
+        }
+
+        async fn replay_dead_letters(
+            &self,
+            filter: &DeadLetterFilter,
+            after: i64,
+            batch: u32,
+        ) -> Result<Vec<i64>, Error> {
+            let $this = self;
+            Ok(
+                dialect::dead_letter_change_query($dialect, DeadLetterChange::Replay, filter, after, batch)
+                    .build_query_scalar()
+                    .fetch_all(&self.pool)
+                    .await?,
+            )
+        }
+
+        async fn status_counts(&self, ids: &[i64]) -> Result<BTreeMap<String, i64>, Error> {
+            let $this = self;
+            let rows: Vec<(String, i64)> = dialect::status_of_query($dialect, ids)
+                .build_query_as()
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(rows.into_iter().collect())
+        }
+    };
+}

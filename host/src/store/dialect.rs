@@ -217,6 +217,20 @@ pub(super) const ARCHIVE_COLUMNS: &str =
     "id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
     headers, tenant, created_at, attempts, published_at, deliveries, plugin_version";
 
+/// One row, whole, by id.
+pub(super) fn entry_query<'a, DB>(dialect: Dialect, id: i64) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let mut query = QueryBuilder::new(format!(
+        "SELECT {} FROM switchyard_outbox WHERE id = ",
+        dialect.entry_columns()
+    ));
+    query.push_bind(id);
+    query
+}
+
 pub(super) fn entry_from_record<R: Row>(record: &R) -> Result<OutboxEntry, sqlx::Error>
 where
     for<'r> &'r str: sqlx::ColumnIndex<R>,

@@ -14,6 +14,7 @@
 //! found by status, never by a high-water mark, so a row whose id was assigned
 //! early but committed late is still picked up.
 
+#[macro_use]
 mod backend;
 mod dialect;
 mod postgres;

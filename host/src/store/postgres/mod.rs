@@ -235,63 +235,7 @@ impl Backend for Postgres {
             .rows_affected())
     }
 
-    async fn stats(&self) -> Result<OutboxStats, Error> {
-        let dialect = self.dialect().await?;
-        let counts = sqlx::query_as(&dialect::status_counts_sql(dialect))
-            .fetch_one(&self.pool)
-            .await?;
-        let by_type = sqlx::query_as(&dialect::dead_by_type_sql(dialect))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(OutboxStats::from_counts(counts, by_type))
-    }
-
-    async fn dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<OutboxEntry>, Error> {
-        let records = dialect::dead_letters_query(self.dialect().await?, filter, after, limit)
-            .build()
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(records
-            .iter()
-            .map(dialect::entry_from_record)
-            .collect::<Result<_, _>>()?)
-    }
-
-    async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<i64, Error> {
-        Ok(dialect::count_dead_letters_query(self.dialect().await?, filter)
-            .build_query_scalar()
-            .fetch_one(&self.pool)
-            .await?)
-    }
-
-    async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {
-        let sql = format!(
-            "SELECT {} FROM switchyard_outbox WHERE id = $1",
-            self.dialect().await?.entry_columns()
-        );
-        let record = sqlx::query(&sql).bind(id).fetch_optional(&self.pool).await?;
-        Ok(record.as_ref().map(dialect::entry_from_record).transpose()?)
-    }
-
-    async fn replay_dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        after: i64,
-        batch: u32,
-    ) -> Result<Vec<i64>, Error> {
-        let dialect = self.dialect().await?;
-        Ok(
-            dialect::dead_letter_change_query(dialect, DeadLetterChange::Replay, filter, after, batch)
-                .build_query_scalar()
-                .fetch_all(&self.pool)
-                .await?,
-        )
-    }
+    dialect_queries!(|postgres| postgres.dialect().await?);
 
     async fn purge_dead_letters(&self, filter: &DeadLetterFilter, batch: u32) -> Result<u64, Error> {
         let dialect = self.dialect().await?;
@@ -305,14 +249,6 @@ impl Backend for Postgres {
             while ack::unpark_stranded(&self.pool, true, 1000).await? == 1000 {}
         }
         Ok(purged)
-    }
-
-    async fn status_counts(&self, ids: &[i64]) -> Result<BTreeMap<String, i64>, Error> {
-        let rows: Vec<(String, i64)> = dialect::status_of_query(self.dialect().await?, ids)
-            .build_query_as()
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.into_iter().collect())
     }
 
     async fn prune_published(
