@@ -73,6 +73,22 @@ enum BatchFailure {
 /// copying it in cannot exhaust the instance's memory.
 const BATCH_MEMORY_SHARE: usize = 8;
 
+/// Tries at making a component's memory image before its load fails.
+const IMAGE_TRIES: u64 = 5;
+
+/// Whether an instantiation failed only because the kernel was busy
+/// sealing the memory image wasmtime builds at a module's first instance
+/// (`F_ADD_SEALS` answers EBUSY while pages of the fresh memfd are still
+/// referenced). Seen under load; the image is not cached after a failure,
+/// so another try builds it again.
+fn image_busy(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ResourceBusy)
+    })
+}
+
 impl PluginVersion {
     /// The plugin's configured name.
     pub fn name(&self) -> &str {
@@ -147,14 +163,26 @@ impl PluginVersion {
             version: self.version.to_string(),
             reason,
         };
-        let state = State::new(self.name.clone(), self.version.clone(), self.max_memory_bytes);
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|state| &mut state.limits);
-        store.set_epoch_deadline(self.deadline_ticks());
         let trap = |e: wasmtime::Error| init_error(describe_trap(&e, self.timeout, self.max_memory_bytes));
-        let exports = match &self.pre {
-            Pre::Single(pre) => Exports::Single(pre.instantiate(&mut store).map_err(trap)?),
-            Pre::Batch(pre) => Exports::Batch(pre.instantiate(&mut store).map_err(trap)?),
+        let mut tries = 0;
+        let (mut store, exports) = loop {
+            let state = State::new(self.name.clone(), self.version.clone(), self.max_memory_bytes);
+            let mut store = Store::new(&self.engine, state);
+            store.limiter(|state| &mut state.limits);
+            store.set_epoch_deadline(self.deadline_ticks());
+            let made = match &self.pre {
+                Pre::Single(pre) => pre.instantiate(&mut store).map(Exports::Single),
+                Pre::Batch(pre) => pre.instantiate(&mut store).map(Exports::Batch),
+            };
+            match made {
+                Ok(exports) => break (store, exports),
+                Err(e) if tries < IMAGE_TRIES && image_busy(&e) => {
+                    tries += 1;
+                    tracing::warn!(plugin = %self.name, error = %format!("{e:#}"), tries, "The kernel was busy sealing the plugin's memory image; trying again.");
+                    std::thread::sleep(std::time::Duration::from_millis(20 * tries));
+                }
+                Err(e) => return Err(trap(e)),
+            }
         };
         store.set_epoch_deadline(self.deadline_ticks());
         let result = match &exports {
@@ -449,6 +477,18 @@ fn event_bytes(event: &Event) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_memory_image_is_tried_again_and_nothing_else_is() {
+        let busy = wasmtime::Error::new(std::io::Error::from(std::io::ErrorKind::ResourceBusy))
+            .context("cannot add seals to the memfd")
+            .context("failed to instantiate");
+        assert!(image_busy(&busy));
+        let trap = wasmtime::Error::msg("wasm trap: unreachable");
+        assert!(!image_busy(&trap));
+        let refused = wasmtime::Error::new(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert!(!image_busy(&refused));
+    }
     use crate::plugin::PayloadFormat;
 
     fn event(payload: usize) -> Event {
