@@ -983,41 +983,6 @@ async fn a_row_waiting_on_a_paused_target_lets_the_next_through_held_by_it() {
     assert!(again.rows[0].held_by.is_empty());
 }
 
-/// Every queued row a claim locks and does not take, it parks: a hot
-/// aggregate's backlog is set aside by the first claim that meets it, not a
-/// few rows per claim with the rest locked again and again for nothing.
-#[tokio::test]
-async fn a_claim_parks_every_blocked_row_it_locked() {
-    let db = fresh_db().await;
-    sqlx::query(
-        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
-         SELECT 'order', 'o-0', 'OrderUpdated', jsonb_build_object('seq', n) FROM generate_series(0, 299) n",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let store = OutboxStore::new(db.pool.clone());
-    let first = store.claim("a", 200, LEASE).await.unwrap();
-    assert_eq!((first.rows.len(), first.parked), (1, 199), "{:?}", first.rows);
-    assert_eq!(seq(&first.rows[0]), 0);
-    let second = store.claim("a", 200, LEASE).await.unwrap();
-    assert_eq!((second.rows.len(), second.parked), (0, 100));
-    let queued: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE queue = 1 AND status = 'pending'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(queued, 0, "nothing left for a claim to lock again");
-    // The head's ack moves the next one back: order is kept.
-    store
-        .ack(first.lease, &[outcome(first.rows[0].id, Outcome::Published)])
-        .await
-        .unwrap();
-    let third = store.claim("a", 200, LEASE).await.unwrap();
-    assert_eq!(third.rows.len(), 1);
-    assert_eq!(seq(&third.rows[0]), 1);
-}
-
 /// An outbox still on the schema an older release left (before the v2
 /// migration) keeps working until `switchyard migrate` runs: claims and acks
 /// use the v1 statements, and `status` and the dead-letter commands answer

@@ -89,7 +89,8 @@ fn claim_statements(due: &str, waiting_on: &str) -> [String; 2] {
         .replace("__WAITING_ON__", waiting_on)
         .replace("__DUE__", due)
         .replace("__TAKE_LEASE__", TAKE_LEASE)
-        .replace("__ROW_COLUMNS__", ROW_COLUMNS);
+        .replace("__ROW_COLUMNS__", ROW_COLUMNS)
+        .replace("__PARK_LIMIT__", &PARK_LIMIT.to_string());
     [
         base.replace("__DEAD_FILTER__", "AND e.queue <> 4")
             .replace("__HELD__", HELD_CANDIDATES)
@@ -99,6 +100,11 @@ fn claim_statements(due: &str, waiting_on: &str) -> [String; 2] {
             .replace("__OR_HELD__", ""),
     ]
 }
+
+/// Rows one claim parks at most. Parking writes each row's index entries
+/// anew; a backlog of blocked rows is parked over several claims, each kept
+/// short, instead of in one long one.
+const PARK_LIMIT: u32 = 50;
 
 /// When dead letters do not block, rows parked behind one (while they did)
 /// are candidates too.
@@ -141,8 +147,7 @@ static CLAIM_V1_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLo
 //    targets, so the nearest one names them all.
 // 3. Candidates with none are heads: leased (`claimed`). The others are
 //    parked (`held` behind a dead letter), out of the due index, so no
-//    later claim walks them again: all of them, as each is locked already
-//    and a lock left unused is a write for nothing - but only behind a predecessor locked
+//    later claim walks them again - but only behind a predecessor locked
 //    here (a candidate, or FOR SHARE) and still unfinished (`held`, which
 //    lists the rows to park). The ack that finishes that predecessor has
 //    to wait for this statement, and the unpark it runs next sees the row
@@ -199,6 +204,7 @@ WITH due AS MATERIALIZED (
               __DEAD_FILTER__
               FOR SHARE SKIP LOCKED) l ON true
      WHERE p.blocker IS NOT NULL AND p.held_by IS NULL AND (p.own OR l.dead IS NOT NULL)
+     LIMIT __PARK_LIMIT__
 ), parked AS (
     UPDATE switchyard_outbox o
        SET status = CASE WHEN o.id = ANY (ARRAY(SELECT h.id FROM held h WHERE h.dead))
