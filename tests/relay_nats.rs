@@ -343,16 +343,22 @@ async fn core_nats_mode_publishes_with_headers() {
     relay.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn notify_wakes_the_relay_and_survives_a_dropped_listen_connection() {
+/// A database, a stream and a relay that polls once a minute: anything
+/// faster than that came through NOTIFY.
+async fn polling_once_a_minute() -> (switchyard_tests::postgres::TestDb, NatsServer, InProcess) {
     init_logging();
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    // Polling every minute: anything faster than that came through NOTIFY.
     let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "60000");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    (db, nats, relay)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_the_relay_and_survives_a_dropped_listen_connection() {
+    let (db, _nats, relay) = polling_once_a_minute().await;
 
     place_order_event(&db.pool, &order_event(1, 0), true).await;
     all_published(&db.pool, 1, Duration::from_secs(10)).await;
@@ -392,16 +398,10 @@ async fn polling_covers_lost_notifications() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_event_is_announced_not_polled_for() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    // Polling every minute, and a worker does not claim again after a
-    // partial batch: an event that waited behind its predecessor (parked
-    // by a claim) goes out this fast only if the ack that frees it says so.
-    let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "60000");
-    let relay = InProcess::start(&parse(&example_config(&settings))).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A worker does not claim again after a partial batch: an event that
+    // waited behind its predecessor (parked by a claim) goes out this fast
+    // only if the ack that frees it says so.
+    let (db, nats, relay) = polling_once_a_minute().await;
     // Two hot aggregates, each event committed right after the one before.
     let expected = write_orders(&db.pool, 2, 40, 2).await;
     all_published(&db.pool, 80, Duration::from_secs(30)).await;

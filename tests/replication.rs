@@ -141,7 +141,7 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert!(!notifies, "nothing listens to NOTIFY in replication mode");
+    assert!(!notifies, "commits send no NOTIFY in replication mode");
     assert!(migrated.contains("replication mode"), "{migrated}");
     // Idempotent: nothing left to do the second time.
     assert!(!migrate(&config).await.contains("replication mode"));

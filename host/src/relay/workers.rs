@@ -28,17 +28,12 @@ impl Relay {
         self.wake_rows_waiting_on_targets().await;
         // Ended with this future even when it is dropped rather than shut
         // down: a detached listener or sweeper would outlive its relay.
-        // In replication mode commits reach the feed, not the claim path:
-        // rows come to the table only when the feed hands them over (and
-        // it wakes a worker then), so a claim per commit would find nothing.
+        // In replication mode `migrate` turns the per-commit NOTIFY off
+        // (commits reach the feed, which wakes a worker when it hands rows
+        // over); what is heard then is an ack that freed a parked row.
         let listener = AbortOnDropHandle::new(tokio::spawn({
             let (store, wake, shutdown) = (self.inner.store.clone(), wake.clone(), shutdown.clone());
-            let replicating = self.inner.replication.is_some();
-            async move {
-                if !replicating {
-                    store.wake_on_commits(wake, shutdown).await;
-                }
-            }
+            async move { store.wake_on_commits(wake, shutdown).await }
         }));
         // A feed that ends on its own (its slot is gone) stops the relay.
         let feed_failed = CancellationToken::new();
@@ -179,9 +174,6 @@ impl Relay {
     async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
         let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
         let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
-        // The feed hands rows to the table without a NOTIFY: claim again
-        // after every batch, as an ack may have freed the next of an aggregate.
-        let replicating = self.inner.replication.is_some();
         let mut db_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
             // A panicking batch must not take the worker with it.
@@ -206,7 +198,7 @@ impl Relay {
                 Ok(report)
                     if report.claimed >= full
                         || report.parked > 0
-                        || (report.claimed > 0 && (report.look_again || replicating)) =>
+                        || (report.claimed > 0 && report.look_again) =>
                 {
                     db_backoff = Duration::from_millis(100);
                     if report.claimed >= full {

@@ -82,6 +82,11 @@ fn pg_ctl(action: &str) {
     assert!(status.success(), "pg_ctl {action} failed");
 }
 
+/// Rows dead-lettered so far.
+pub(super) async fn dead_letters(db: &TestDb) -> i64 {
+    scalar(db, "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'").await
+}
+
 pub(super) async fn scalar<T>(db: &TestDb, sql: &str) -> T
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
@@ -140,11 +145,7 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
                 "SELECT count(*) FROM switchyard_outbox WHERE waiting_on IS NOT NULL",
             )
             .await;
-            let dead: i64 = scalar(
-                &db,
-                "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
-            )
-            .await;
+            let dead: i64 = dead_letters(&db).await;
             eprintln!(
                 "{down}: {} s down, {waiting} rows waiting on it, {dead} dead",
                 started.elapsed().as_secs()
@@ -186,23 +187,13 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
         || scalar::<i64>(&db, unfinished_sql(replication)).await > 0)
         && Instant::now() < limit
     {
-        if scalar::<i64>(
-            &db,
-            "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
-        )
-        .await
-            > 0
-        {
+        if dead_letters(&db).await > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     relay.terminate();
-    let dead: i64 = scalar(
-        &db,
-        "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
-    )
-    .await;
+    let dead: i64 = dead_letters(&db).await;
     // Only rows the relay marked published: a `streamed` row's
     // published_at is its insert time.
     let (first, drained, drain_s): (Option<f64>, i64, Option<f64>) = sqlx::query_as(

@@ -251,11 +251,7 @@ pub async fn outage_run(relay_bin: &str, events: usize) -> Row {
         started,
     )
     .await;
-    let dead: i64 = super::outage::scalar(
-        &db,
-        "SELECT count(*) FROM switchyard_outbox WHERE status = 'dead'",
-    )
-    .await;
+    let dead: i64 = super::outage::dead_letters(&db).await;
     eprintln!(
         "replication outage: {} events went through the table; {dead} dead-lettered",
         through_table(&db).await
