@@ -472,7 +472,7 @@ async fn a_panicking_batch_is_reported_and_the_relay_goes_on() {
     let panics = || {
         let text = relay.metrics().render();
         text.lines()
-            .find_map(|line| line.strip_prefix("switchyard_worker_panics_total "))
+            .find_map(|line| line.strip_prefix("switchyard_worker_panics_total{database=\"default\"} "))
             .and_then(|n| n.trim().parse::<u64>().ok())
             .unwrap_or(0)
     };

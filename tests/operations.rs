@@ -73,30 +73,37 @@ async fn metrics_count_what_was_published() {
     assert_eq!(status, 200);
     let published_by_plugin = sample(
         &metrics,
-        r#"switchyard_events_total{outcome="published",plugin="router"}"#,
+        r#"switchyard_events_total{database="default",outcome="published",plugin="router"}"#,
     ) + sample(
         &metrics,
-        r#"switchyard_events_total{outcome="published",plugin="redact"}"#,
+        r#"switchyard_events_total{database="default",outcome="published",plugin="redact"}"#,
     );
     let in_db: i64 = count_status(&db.pool, "published").await;
     assert_eq!(published_by_plugin, in_db as f64, "{metrics}");
     assert_eq!(
         sample(
             &metrics,
-            r#"switchyard_messages_published_total{target="events"}"#
+            r#"switchyard_messages_published_total{database="default",target="events"}"#
         ),
         300.0
     );
     assert_eq!(
         sample(
             &metrics,
-            r#"switchyard_events_total{outcome="dead_lettered",plugin="none"}"#
+            r#"switchyard_events_total{database="default",outcome="dead_lettered",plugin="none"}"#
         ),
         1.0
     );
-    let claimed = sample(&metrics, r#"switchyard_events_claimed_total{plugin="router"}"#)
-        + sample(&metrics, r#"switchyard_events_claimed_total{plugin="redact"}"#)
-        + sample(&metrics, r#"switchyard_events_claimed_total{plugin="none"}"#);
+    let claimed = sample(
+        &metrics,
+        r#"switchyard_events_claimed_total{database="default",plugin="router"}"#,
+    ) + sample(
+        &metrics,
+        r#"switchyard_events_claimed_total{database="default",plugin="redact"}"#,
+    ) + sample(
+        &metrics,
+        r#"switchyard_events_claimed_total{database="default",plugin="none"}"#,
+    );
     assert_eq!(claimed, 301.0);
     assert_eq!(
         sample(&metrics, "switchyard_commit_to_publish_seconds_count"),
@@ -106,10 +113,10 @@ async fn metrics_count_what_was_published() {
     assert_eq!(
         sample(
             &metrics,
-            r#"switchyard_plugin_call_seconds_count{plugin="router"}"#
+            r#"switchyard_plugin_call_seconds_count{database="default",plugin="router"}"#
         ) + sample(
             &metrics,
-            r#"switchyard_plugin_call_seconds_count{plugin="redact"}"#
+            r#"switchyard_plugin_call_seconds_count{database="default",plugin="redact"}"#
         ),
         300.0
     );

@@ -127,7 +127,7 @@ async fn broker_down(kind: &str) {
             .relay
             .metrics()
             .render()
-            .contains("switchyard_target_paused{target=\"out\"} 1"),
+            .contains("switchyard_target_paused{database=\"default\",target=\"out\"} 1"),
         "the paused gauge"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;

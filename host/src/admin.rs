@@ -41,16 +41,25 @@ impl AdminServer {
 /// # Errors
 /// The address cannot be bound (in use, not local, bad syntax).
 pub async fn serve(listen: &str, relay: Relay, shutdown: CancellationToken) -> anyhow::Result<AdminServer> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the admin endpoint: {e}"))?;
-    let local_addr = listener.local_addr()?;
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .with_state(relay);
+    serve_router(listen, app, shutdown).await
+}
+
+/// Binds `listen` and serves `app` until `shutdown`.
+pub(crate) async fn serve_router(
+    listen: &str,
+    app: Router,
+    shutdown: CancellationToken,
+) -> anyhow::Result<AdminServer> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the admin endpoint: {e}"))?;
+    let local_addr = listener.local_addr()?;
     let handle = tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -63,12 +72,13 @@ pub async fn serve(listen: &str, relay: Relay, shutdown: CancellationToken) -> a
     Ok(AdminServer { local_addr, handle })
 }
 
-async fn metrics(State(relay): State<Relay>) -> Response {
+/// Sets the figures read at scrape time (backlog, retained WAL, rows
+/// waiting per target) for `relay`'s database.
+pub(crate) async fn refresh_scraped(relay: &Relay) {
     // Backlog figures are read at scrape time, so they are as fresh as the scrape.
     match tokio::time::timeout(CHECK_TIMEOUT, relay.store().backlog()).await {
         Ok(Ok((rows, oldest))) => {
-            relay.metrics().backlog.set(rows);
-            relay.metrics().oldest_pending_age.set(oldest.unwrap_or(0.0));
+            relay.metrics().set_backlog(rows, oldest.unwrap_or(0.0));
         }
         Ok(Err(e)) => tracing::debug!(error = %e, "Backlog query failed during a scrape."),
         Err(_) => tracing::debug!("Backlog query timed out during a scrape."),
@@ -79,30 +89,31 @@ async fn metrics(State(relay): State<Relay>) -> Response {
     {
         relay
             .metrics()
-            .replication_retained_wal
-            .set(slot.retained_wal_bytes.unwrap_or(0));
+            .set_retained_wal(slot.retained_wal_bytes.unwrap_or(0));
     }
     if let Ok(Ok(waiting)) = tokio::time::timeout(CHECK_TIMEOUT, relay.store().waiting_by_target()).await {
         for name in relay.sinks().names() {
-            let label = crate::metrics::TargetLabel {
-                target: name.to_string(),
-            };
             let rows = waiting.get(name).copied().unwrap_or(0);
-            relay
-                .metrics()
-                .target_waiting_rows
-                .get_or_create(&label)
-                .set(rows);
+            relay.metrics().set_target_waiting_rows(name, rows);
         }
     }
+}
+
+/// A Prometheus text answer.
+pub(crate) fn metrics_response(text: String) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        relay.metrics().render(),
+        text,
     )
         .into_response()
+}
+
+async fn metrics(State(relay): State<Relay>) -> Response {
+    refresh_scraped(&relay).await;
+    metrics_response(relay.metrics().render())
 }
 
 /// The result of one readiness check; shown as `ok` or `error: <why>`.
@@ -196,7 +207,7 @@ pub struct SlotReadiness {
 /// The slot's state for readiness.
 async fn slot_readiness(relay: &Relay) -> Option<SlotReadiness> {
     let settings = relay.replication()?;
-    let reading = relay.metrics().replication_reading.get() == 1;
+    let reading = relay.metrics().replication_reading();
     let (retained, check) = match tokio::time::timeout(
         CHECK_TIMEOUT,
         relay.store().slot_status(&settings.slot),
@@ -271,25 +282,35 @@ async fn paused_targets(relay: &Relay) -> BTreeMap<String, PausedTarget> {
         .collect()
 }
 
-/// Runs every readiness check at once.
-pub async fn readiness(relay: &Relay) -> Readiness {
+/// What readiness checks of one database (the rest is shared by all the
+/// databases of a process: targets and plugins).
+#[derive(Debug, Clone, Serialize)]
+pub struct DatabaseReadiness {
+    /// All of this database's checks passed.
+    pub ready: bool,
+    /// Failed while a batch panicked within the last minute.
+    pub workers: Check,
+    /// The database answers.
+    pub database: Check,
+    /// Targets paused for this database's rows, as in [`Readiness`].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub paused: BTreeMap<String, PausedTarget>,
+    /// The `[source]` capture trigger, as in [`Readiness`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Check>,
+    /// The replication slot, as in [`Readiness`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replication: Option<SlotReadiness>,
+}
+
+/// Runs one database's readiness checks at once.
+pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
     let database = async {
         match tokio::time::timeout(CHECK_TIMEOUT, relay.store().ping()).await {
             Ok(result) => Check::from_result(result),
             Err(_) => Check::Failed("no answer in time".to_string()),
         }
     };
-    let targets = futures::future::join_all(relay.sinks().names().map(|name| async move {
-        let sink = relay.sinks().get(name).cloned();
-        let state = match sink {
-            Some(sink) => match tokio::time::timeout(CHECK_TIMEOUT, sink.healthcheck()).await {
-                Ok(result) => Check::from_result(result),
-                Err(_) => Check::Failed("health check timed out".to_string()),
-            },
-            None => Check::Failed("not configured".to_string()),
-        };
-        (name.to_string(), state)
-    }));
     let capture = async {
         let capture = relay.capture()?;
         Some(
@@ -301,13 +322,8 @@ pub async fn readiness(relay: &Relay) -> Readiness {
             },
         )
     };
-    let (database, targets, capture, paused, replication) = futures::join!(
-        database,
-        targets,
-        capture,
-        paused_targets(relay),
-        slot_readiness(relay)
-    );
+    let (database, capture, paused, replication) =
+        futures::join!(database, capture, paused_targets(relay), slot_readiness(relay));
     let database = match (database, relay.outcomes_waiting()) {
         (Check::Ok, Some(since)) => Check::Failed(format!(
             "batch outcomes have waited {} s for the database to record them",
@@ -315,8 +331,41 @@ pub async fn readiness(relay: &Relay) -> Readiness {
         )),
         (database, _) => database,
     };
-    let plugins: BTreeMap<String, String> = relay
-        .plugins()
+    let workers = Check::from_result(relay.workers_health());
+    let ready = database.is_ok()
+        && workers.is_ok()
+        && capture.as_ref().is_none_or(Check::is_ok)
+        && replication.as_ref().is_none_or(|slot| slot.check.is_ok());
+    DatabaseReadiness {
+        ready,
+        workers,
+        database,
+        paused,
+        capture,
+        replication,
+    }
+}
+
+/// Each target's health check, at once.
+pub async fn target_checks(sinks: &crate::sinks::Sinks) -> BTreeMap<String, Check> {
+    futures::future::join_all(sinks.names().map(|name| async move {
+        let state = match sinks.get(name).cloned() {
+            Some(sink) => match tokio::time::timeout(CHECK_TIMEOUT, sink.healthcheck()).await {
+                Ok(result) => Check::from_result(result),
+                Err(_) => Check::Failed("health check timed out".to_string()),
+            },
+            None => Check::Failed("not configured".to_string()),
+        };
+        (name.to_string(), state)
+    }))
+    .await
+    .into_iter()
+    .collect()
+}
+
+/// Plugin name to `name@version` or `not loaded`.
+pub fn plugin_states(plugins: &crate::plugin::Plugins) -> BTreeMap<String, String> {
+    plugins
         .slots()
         .iter()
         .map(|slot| {
@@ -325,23 +374,27 @@ pub async fn readiness(relay: &Relay) -> Readiness {
                 .map_or_else(|| "not loaded".to_string(), |v| v.label());
             (slot.config().name.clone(), state)
         })
-        .collect();
-    let workers = Check::from_result(relay.workers_health());
-    let ready = database.is_ok()
-        && workers.is_ok()
-        && capture.as_ref().is_none_or(Check::is_ok)
-        && replication.as_ref().is_none_or(|slot| slot.check.is_ok())
-        && targets.iter().all(|(_, state)| state.is_ok())
-        && plugins.values().all(|state| state != "not loaded");
+        .collect()
+}
+
+/// Whether targets and plugins are all ready.
+pub fn shared_ready(targets: &BTreeMap<String, Check>, plugins: &BTreeMap<String, String>) -> bool {
+    targets.values().all(Check::is_ok) && plugins.values().all(|state| state != "not loaded")
+}
+
+/// Runs every readiness check at once.
+pub async fn readiness(relay: &Relay) -> Readiness {
+    let (own, targets) = futures::join!(database_readiness(relay), target_checks(relay.sinks()));
+    let plugins = plugin_states(relay.plugins());
     Readiness {
-        ready,
-        workers,
-        database,
-        targets: targets.into_iter().collect(),
-        paused,
-        capture,
+        ready: own.ready && shared_ready(&targets, &plugins),
+        workers: own.workers,
+        database: own.database,
+        targets,
+        paused: own.paused,
+        capture: own.capture,
         plugins,
-        replication,
+        replication: own.replication,
     }
 }
 

@@ -6,6 +6,8 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::plugin::watch::PluginWatcher;
 use crate::plugin::{PluginEngine, Plugins, watch};
 use crate::relay::{Relay, RelayBuilder};
 use crate::sinks::Sinks;
@@ -27,16 +29,79 @@ pub async fn build(config: &Config) -> anyhow::Result<Relay> {
 /// # Errors
 /// As [`build`].
 pub async fn builder(config: &Config) -> anyhow::Result<RelayBuilder> {
-    for warning in config.warnings() {
-        tracing::warn!(%warning, "Config weakens a delivery guarantee.");
+    let mut shared = Shared::start(config).await?;
+    let watcher = shared.watcher.take();
+    Ok(
+        database_builder(config, crate::metrics::DEFAULT_DATABASE, &shared)
+            .await?
+            .watcher(watcher),
+    )
+}
+
+/// What every database of one relay process shares: the plugins (and
+/// their hot reload), the targets, the metrics registry and the identity.
+pub struct Shared {
+    /// The plugins, loaded.
+    pub plugins: Plugins,
+    /// The targets, connected.
+    pub sinks: Sinks,
+    /// The registry every database records into, each with its label.
+    pub metrics: Metrics,
+    /// This process's lease owner name, the same in every database.
+    pub owner: String,
+    /// Hot reload, alive as long as this value keeps it.
+    pub watcher: Option<PluginWatcher>,
+}
+
+impl Shared {
+    /// Loads the plugins, watches their files and connects the targets.
+    ///
+    /// # Errors
+    /// Plugins that do not load, a plugin directory that cannot be
+    /// watched, a target that cannot be reached.
+    pub async fn start(config: &Config) -> anyhow::Result<Shared> {
+        for warning in config.warnings() {
+            tracing::warn!(%warning, "Config weakens a delivery guarantee.");
+        }
+        let owner = config
+            .relay
+            .instance_id
+            .clone()
+            .unwrap_or_else(crate::relay::default_owner);
+        let plugins = load_plugins(config).await?;
+        let watcher = if config.plugin_runtime.watch {
+            let debounce = Duration::from_millis(config.plugin_runtime.reload_debounce_ms);
+            Some(watch::watch(plugins.clone(), debounce).context("cannot watch the plugin directories")?)
+        } else {
+            None
+        };
+        let sinks = Sinks::connect(&config.targets, &config.relay.sink_settings()).await?;
+        let metrics = Metrics::new(Some(plugins.clone()));
+        Ok(Shared {
+            plugins,
+            sinks,
+            metrics,
+            owner,
+            watcher,
+        })
     }
-    // The identity is fixed here, not in the relay, so that the database
-    // connections carry it too.
+}
+
+/// A relay for the one database of `config` (narrowed with
+/// [`Config::for_database`] when it lists several), named `database` in
+/// metrics, from `shared` parts.
+///
+/// # Errors
+/// The database cannot be reached, is not migrated, or its `[source]` or
+/// replication setup is wrong.
+pub async fn database_builder(
+    config: &Config,
+    database: &str,
+    shared: &Shared,
+) -> anyhow::Result<RelayBuilder> {
+    let owner = shared.owner.clone();
     let mut relay_config = config.relay.clone();
-    let owner = relay_config
-        .instance_id
-        .get_or_insert_with(crate::relay::default_owner)
-        .clone();
+    relay_config.instance_id = Some(owner.clone());
     let store = OutboxStore::connect_as(
         &config.database.url,
         config.database.max_connections,
@@ -57,13 +122,6 @@ pub async fn builder(config: &Config) -> anyhow::Result<RelayBuilder> {
     let (capture, source) = match config.replication_feed() {
         Some(_) => (None, capture.as_ref().map(SourceTable::new)),
         None => (capture, None),
-    };
-    let plugins = load_plugins(config).await?;
-    let watcher = if config.plugin_runtime.watch {
-        let debounce = Duration::from_millis(config.plugin_runtime.reload_debounce_ms);
-        Some(watch::watch(plugins.clone(), debounce).context("cannot watch the plugin directories")?)
-    } else {
-        None
     };
     let replication = match config.replication_feed() {
         Some(replication) => {
@@ -89,11 +147,12 @@ pub async fn builder(config: &Config) -> anyhow::Result<RelayBuilder> {
         }
         None => None,
     };
-    let sinks = Sinks::connect(&config.targets, &config.relay.sink_settings()).await?;
-    Ok(Relay::builder(store, plugins, sinks, relay_config)
-        .watcher(watcher)
-        .capture(capture)
-        .replication(replication))
+    Ok(
+        Relay::builder(store, shared.plugins.clone(), shared.sinks.clone(), relay_config)
+            .metrics(shared.metrics.for_database(database))
+            .capture(capture)
+            .replication(replication),
+    )
 }
 
 /// Compiles every configured plugin (through the compiled cache) and runs
@@ -134,6 +193,9 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
 /// # Errors
 /// Startup failures from [`build`], or a failure to release leases at the end.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    if config.serves_many() {
+        return run_fleet(config).await;
+    }
     let relay = build(&config).await?;
     let shutdown = CancellationToken::new();
     let admin = if config.admin.listen.is_empty() {
@@ -172,13 +234,47 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     result
 }
 
+/// Serves every database of a `[[databases]]` config until SIGINT or SIGTERM.
+async fn run_fleet(config: Config) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let fleet = crate::fleet::Fleet::start(config.clone(), shutdown.clone()).await?;
+    let admin = if config.admin.listen.is_empty() {
+        None
+    } else {
+        match crate::fleet::admin::serve(&config.admin.listen, fleet.clone(), shutdown.clone()).await {
+            Ok(admin) => Some(admin),
+            Err(error) => {
+                shutdown.cancel();
+                fleet.stopped().await;
+                return Err(error);
+            }
+        }
+    };
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("Shutdown requested; no new batches will be claimed.");
+        signal.cancel();
+    });
+    fleet.stopped().await;
+    if let Some(admin) = admin {
+        admin.stopped().await;
+    }
+    Ok(())
+}
+
 /// How often a running relay says so in `switchyard_relays`.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(10);
 
 /// Keeps this relay's row in `switchyard_relays` (its admin address) fresh
 /// until `shutdown`, then removes it. Best effort: a database that is down
 /// or not yet migrated costs a warning, never the relay.
-async fn announce(store: OutboxStore, owner: String, admin: Option<String>, shutdown: CancellationToken) {
+pub(crate) async fn announce(
+    store: OutboxStore,
+    owner: String,
+    admin: Option<String>,
+    shutdown: CancellationToken,
+) {
     let mut warned = false;
     loop {
         match store.announce_relay(&owner, admin.as_deref()).await {

@@ -28,6 +28,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod fleet;
 pub mod metrics;
 pub mod plugin;
 pub mod redact;

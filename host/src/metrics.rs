@@ -53,39 +53,64 @@ pub mod names {
     pub const REPLICATION_READING: &str = "switchyard_replication_reading";
 }
 
-/// `mode` label.
+/// `database` label: the outbox database a figure is about (`default`
+/// with a single `[database]`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModeLabel {
+pub struct DatabaseLabel {
+    /// Database name from the config.
+    pub database: String,
+}
+
+/// `database` and `mode` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    /// Database name.
+    pub database: String,
     /// `delete` or `archive`.
     pub mode: &'static str,
 }
 
-/// `plugin` label.
+/// `database` and `plugin` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PluginLabel {
+pub struct PluginLabels {
+    /// Database name.
+    pub database: String,
     /// Plugin name from the config, or `none`.
     pub plugin: String,
 }
 
-/// `outcome` and `plugin` labels.
+/// `plugin` label, for what all databases share (plugin reloads).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabel {
+    /// Plugin name from the config.
+    pub plugin: String,
+}
+
+/// `database`, `outcome` and `plugin` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
+    /// Database name.
+    pub database: String,
     /// `published`, `retried`, `dead_lettered` or `dropped`.
     pub outcome: &'static str,
     /// Plugin name, or `none`.
     pub plugin: String,
 }
 
-/// `target` label.
+/// `database` and `target` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TargetLabel {
+pub struct TargetLabels {
+    /// Database name.
+    pub database: String,
     /// Target name from the config.
     pub target: String,
 }
 
-/// `target` and `error` labels.
+/// `database`, `target` and `error` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabels {
+    /// Database name.
+    pub database: String,
     /// Target name.
     pub target: String,
     /// The failure's kind (see [`crate::sinks::FailureKind::as_str`]).
@@ -104,155 +129,178 @@ fn call_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_005, 2.0, 16))
 }
 
-/// The relay's metrics. Cheap to clone; every clone updates the same values.
-#[derive(Clone)]
-pub struct Metrics {
-    registry: Arc<Registry>,
-    /// Rows claimed, by plugin.
-    pub claimed: Family<PluginLabel, Counter>,
-    /// Rows finished, by outcome and plugin.
-    pub events: Family<OutcomeLabels, Counter>,
-    /// Messages acknowledged, by target.
-    pub published: Family<TargetLabel, Counter>,
-    /// Messages failed, by target and kind.
-    pub failed: Family<FailureLabels, Counter>,
-    /// Rows per batch.
-    pub batch_size: Histogram,
-    /// Commit to publish, seconds.
-    pub commit_to_publish: Histogram,
-    /// Plugin call duration, by plugin.
-    pub plugin_call: HistogramFamily<PluginLabel>,
-    /// Backlog rows (set at scrape).
-    pub backlog: Gauge,
-    /// Rows removed by retention, by mode.
-    pub retention: Family<ModeLabel, Counter>,
-    /// Oldest unfinished row's age in seconds (set at scrape).
-    pub oldest_pending_age: Gauge<f64, AtomicU64>,
-    /// Batches that panicked (a bug: the rows' leases expire and they are retried).
-    pub worker_panics: Counter,
-    /// 1 while a target is paused, by target.
-    pub target_paused: Family<TargetLabel, Gauge>,
-    /// Rows waiting for a paused target, by target (set at scrape).
-    pub target_waiting_rows: Family<TargetLabel, Gauge>,
-    /// WAL retained for the replication slot (set at scrape).
-    pub replication_retained_wal: Gauge,
-    /// 1 while this relay reads the replication slot.
-    pub replication_reading: Gauge,
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 12))
 }
 
-impl Metrics {
-    /// Registers every metric; plugin reload counts are read from `plugins` at scrape time.
-    pub fn new(plugins: Option<Plugins>) -> Metrics {
-        let mut registry = Registry::default();
-        let metrics = Metrics {
-            registry: Arc::new(Registry::default()),
+/// Every metric family, shared by the databases of one relay process.
+struct Families {
+    claimed: Family<PluginLabels, Counter>,
+    events: Family<OutcomeLabels, Counter>,
+    published: Family<TargetLabels, Counter>,
+    failed: Family<FailureLabels, Counter>,
+    batch_size: HistogramFamily<DatabaseLabel>,
+    commit_to_publish: HistogramFamily<DatabaseLabel>,
+    plugin_call: HistogramFamily<PluginLabels>,
+    backlog: Family<DatabaseLabel, Gauge>,
+    retention: Family<ModeLabels, Counter>,
+    oldest_pending_age: Family<DatabaseLabel, Gauge<f64, AtomicU64>>,
+    worker_panics: Family<DatabaseLabel, Counter>,
+    target_paused: Family<TargetLabels, Gauge>,
+    target_waiting_rows: Family<TargetLabels, Gauge>,
+    replication_retained_wal: Family<DatabaseLabel, Gauge>,
+    replication_reading: Family<DatabaseLabel, Gauge>,
+}
+
+impl Families {
+    fn new() -> Families {
+        Families {
             claimed: Family::default(),
             events: Family::default(),
             published: Family::default(),
             failed: Family::default(),
-            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
-            commit_to_publish: latency_histogram(),
+            batch_size: Family::new_with_constructor(batch_histogram),
+            commit_to_publish: Family::new_with_constructor(latency_histogram),
             plugin_call: Family::new_with_constructor(call_histogram),
-            backlog: Gauge::default(),
-            oldest_pending_age: Gauge::default(),
+            backlog: Family::default(),
+            oldest_pending_age: Family::default(),
             retention: Family::default(),
-            worker_panics: Counter::default(),
+            worker_panics: Family::default(),
             target_paused: Family::default(),
             target_waiting_rows: Family::default(),
-            replication_retained_wal: Gauge::default(),
-            replication_reading: Gauge::default(),
-        };
+            replication_retained_wal: Family::default(),
+            replication_reading: Family::default(),
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
         use names::*;
+        let f = self;
         registry.register(
             EVENTS_CLAIMED,
             "Rows claimed, by routing plugin",
-            metrics.claimed.clone(),
+            f.claimed.clone(),
         );
-        registry.register(
-            EVENTS,
-            "Rows finished, by outcome and plugin",
-            metrics.events.clone(),
-        );
+        registry.register(EVENTS, "Rows finished, by outcome and plugin", f.events.clone());
         registry.register(
             MESSAGES_PUBLISHED,
             "Broker messages acknowledged, by target",
-            metrics.published.clone(),
+            f.published.clone(),
         );
         registry.register(
             MESSAGES_FAILED,
             "Broker messages failed, by target and error kind",
-            metrics.failed.clone(),
+            f.failed.clone(),
         );
-        registry.register(BATCH_SIZE, "Rows per claimed batch", metrics.batch_size.clone());
+        registry.register(BATCH_SIZE, "Rows per claimed batch", f.batch_size.clone());
         registry.register(
             COMMIT_TO_PUBLISH,
             "Time from the outbox row's commit to the ack of its last delivery",
-            metrics.commit_to_publish.clone(),
+            f.commit_to_publish.clone(),
         );
         registry.register(
             PLUGIN_CALL,
             "Plugin time per event: one route call, or an equal share of a route-batch call",
-            metrics.plugin_call.clone(),
+            f.plugin_call.clone(),
         );
-        registry.register(
-            BACKLOG,
-            "Outbox rows pending or in flight",
-            metrics.backlog.clone(),
-        );
+        registry.register(BACKLOG, "Outbox rows pending or in flight", f.backlog.clone());
         registry.register(
             OLDEST_PENDING_AGE,
             "Age of the oldest pending or in-flight row",
-            metrics.oldest_pending_age.clone(),
+            f.oldest_pending_age.clone(),
         );
         registry.register(
             RETENTION_ROWS,
             "Published rows removed by retention, by mode",
-            metrics.retention.clone(),
+            f.retention.clone(),
         );
         registry.register(
             WORKER_PANICS,
             "Batches that panicked; their rows are retried when the leases expire",
-            metrics.worker_panics.clone(),
+            f.worker_panics.clone(),
         );
         registry.register(
             TARGET_PAUSED,
             "1 while a target is paused because it cannot be reached",
-            metrics.target_paused.clone(),
+            f.target_paused.clone(),
         );
         registry.register(
             TARGET_WAITING_ROWS,
             "Outbox rows waiting for a paused target to come back",
-            metrics.target_waiting_rows.clone(),
+            f.target_waiting_rows.clone(),
         );
         registry.register(
             REPLICATION_RETAINED_WAL,
             "WAL the server keeps for the replication slot (replication mode)",
-            metrics.replication_retained_wal.clone(),
+            f.replication_retained_wal.clone(),
         );
         registry.register(
             REPLICATION_READING,
             "1 while this relay reads the replication slot, 0 while it stands by",
-            metrics.replication_reading.clone(),
+            f.replication_reading.clone(),
         );
+    }
+}
+
+/// The name of the only database of a `[database]` config, in metrics
+/// and readiness.
+pub const DEFAULT_DATABASE: &str = "default";
+
+/// One database's view of the relay's metrics: every figure it records
+/// carries its `database` label. Cheap to clone; [`Metrics::for_database`]
+/// gives another database's view of the same registry.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    families: Arc<Families>,
+    database: String,
+}
+
+impl Metrics {
+    /// Registers every metric, for the database [`DEFAULT_DATABASE`];
+    /// plugin reload counts are read from `plugins` at scrape time.
+    pub fn new(plugins: Option<Plugins>) -> Metrics {
+        let mut registry = Registry::default();
+        let families = Families::new();
+        families.register(&mut registry);
         if let Some(plugins) = plugins {
             registry.register_collector(Box::new(ReloadCollector { plugins }));
         }
         Metrics {
             registry: Arc::new(registry),
-            ..metrics
+            families: Arc::new(families),
+            database: DEFAULT_DATABASE.to_string(),
         }
     }
 
-    /// Marks `target` paused or running.
-    pub fn set_target_paused(&self, target: &str, paused: bool) {
-        self.target_paused
-            .get_or_create(&TargetLabel {
-                target: target.to_string(),
-            })
-            .set(i64::from(paused));
+    /// The same metrics, recorded for `database`.
+    pub fn for_database(&self, database: &str) -> Metrics {
+        Metrics {
+            registry: self.registry.clone(),
+            families: self.families.clone(),
+            database: database.to_string(),
+        }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The database this view records for.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    fn label(&self) -> DatabaseLabel {
+        DatabaseLabel {
+            database: self.database.clone(),
+        }
+    }
+
+    fn target(&self, target: &str) -> TargetLabels {
+        TargetLabels {
+            database: self.database.clone(),
+            target: target.to_string(),
+        }
+    }
+
+    /// The Prometheus text exposition of every metric, every database's.
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -262,12 +310,189 @@ impl Metrics {
 
     /// Counts `count` finished rows with one outcome.
     pub fn event(&self, outcome: &'static str, plugin: &str, count: u64) {
-        self.events
+        self.families
+            .events
             .get_or_create(&OutcomeLabels {
+                database: self.database.clone(),
                 outcome,
                 plugin: plugin.to_string(),
             })
             .inc_by(count);
+    }
+
+    /// Counts `count` rows claimed and routed by `plugin`.
+    pub fn claimed(&self, plugin: &str, count: u64) {
+        self.families
+            .claimed
+            .get_or_create(&PluginLabels {
+                database: self.database.clone(),
+                plugin: plugin.to_string(),
+            })
+            .inc_by(count);
+    }
+
+    /// Counts messages acknowledged by `target`.
+    pub fn published(&self, target: &str, count: u64) {
+        self.families
+            .published
+            .get_or_create(&self.target(target))
+            .inc_by(count);
+    }
+
+    /// Counts a message `target` failed, by the failure's kind.
+    pub fn failed(&self, target: &str, error: &'static str) {
+        self.families
+            .failed
+            .get_or_create(&FailureLabels {
+                database: self.database.clone(),
+                target: target.to_string(),
+                error,
+            })
+            .inc();
+    }
+
+    /// Records a claimed batch's size.
+    pub fn batch_size(&self, rows: usize) {
+        self.families
+            .batch_size
+            .get_or_create(&self.label())
+            .observe(rows as f64);
+    }
+
+    /// The commit-to-publish histogram of this database.
+    pub fn commit_to_publish(&self) -> Histogram {
+        self.families
+            .commit_to_publish
+            .get_or_create(&self.label())
+            .clone()
+    }
+
+    /// The plugin-time histogram of `plugin` in this database.
+    pub fn plugin_call(&self, plugin: &str) -> Histogram {
+        self.families
+            .plugin_call
+            .get_or_create(&PluginLabels {
+                database: self.database.clone(),
+                plugin: plugin.to_string(),
+            })
+            .clone()
+    }
+
+    /// Sets the backlog figures read at scrape time.
+    pub fn set_backlog(&self, rows: i64, oldest_age_seconds: f64) {
+        self.families.backlog.get_or_create(&self.label()).set(rows);
+        self.families
+            .oldest_pending_age
+            .get_or_create(&self.label())
+            .set(oldest_age_seconds);
+    }
+
+    /// Counts rows removed by retention.
+    pub fn retention(&self, mode: &'static str, rows: u64) {
+        self.families
+            .retention
+            .get_or_create(&ModeLabels {
+                database: self.database.clone(),
+                mode,
+            })
+            .inc_by(rows);
+    }
+
+    /// Counts a batch that panicked.
+    pub fn worker_panic(&self) {
+        self.families.worker_panics.get_or_create(&self.label()).inc();
+    }
+
+    /// Marks `target` paused or running.
+    pub fn set_target_paused(&self, target: &str, paused: bool) {
+        self.families
+            .target_paused
+            .get_or_create(&self.target(target))
+            .set(i64::from(paused));
+    }
+
+    /// Sets the rows waiting for `target` (read at scrape time).
+    pub fn set_target_waiting_rows(&self, target: &str, rows: i64) {
+        self.families
+            .target_waiting_rows
+            .get_or_create(&self.target(target))
+            .set(rows);
+    }
+
+    /// Sets the WAL the server keeps for the slot (read at scrape time).
+    pub fn set_retained_wal(&self, bytes: i64) {
+        self.families
+            .replication_retained_wal
+            .get_or_create(&self.label())
+            .set(bytes);
+    }
+
+    /// Records whether this relay reads the slot.
+    pub fn set_replication_reading(&self, reading: bool) {
+        self.families
+            .replication_reading
+            .get_or_create(&self.label())
+            .set(i64::from(reading));
+    }
+
+    /// Whether this relay reads the slot.
+    pub fn replication_reading(&self) -> bool {
+        self.families
+            .replication_reading
+            .get_or_create(&self.label())
+            .get()
+            == 1
+    }
+
+    /// Removes every figure of this database (it left the relay), so the
+    /// scrape does not keep reporting its last values. `plugins` and
+    /// `targets` are the names its figures may carry.
+    pub fn forget_database(&self, plugins: &[String], targets: &[String]) {
+        const OUTCOMES: [&str; 5] = ["published", "retried", "waiting", "dead_lettered", "dropped"];
+        let f = &self.families;
+        let database = || self.database.clone();
+        for plugin in plugins.iter().map(String::as_str).chain(["none"]) {
+            let labels = PluginLabels {
+                database: database(),
+                plugin: plugin.to_string(),
+            };
+            f.claimed.remove(&labels);
+            f.plugin_call.remove(&labels);
+            for outcome in OUTCOMES {
+                f.events.remove(&OutcomeLabels {
+                    database: database(),
+                    outcome,
+                    plugin: plugin.to_string(),
+                });
+            }
+        }
+        for target in targets {
+            let labels = self.target(target);
+            f.published.remove(&labels);
+            f.target_paused.remove(&labels);
+            f.target_waiting_rows.remove(&labels);
+            for kind in crate::sinks::FailureKind::ALL {
+                f.failed.remove(&FailureLabels {
+                    database: database(),
+                    target: target.clone(),
+                    error: kind.as_str(),
+                });
+            }
+        }
+        for mode in ["delete", "archive"] {
+            f.retention.remove(&ModeLabels {
+                database: database(),
+                mode,
+            });
+        }
+        let label = self.label();
+        f.batch_size.remove(&label);
+        f.commit_to_publish.remove(&label);
+        f.backlog.remove(&label);
+        f.oldest_pending_age.remove(&label);
+        f.worker_panics.remove(&label);
+        f.replication_retained_wal.remove(&label);
+        f.replication_reading.remove(&label);
     }
 }
 

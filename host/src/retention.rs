@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::RetentionConfig;
-use crate::metrics::{Metrics, ModeLabel};
+use crate::metrics::Metrics;
 use crate::store::{self, OutboxStore, RetentionMode};
 
 /// Pause between batches of one pass, so retention yields to the relay's
@@ -41,12 +41,7 @@ pub async fn pass(
             .await?;
         total += removed;
         if let Some(metrics) = metrics {
-            metrics
-                .retention
-                .get_or_create(&ModeLabel {
-                    mode: mode_name(config.mode),
-                })
-                .inc_by(removed);
+            metrics.retention(mode_name(config.mode), removed);
         }
         if removed < u64::from(config.batch_size) || shutdown.is_cancelled() {
             return Ok(total);

@@ -21,6 +21,44 @@ pub struct Migrate {
     pub backfill: bool,
 }
 
+/// Runs `switchyard migrate` on each database the config lists (or the
+/// one named), one after the other; a database that fails does not stop
+/// the others.
+///
+/// # Errors
+/// Which databases failed, after trying them all.
+pub async fn run_each(args: Migrate, database: Option<&str>) -> anyhow::Result<()> {
+    let Some(config) = args.config.as_ref().filter(|config| config.serves_many()) else {
+        return run(args).await;
+    };
+    let databases = match database {
+        Some(name) => vec![config.pick_database(Some(name))?],
+        None => config.database_list(),
+    };
+    let mut failed = Vec::new();
+    for database in &databases {
+        println!("-- database {}", database.name);
+        let one = Migrate {
+            config: Some(config.for_database(database)),
+            database_url: None,
+            dry_run: args.dry_run,
+            backfill: args.backfill,
+        };
+        if let Err(error) = run(one).await {
+            eprintln!("database {}: {error:#}", database.name);
+            failed.push(database.name.clone());
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} of {} databases were not migrated: {}",
+        failed.len(),
+        databases.len(),
+        failed.join(", ")
+    );
+    Ok(())
+}
+
 /// Runs `switchyard migrate`.
 ///
 /// # Errors

@@ -3,12 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
-use crate::store::OutboxStore;
 use crate::telemetry::LogFormat;
 
 mod dlq;
@@ -50,6 +47,9 @@ pub enum Command {
         /// The database URL.
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
+        /// Only this one of the config's `[[databases]]` (without it, all).
+        #[arg(long, requires = "config")]
+        database: Option<String>,
         /// Print the SQL that would run on this database; change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -148,6 +148,10 @@ pub enum PluginCommand {
         /// Database for --from-db.
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
+        /// With --from-db and --relay-config: which of its databases (by
+        /// name); instead of --database-url.
+        #[arg(long, requires_all = ["from_db", "relay_config"])]
+        database: Option<String>,
         /// Use this file's bytes as the event's payload, as a binary event
         /// (`payload_bytes`) instead of the JSON `payload` (one event only).
         #[arg(long, requires = "event", value_name = "FILE")]
@@ -200,51 +204,24 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Status { .. } | Command::Dlq(_) => unreachable!("dispatched above"),
         Command::Run { config } => crate::app::run(Config::load(&config)?).await,
-        Command::Validate { config } => {
-            let loaded = Config::load(&config)?;
-            if loaded.source.is_some() {
-                let store = OutboxStore::connect(&loaded.database.url, 2)
-                    .await
-                    .context("cannot connect to the database to check [source]")?;
-                if let Some((_, Some(problem))) = crate::app::check_source(&loaded, &store).await? {
-                    println!("warning: {problem}");
-                }
-            }
-            if loaded.replication_feed().is_some() {
-                let store = OutboxStore::connect(&loaded.database.url, 2)
-                    .await
-                    .context("cannot connect to the database to check replication mode")?;
-                crate::app::check_replication(&loaded, &store)
-                    .await
-                    .with_context(|| config.display().to_string())?;
-            }
-            // A plugin may refuse its own config (a placeholder it does
-            // not know): only its `init` can say.
-            crate::app::load_plugins(&loaded)
-                .await
-                .with_context(|| format!("{}: the plugins do not start", config.display()))?;
-            for warning in loaded.warnings() {
-                println!("warning: {warning}");
-            }
-            println!("{}: ok", config.display());
-            Ok(())
-        }
+        Command::Validate { config } => ops::validate(&config).await,
         Command::Plugin(command) => plugin::run(command).await,
         Command::Demo { dir, plugins } => crate::demo::run(dir, plugins).await,
         Command::Migrate {
             config,
             database_url,
+            database,
             dry_run,
             backfill,
         } => {
             let config = config.map(|path| Config::load(&path)).transpose()?;
-            migrate::run(migrate::Migrate {
+            let migrate = migrate::Migrate {
                 config,
                 database_url,
                 dry_run,
                 backfill,
-            })
-            .await
+            };
+            migrate::run_each(migrate, database.as_deref()).await
         }
     }
 }

@@ -22,13 +22,16 @@ pub struct Database {
     /// The database URL (instead of --config).
     #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
     database_url: Option<String>,
+    /// Which of the config's `[[databases]]` (needed when it lists several).
+    #[arg(long, requires = "config")]
+    database: Option<String>,
 }
 
 impl Database {
     pub(super) async fn open(&self) -> anyhow::Result<(OutboxStore, Option<Config>)> {
         let config = self.config.as_deref().map(Config::load).transpose()?;
         let url = match (&config, &self.database_url) {
-            (Some(config), _) => config.database.url.clone(),
+            (Some(config), _) => config.pick_database(self.database.as_deref())?.url,
             (None, Some(url)) => url.clone(),
             (None, None) => {
                 anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
@@ -252,4 +255,64 @@ fn render_status(report: &StatusReport) -> String {
         }
     }
     out
+}
+
+/// Runs `switchyard validate`: the config, then what can only be checked
+/// live: each listed database (reachable and migrated), a `[source]`
+/// mapping, replication mode's setup, the plugins' own `init`.
+///
+/// # Errors
+/// The first part that fails, or every database that does.
+pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
+    let loaded = Config::load(path)?;
+    if loaded.serves_many() {
+        let mut failed = Vec::new();
+        for database in loaded.database_list() {
+            match check_database(&loaded.for_database(&database), true).await {
+                Ok(()) => println!("database {}: ok", database.name),
+                Err(error) => failed.push(format!("database {}: {error:#}", database.name)),
+            }
+        }
+        anyhow::ensure!(
+            failed.is_empty(),
+            "{}: {} database(s) not ready:\n  - {}",
+            path.display(),
+            failed.len(),
+            failed.join("\n  - ")
+        );
+    } else if loaded.source.is_some() || loaded.replication_feed().is_some() {
+        check_database(&loaded, false)
+            .await
+            .with_context(|| path.display().to_string())?;
+    }
+    // A plugin may refuse its own config (a placeholder it does
+    // not know): only its `init` can say.
+    crate::app::load_plugins(&loaded)
+        .await
+        .with_context(|| format!("{}: the plugins do not start", path.display()))?;
+    for warning in loaded.warnings() {
+        println!("warning: {warning}");
+    }
+    println!("{}: ok", path.display());
+    Ok(())
+}
+
+/// One database's live checks; `schema` also requires `migrate` to have run.
+async fn check_database(config: &Config, schema: bool) -> anyhow::Result<()> {
+    let store = OutboxStore::connect(&config.database.url, 2)
+        .await
+        .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))
+        .context("cannot connect to the database")?;
+    if schema {
+        anyhow::ensure!(
+            store.schema_exists().await.context("cannot query the database")?,
+            "table switchyard_outbox does not exist: run `switchyard migrate`"
+        );
+    }
+    if config.source.is_some()
+        && let Some((_, Some(problem))) = crate::app::check_source(config, &store).await?
+    {
+        println!("warning: {problem}");
+    }
+    crate::app::check_replication(config, &store).await
 }

@@ -1,6 +1,7 @@
 //! The relay's configuration: one TOML file, environment overrides for
 //! secrets, and validation that reports every problem at once.
 
+mod databases;
 mod failures;
 pub mod replication;
 pub mod source;
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use databases::NamedDatabase;
 pub use failures::{FailurePolicy, Handling};
 pub use replication::{FeedMode, ReplicationConfig};
 pub use validate::validate;
@@ -51,8 +53,13 @@ pub enum Error {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Where the outbox lives.
+    /// Where the outbox lives, for a relay that serves one database.
+    #[serde(default)]
     pub database: DatabaseConfig,
+    /// Several outbox databases served by one relay (instead of `[database]`):
+    /// the same plugins and targets for all, each with its own workers.
+    #[serde(default)]
+    pub databases: Vec<NamedDatabase>,
     /// How rows are claimed, retried and dead-lettered.
     #[serde(default)]
     pub relay: RelayConfig,
@@ -350,7 +357,7 @@ const fn default_true() -> bool {
 const fn default_reload_debounce_ms() -> u64 {
     100
 }
-const fn default_max_connections() -> u32 {
+pub(crate) const fn default_max_connections() -> u32 {
     16
 }
 const fn default_batch_size() -> u32 {
@@ -478,6 +485,11 @@ impl Config {
         if let Some(url) = env("SWITCHYARD_DATABASE_URL") {
             self.database.url = url;
         }
+        for database in &mut self.databases {
+            if let Some(url) = env(&format!("SWITCHYARD_DATABASE_{}_URL", env_name(&database.name))) {
+                database.url = url;
+            }
+        }
         for (name, target) in &mut self.targets {
             target.apply_env(&format!("SWITCHYARD_TARGET_{}_", env_name(name)), env);
         }
@@ -533,6 +545,14 @@ fn section_errors(text: &str) -> Vec<String> {
     for (key, value) in &table {
         match key.as_str() {
             "database" => check::<DatabaseConfig>(key, value, &mut problems),
+            "databases" => match value.as_array() {
+                Some(databases) => {
+                    for (index, database) in databases.iter().enumerate() {
+                        check::<NamedDatabase>(&format!("databases[{index}]"), database, &mut problems);
+                    }
+                }
+                None => problems.push("databases: must be an array of tables ([[databases]])".into()),
+            },
             "relay" => check::<RelayConfig>(key, value, &mut problems),
             "plugin_runtime" => check::<PluginRuntimeConfig>(key, value, &mut problems),
             "admin" => check::<AdminConfig>(key, value, &mut problems),

@@ -25,9 +25,15 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
     let mut problems = Problems::default();
     database(&mut problems, config);
     if let Some(source) = &config.source {
-        problems
-            .0
-            .extend(super::source::static_problems(source, &config.database.url));
+        let mut found = Vec::new();
+        for database in config.database_list() {
+            for problem in super::source::static_problems(source, &database.url) {
+                if !found.contains(&problem) {
+                    found.push(problem);
+                }
+            }
+        }
+        problems.0.extend(found);
     }
     problems.0.extend(super::replication::static_problems(
         config.relay.mode,
@@ -53,10 +59,29 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
 }
 
 fn database(problems: &mut Problems, config: &Config) {
-    let db = &config.database;
+    problems.0.extend(super::databases::list_problems(config));
+    if config.serves_many() {
+        for (index, database) in config.databases.iter().enumerate() {
+            let key = format!("databases[{index}]");
+            let env = format!("SWITCHYARD_DATABASE_{}_URL", super::env_name(&database.name));
+            connection(problems, config, &key, &env, &database.settings());
+        }
+    } else {
+        connection(
+            problems,
+            config,
+            "database",
+            "SWITCHYARD_DATABASE_URL",
+            &config.database,
+        );
+    }
+}
+
+/// One database's URL and pool size; `key` names it in the messages.
+fn connection(problems: &mut Problems, config: &Config, key: &str, env: &str, db: &super::DatabaseConfig) {
     problems.check(
         !db.url.is_empty(),
-        "database.url is empty (set it or SWITCHYARD_DATABASE_URL)",
+        format!("{key}.url is empty (set it or {env})"),
     );
     problems.check(
         db.url.is_empty()
@@ -64,21 +89,21 @@ fn database(problems: &mut Problems, config: &Config) {
             || db.url.starts_with("postgresql://")
             || db.url.starts_with("sqlite:"),
         format!(
-            "database.url must start with postgres:// or sqlite: (got {:?})",
+            "{key}.url must start with postgres:// or sqlite: (got {:?})",
             scheme(&db.url)
         ),
     );
-    if let Err(problem) = check_database_url(&db.url) {
+    if let Err(problem) = check_database_url(key, &db.url) {
         problems.check(false, problem);
     }
     problems.check(
         db.max_connections >= 2,
-        "database.max_connections must be at least 2",
+        format!("{key}.max_connections must be at least 2"),
     );
     problems.check(
         usize::try_from(db.max_connections).unwrap_or(usize::MAX)
             > usize::try_from(config.relay.concurrency).unwrap_or(usize::MAX),
-        "database.max_connections must exceed relay.concurrency (one is kept for LISTEN)",
+        format!("{key}.max_connections must exceed relay.concurrency (one is kept for LISTEN)"),
     );
 }
 
@@ -199,7 +224,7 @@ fn targets(problems: &mut Problems, config: &Config) {
 
 /// Parses the URL as the driver will, so a malformed one (`host:notaport`,
 /// a bad parameter) is reported with the others instead of at connect time.
-fn check_database_url(url: &str) -> Result<(), String> {
+fn check_database_url(key: &str, url: &str) -> Result<(), String> {
     use std::str::FromStr;
     let parsed = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         sqlx::postgres::PgConnectOptions::from_str(url).map(drop)
@@ -210,7 +235,7 @@ fn check_database_url(url: &str) -> Result<(), String> {
     };
     parsed.map_err(|e| {
         crate::redact::url(&format!(
-            "database.url {:?} is not a valid URL: {e}",
+            "{key}.url {:?} is not a valid URL: {e}",
             crate::redact::url(url)
         ))
     })

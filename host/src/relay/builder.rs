@@ -25,6 +25,7 @@ pub struct RelayBuilder {
     pub(super) native_router: Option<NativeRouter>,
     pub(super) capture: Option<Capture>,
     pub(super) replication: Option<StreamSettings>,
+    pub(super) metrics: Option<Metrics>,
 }
 
 impl RelayBuilder {
@@ -55,12 +56,21 @@ impl RelayBuilder {
         self
     }
 
+    /// Records into `metrics` (one database's view of a registry shared
+    /// with others) instead of a registry of its own.
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// The relay, ready to run.
     pub fn build(self) -> Relay {
         let config = self.config;
         let owner = config.instance_id.clone().unwrap_or_else(default_owner);
         let limits = Limits::from_config(&config);
-        let metrics = Metrics::new(Some(self.plugins.clone()));
+        let metrics = self
+            .metrics
+            .unwrap_or_else(|| Metrics::new(Some(self.plugins.clone())));
         Relay {
             inner: Arc::new(Inner {
                 health: super::WorkerHealth::default(),

@@ -40,7 +40,7 @@ pub use outage::Paused;
 pub use retry::{RetryPolicy, backoff};
 
 use crate::config::RelayConfig;
-use crate::metrics::{Metrics, PluginLabel};
+use crate::metrics::Metrics;
 use crate::plugin::{Event, Message, Plugins, Refusal};
 use crate::relay::router::Limits;
 use crate::sinks::{SinkError, Sinks};
@@ -150,6 +150,7 @@ impl Relay {
             native_router: None,
             capture: None,
             replication: None,
+            metrics: None,
         }
     }
 
@@ -222,7 +223,7 @@ impl Relay {
     fn record_panic(&self, worker: u32, panic: &(dyn std::any::Any + Send)) {
         // Counted before readiness reports it: whoever sees /readyz turn
         // unready finds the panic in /metrics too.
-        self.inner.metrics.worker_panics.inc();
+        self.inner.metrics.worker_panic();
         let message = self.inner.health.panicked(panic);
         tracing::error!(
             worker,
@@ -340,7 +341,7 @@ impl Relay {
     /// (a lease's end); `took` is what taking the batch already cost.
     async fn stages(&self, rows: Vec<OutboxRow>, deadline: Instant, took: Duration) -> settle::Settled<'_> {
         let inner = &self.inner;
-        inner.metrics.batch_size.observe(rows.len() as f64);
+        inner.metrics.batch_size(rows.len());
         let mut routed = self.route(rows, deadline, took).await;
         let may_publish = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < deadline;
         let not_sent =
@@ -449,10 +450,9 @@ impl Relay {
     fn count(&self, settled: &settle::Settled<'_>) {
         let metrics = &self.inner.metrics;
         let now_ms = chrono::Utc::now().timestamp_millis();
+        let commit_to_publish = metrics.commit_to_publish();
         for created_at_ms in &settled.published_created_at_ms {
-            metrics
-                .commit_to_publish
-                .observe((now_ms - created_at_ms).max(0) as f64 / 1000.0);
+            commit_to_publish.observe((now_ms - created_at_ms).max(0) as f64 / 1000.0);
         }
         let mut claimed: BTreeMap<&str, u64> = BTreeMap::new();
         for (&(plugin, kind), &count) in &settled.tally {
@@ -460,12 +460,7 @@ impl Relay {
             *claimed.entry(plugin).or_default() += count;
         }
         for (plugin, count) in claimed {
-            metrics
-                .claimed
-                .get_or_create(&PluginLabel {
-                    plugin: plugin.to_string(),
-                })
-                .inc_by(count);
+            metrics.claimed(plugin, count);
         }
     }
 }

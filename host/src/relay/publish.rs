@@ -10,7 +10,6 @@ use tracing::warn;
 use super::Relay;
 use super::plan::{Results, Slot};
 use crate::config::{FailurePolicy, Handling};
-use crate::metrics::{FailureLabels, TargetLabel};
 use crate::sinks::{OutgoingMessage, SinkError, Sinks};
 
 /// Messages to send, per target, each with its place in the batch.
@@ -105,20 +104,9 @@ impl Relay {
         let mut failed = 0;
         for error in outcome.iter().filter_map(|r| r.as_ref().err()) {
             failed += 1;
-            metrics
-                .failed
-                .get_or_create(&FailureLabels {
-                    target: target.to_string(),
-                    error: error.kind.as_str(),
-                })
-                .inc();
+            metrics.failed(target, error.kind.as_str());
         }
-        metrics
-            .published
-            .get_or_create(&TargetLabel {
-                target: target.to_string(),
-            })
-            .inc_by((outcome.len() - failed) as u64);
+        metrics.published(target, (outcome.len() - failed) as u64);
         for (handling, (count, first)) in by_handling(&self.inner.retry.failures, outcome) {
             match handling {
                 Handling::Pause => self.pause_target(target, &first.message),

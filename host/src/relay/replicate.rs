@@ -136,9 +136,9 @@ impl Relay {
                     }
                     standing_by = false;
                     pause = Duration::from_millis(100);
-                    self.inner.metrics.replication_reading.set(1);
+                    self.inner.metrics.set_replication_reading(true);
                     let ended = self.read(stream, &shutdown).await;
-                    self.inner.metrics.replication_reading.set(0);
+                    self.inner.metrics.set_replication_reading(false);
                     ended
                 }
                 Err(error) => error,

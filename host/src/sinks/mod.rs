@@ -65,6 +65,16 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// Every kind.
+    pub const ALL: [FailureKind; 6] = [
+        FailureKind::Unavailable,
+        FailureKind::TimedOut,
+        FailureKind::UnknownTopic,
+        FailureKind::Unauthorized,
+        FailureKind::Transient,
+        FailureKind::Refused,
+    ];
+
     /// The label used in metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -30,6 +30,7 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
             from_db,
             limit,
             database_url,
+            database,
             payload_file,
             json,
         } => {
@@ -48,8 +49,11 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                     .map(Ok)
                     .collect(),
                 (true, true) => {
-                    let url =
-                        database_url.context("--from-db needs --database-url or SWITCHYARD_DATABASE_URL")?;
+                    let url = match (&database, &relay) {
+                        (Some(name), Some(relay)) => relay.pick_database(Some(name))?.url,
+                        _ => database_url
+                            .context("--from-db needs --database-url or SWITCHYARD_DATABASE_URL")?,
+                    };
                     let store = OutboxStore::connect(&url, 2)
                         .await
                         .context("cannot connect to the database")?;

@@ -13,7 +13,7 @@ use tracing::{debug, debug_span, warn};
 use super::retry::{RetryPolicy, lease_spent};
 use super::{NativeRouter, Relay};
 use crate::config::{RelayConfig, UnmatchedPolicy};
-use crate::metrics::{Metrics, PluginLabel};
+use crate::metrics::Metrics;
 use crate::plugin::{CallFailure, Event, Message, PluginVersion, Plugins};
 pub mod router;
 
@@ -356,9 +356,7 @@ impl RouteStage<'_> {
     /// Each event's share of the calls that routed it: a batch call's time
     /// is split among its events.
     fn observe_calls(&self, plugin: &str, calls: &[(Duration, usize)]) {
-        let histogram = self.metrics.plugin_call.get_or_create(&PluginLabel {
-            plugin: plugin.to_string(),
-        });
+        let histogram = self.metrics.plugin_call(plugin);
         for &(took, events) in calls {
             let each = took.as_secs_f64() / events.max(1) as f64;
             for _ in 0..events {
@@ -369,10 +367,7 @@ impl RouteStage<'_> {
 
     fn observe_call(&self, plugin: &str, started: Instant) {
         self.metrics
-            .plugin_call
-            .get_or_create(&PluginLabel {
-                plugin: plugin.to_string(),
-            })
+            .plugin_call(plugin)
             .observe(started.elapsed().as_secs_f64());
     }
 

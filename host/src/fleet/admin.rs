@@ -1,0 +1,129 @@
+//! The admin endpoint of a relay serving many databases: one `/metrics`
+//! for all (each figure labelled with its database), and a `/readyz` that
+//! says which databases are served: `ok`, `degraded` (some are not, the
+//! process still serves the rest: 200) or `down` (none is, or a target or
+//! plugin fails: 503).
+
+use std::collections::BTreeMap;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::StreamExt;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{DatabaseState, Fleet};
+use crate::admin::{AdminServer, Check, DatabaseReadiness};
+
+/// Databases checked at once by a scrape or a readiness probe: a fleet of
+/// hundreds must not open a connection to each at the same moment.
+const CHECKS_AT_ONCE: usize = 16;
+
+/// Binds `listen` and serves the fleet's admin endpoints until `shutdown`.
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn serve(listen: &str, fleet: Fleet, shutdown: CancellationToken) -> anyhow::Result<AdminServer> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(fleet);
+    crate::admin::serve_router(listen, app, shutdown).await
+}
+
+async fn metrics(State(fleet): State<Fleet>) -> Response {
+    let running: Vec<_> = fleet
+        .databases()
+        .into_values()
+        .filter_map(|state| match state {
+            DatabaseState::Running(relay) => Some(relay),
+            DatabaseState::Starting { .. } => None,
+        })
+        .collect();
+    futures::stream::iter(running)
+        .for_each_concurrent(CHECKS_AT_ONCE, |relay| async move {
+            crate::admin::refresh_scraped(&relay).await;
+        })
+        .await;
+    crate::admin::metrics_response(fleet.metrics().render())
+}
+
+/// The fleet's `/readyz` body.
+#[derive(Debug, Serialize)]
+pub struct FleetReadiness {
+    /// The process serves at least one database, and every target and
+    /// plugin is ready.
+    pub ready: bool,
+    /// `ok` (everything ready), `degraded` (ready, but some databases are
+    /// not) or `down`.
+    pub state: &'static str,
+    /// Each database's checks.
+    pub databases: BTreeMap<String, DatabaseReadiness>,
+    /// Each target's health check.
+    pub targets: BTreeMap<String, Check>,
+    /// Plugin name to `name@version` or `not loaded`.
+    pub plugins: BTreeMap<String, String>,
+}
+
+/// Runs every readiness check: each database's (a bounded number at a
+/// time) and the shared ones once.
+pub async fn readiness(fleet: &Fleet) -> FleetReadiness {
+    let databases = futures::stream::iter(fleet.databases())
+        .map(|(name, state)| async move { (name, database_readiness(state).await) })
+        .buffer_unordered(CHECKS_AT_ONCE)
+        .collect::<BTreeMap<_, _>>();
+    let (databases, targets) = futures::join!(databases, crate::admin::target_checks(fleet.sinks()));
+    let plugins = crate::admin::plugin_states(fleet.plugins());
+    let shared = crate::admin::shared_ready(&targets, &plugins);
+    let serving = databases.values().filter(|database| database.ready).count();
+    let state = if !shared || serving == 0 {
+        "down"
+    } else if serving < databases.len() {
+        "degraded"
+    } else {
+        "ok"
+    };
+    FleetReadiness {
+        ready: state != "down",
+        state,
+        databases,
+        targets,
+        plugins,
+    }
+}
+
+async fn database_readiness(state: DatabaseState) -> DatabaseReadiness {
+    match state {
+        DatabaseState::Running(relay) => crate::admin::database_readiness(&relay).await,
+        DatabaseState::Starting {
+            since,
+            attempts,
+            last_error,
+        } => DatabaseReadiness {
+            ready: false,
+            workers: Check::Failed("not started".to_string()),
+            database: Check::Failed(format!(
+                "not served for {} s ({attempts} tries): {}",
+                since.elapsed().as_secs(),
+                last_error.as_deref().unwrap_or("connecting")
+            )),
+            paused: BTreeMap::new(),
+            capture: None,
+            replication: None,
+        },
+    }
+}
+
+async fn readyz(State(fleet): State<Fleet>) -> Response {
+    let readiness = readiness(&fleet).await;
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(readiness)).into_response()
+}

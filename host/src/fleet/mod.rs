@@ -1,0 +1,297 @@
+//! Several outbox databases behind one relay process: a relay per database,
+//! all sharing the plugins, the targets and the metrics registry, each
+//! started, retried and stopped on its own so that one database that is
+//! down, slow or full of poison rows holds back only itself.
+
+pub mod admin;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::app::Shared;
+use crate::config::{Config, NamedDatabase};
+use crate::relay::Relay;
+
+/// The longest pause between two tries to start serving a database that
+/// cannot be reached (or is not migrated).
+const CONNECT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Where one database of the fleet stands.
+#[derive(Clone)]
+pub enum DatabaseState {
+    /// Not served yet: the database cannot be reached or checked.
+    Starting {
+        /// Since when it has not been served.
+        since: Instant,
+        /// Tries so far.
+        attempts: u32,
+        /// Why the last try failed.
+        last_error: Option<String>,
+    },
+    /// Its relay runs (claims may still fail while the database is down:
+    /// readiness says so).
+    Running(Relay),
+}
+
+struct Member {
+    /// What it was started from, to tell a changed entry from the same one.
+    entry: NamedDatabase,
+    state: Arc<Mutex<DatabaseState>>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// A relay process serving many databases. Cheap to clone.
+#[derive(Clone)]
+pub struct Fleet {
+    inner: Arc<FleetInner>,
+}
+
+struct FleetInner {
+    config: Config,
+    shared: Shared,
+    members: Mutex<BTreeMap<String, Member>>,
+    shutdown: CancellationToken,
+}
+
+impl Fleet {
+    /// Loads the shared parts and starts serving every database `config`
+    /// lists. A database that cannot be reached does not stop the start:
+    /// it is tried again in the background (readiness says so).
+    ///
+    /// # Errors
+    /// A shared part fails: plugins that do not load, a target that cannot
+    /// be reached.
+    pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Fleet> {
+        let shared = Shared::start(&config).await?;
+        let fleet = Fleet {
+            inner: Arc::new(FleetInner {
+                config: config.clone(),
+                shared,
+                members: Mutex::new(BTreeMap::new()),
+                shutdown,
+            }),
+        };
+        for database in config.database_list() {
+            fleet.add(database);
+        }
+        Ok(fleet)
+    }
+
+    /// Starts serving `database` (replacing a database of that name that
+    /// was started from other settings). Nothing happens for one already
+    /// served as it is.
+    pub fn add(&self, database: NamedDatabase) {
+        let mut members = self.members();
+        if let Some(member) = members.get(&database.name) {
+            if member.entry.url == database.url && member.entry.max_connections == database.max_connections {
+                return;
+            }
+            // Changed settings: the old relay stops in the background (its
+            // leases are released) while the new one starts.
+            member.stop.cancel();
+        }
+        let state = Arc::new(Mutex::new(DatabaseState::Starting {
+            since: Instant::now(),
+            attempts: 0,
+            last_error: None,
+        }));
+        let stop = self.inner.shutdown.child_token();
+        let span = tracing::info_span!("database", name = %database.name);
+        let task =
+            tokio::spawn(serve(self.clone(), database.clone(), state.clone(), stop.clone()).instrument(span));
+        members.insert(
+            database.name.clone(),
+            Member {
+                entry: database,
+                state,
+                stop,
+                task,
+            },
+        );
+    }
+
+    /// Stops serving the database `name`: its batches finish (or their
+    /// leases are released) and its figures leave the metrics. False when
+    /// it was not served.
+    pub async fn remove(&self, name: &str) -> bool {
+        let Some(member) = self.members().remove(name) else {
+            return false;
+        };
+        member.stop.cancel();
+        let _ = member.task.await;
+        self.forget_metrics(name);
+        tracing::info!(database = name, "Stopped serving the database.");
+        true
+    }
+
+    fn forget_metrics(&self, name: &str) {
+        let plugins: Vec<String> = self
+            .plugins()
+            .slots()
+            .iter()
+            .map(|slot| slot.config().name.clone())
+            .collect();
+        let targets: Vec<String> = self.sinks().names().map(str::to_string).collect();
+        self.inner
+            .shared
+            .metrics
+            .for_database(name)
+            .forget_database(&plugins, &targets);
+    }
+
+    /// Every database served, by name, with where it stands.
+    pub fn databases(&self) -> BTreeMap<String, DatabaseState> {
+        self.members()
+            .iter()
+            .map(|(name, member)| {
+                let state = member
+                    .state
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                (name.clone(), state)
+            })
+            .collect()
+    }
+
+    /// The relay serving `name`, once it runs.
+    pub fn relay(&self, name: &str) -> Option<Relay> {
+        match self.databases().remove(name)? {
+            DatabaseState::Running(relay) => Some(relay),
+            DatabaseState::Starting { .. } => None,
+        }
+    }
+
+    /// The shared plugins.
+    pub fn plugins(&self) -> &crate::plugin::Plugins {
+        &self.inner.shared.plugins
+    }
+
+    /// The shared targets.
+    pub fn sinks(&self) -> &crate::sinks::Sinks {
+        &self.inner.shared.sinks
+    }
+
+    /// The shared metrics registry.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.inner.shared.metrics
+    }
+
+    /// This process's lease owner name.
+    pub fn owner(&self) -> &str {
+        &self.inner.shared.owner
+    }
+
+    /// Waits until shutdown has stopped every database.
+    pub async fn stopped(&self) {
+        self.inner.shutdown.cancelled().await;
+        let members: Vec<Member> = std::mem::take(&mut *self.members()).into_values().collect();
+        for member in members {
+            let _ = member.task.await;
+        }
+    }
+
+    fn members(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Member>> {
+        self.inner.members.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Serves one database until `stop`: builds its relay (trying again, with
+/// a growing pause, while it cannot), runs it, and starts over if the relay
+/// ends on its own.
+async fn serve(
+    fleet: Fleet,
+    database: NamedDatabase,
+    state: Arc<Mutex<DatabaseState>>,
+    stop: CancellationToken,
+) {
+    let config = fleet.inner.config.for_database(&database);
+    let set = |next: DatabaseState| *state.lock().unwrap_or_else(PoisonError::into_inner) = next;
+    let mut attempts = 0_u32;
+    let mut since = Instant::now();
+    let mut pause = Duration::from_secs(1);
+    while !stop.is_cancelled() {
+        attempts += 1;
+        let built = tokio::select! {
+            built = crate::app::database_builder(&config, &database.name, &fleet.inner.shared) => built,
+            () = stop.cancelled() => return,
+        };
+        let error = match built {
+            Ok(builder) => {
+                let relay = builder.build();
+                set(DatabaseState::Running(relay.clone()));
+                tracing::info!(attempts, "Serving the database.");
+                let result = run_relay(&relay, &config, stop.clone()).await;
+                if stop.is_cancelled() {
+                    return;
+                }
+                (attempts, since, pause) = (0, Instant::now(), Duration::from_secs(1));
+                match result {
+                    Ok(()) => "its relay stopped".to_string(),
+                    Err(error) => error.to_string(),
+                }
+            }
+            Err(error) => crate::redact::url(&format!("{error:#}")),
+        };
+        // The first failure and then every tenth: a database down for hours
+        // is one line per few minutes, not one per try.
+        if attempts % 10 == 1 {
+            tracing::warn!(attempts, error = %error, retry_in_ms = pause.as_millis() as u64, "Cannot serve the database; trying again.");
+        }
+        set(DatabaseState::Starting {
+            since,
+            attempts,
+            last_error: Some(error),
+        });
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = stop.cancelled() => return,
+        }
+        pause = (pause * 2).min(CONNECT_RETRY_MAX);
+    }
+}
+
+/// Runs one database's relay with what runs beside it in a single-database
+/// process: its row in `switchyard_relays` and retention.
+async fn run_relay(relay: &Relay, config: &Config, stop: CancellationToken) -> anyhow::Result<()> {
+    let announcer = tokio::spawn(
+        crate::app::announce(
+            relay.store().clone(),
+            relay.owner().to_string(),
+            None,
+            stop.clone(),
+        )
+        .in_current_span(),
+    );
+    let retention = config.retention.clone().map(|retention| {
+        tokio::spawn(
+            crate::retention::run(
+                relay.store().clone(),
+                retention,
+                relay.metrics().clone(),
+                stop.clone(),
+            )
+            .in_current_span(),
+        )
+    });
+    let result = relay.run(stop.clone()).await;
+    if stop.is_cancelled() {
+        // Shutdown or removal: the announcer takes this relay's row out.
+        let _ = announcer.await;
+        if let Some(retention) = retention {
+            let _ = retention.await;
+        }
+    } else {
+        announcer.abort();
+        if let Some(retention) = retention {
+            retention.abort();
+        }
+    }
+    result
+}

@@ -1,0 +1,398 @@
+//! One relay serving many outbox databases: 20 PostgreSQL databases and 5
+//! SQLite files behind one process, one database stopped mid-run and
+//! another given a poison row, databases added and removed while it runs.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use sqlx::Executor;
+use switchyard::fleet::{DatabaseState, Fleet};
+use switchyard_tests::nats::{NatsServer, Received};
+use switchyard_tests::outbox::TestOutbox;
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::postgres::{TestDb, fresh_db, server_pool};
+use switchyard_tests::relay::{RelaySection, parse};
+use switchyard_tests::{eventually, exclusive, init_logging};
+use tokio_util::sync::CancellationToken;
+
+const STREAM: &str = "ORDERS";
+const AGGREGATES: usize = 8;
+
+/// Every event of a database reaches NATS this soon after its commit while
+/// another database is down and a third holds a poison row (a histogram
+/// bucket bound of `switchyard_commit_to_publish_seconds`).
+const LATENCY_BOUND: &str = "2.048";
+
+/// The outbox databases under test, written the same way whatever their kind.
+enum Outbox {
+    Postgres(TestDb),
+    Sqlite(TestOutbox),
+}
+
+struct Database {
+    name: String,
+    outbox: Outbox,
+}
+
+impl Database {
+    fn url(&self) -> String {
+        match &self.outbox {
+            Outbox::Postgres(db) => db.url.clone(),
+            Outbox::Sqlite(outbox) => format!("sqlite://{}", outbox.sqlite_path().display()),
+        }
+    }
+
+    /// Writes event `seq` of each of this database's aggregates, each in
+    /// its own transaction.
+    async fn write(&self, seq: usize) {
+        for aggregate in 0..AGGREGATES {
+            self.insert(&format!("{}-{aggregate}", self.name), "OrderUpdated", seq)
+                .await;
+        }
+    }
+
+    async fn insert(&self, aggregate_id: &str, event_type: &str, seq: usize) {
+        let payload = serde_json::json!({ "seq": seq, "aggregate": aggregate_id });
+        match &self.outbox {
+            Outbox::Postgres(db) => {
+                sqlx::query(
+                    "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+                     VALUES ('order', $1, $2, $3)",
+                )
+                .bind(aggregate_id)
+                .bind(event_type)
+                .bind(&payload)
+                .execute(&db.pool)
+                .await
+                .expect("insert");
+            }
+            Outbox::Sqlite(outbox) => {
+                sqlx::query(
+                    "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+                     VALUES ('order', ?1, ?2, ?3)",
+                )
+                .bind(aggregate_id)
+                .bind(event_type)
+                .bind(payload.to_string())
+                .execute(&outbox.sqlite_pool())
+                .await
+                .expect("insert");
+            }
+        }
+    }
+}
+
+async fn databases(postgres: usize, sqlite: usize) -> Vec<Database> {
+    let pg = futures::future::join_all((0..postgres).map(|_| fresh_db())).await;
+    let mut all: Vec<Database> = pg
+        .into_iter()
+        .enumerate()
+        .map(|(i, db)| Database {
+            name: format!("pg{i:02}"),
+            outbox: Outbox::Postgres(db),
+        })
+        .collect();
+    for i in 0..sqlite {
+        all.push(Database {
+            name: format!("lite{i}"),
+            outbox: Outbox::Sqlite(TestOutbox::sqlite().await),
+        });
+    }
+    all
+}
+
+/// Route every order to `orders.<aggregate>` on NATS; `Poison` events go
+/// to a plugin that traps.
+fn config(databases: &[&Database], nats: &str, extra: &str) -> String {
+    let listed: String = databases
+        .iter()
+        .map(|db| {
+            format!(
+                "[[databases]]\nname = \"{}\"\nurl = \"{}\"\nmax_connections = 3\n\n",
+                db.name,
+                db.url()
+            )
+        })
+        .collect();
+    let relay = RelaySection::new()
+        .set("concurrency", "2")
+        .set("max_attempts", "3")
+        .set("initial_backoff_ms", "50")
+        .set("max_backoff_ms", "200")
+        .set("shutdown_timeout_ms", "5000");
+    format!(
+        r#"{listed}
+{relay}
+[admin]
+listen = ""
+
+[[plugins]]
+name = "poison"
+path = "{misbehave}"
+event_types = ["Poison"]
+[plugins.config]
+mode = "trap"
+
+[[plugins]]
+name = "router"
+path = "{route}"
+aggregate_types = ["order"]
+[plugins.config]
+target = "events"
+topic = "orders.{{aggregate_id}}"
+
+[targets.events]
+type = "nats"
+url = "{nats}"
+mode = "jetstream"
+duplicate_window_seconds = 3600
+{extra}"#,
+        relay = relay.toml(),
+        misbehave = plugin("misbehave").display(),
+        route = plugin("route_by_type").display(),
+    )
+}
+
+/// Waits until every listed database is served.
+async fn all_running(fleet: &Fleet, count: usize) {
+    eventually("every database is served", Duration::from_secs(60), || async {
+        let states = fleet.databases();
+        (states.len() == count && states.values().all(|s| matches!(s, DatabaseState::Running(_))))
+            .then_some(())
+    })
+    .await;
+}
+
+/// Per aggregate, the sequence numbers received (first copies, in order).
+fn sequences(received: &[Received]) -> BTreeMap<String, Vec<u64>> {
+    let mut seen = HashSet::new();
+    let mut by_aggregate: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for message in received {
+        let id = message
+            .header("Switchyard-Event-Id")
+            .expect("event id")
+            .to_string();
+        if !seen.insert(id) {
+            continue;
+        }
+        let json = message.json();
+        let aggregate = json["aggregate"].as_str().expect("aggregate").to_string();
+        by_aggregate
+            .entry(aggregate)
+            .or_default()
+            .push(json["seq"].as_u64().expect("seq"));
+    }
+    by_aggregate
+}
+
+/// The count of commit-to-publish observations for `database`, and how
+/// many of them were within `bucket` seconds.
+fn latency(metrics: &str, database: &str, bucket: &str) -> (u64, u64) {
+    let value = |prefix: String| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let count = value(format!(
+        "switchyard_commit_to_publish_seconds_count{{database=\"{database}\"}} "
+    ));
+    let within = value(format!(
+        "switchyard_commit_to_publish_seconds_bucket{{le=\"{bucket}\",database=\"{database}\"}} "
+    ));
+    (count, within)
+}
+
+async fn set_connections(name: &str, allowed: bool) {
+    let admin = server_pool().await;
+    admin
+        .execute(format!("ALTER DATABASE {name} WITH ALLOW_CONNECTIONS {allowed}").as_str())
+        .await
+        .expect("alter database");
+    if !allowed {
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(name)
+            .execute(&admin)
+            .await
+            .expect("terminate sessions");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself() {
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let databases = databases(20, 5).await;
+    let all: Vec<&Database> = databases.iter().collect();
+    let shutdown = CancellationToken::new();
+    let fleet = Fleet::start(parse(&config(&all, &nats.url(), "")), shutdown.clone())
+        .await
+        .expect("fleet starts");
+    all_running(&fleet, 25).await;
+
+    // Three events per aggregate everywhere, then a poison event in pg03.
+    for seq in 0..3 {
+        futures::future::join_all(databases.iter().map(|db| db.write(seq))).await;
+    }
+    let poisoned = &databases[3];
+    poisoned.insert("pg03-poison", "Poison", 0).await;
+    let stopped = &databases[5];
+    let Outbox::Postgres(stopped_db) = &stopped.outbox else {
+        unreachable!("pg05 is PostgreSQL")
+    };
+    // pg05 goes away with rows of its own still to relay.
+    stopped.write(3).await;
+    set_connections(&stopped_db.name, false).await;
+    for seq in 3..6 {
+        futures::future::join_all(
+            databases
+                .iter()
+                .filter(|db| db.name != stopped.name)
+                .map(|db| db.write(seq)),
+        )
+        .await;
+    }
+    let others = (databases.len() - 1) * AGGREGATES * 6;
+    eventually(
+        "the other databases publish everything",
+        Duration::from_secs(90),
+        || async {
+            let stored = nats.stream_len(STREAM).await;
+            (stored as usize >= others).then_some(())
+        },
+    )
+    .await;
+    let readiness = switchyard::fleet::admin::readiness(&fleet).await;
+    assert_eq!(readiness.state, "degraded", "{readiness:?}");
+    assert!(readiness.ready);
+    assert!(!readiness.databases["pg05"].ready, "{readiness:?}");
+    assert_eq!(
+        readiness.databases.values().filter(|db| db.ready).count(),
+        24,
+        "{readiness:?}"
+    );
+
+    // While pg05 was down and pg03 trapped, every other database kept its latency.
+    let metrics = fleet.metrics().render();
+    for db in databases.iter().filter(|db| db.name != stopped.name) {
+        let (count, within) = latency(&metrics, &db.name, LATENCY_BOUND);
+        assert!(
+            count >= (AGGREGATES * 6) as u64,
+            "{}: {count} observations",
+            db.name
+        );
+        assert_eq!(
+            within, count,
+            "{}: events over {LATENCY_BOUND} s from commit to publish",
+            db.name
+        );
+    }
+
+    // pg05 comes back and relays what it kept.
+    set_connections(&stopped_db.name, true).await;
+    let total = databases.len() * AGGREGATES * 6 - AGGREGATES * 2;
+    eventually("pg05 catches up", Duration::from_secs(90), || async {
+        (nats.stream_len(STREAM).await as usize >= total).then_some(())
+    })
+    .await;
+    let received = nats.read_stream(STREAM).await;
+    let sequences = sequences(&received);
+    for db in &databases {
+        let events = if db.name == stopped.name { 4 } else { 6 };
+        for aggregate in 0..AGGREGATES {
+            let key = format!("{}-{aggregate}", db.name);
+            let want: Vec<u64> = (0..events as u64).collect();
+            assert_eq!(sequences.get(&key), Some(&want), "{key}: every event, in order");
+        }
+    }
+    assert!(
+        !sequences.contains_key("pg03-poison"),
+        "the poison was not published"
+    );
+    let Outbox::Postgres(poisoned_db) = &poisoned.outbox else {
+        unreachable!("pg03 is PostgreSQL")
+    };
+    eventually("the poison is dead-lettered", Duration::from_secs(30), || async {
+        let reason: Option<String> = sqlx::query_scalar(
+            "SELECT last_error FROM switchyard_outbox WHERE aggregate_id = 'pg03-poison' AND status = 'dead'",
+        )
+        .fetch_optional(&poisoned_db.pool)
+        .await
+        .expect("query");
+        reason
+    })
+    .await;
+    let readiness = switchyard::fleet::admin::readiness(&fleet).await;
+    assert_eq!(readiness.state, "ok", "{readiness:?}");
+    shutdown.cancel();
+    fleet.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn databases_are_added_and_removed_while_the_relay_runs() {
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let databases = databases(3, 0).await;
+    let shutdown = CancellationToken::new();
+    let fleet = Fleet::start(
+        parse(&config(&[&databases[0]], &nats.url(), "")),
+        shutdown.clone(),
+    )
+    .await
+    .expect("fleet starts");
+    all_running(&fleet, 1).await;
+    fleet.add(named(&databases[1]));
+    fleet.add(named(&databases[2]));
+    all_running(&fleet, 3).await;
+    for db in &databases {
+        db.write(0).await;
+    }
+    eventually("three databases publish", Duration::from_secs(30), || async {
+        (nats.stream_len(STREAM).await as usize >= 3 * AGGREGATES).then_some(())
+    })
+    .await;
+    assert!(fleet.metrics().render().contains("database=\"pg02\""));
+
+    // Removed: its relay stops, its rows stay, its figures leave /metrics.
+    assert!(fleet.remove("pg02").await);
+    assert_eq!(fleet.databases().len(), 2);
+    assert!(!fleet.metrics().render().contains("database=\"pg02\""));
+    let started = Instant::now();
+    databases[2].write(1).await;
+    databases[0].write(1).await;
+    eventually(
+        "the served database publishes",
+        Duration::from_secs(30),
+        || async { (nats.stream_len(STREAM).await as usize >= 4 * AGGREGATES).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1).saturating_sub(started.elapsed())).await;
+    assert_eq!(
+        nats.stream_len(STREAM).await as usize,
+        4 * AGGREGATES,
+        "nothing relayed from the removed database"
+    );
+    let Outbox::Postgres(removed) = &databases[2].outbox else {
+        unreachable!()
+    };
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending'")
+        .fetch_one(&removed.pool)
+        .await
+        .expect("count");
+    assert_eq!(pending, AGGREGATES as i64);
+    shutdown.cancel();
+    fleet.stopped().await;
+}
+
+fn named(db: &Database) -> switchyard::config::NamedDatabase {
+    switchyard::config::NamedDatabase {
+        name: db.name.clone(),
+        url: db.url(),
+        max_connections: 3,
+    }
+}
