@@ -10,7 +10,7 @@ use switchyard::fleet::{DatabaseState, Fleet};
 use switchyard_tests::nats::{NatsServer, Received};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::plugins::plugin;
-use switchyard_tests::postgres::{TestDb, fresh_db, server_pool};
+use switchyard_tests::postgres::{TestDb, fresh_db, fresh_db_before, server_pool};
 use switchyard_tests::relay::{RelaySection, parse};
 use switchyard_tests::{eventually, exclusive, init_logging};
 use tokio_util::sync::CancellationToken;
@@ -332,22 +332,47 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn databases_are_added_and_removed_while_the_relay_runs() {
+async fn databases_come_and_go_with_the_catalog_while_the_relay_runs() {
     let _heavy = exclusive().await;
     init_logging();
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let databases = databases(3, 0).await;
+    let mut databases = databases(2, 0).await;
+    // A tenant database the catalog lists before anyone migrated it.
+    databases.push(Database {
+        name: "pg02".to_string(),
+        outbox: Outbox::Postgres(fresh_db_before(0).await),
+    });
+    let control = fresh_db().await;
+    control
+        .pool
+        .execute("CREATE TABLE tenants (name text, url text)")
+        .await
+        .expect("catalog table");
+    let catalog = format!(
+        "[catalog]\nurl = \"{}\"\nquery = \"SELECT name, url FROM tenants\"\ninterval_seconds = 1\nmax_connections = 3\nmigrate = true\n",
+        control.url
+    );
     let shutdown = CancellationToken::new();
     let fleet = Fleet::start(
-        parse(&config(&[&databases[0]], &nats.url(), "")),
+        parse(&config(&[&databases[0]], &nats.url(), &catalog)),
         shutdown.clone(),
     )
     .await
     .expect("fleet starts");
     all_running(&fleet, 1).await;
-    fleet.add(named(&databases[1]));
-    fleet.add(named(&databases[2]));
+    for (name, url) in [
+        ("pg01", databases[1].url()),
+        ("pg02", databases[2].url()),
+        ("bad name", "postgres://nowhere/x".to_string()),
+    ] {
+        sqlx::query("INSERT INTO tenants VALUES ($1, $2)")
+            .bind(name)
+            .bind(url)
+            .execute(&control.pool)
+            .await
+            .expect("catalog row");
+    }
     all_running(&fleet, 3).await;
     for db in &databases {
         db.write(0).await;
@@ -357,10 +382,18 @@ async fn databases_are_added_and_removed_while_the_relay_runs() {
     })
     .await;
     assert!(fleet.metrics().render().contains("database=\"pg02\""));
+    let readiness = switchyard::fleet::admin::readiness(&fleet).await;
+    assert_eq!(readiness.state, "ok", "{readiness:?}");
 
-    // Removed: its relay stops, its rows stay, its figures leave /metrics.
-    assert!(fleet.remove("pg02").await);
-    assert_eq!(fleet.databases().len(), 2);
+    // Its row goes: its relay stops, its rows stay, its figures leave /metrics.
+    sqlx::query("DELETE FROM tenants WHERE name = 'pg02'")
+        .execute(&control.pool)
+        .await
+        .expect("delete row");
+    eventually("pg02 is no longer served", Duration::from_secs(30), || async {
+        (fleet.databases().len() == 2).then_some(())
+    })
+    .await;
     assert!(!fleet.metrics().render().contains("database=\"pg02\""));
     let started = Instant::now();
     databases[2].write(1).await;
@@ -378,21 +411,27 @@ async fn databases_are_added_and_removed_while_the_relay_runs() {
         "nothing relayed from the removed database"
     );
     let Outbox::Postgres(removed) = &databases[2].outbox else {
-        unreachable!()
+        unreachable!("pg02 is PostgreSQL")
     };
     let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending'")
         .fetch_one(&removed.pool)
         .await
         .expect("count");
     assert_eq!(pending, AGGREGATES as i64);
+
+    // A catalog that cannot be read keeps what it listed last, degraded.
+    set_connections(&control.name, false).await;
+    eventually(
+        "readiness reports the catalog",
+        Duration::from_secs(30),
+        || async {
+            let readiness = switchyard::fleet::admin::readiness(&fleet).await;
+            (readiness.state == "degraded" && readiness.ready).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(fleet.databases().len(), 2);
+    set_connections(&control.name, true).await;
     shutdown.cancel();
     fleet.stopped().await;
-}
-
-fn named(db: &Database) -> switchyard::config::NamedDatabase {
-    switchyard::config::NamedDatabase {
-        name: db.name.clone(),
-        url: db.url(),
-        max_connections: 3,
-    }
 }

@@ -32,8 +32,8 @@ pub async fn run_each(args: Migrate, database: Option<&str>) -> anyhow::Result<(
         return run(args).await;
     };
     let databases = match database {
-        Some(name) => vec![config.pick_database(Some(name))?],
-        None => config.database_list(),
+        Some(name) => vec![crate::fleet::catalog::pick(config, Some(name)).await?],
+        None => crate::fleet::catalog::all_databases(config).await?,
     };
     let mut failed = Vec::new();
     for database in &databases {

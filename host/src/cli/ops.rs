@@ -31,7 +31,11 @@ impl Database {
     pub(super) async fn open(&self) -> anyhow::Result<(OutboxStore, Option<Config>)> {
         let config = self.config.as_deref().map(Config::load).transpose()?;
         let url = match (&config, &self.database_url) {
-            (Some(config), _) => config.pick_database(self.database.as_deref())?.url,
+            (Some(config), _) => {
+                crate::fleet::catalog::pick(config, self.database.as_deref())
+                    .await?
+                    .url
+            }
             (None, Some(url)) => url.clone(),
             (None, None) => {
                 anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
@@ -267,7 +271,7 @@ pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
     let loaded = Config::load(path)?;
     if loaded.serves_many() {
         let mut failed = Vec::new();
-        for database in loaded.database_list() {
+        for database in crate::fleet::catalog::all_databases(&loaded).await? {
             match check_database(&loaded.for_database(&database), true).await {
                 Ok(()) => println!("database {}: ok", database.name),
                 Err(error) => failed.push(format!("database {}: {error:#}", database.name)),

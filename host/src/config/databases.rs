@@ -33,6 +33,60 @@ impl std::fmt::Debug for NamedDatabase {
     }
 }
 
+/// `[catalog]`: a query, run on a timer, that lists outbox databases as
+/// rows of `(name, url)`; databases appear and go as its rows do.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogConfig {
+    /// Where the catalog table is (PostgreSQL or SQLite). Overridden by
+    /// `SWITCHYARD_CATALOG_URL`.
+    #[serde(default)]
+    pub url: String,
+    /// Returns two text columns, a database's name and its URL.
+    #[serde(default = "default_catalog_query")]
+    pub query: String,
+    /// Seconds between two reads.
+    #[serde(default = "default_catalog_interval_seconds")]
+    pub interval_seconds: u64,
+    /// Pool size for each database the catalog lists.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Run `migrate` on a database the catalog lists before serving it.
+    #[serde(default)]
+    pub migrate: bool,
+}
+
+fn default_catalog_query() -> String {
+    "SELECT name, url FROM switchyard_databases".to_string()
+}
+
+const fn default_catalog_interval_seconds() -> u64 {
+    30
+}
+
+/// The URL's password is never printed.
+impl std::fmt::Debug for CatalogConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogConfig")
+            .field("url", &crate::redact::url(&self.url))
+            .field("query", &self.query)
+            .field("interval_seconds", &self.interval_seconds)
+            .field("max_connections", &self.max_connections)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+/// Why a catalog row cannot be served (`None`: it can).
+pub fn name_problem(name: &str) -> Option<String> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    (!valid).then(|| format!("name {name:?} must be 1 to 63 letters, digits, '-' or '_'"))
+}
+
 impl NamedDatabase {
     /// Its connection settings, as one `[database]`.
     pub fn settings(&self) -> DatabaseConfig {
@@ -56,7 +110,7 @@ impl Config {
     /// Every database this relay serves: the `[[databases]]` list, or the
     /// one `[database]` named [`DEFAULT_DATABASE`].
     pub fn database_list(&self) -> Vec<NamedDatabase> {
-        if self.databases.is_empty() {
+        if !self.serves_many() {
             vec![NamedDatabase {
                 name: DEFAULT_DATABASE.to_string(),
                 url: self.database.url.clone(),
@@ -67,9 +121,10 @@ impl Config {
         }
     }
 
-    /// Whether the config lists several databases (`[[databases]]`).
+    /// Whether the config lists several databases (`[[databases]]` or a
+    /// `[catalog]`).
     pub fn serves_many(&self) -> bool {
-        !self.databases.is_empty()
+        !self.databases.is_empty() || self.catalog.is_some()
     }
 
     /// This config narrowed to one of its databases: what a relay for that
@@ -78,6 +133,7 @@ impl Config {
         let mut config = self.clone();
         config.database = database.settings();
         config.databases = Vec::new();
+        config.catalog = None;
         config
     }
 
@@ -93,31 +149,42 @@ impl Config {
 /// cannot be combined with yet. Each entry's URL is checked as `[database]`.
 pub(super) fn list_problems(config: &Config) -> Vec<String> {
     let mut problems = Vec::new();
-    if config.databases.is_empty() {
+    if let Some(catalog) = &config.catalog {
+        if catalog.url.is_empty() {
+            problems.push("catalog.url is empty (set it or SWITCHYARD_CATALOG_URL)".to_string());
+        } else if !["postgres://", "postgresql://", "sqlite:"]
+            .iter()
+            .any(|scheme| catalog.url.starts_with(scheme))
+        {
+            problems.push("catalog.url must start with postgres:// or sqlite:".to_string());
+        }
+        if catalog.interval_seconds == 0 {
+            problems.push("catalog.interval_seconds must be at least 1".to_string());
+        }
+        if catalog.max_connections < 2 {
+            problems.push("catalog.max_connections must be at least 2".to_string());
+        }
+    }
+    if !config.serves_many() {
         return problems;
     }
     if !config.database.url.is_empty() {
         problems.push(
-            "both [database] and [[databases]] are set: list every database under [[databases]]".to_string(),
+            "[database] is set beside [[databases]] or [catalog]: list every database under [[databases]]"
+                .to_string(),
         );
     }
     if config.replication_feed().is_some() {
         problems.push(
-            "relay.mode = \"replication\" serves one database: use [database], or claim mode with [[databases]]"
+            "relay.mode = \"replication\" serves one database: use [database], or claim mode with several"
                 .to_string(),
         );
     }
     let mut seen = std::collections::HashSet::new();
     for (index, database) in config.databases.iter().enumerate() {
         let name = &database.name;
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            problems.push(format!(
-                "databases[{index}].name {name:?} must be letters, digits, '-' or '_'"
-            ));
+        if let Some(problem) = name_problem(name) {
+            problems.push(format!("databases[{index}].{problem}"));
         } else if !seen.insert(name.as_str()) {
             problems.push(format!("databases[{index}].name {name:?} is used twice"));
         }

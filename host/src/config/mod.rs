@@ -1,7 +1,7 @@
 //! The relay's configuration: one TOML file, environment overrides for
 //! secrets, and validation that reports every problem at once.
 
-mod databases;
+pub mod databases;
 mod failures;
 pub mod replication;
 pub mod source;
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use databases::NamedDatabase;
+pub use databases::{CatalogConfig, NamedDatabase};
 pub use failures::{FailurePolicy, Handling};
 pub use replication::{FeedMode, ReplicationConfig};
 pub use validate::validate;
@@ -60,6 +60,10 @@ pub struct Config {
     /// the same plugins and targets for all, each with its own workers.
     #[serde(default)]
     pub databases: Vec<NamedDatabase>,
+    /// More databases, read from a table on a timer: added and removed
+    /// while the relay runs.
+    #[serde(default)]
+    pub catalog: Option<CatalogConfig>,
     /// How rows are claimed, retried and dead-lettered.
     #[serde(default)]
     pub relay: RelayConfig,
@@ -485,6 +489,11 @@ impl Config {
         if let Some(url) = env("SWITCHYARD_DATABASE_URL") {
             self.database.url = url;
         }
+        if let Some(catalog) = &mut self.catalog
+            && let Some(url) = env("SWITCHYARD_CATALOG_URL")
+        {
+            catalog.url = url;
+        }
         for database in &mut self.databases {
             if let Some(url) = env(&format!("SWITCHYARD_DATABASE_{}_URL", env_name(&database.name))) {
                 database.url = url;
@@ -545,6 +554,7 @@ fn section_errors(text: &str) -> Vec<String> {
     for (key, value) in &table {
         match key.as_str() {
             "database" => check::<DatabaseConfig>(key, value, &mut problems),
+            "catalog" => check::<CatalogConfig>(key, value, &mut problems),
             "databases" => match value.as_array() {
                 Some(databases) => {
                     for (index, database) in databases.iter().enumerate() {

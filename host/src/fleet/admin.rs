@@ -67,6 +67,10 @@ pub struct FleetReadiness {
     pub targets: BTreeMap<String, Check>,
     /// Plugin name to `name@version` or `not loaded`.
     pub plugins: BTreeMap<String, String>,
+    /// With `[catalog]`: whether its last read worked (while it fails, the
+    /// databases it listed last are served: degraded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<Check>,
 }
 
 /// Runs every readiness check: each database's (a bounded number at a
@@ -80,9 +84,14 @@ pub async fn readiness(fleet: &Fleet) -> FleetReadiness {
     let plugins = crate::admin::plugin_states(fleet.plugins());
     let shared = crate::admin::shared_ready(&targets, &plugins);
     let serving = databases.values().filter(|database| database.ready).count();
-    let state = if !shared || serving == 0 {
+    let catalog = fleet.catalog().map(|read| match read {
+        Ok(()) => Check::Ok,
+        Err(error) => Check::Failed(error),
+    });
+    let catalog_ok = catalog.as_ref().is_none_or(Check::is_ok);
+    let state = if !shared || (serving == 0 && !(databases.is_empty() && catalog_ok)) {
         "down"
-    } else if serving < databases.len() {
+    } else if serving < databases.len() || !catalog_ok {
         "degraded"
     } else {
         "ok"
@@ -93,6 +102,7 @@ pub async fn readiness(fleet: &Fleet) -> FleetReadiness {
         databases,
         targets,
         plugins,
+        catalog,
     }
 }
 

@@ -4,6 +4,7 @@
 //! down, slow or full of poison rows holds back only itself.
 
 pub mod admin;
+pub mod catalog;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -56,6 +57,9 @@ struct FleetInner {
     config: Config,
     shared: Shared,
     members: Mutex<BTreeMap<String, Member>>,
+    /// The last catalog read's outcome (`None` before the first, or
+    /// without a catalog).
+    catalog: Mutex<Option<Result<(), String>>>,
     shutdown: CancellationToken,
 }
 
@@ -74,13 +78,30 @@ impl Fleet {
                 config: config.clone(),
                 shared,
                 members: Mutex::new(BTreeMap::new()),
+                catalog: Mutex::new(None),
                 shutdown,
             }),
         };
-        for database in config.database_list() {
-            fleet.add(database);
+        for database in &config.databases {
+            fleet.add(database.clone());
+        }
+        if !config.serves_many() {
+            fleet.add(config.database_list().remove(0));
+        }
+        if let Some(catalog) = config.catalog.clone() {
+            tokio::spawn(follow_catalog(fleet.clone(), catalog).in_current_span());
         }
         Ok(fleet)
+    }
+
+    /// The last catalog read: `None` before the first or without a
+    /// catalog, else whether it worked.
+    pub fn catalog(&self) -> Option<Result<(), String>> {
+        self.inner
+            .catalog
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Starts serving `database` (replacing a database of that name that
@@ -202,6 +223,72 @@ impl Fleet {
     }
 }
 
+/// Reads the catalog every `interval_seconds` until shutdown, serving the
+/// databases it lists and no longer serving those it stopped listing
+/// (`[[databases]]` entries stay whatever it says).
+async fn follow_catalog(fleet: Fleet, catalog: crate::config::CatalogConfig) {
+    let fixed: std::collections::BTreeSet<String> = fleet
+        .inner
+        .config
+        .databases
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    let mut listed = std::collections::BTreeSet::new();
+    let mut told = std::collections::BTreeSet::new();
+    let mut failing = false;
+    loop {
+        match catalog::read(&catalog).await {
+            Ok(mut listing) => {
+                if failing {
+                    tracing::info!("The catalog answers again.");
+                    failing = false;
+                }
+                for name in &fixed {
+                    if listing.databases.remove(name).is_some() {
+                        listing.refused.push(format!(
+                            "catalog row {name:?} is also under [[databases]], which wins"
+                        ));
+                    }
+                }
+                for problem in listing.refused {
+                    if told.insert(problem.clone()) {
+                        tracing::warn!(%problem, "A catalog row is not served.");
+                    }
+                }
+                for gone in listed
+                    .difference(&listing.databases.keys().cloned().collect())
+                    .cloned()
+                    .collect::<Vec<_>>()
+                {
+                    fleet.remove(&gone).await;
+                    listed.remove(&gone);
+                }
+                for (name, database) in listing.databases {
+                    if !listed.contains(&name) {
+                        tracing::info!(database = %name, "The catalog lists a new database.");
+                    }
+                    listed.insert(name);
+                    fleet.add(database);
+                }
+                *fleet.inner.catalog.lock().unwrap_or_else(PoisonError::into_inner) = Some(Ok(()));
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(%error, "Cannot read the catalog; serving the databases it listed last.");
+                    failing = true;
+                }
+                *fleet.inner.catalog.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(Err(format!("{error:#}")));
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(catalog.interval_seconds)) => {}
+            () = fleet.inner.shutdown.cancelled() => return,
+        }
+    }
+}
+
 /// Serves one database until `stop`: builds its relay (trying again, with
 /// a growing pause, while it cannot), runs it, and starts over if the relay
 /// ends on its own.
@@ -219,7 +306,7 @@ async fn serve(
     while !stop.is_cancelled() {
         attempts += 1;
         let built = tokio::select! {
-            built = crate::app::database_builder(&config, &database.name, &fleet.inner.shared) => built,
+            built = build(&fleet, &config, &database) => built,
             () = stop.cancelled() => return,
         };
         let error = match built {
@@ -255,6 +342,33 @@ async fn serve(
         }
         pause = (pause * 2).min(CONNECT_RETRY_MAX);
     }
+}
+
+/// One database's relay, migrated first when the catalog says so.
+async fn build(
+    fleet: &Fleet,
+    config: &Config,
+    database: &NamedDatabase,
+) -> anyhow::Result<crate::relay::RelayBuilder> {
+    let listed = !fleet
+        .inner
+        .config
+        .databases
+        .iter()
+        .any(|d| d.name == database.name);
+    if listed
+        && fleet
+            .inner
+            .config
+            .catalog
+            .as_ref()
+            .is_some_and(|catalog| catalog.migrate)
+    {
+        let store = crate::store::OutboxStore::connect(&database.url, 2).await?;
+        store.migrate().await?;
+        store.close().await;
+    }
+    crate::app::database_builder(config, &database.name, &fleet.inner.shared).await
 }
 
 /// Runs one database's relay with what runs beside it in a single-database

@@ -50,7 +50,9 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                     .collect(),
                 (true, true) => {
                     let url = match (&database, &relay) {
-                        (Some(name), Some(relay)) => relay.pick_database(Some(name))?.url,
+                        (Some(name), Some(relay)) => {
+                            crate::fleet::catalog::pick(relay, Some(name)).await?.url
+                        }
                         _ => database_url
                             .context("--from-db needs --database-url or SWITCHYARD_DATABASE_URL")?,
                     };
