@@ -435,3 +435,103 @@ async fn databases_come_and_go_with_the_catalog_while_the_relay_runs() {
     shutdown.cancel();
     fleet.stopped().await;
 }
+
+const RELAY_BIN: &str = env!("CARGO_BIN_EXE_relay-process");
+
+/// Who holds each database (an owner whose lease ran out holds nothing).
+async fn owners(databases: &[Database]) -> Vec<Option<String>> {
+    let mut owners = Vec::new();
+    for db in databases {
+        let Outbox::Postgres(pg) = &db.outbox else {
+            unreachable!("PostgreSQL only")
+        };
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT owner FROM switchyard_ownership WHERE expires_at > now()")
+                .fetch_optional(&pg.pool)
+                .await
+                .expect("ownership")
+                .flatten();
+        owners.push(owner);
+    }
+    owners
+}
+
+fn held_by(owners: &[Option<String>], relay: &str) -> usize {
+    owners
+        .iter()
+        .filter(|owner| owner.as_deref() == Some(relay))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let databases = databases(6, 0).await;
+    let all: Vec<&Database> = databases.iter().collect();
+    let config = config(&all, &nats.url(), "[ownership]\nlease_seconds = 3\n");
+    let mut a = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-a");
+    eventually(
+        "relay-a holds every database",
+        Duration::from_secs(30),
+        || async { (held_by(&owners(&databases).await, "relay-a") == 6).then_some(()) },
+    )
+    .await;
+    for db in &databases {
+        db.write(0).await;
+    }
+
+    // A second relay gets its share, and the shares then hold still.
+    let mut b = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-b");
+    eventually("the relays hold three each", Duration::from_secs(60), || async {
+        let owners = owners(&databases).await;
+        (held_by(&owners, "relay-a") == 3 && held_by(&owners, "relay-b") == 3).then_some(())
+    })
+    .await;
+    let settled = owners(&databases).await;
+    for seq in 1..3 {
+        for db in &databases {
+            db.write(seq).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(owners(&databases).await, settled, "ownership flapped");
+
+    // relay-b is killed: relay-a takes its databases over when their leases run out.
+    b.kill();
+    let killed = Instant::now();
+    for db in &databases {
+        db.write(3).await;
+    }
+    eventually(
+        "relay-a takes relay-b's databases over",
+        Duration::from_secs(30),
+        || async { (held_by(&owners(&databases).await, "relay-a") == 6).then_some(()) },
+    )
+    .await;
+    let takeover = killed.elapsed();
+    eprintln!("takeover after SIGKILL: {} ms", takeover.as_millis());
+    // Lease (3 s) plus a renewal period (1 s), with room for a loaded machine.
+    assert!(takeover < Duration::from_secs(10), "takeover took {takeover:?}");
+    let total = databases.len() * AGGREGATES * 4;
+    eventually("every event arrives", Duration::from_secs(60), || async {
+        (nats.stream_len(STREAM).await as usize >= total).then_some(())
+    })
+    .await;
+    let sequences = sequences(&nats.read_stream(STREAM).await);
+    for db in &databases {
+        for aggregate in 0..AGGREGATES {
+            let key = format!("{}-{aggregate}", db.name);
+            assert_eq!(
+                sequences.get(&key),
+                Some(&vec![0, 1, 2, 3]),
+                "{key}: every event, in order"
+            );
+        }
+    }
+    a.terminate();
+    // A clean stop hands every database back.
+    assert_eq!(owners(&databases).await, vec![None; 6]);
+}

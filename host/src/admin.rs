@@ -301,6 +301,9 @@ pub struct DatabaseReadiness {
     /// The replication slot, as in [`Readiness`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replication: Option<SlotReadiness>,
+    /// With `[ownership]`, on a database another relay serves: that relay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<String>,
 }
 
 /// Runs one database's readiness checks at once.
@@ -343,6 +346,7 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
         paused,
         capture,
         replication,
+        served_by: None,
     }
 }
 

@@ -77,6 +77,21 @@ impl std::fmt::Debug for CatalogConfig {
     }
 }
 
+/// `[ownership]`: several relays share the databases out, each database
+/// served by one relay at a time, held under a lease in the database itself.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnershipConfig {
+    /// How long a database stays with a relay that stopped renewing (was
+    /// killed): another takes it over within this plus a third of it.
+    #[serde(default = "default_ownership_lease_seconds")]
+    pub lease_seconds: u64,
+}
+
+const fn default_ownership_lease_seconds() -> u64 {
+    15
+}
+
 /// Why a catalog row cannot be served (`None`: it can).
 pub fn name_problem(name: &str) -> Option<String> {
     let valid = !name.is_empty()
@@ -134,6 +149,7 @@ impl Config {
         config.database = database.settings();
         config.databases = Vec::new();
         config.catalog = None;
+        config.ownership = None;
         config
     }
 
@@ -163,6 +179,17 @@ pub(super) fn list_problems(config: &Config) -> Vec<String> {
         }
         if catalog.max_connections < 2 {
             problems.push("catalog.max_connections must be at least 2".to_string());
+        }
+    }
+    if let Some(ownership) = &config.ownership {
+        if ownership.lease_seconds < 3 {
+            problems.push("ownership.lease_seconds must be at least 3".to_string());
+        }
+        if !config.serves_many() {
+            problems.push(
+                "[ownership] shares several databases out: list them under [[databases]] or [catalog]"
+                    .to_string(),
+            );
         }
     }
     if !config.serves_many() {

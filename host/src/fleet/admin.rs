@@ -41,7 +41,7 @@ async fn metrics(State(fleet): State<Fleet>) -> Response {
         .into_values()
         .filter_map(|state| match state {
             DatabaseState::Running(relay) => Some(relay),
-            DatabaseState::Starting { .. } => None,
+            DatabaseState::Starting { .. } | DatabaseState::Standby { .. } => None,
         })
         .collect();
     futures::stream::iter(running)
@@ -109,6 +109,16 @@ pub async fn readiness(fleet: &Fleet) -> FleetReadiness {
 async fn database_readiness(state: DatabaseState) -> DatabaseReadiness {
     match state {
         DatabaseState::Running(relay) => crate::admin::database_readiness(&relay).await,
+        // Another relay's to serve: nothing to fail here.
+        DatabaseState::Standby { owner } => DatabaseReadiness {
+            ready: true,
+            workers: Check::Ok,
+            database: Check::Ok,
+            paused: BTreeMap::new(),
+            capture: None,
+            replication: None,
+            served_by: Some(owner.unwrap_or_else(|| "nobody yet".to_string())),
+        },
         DatabaseState::Starting {
             since,
             attempts,
@@ -124,6 +134,7 @@ async fn database_readiness(state: DatabaseState) -> DatabaseReadiness {
             paused: BTreeMap::new(),
             capture: None,
             replication: None,
+            served_by: None,
         },
     }
 }

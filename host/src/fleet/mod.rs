@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod catalog;
+mod ownership;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -37,6 +38,11 @@ pub enum DatabaseState {
     /// Its relay runs (claims may still fail while the database is down:
     /// readiness says so).
     Running(Relay),
+    /// Another relay serves it (`[ownership]`), or nobody does yet.
+    Standby {
+        /// The relay holding it, if one does.
+        owner: Option<String>,
+    },
 }
 
 struct Member {
@@ -60,6 +66,12 @@ struct FleetInner {
     /// The last catalog read's outcome (`None` before the first, or
     /// without a catalog).
     catalog: Mutex<Option<Result<(), String>>>,
+    /// With `[ownership]`: databases this relay holds.
+    owned: std::sync::atomic::AtomicUsize,
+    /// With `[ownership]`: relays running, as last counted in a database.
+    relays: std::sync::atomic::AtomicU64,
+    /// With `[ownership]`: when this relay last gave a database up.
+    gave_up: Mutex<Option<Instant>>,
     shutdown: CancellationToken,
 }
 
@@ -79,6 +91,9 @@ impl Fleet {
                 shared,
                 members: Mutex::new(BTreeMap::new()),
                 catalog: Mutex::new(None),
+                owned: std::sync::atomic::AtomicUsize::new(0),
+                relays: std::sync::atomic::AtomicU64::new(1),
+                gave_up: Mutex::new(None),
                 shutdown,
             }),
         };
@@ -124,8 +139,21 @@ impl Fleet {
         }));
         let stop = self.inner.shutdown.child_token();
         let span = tracing::info_span!("database", name = %database.name);
-        let task =
-            tokio::spawn(serve(self.clone(), database.clone(), state.clone(), stop.clone()).instrument(span));
+        let task = match &self.inner.config.ownership {
+            Some(ownership) => tokio::spawn(
+                ownership::follow(
+                    self.clone(),
+                    database.clone(),
+                    state.clone(),
+                    stop.clone(),
+                    Duration::from_secs(ownership.lease_seconds),
+                )
+                .instrument(span),
+            ),
+            None => tokio::spawn(
+                serve(self.clone(), database.clone(), state.clone(), stop.clone()).instrument(span),
+            ),
+        };
         members.insert(
             database.name.clone(),
             Member {
@@ -185,8 +213,38 @@ impl Fleet {
     pub fn relay(&self, name: &str) -> Option<Relay> {
         match self.databases().remove(name)? {
             DatabaseState::Running(relay) => Some(relay),
-            DatabaseState::Starting { .. } => None,
+            DatabaseState::Starting { .. } | DatabaseState::Standby { .. } => None,
         }
+    }
+
+    /// With `[ownership]`: how many databases this relay holds.
+    pub fn owned(&self) -> usize {
+        self.inner.owned.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// With `[ownership]`: the databases one relay should hold, all the
+    /// known databases shared among the relays running.
+    pub fn fair_share(&self) -> usize {
+        let relays =
+            usize::try_from(self.inner.relays.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(1);
+        self.members().len().div_ceil(relays.max(1))
+    }
+
+    fn saw_relays(&self, relays: u64) {
+        self.inner
+            .relays
+            .store(relays.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether this relay may give a database up now: at most one per
+    /// `every`, so that shares move gradually.
+    fn may_give_up(&self, every: Duration) -> bool {
+        let mut last = self.inner.gave_up.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < every) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
     }
 
     /// The shared plugins.
@@ -314,7 +372,8 @@ async fn serve(
                 let relay = builder.build();
                 set(DatabaseState::Running(relay.clone()));
                 tracing::info!(attempts, "Serving the database.");
-                let result = run_relay(&relay, &config, stop.clone()).await;
+                let announce = fleet.inner.config.ownership.is_none();
+                let result = run_relay(&relay, &config, stop.clone(), announce).await;
                 if stop.is_cancelled() {
                     return;
                 }
@@ -373,14 +432,20 @@ async fn build(
 
 /// Runs one database's relay with what runs beside it in a single-database
 /// process: its row in `switchyard_relays` and retention.
-async fn run_relay(relay: &Relay, config: &Config, stop: CancellationToken) -> anyhow::Result<()> {
+async fn run_relay(
+    relay: &Relay,
+    config: &Config,
+    stop: CancellationToken,
+    announce: bool,
+) -> anyhow::Result<()> {
+    // With `[ownership]` the ownership follower says this relay runs here.
+    let (store, owner, until) = (relay.store().clone(), relay.owner().to_string(), stop.clone());
     let announcer = tokio::spawn(
-        crate::app::announce(
-            relay.store().clone(),
-            relay.owner().to_string(),
-            None,
-            stop.clone(),
-        )
+        async move {
+            if announce {
+                crate::app::announce(store, owner, None, until).await;
+            }
+        }
         .in_current_span(),
     );
     let retention = config.retention.clone().map(|retention| {

@@ -107,7 +107,9 @@ macro_rules! dispatch {
 mod operations;
 
 mod listen;
+mod ownership;
 mod relays;
+pub use ownership::Ownership;
 pub use relays::RunningRelay;
 
 /// Handle to the outbox table, on PostgreSQL (production: many relays share

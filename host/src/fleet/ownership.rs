@@ -1,0 +1,220 @@
+//! `[ownership]`: several relays share the databases out. For each database
+//! it knows, a relay follows the ownership row in that database: it takes a
+//! free one while it holds fewer than its share (or any left free for a
+//! whole lease), renews what it holds, stops serving a database the moment
+//! it cannot renew in time, and gives one up now and then while it holds
+//! more than its share, so a relay that joins gets databases without them
+//! changing hands back and forth.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{DatabaseState, Fleet};
+use crate::config::NamedDatabase;
+use crate::store::{OutboxStore, Ownership};
+
+/// A database this relay holds and serves.
+struct Held {
+    token: i64,
+    since: Instant,
+    renewed: Instant,
+    stop: CancellationToken,
+    serving: JoinHandle<()>,
+}
+
+/// Follows database `database`'s ownership until `stop`, serving it while
+/// this relay holds it.
+pub(super) async fn follow(
+    fleet: Fleet,
+    database: NamedDatabase,
+    state: Arc<Mutex<DatabaseState>>,
+    stop: CancellationToken,
+    lease: Duration,
+) {
+    let tick = lease / 3;
+    let me = fleet.owner().to_string();
+    let started = Instant::now();
+    let set = |next: DatabaseState| *state.lock().unwrap_or_else(PoisonError::into_inner) = next;
+    let mut store: Option<OutboxStore> = None;
+    let mut held: Option<Held> = None;
+    let mut attempts = 0;
+    loop {
+        if store.is_none() {
+            attempts += 1;
+            match OutboxStore::connect_as(&database.url, 2, &format!("switchyard {me}")).await {
+                Ok(connected) => store = Some(connected),
+                Err(error) => {
+                    let error = crate::redact::url(&error.to_string());
+                    if attempts % 10 == 1 {
+                        tracing::warn!(%error, attempts, "Cannot connect to the database; trying again.");
+                    }
+                    set(DatabaseState::Starting {
+                        since: started,
+                        attempts,
+                        last_error: Some(error),
+                    });
+                }
+            }
+        }
+        if let Some(store) = &store {
+            // Says this relay runs here, for the others' count of relays.
+            let _ = store.announce_relay(&me, None).await;
+            // Every relay says so each tick: one silent for a whole lease is gone.
+            let read = store.ownership(lease).await;
+            if let Ok(ownership) = &read {
+                fleet.saw_relays(ownership.live_relays);
+            }
+            held = match held.take() {
+                Some(mine) => keep(&fleet, store, &me, mine, lease, tick).await,
+                None => match read {
+                    Ok(ownership) => {
+                        let taken = take(&fleet, store, &me, &ownership, started, lease).await;
+                        match taken {
+                            Some(token) => Some(serve(&fleet, &database, &state, &stop, token)),
+                            None => {
+                                set(DatabaseState::Standby {
+                                    owner: ownership.owner.filter(|_| ownership.held),
+                                });
+                                None
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        if attempts == 0
+                            || matches!(
+                                *state.lock().unwrap_or_else(PoisonError::into_inner),
+                                DatabaseState::Standby { .. }
+                            )
+                        {
+                            tracing::warn!(%error, "Cannot read who serves the database.");
+                        }
+                        set(DatabaseState::Starting {
+                            since: started,
+                            attempts,
+                            last_error: Some(error.to_string()),
+                        });
+                        None
+                    }
+                },
+            };
+        }
+        tokio::select! {
+            () = tokio::time::sleep(tick) => {}
+            () = stop.cancelled() => break,
+        }
+    }
+    if let Some(mine) = held {
+        stop_serving(&fleet, mine, store.as_ref(), &me).await;
+    }
+    if let Some(store) = &store {
+        let _ = store.relay_stopped(&me).await;
+        store.close().await;
+    }
+}
+
+/// Takes the database if it is free and this relay is under its share, or
+/// it has been left free for a whole lease (once this relay has run that
+/// long, so that the count of relays has settled).
+async fn take(
+    fleet: &Fleet,
+    store: &OutboxStore,
+    me: &str,
+    ownership: &Ownership,
+    started: Instant,
+    lease: Duration,
+) -> Option<i64> {
+    if ownership.held {
+        return None;
+    }
+    let under_share = fleet.owned() < fleet.fair_share();
+    let orphaned = ownership.free_for >= lease && started.elapsed() >= lease;
+    if !(under_share || orphaned) {
+        return None;
+    }
+    match store.take_ownership(me, lease).await {
+        Ok(Some(token)) => Some(token),
+        Ok(None) => None,
+        Err(error) => {
+            tracing::debug!(%error, "Cannot take the database.");
+            None
+        }
+    }
+}
+
+/// Starts serving a database just taken.
+fn serve(
+    fleet: &Fleet,
+    database: &NamedDatabase,
+    state: &Arc<Mutex<DatabaseState>>,
+    stop: &CancellationToken,
+    token: i64,
+) -> Held {
+    fleet.inner.owned.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(token, "This relay now serves the database.");
+    let child = stop.child_token();
+    let serving = tokio::spawn(
+        super::serve(fleet.clone(), database.clone(), state.clone(), child.clone()).in_current_span(),
+    );
+    let now = Instant::now();
+    Held {
+        token,
+        since: now,
+        renewed: now,
+        stop: child,
+        serving,
+    }
+}
+
+/// Renews a held database; stops serving it when another relay has it or
+/// the lease would run out before a renewal gets through, and gives it up
+/// when this relay holds more than its share.
+async fn keep(
+    fleet: &Fleet,
+    store: &OutboxStore,
+    me: &str,
+    mut mine: Held,
+    lease: Duration,
+    tick: Duration,
+) -> Option<Held> {
+    match store.renew_ownership(me, mine.token, lease).await {
+        Ok(true) => mine.renewed = Instant::now(),
+        Ok(false) => {
+            tracing::warn!("Another relay took the database over; no longer serving it.");
+            stop_serving(fleet, mine, None, me).await;
+            return None;
+        }
+        // Serving past the lease could overlap the next owner (harmless
+        // to order, thanks to row leases, but not what was promised).
+        Err(error) if mine.renewed.elapsed() + tick >= lease => {
+            tracing::warn!(%error, "Cannot renew the database's lease in time; no longer serving it.");
+            stop_serving(fleet, mine, None, me).await;
+            return None;
+        }
+        Err(error) => tracing::debug!(%error, "Cannot renew the database's lease; trying again."),
+    }
+    let over_share = fleet.owned() > fleet.fair_share();
+    if over_share && mine.since.elapsed() >= 2 * lease && fleet.may_give_up(tick) {
+        tracing::info!("Giving the database up: this relay holds more than its share.");
+        stop_serving(fleet, mine, Some(store), me).await;
+        return None;
+    }
+    Some(mine)
+}
+
+/// Stops the relay of a held database (its batches finish or their row
+/// leases are released) and, with a store, hands the database back.
+async fn stop_serving(fleet: &Fleet, mine: Held, store: Option<&OutboxStore>, me: &str) {
+    mine.stop.cancel();
+    let _ = mine.serving.await;
+    fleet.inner.owned.fetch_sub(1, Ordering::Relaxed);
+    if let Some(store) = store
+        && let Err(error) = store.release_ownership(me, mine.token).await
+    {
+        tracing::debug!(%error, "Cannot hand the database back; its lease will run out.");
+    }
+}
