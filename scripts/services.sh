@@ -119,6 +119,12 @@ max_wal_senders = 40
 CONF
         restart=1
     fi
+    # Many outbox databases (tests and fault runs of several relays sharing
+    # 50) need more sessions than the 200 of older data directories.
+    if ! grep -q '^max_connections = 600' "$PG_DATA/postgresql.conf"; then
+        echo "max_connections = 600" >>"$PG_DATA/postgresql.conf"
+        restart=1
+    fi
     if pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
         if [ -n "$restart" ]; then
             pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -m fast -w -t 60 restart >/dev/null

@@ -37,6 +37,7 @@ use switchyard_tests::postgres::{CLAIM_V2_MIGRATION, migrate_before};
 use tokio_util::sync::CancellationToken;
 
 mod large_reload;
+mod many;
 mod replication;
 mod slot_spread;
 mod steady;
@@ -95,6 +96,10 @@ struct Args {
     /// against the writes alone, and the writer's INSERT against a plain table.
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread"])]
     steady: bool,
+    /// Only one relay serving this many databases each (comma-separated):
+    /// idle cost, latency at 10 events/s each, sessions.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread", "steady"])]
+    many_databases: Vec<usize>,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -1058,6 +1063,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.steady {
         return steady::run(&services, &args).await;
+    }
+    if !args.many_databases.is_empty() {
+        return many::run(&services, &args.many_databases).await;
     }
     if args.latency_only {
         let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;

@@ -13,6 +13,8 @@
 //! - [`redact`]: masking credentials wherever a URL is shown.
 //! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
 //! - [`relay`]: the worker loop tying the above together.
+//! - [`fleet`]: many outbox databases behind one process (`[[databases]]`,
+//!   `[catalog]`), and relays sharing them out (`[ownership]`).
 //! - [`retention`]: removing published rows past their age.
 //! - [`source`]: relaying an outbox table the services already write.
 //! - [`trace`]: continuing the writer's W3C `traceparent` through the relay.

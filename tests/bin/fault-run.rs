@@ -32,6 +32,9 @@
 //! `replication-relay-down MINUTES` (5 by default): one relay in
 //! replication mode SIGKILLed and kept down while writers go on at 100
 //! events/s; reports the WAL the slot kept.
+//! `fleet-kills DATABASES KILLS` (50 and 10 by default): three relays
+//! share DATABASES databases out with `[ownership]`, writers in all of
+//! them, a relay SIGKILLed KILLS times; prints each takeover's time.
 //! Prints one table row per run.
 
 use std::collections::HashMap;
@@ -42,6 +45,8 @@ use switchyard_tests::orders::{Expected, Tally, tally, write_orders};
 use switchyard_tests::postgres::fresh_db;
 use switchyard_tests::relay::{Process, Settings, example_config};
 
+#[path = "fault-run/fleet.rs"]
+mod fleet;
 #[path = "fault-run/outage.rs"]
 mod outage;
 #[path = "fault-run/replication.rs"]
@@ -98,6 +103,12 @@ async fn main() {
         "build the relay binary first: cargo build --release -p switchyard-tests --bin relay-process"
     );
     let relay_bin = relay_bin.to_string_lossy().to_string();
+    if which == "fleet-kills" {
+        let databases = second.map_or(50, |n| n as usize);
+        let kills = if rounds == 0 { 10 } else { rounds };
+        fleet::kills_run(&relay_bin, databases, kills).await;
+        return;
+    }
     if which == "replication-relay-down" {
         let row = replication::relay_down_run(&relay_bin, second.unwrap_or(5)).await;
         print_rows(vec![row]);

@@ -46,7 +46,9 @@ pub(super) async fn follow(
     loop {
         if store.is_none() {
             attempts += 1;
-            match OutboxStore::connect_as(&database.url, 2, &format!("switchyard {me}")).await {
+            // One session per database followed: the follower's statements
+            // are one at a time.
+            match OutboxStore::connect_as(&database.url, 1, &format!("switchyard {me}")).await {
                 Ok(connected) => store = Some(connected),
                 Err(error) => {
                     let error = crate::redact::url(&error.to_string());
