@@ -101,7 +101,7 @@ async fn databases(postgres: usize, sqlite: usize) -> Vec<Database> {
     all
 }
 
-/// Route every order to `orders.<aggregate>` on NATS; `Poison` events go
+/// Route every order to `orders.<database>.<aggregate>` on NATS; `Poison` events go
 /// to a plugin that traps.
 fn config(databases: &[&Database], nats: &str, extra: &str) -> String {
     let listed: String = databases
@@ -139,7 +139,7 @@ path = "{route}"
 aggregate_types = ["order"]
 [plugins.config]
 target = "events"
-topic = "orders.{{aggregate_id}}"
+topic = "orders.{{database}}.{{aggregate_id}}"
 
 [targets.events]
 type = "nats"
@@ -177,6 +177,9 @@ fn sequences(received: &[Received]) -> BTreeMap<String, Vec<u64>> {
         }
         let json = message.json();
         let aggregate = json["aggregate"].as_str().expect("aggregate").to_string();
+        // The plugin names the database it was told the event came from.
+        let database = aggregate.split('-').next().expect("database prefix");
+        assert_eq!(message.subject, format!("orders.{database}.{aggregate}"));
         by_aggregate
             .entry(aggregate)
             .or_default()

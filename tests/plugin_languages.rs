@@ -135,7 +135,7 @@ fn answers(engine: &PluginEngine, path: &Path, config: &str) -> Result<Vec<Strin
     let events = events();
     let mut calls = 0;
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let (answers, _) = version.route_many(None, &events, &[], until, &mut |_, _| calls += 1);
+    let (answers, _) = version.route_many(None, None, &events, &[], until, &mut |_, _| calls += 1);
     let expected_calls = if batch { 1 } else { events.len() };
     assert_eq!(calls, expected_calls, "{}", path.display());
     Ok(answers.iter().map(|answer| format!("{answer:?}")).collect())

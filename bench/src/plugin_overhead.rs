@@ -108,8 +108,9 @@ fn wasm_batched(version: &PluginVersion, event: &Event, events: u32) -> anyhow::
     let until = Instant::now() + Duration::from_secs(3600);
     let per_call = time_per_call(calls, || {
         let mut plugin_calls = 0;
-        let (answers, back) =
-            version.route_many(instance.take(), &batch, &[], until, &mut |_, _| plugin_calls += 1);
+        let (answers, back) = version.route_many(instance.take(), None, &batch, &[], until, &mut |_, _| {
+            plugin_calls += 1
+        });
         if plugin_calls != 1 || answers.iter().any(|a| !matches!(a, Some(Ok(_)))) {
             failed = Some(format!(
                 "{plugin_calls} calls; first answer {:?}",

@@ -427,7 +427,11 @@ async fn build(
         store.migrate().await?;
         store.close().await;
     }
-    crate::app::database_builder(config, &database.name, &fleet.inner.shared).await
+    Ok(
+        crate::app::database_builder(config, &database.name, &fleet.inner.shared)
+            .await?
+            .database(&database.name),
+    )
 }
 
 /// Runs one database's relay with what runs beside it in a single-database

@@ -57,6 +57,8 @@ pub struct State {
     plugin: Arc<str>,
     version: Arc<str>,
     log_budget: LogBudget,
+    /// The database the current call's events come from (`host.database`).
+    database: Option<String>,
 }
 
 impl State {
@@ -87,6 +89,7 @@ impl State {
             plugin,
             version,
             log_budget: LogBudget::default(),
+            database: None,
         }
     }
 }
@@ -94,6 +97,13 @@ impl State {
 impl State {
     /// Logs what the plugin printed during the call that just ended, tagged
     /// `plugin@version`, and returns the stderr text (a panic's message).
+    /// Sets what `host.database` answers during the next calls.
+    pub(crate) fn set_database(&mut self, database: Option<&str>) {
+        if self.database.as_deref() != database {
+            self.database = database.map(str::to_string);
+        }
+    }
+
     pub(crate) fn flush_output(&mut self) -> String {
         let (plugin, version) = (&*self.plugin, &*self.version);
         let budget = std::mem::take(&mut self.log_budget);
@@ -142,6 +152,10 @@ impl WasiView for State {
 }
 
 impl Host for State {
+    fn database(&mut self) -> Option<String> {
+        self.database.clone()
+    }
+
     fn log(&mut self, level: Level, message: String) {
         let mut message = message;
         if message.len() > MAX_LOG_LINE {

@@ -264,6 +264,7 @@ impl PluginVersion {
     pub fn route_many(
         &self,
         instance: Option<Instance>,
+        database: Option<&str>,
         events: &[Event],
         spans: &[tracing::Span],
         until: Instant,
@@ -272,6 +273,7 @@ impl PluginVersion {
         let mut calls = Calls {
             version: self,
             instance,
+            database,
             events,
             spans,
             until,
@@ -296,13 +298,15 @@ impl PluginVersion {
     fn route_one(
         &self,
         instance: &mut Option<Instance>,
+        database: Option<&str>,
         event: &Event,
         observe: &mut dyn FnMut(Duration, usize),
     ) -> Result<Vec<Message>, CallFailure> {
-        let current = match instance.take().map_or_else(|| self.checkout(), Ok) {
+        let mut current = match instance.take().map_or_else(|| self.checkout(), Ok) {
             Ok(current) => current,
             Err(error) => return Err(CallFailure::Unavailable(error.to_string())),
         };
+        current.store.data_mut().set_database(database);
         let started = Instant::now();
         let (answer, back) = self.route(current, event);
         observe(started.elapsed(), 1);
@@ -354,6 +358,7 @@ impl PluginVersion {
 struct Calls<'a> {
     version: &'a PluginVersion,
     instance: Option<Instance>,
+    database: Option<&'a str>,
     events: &'a [Event],
     spans: &'a [tracing::Span],
     until: Instant,
@@ -366,8 +371,12 @@ impl Calls<'_> {
         let answer = (Instant::now() < self.until).then(|| {
             let span = self.spans.get(at).cloned().unwrap_or_else(tracing::Span::none);
             span.in_scope(|| {
-                self.version
-                    .route_one(&mut self.instance, &self.events[at], &mut *self.observe)
+                self.version.route_one(
+                    &mut self.instance,
+                    self.database,
+                    &self.events[at],
+                    &mut *self.observe,
+                )
             })
         });
         self.answers.push(answer);
@@ -387,7 +396,7 @@ impl Calls<'_> {
                 self.answers.extend(chunk.iter().map(|_| None));
                 continue;
             }
-            let current = match self.instance.take().map_or_else(|| version.checkout(), Ok) {
+            let mut current = match self.instance.take().map_or_else(|| version.checkout(), Ok) {
                 Ok(current) => current,
                 Err(error) => {
                     let error = CallFailure::Unavailable(error.to_string());
@@ -396,6 +405,7 @@ impl Calls<'_> {
                     continue;
                 }
             };
+            current.store.data_mut().set_database(self.database);
             let per_event = version
                 .timeout
                 .saturating_mul(u32::try_from(chunk.len()).unwrap_or(u32::MAX));

@@ -26,6 +26,7 @@ pub struct RelayBuilder {
     pub(super) capture: Option<Capture>,
     pub(super) replication: Option<StreamSettings>,
     pub(super) metrics: Option<Metrics>,
+    pub(super) database: Option<String>,
 }
 
 impl RelayBuilder {
@@ -63,6 +64,13 @@ impl RelayBuilder {
         self
     }
 
+    /// Tells plugins (`host.database`) that the events come from the
+    /// database `name`, one of several this process serves.
+    pub fn database(mut self, name: &str) -> Self {
+        self.database = Some(name.to_string());
+        self
+    }
+
     /// The relay, ready to run.
     pub fn build(self) -> Relay {
         let config = self.config;
@@ -90,6 +98,7 @@ impl RelayBuilder {
                 config,
                 owner,
                 limits,
+                database: self.database,
             }),
         }
     }

@@ -104,6 +104,8 @@ struct Inner {
     owner: String,
     limits: Limits,
     metrics: Metrics,
+    /// The database's name for plugins, when the relay is one of several.
+    database: Option<String>,
 }
 
 /// What one batch did, for logs and tests.
@@ -151,6 +153,7 @@ impl Relay {
             capture: None,
             replication: None,
             metrics: None,
+            database: None,
         }
     }
 

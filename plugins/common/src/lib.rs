@@ -14,6 +14,9 @@ pub struct Fields<'a> {
     pub event_type: &'a str,
     /// `{tenant}`; empty when the row has none.
     pub tenant: &'a str,
+    /// `{database}`: the outbox database the event comes from, when the
+    /// relay serves several; empty otherwise.
+    pub database: &'a str,
 }
 
 /// A parsed template such as `"{aggregate_type}.{event_type}"`.
@@ -29,6 +32,7 @@ enum Part {
     AggregateId,
     EventType,
     Tenant,
+    Database,
 }
 
 impl Template {
@@ -50,10 +54,11 @@ impl Template {
                 "aggregate_id" => Part::AggregateId,
                 "event_type" => Part::EventType,
                 "tenant" => Part::Tenant,
+                "database" => Part::Database,
                 other => {
                     return Err(format!(
                         "unknown placeholder {{{other}}} in template {source:?}; \
-                         known: aggregate_type, aggregate_id, event_type, tenant"
+                         known: aggregate_type, aggregate_id, event_type, tenant, database"
                     ));
                 }
             });
@@ -75,6 +80,7 @@ impl Template {
                 Part::AggregateId => fields.aggregate_id,
                 Part::EventType => fields.event_type,
                 Part::Tenant => fields.tenant,
+                Part::Database => fields.database,
             });
         }
         out
@@ -119,6 +125,7 @@ mod tests {
         aggregate_id: "o-1",
         event_type: "OrderCreated",
         tenant: "",
+            database: "",
     };
 
     #[test]

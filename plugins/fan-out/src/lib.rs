@@ -103,11 +103,13 @@ impl Guest for FanOut {
             .get()
             .ok_or_else(|| Refusal::Permanent("route called before init".into()))?;
         let list = config.routes.get(&event.event_type).unwrap_or(&config.default);
-        let fields = Fields {
+        let database = switchyard::plugin::host::database().unwrap_or_default();
+    let fields = Fields {
             aggregate_type: &event.aggregate_type,
             aggregate_id: &event.aggregate_id,
             event_type: &event.event_type,
             tenant: event.tenant.as_deref().unwrap_or(""),
+            database: &database,
         };
         let content_type = match event.payload_format {
             PayloadFormat::Json => "application/json",

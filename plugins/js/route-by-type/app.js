@@ -15,7 +15,7 @@
 // or for the batch-router world (one `routeBatch` call per batch: the engine
 // is entered once for many events): --world-name batch-router.
 
-import { log } from "switchyard:plugin/host@0.1.1";
+import { log } from "switchyard:plugin/host@0.1.2";
 
 const FIELDS = {
   aggregate_type: (event) => event.aggregateType,

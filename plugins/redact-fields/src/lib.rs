@@ -146,11 +146,13 @@ impl Guest for RedactFields {
         for path in &config.remove {
             drop_path(&mut doc, path);
         }
-        let fields = Fields {
+        let database = switchyard::plugin::host::database().unwrap_or_default();
+    let fields = Fields {
             aggregate_type: &event.aggregate_type,
             aggregate_id: &event.aggregate_id,
             event_type: &event.event_type,
             tenant: event.tenant.as_deref().unwrap_or(""),
+            database: &database,
         };
         let (body, content_type) = if config.cloudevents {
             let envelope = json!({

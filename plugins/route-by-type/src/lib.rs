@@ -10,6 +10,9 @@
 //! | `routes`  | `{}`                                | event type -> topic template                   |
 //! | `key`     | `"{aggregate_id}"`                  | key template; `""` sends no key                |
 //! | `drop`    | `[]`                                | event types to drop deliberately               |
+//!
+//! Templates name `{aggregate_type}`, `{aggregate_id}`, `{event_type}`, `{tenant}` and
+//! `{database}` (the outbox database, when the relay serves several).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -121,11 +124,13 @@ fn route_event(event: Event) -> Result<Vec<Message>, Refusal> {
     if config.drop.iter().any(|t| *t == event.event_type) {
         return Ok(Vec::new());
     }
+    let database = switchyard::plugin::host::database().unwrap_or_default();
     let fields = Fields {
         aggregate_type: &event.aggregate_type,
         aggregate_id: &event.aggregate_id,
         event_type: &event.event_type,
         tenant: event.tenant.as_deref().unwrap_or(""),
+        database: &database,
     };
     let topic = config.routes.get(&event.event_type).unwrap_or(&config.topic);
     let content_type = content_type(&event);

@@ -312,7 +312,7 @@ fn test(
     let until = started
         + Duration::from_secs(60)
         + Duration::from_millis(config.timeout_ms).saturating_mul(count.saturating_mul(2));
-    let (answers, _) = version.route_many(Some(instance), &routable, &[], until, &mut |took, _| {
+    let (answers, _) = version.route_many(Some(instance), None, &routable, &[], until, &mut |took, _| {
         calls.push(took)
     });
     // A batch call's time is shared by its events.

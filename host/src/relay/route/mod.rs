@@ -127,6 +127,7 @@ impl super::Inner {
             retry: &self.retry,
             metrics: &self.metrics,
             sinks: &self.sinks,
+            database: self.database.as_deref(),
         }
     }
 }
@@ -142,6 +143,9 @@ pub(super) struct RouteStage<'a> {
     pub(super) metrics: &'a Metrics,
     /// Which targets deduplicate by id (the message's dedup id).
     pub(super) sinks: &'a Sinks,
+    /// The database's name for plugins (`host.database`), when the relay
+    /// serves several.
+    pub(super) database: Option<&'a str>,
 }
 
 impl RouteStage<'_> {
@@ -315,10 +319,14 @@ impl RouteStage<'_> {
             spans,
         } = rows;
         let mut calls = Vec::new();
-        let (answers, instance) =
-            version.route_many(None, &events, &spans, route_until, &mut |took, events| {
-                calls.push((took, events))
-            });
+        let (answers, instance) = version.route_many(
+            None,
+            self.database,
+            &events,
+            &spans,
+            route_until,
+            &mut |took, events| calls.push((took, events)),
+        );
         if let Some(instance) = instance {
             version.put_back(instance);
         }
@@ -475,6 +483,7 @@ mod tests {
             retry: &parts.retry,
             metrics: &parts.metrics,
             sinks: &parts.sinks,
+            database: None,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         stage.run(rows, deadline, Duration::ZERO)
