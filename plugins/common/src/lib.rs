@@ -125,7 +125,7 @@ mod tests {
         aggregate_id: "o-1",
         event_type: "OrderCreated",
         tenant: "",
-            database: "",
+        database: "",
     };
 
     #[test]

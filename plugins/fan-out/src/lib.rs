@@ -104,7 +104,7 @@ impl Guest for FanOut {
             .ok_or_else(|| Refusal::Permanent("route called before init".into()))?;
         let list = config.routes.get(&event.event_type).unwrap_or(&config.default);
         let database = switchyard::plugin::host::database().unwrap_or_default();
-    let fields = Fields {
+        let fields = Fields {
             aggregate_type: &event.aggregate_type,
             aggregate_id: &event.aggregate_id,
             event_type: &event.event_type,

@@ -147,7 +147,7 @@ impl Guest for RedactFields {
             drop_path(&mut doc, path);
         }
         let database = switchyard::plugin::host::database().unwrap_or_default();
-    let fields = Fields {
+        let fields = Fields {
             aggregate_type: &event.aggregate_type,
             aggregate_id: &event.aggregate_id,
             event_type: &event.event_type,

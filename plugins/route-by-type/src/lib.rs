@@ -121,7 +121,7 @@ fn route_event(event: Event) -> Result<Vec<Message>, Refusal> {
     let config = CONFIG
         .get()
         .ok_or_else(|| Refusal::Permanent("route called before init".to_string()))?;
-    if config.drop.iter().any(|t| *t == event.event_type) {
+    if config.drop.contains(&event.event_type) {
         return Ok(Vec::new());
     }
     let database = switchyard::plugin::host::database().unwrap_or_default();
