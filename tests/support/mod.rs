@@ -5,6 +5,7 @@
 pub mod backlog;
 pub mod brokers;
 pub mod fanout;
+pub mod fleet;
 pub mod kafka;
 pub mod nats;
 pub mod orders;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use switchyard_tests::fleet;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, tally};
-use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{TestDb, fresh_db};
-use switchyard_tests::relay::Process;
+use switchyard_tests::relay::{Process, RelaySection};
 
 use super::STREAM;
 
@@ -21,66 +21,29 @@ const LEASE_SECONDS: u64 = 5;
 const AGGREGATES: usize = 8;
 
 fn config(databases: &[TestDb], nats: &str) -> String {
-    let listed: String = databases
+    let listed: Vec<(String, String)> = databases
         .iter()
         .enumerate()
-        .map(|(i, db)| {
-            format!(
-                "[[databases]]\nname = \"db{i:02}\"\nurl = \"{}\"\nmax_connections = 3\n\n",
-                db.url
-            )
-        })
+        .map(|(i, db)| (format!("db{i:02}"), db.url.clone()))
         .collect();
-    format!(
-        r#"{listed}
-[relay]
-batch_size = 200
-concurrency = 2
-poll_interval_ms = 200
-lease_duration_ms = 4000
-publish_timeout_ms = 1500
-max_attempts = 500
-initial_backoff_ms = 100
-max_backoff_ms = 2000
-
-[ownership]
-lease_seconds = {LEASE_SECONDS}
-
-[admin]
-listen = ""
-
-[[plugins]]
-name = "router"
-path = "{route}"
-aggregate_types = ["order"]
-[plugins.config]
-target = "events"
-topic = "orders.{{event_type}}"
-
-[targets.events]
-type = "nats"
-url = "{nats}"
-mode = "jetstream"
-duplicate_window_seconds = 3600
-"#,
-        route = plugin("route_by_type").display(),
+    let relay = RelaySection::new()
+        .set("concurrency", "2")
+        .set("lease_duration_ms", "4000")
+        .set("publish_timeout_ms", "1500")
+        .set("max_attempts", "500")
+        .set("max_backoff_ms", "2000");
+    fleet::config(
+        &listed,
+        nats,
+        &relay,
+        &format!("[ownership]\nlease_seconds = {LEASE_SECONDS}\n"),
     )
 }
 
-/// Who holds each database now (`None`: nobody, or a lease that ran out).
+/// Who holds each database now.
 async fn owners(databases: &[TestDb]) -> Vec<Option<String>> {
-    let mut owners = Vec::new();
-    for db in databases {
-        let owner: Option<String> =
-            sqlx::query_scalar("SELECT owner FROM switchyard_ownership WHERE expires_at > now()")
-                .fetch_optional(&db.pool)
-                .await
-                .ok()
-                .flatten()
-                .flatten();
-        owners.push(owner);
-    }
-    owners
+    let pools: Vec<&sqlx::PgPool> = databases.iter().map(|db| &db.pool).collect();
+    fleet::owners(&pools).await
 }
 
 /// Writes one event per aggregate in turn into `db` until `stop`; returns
