@@ -297,3 +297,90 @@ fn the_jetstream_duplicate_window_must_cover_the_retry_horizon() {
     let core = problems(config("max_attempts = 30", "mode = \"core\""));
     assert!(!core.iter().any(|p| p.contains("duplicate_window")), "{core:?}");
 }
+
+#[test]
+fn a_list_of_databases_is_checked_name_by_name() {
+    let text = r#"
+[database]
+url = "postgres://relay:hunter2@db/one"
+[[databases]]
+name = "tenant a"
+url = "postgres://relay:hunter2@db/a"
+[[databases]]
+name = "b"
+url = "mysql://db/b"
+[[databases]]
+name = "b"
+url = "postgres://db/b2"
+max_connections = 1
+[catalog]
+url = ""
+[ownership]
+lease_seconds = 1
+[[plugins]]
+name = "router"
+path = "/does/not/exist.wasm"
+[targets.out]
+type = "stdout"
+"#;
+    let Err(LoadError::Invalid(problems)) = Config::from_toml(text, Path::new("."), &|_| None) else {
+        panic!("a bad list of databases must be refused");
+    };
+    let all = problems.join("\n");
+    for expected in [
+        "[database] is set beside [[databases]] or [catalog]",
+        "databases[0].name \"tenant a\" must be 1 to 63 letters, digits, '-' or '_'",
+        "databases[2].name \"b\" is used twice",
+        "databases[1].url must start with postgres:// or sqlite:",
+        "databases[2].max_connections must be at least 2",
+        "catalog.url is empty (set it or SWITCHYARD_CATALOG_URL)",
+        "ownership.lease_seconds must be at least 3",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+    assert!(!all.contains("hunter2"), "a password in a message:\n{all}");
+}
+
+#[test]
+fn each_database_url_comes_from_its_own_variable_and_never_shows() {
+    plugin("route_by_type");
+    let text = format!(
+        r#"
+[[databases]]
+name = "tenant-a"
+[[databases]]
+name = "b"
+url = "sqlite:///tmp/b.db"
+[catalog]
+url = "postgres://db/control"
+[[plugins]]
+name = "router"
+path = "{}"
+[plugins.config]
+target = "out"
+[targets.out]
+type = "stdout"
+"#,
+        plugin("route_by_type").display()
+    );
+    let env = |name: &str| match name {
+        "SWITCHYARD_DATABASE_TENANT_A_URL" => Some("postgres://relay:s3cret@db/a".to_string()),
+        "SWITCHYARD_CATALOG_URL" => Some("postgres://relay:s3cret@db/control".to_string()),
+        _ => None,
+    };
+    let config = Config::from_toml(&text, Path::new("."), &env).expect("valid");
+    assert_eq!(config.databases[0].url, "postgres://relay:s3cret@db/a");
+    assert!(config.serves_many());
+    let shown = format!("{:?} {:?}", config.databases, config.catalog);
+    assert!(!shown.contains("s3cret"), "{shown}");
+    let names: Vec<String> = config.database_list().into_iter().map(|d| d.name).collect();
+    assert_eq!(names, ["tenant-a", "b"]);
+    let picked = config.pick_database(None).unwrap_err().to_string();
+    assert!(
+        picked.contains("give --database NAME (one of: tenant-a, b)"),
+        "{picked}"
+    );
+    let one = config.for_database(&config.databases[1]);
+    assert!(!one.serves_many());
+    assert_eq!(one.database.url, "sqlite:///tmp/b.db");
+}

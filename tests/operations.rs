@@ -106,10 +106,13 @@ async fn metrics_count_what_was_published() {
     );
     assert_eq!(claimed, 301.0);
     assert_eq!(
-        sample(&metrics, "switchyard_commit_to_publish_seconds_count"),
+        sample(
+            &metrics,
+            r#"switchyard_commit_to_publish_seconds_count{database="default"}"#
+        ),
         300.0
     );
-    assert!(sample(&metrics, "switchyard_batch_size_count") >= 1.0);
+    assert!(sample(&metrics, r#"switchyard_batch_size_count{database="default"}"#) >= 1.0);
     assert_eq!(
         sample(
             &metrics,
@@ -120,7 +123,10 @@ async fn metrics_count_what_was_published() {
         ),
         300.0
     );
-    assert_eq!(sample(&metrics, "switchyard_backlog_rows"), 0.0);
+    assert_eq!(
+        sample(&metrics, r#"switchyard_backlog_rows{database="default"}"#),
+        0.0
+    );
     assert_eq!(
         sample(&metrics, r#"switchyard_plugin_reloads_total{plugin="router"}"#),
         0.0
