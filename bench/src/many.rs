@@ -1,4 +1,4 @@
-//! `relay-bench --many-databases 1,10,100`: one relay serving N outbox
+//! `relay-bench --many-databases 1,10,100 [--concurrency 1]`: one relay serving N outbox
 //! databases (`[[databases]]`), idle and then with every database written
 //! at 10 events/s: the relay's CPU and PostgreSQL's transactions per
 //! second while idle, commit-to-publish p50 and p99 under load, and the
@@ -34,19 +34,25 @@ fn name(i: usize) -> String {
     format!("sy_bench_many_{i:03}")
 }
 
-fn config(services: &Services, count: usize, plugin: &std::path::Path) -> anyhow::Result<switchyard::Config> {
+fn config(
+    services: &Services,
+    count: usize,
+    concurrency: u32,
+    plugin: &std::path::Path,
+) -> anyhow::Result<switchyard::Config> {
     let listed: String = (0..count)
         .map(|i| {
             format!(
-                "[[databases]]\nname = \"db{i:03}\"\nurl = \"{}\"\nmax_connections = 2\n\n",
-                services.db_url(&name(i))
+                "[[databases]]\nname = \"db{i:03}\"\nurl = \"{}\"\nmax_connections = {}\n\n",
+                services.db_url(&name(i)),
+                concurrency + 1
             )
         })
         .collect();
     let text = format!(
         r#"{listed}
 [relay]
-concurrency = 1
+concurrency = {concurrency}
 [plugin_runtime]
 cache = false
 [admin]
@@ -112,7 +118,12 @@ async fn load(pools: &[PgPool]) {
     futures::future::join_all(writers).await;
 }
 
-async fn one(services: &Services, count: usize, plugin: &std::path::Path) -> anyhow::Result<Figures> {
+async fn one(
+    services: &Services,
+    count: usize,
+    concurrency: u32,
+    plugin: &std::path::Path,
+) -> anyhow::Result<Figures> {
     let admin = admin_pool(services).await?;
     for i in 0..count {
         recreate_db(&admin, &name(i), None).await?;
@@ -121,7 +132,9 @@ async fn one(services: &Services, count: usize, plugin: &std::path::Path) -> any
         store.close().await;
     }
     let shutdown = CancellationToken::new();
-    let fleet = switchyard::fleet::Fleet::start(config(services, count, plugin)?, shutdown.clone()).await?;
+    let fleet =
+        switchyard::fleet::Fleet::start(config(services, count, concurrency, plugin)?, shutdown.clone())
+            .await?;
     let started = Instant::now();
     while fleet.relay(&format!("db{:03}", count - 1)).is_none()
         || fleet
@@ -194,14 +207,15 @@ async fn one(services: &Services, count: usize, plugin: &std::path::Path) -> any
     })
 }
 
-pub(super) async fn run(services: &Services, counts: &[usize]) -> anyhow::Result<()> {
+pub(super) async fn run(services: &Services, counts: &[usize], concurrency: u32) -> anyhow::Result<()> {
     let plugin = plugin_file();
     let mut rows = Vec::new();
     for &count in counts {
         eprintln!("many databases: {count} ...");
-        rows.push(one(services, count, &plugin).await?);
+        rows.push(one(services, count, concurrency, &plugin).await?);
     }
     println!();
+    println!("workers per database: {concurrency}");
     println!(
         "| databases | idle: relay CPU | idle: PostgreSQL CPU | idle: transactions/s | {RATE} ev/s each: relay CPU | commit-to-publish p50 / p99 | events | relay sessions |"
     );

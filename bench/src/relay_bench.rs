@@ -1065,7 +1065,7 @@ async fn main() -> anyhow::Result<()> {
         return steady::run(&services, &args).await;
     }
     if !args.many_databases.is_empty() {
-        return many::run(&services, &args.many_databases).await;
+        return many::run(&services, &args.many_databases, args.concurrency).await;
     }
     if args.latency_only {
         let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;

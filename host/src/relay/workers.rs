@@ -215,11 +215,22 @@ impl Relay {
                         () = shutdown.cancelled() => {}
                     }
                 }
-                Ok(_) => {
+                // Idle. One worker polls for what no wake-up announces (rows
+                // due by time, leases that ran out); the others wait to be
+                // woken (a commit, a full batch), so an idle relay costs one
+                // poll per interval, not one per worker.
+                Ok(_) if worker == 0 => {
                     db_backoff = Duration::from_millis(100);
                     tokio::select! {
                         () = wake.notified() => {}
                         () = tokio::time::sleep(poll) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                }
+                Ok(_) => {
+                    db_backoff = Duration::from_millis(100);
+                    tokio::select! {
+                        () = wake.notified() => {}
                         () = shutdown.cancelled() => {}
                     }
                 }
