@@ -203,12 +203,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     } else {
         Some(crate::admin::serve(&config.admin.listen, relay.clone(), shutdown.clone()).await?)
     };
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("Shutdown requested; no new batches will be claimed.");
-        signal.cancel();
-    });
+    cancel_on_signal(shutdown.clone());
     let announcer = tokio::spawn(announce(
         relay.store().clone(),
         relay.owner().to_string(),
@@ -250,12 +245,7 @@ async fn run_fleet(config: Config) -> anyhow::Result<()> {
             }
         }
     };
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("Shutdown requested; no new batches will be claimed.");
-        signal.cancel();
-    });
+    cancel_on_signal(shutdown.clone());
     fleet.stopped().await;
     if let Some(admin) = admin {
         admin.stopped().await;
@@ -293,6 +283,15 @@ pub(crate) async fn announce(
     if let Err(error) = store.relay_stopped(&owner).await {
         tracing::debug!(%error, "Cannot remove this relay from switchyard_relays.");
     }
+}
+
+/// Cancels `shutdown` at SIGINT or SIGTERM.
+fn cancel_on_signal(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("Shutdown requested; no new batches will be claimed.");
+        shutdown.cancel();
+    });
 }
 
 async fn wait_for_signal() {

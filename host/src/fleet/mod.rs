@@ -443,15 +443,17 @@ async fn run_relay(
     announce: bool,
 ) -> anyhow::Result<()> {
     // With `[ownership]` the ownership follower says this relay runs here.
-    let (store, owner, until) = (relay.store().clone(), relay.owner().to_string(), stop.clone());
-    let announcer = tokio::spawn(
-        async move {
-            if announce {
-                crate::app::announce(store, owner, None, until).await;
-            }
-        }
-        .in_current_span(),
-    );
+    let announcer = announce.then(|| {
+        tokio::spawn(
+            crate::app::announce(
+                relay.store().clone(),
+                relay.owner().to_string(),
+                None,
+                stop.clone(),
+            )
+            .in_current_span(),
+        )
+    });
     let retention = config.retention.clone().map(|retention| {
         tokio::spawn(
             crate::retention::run(
@@ -466,14 +468,15 @@ async fn run_relay(
     let result = relay.run(stop.clone()).await;
     if stop.is_cancelled() {
         // Shutdown or removal: the announcer takes this relay's row out.
-        let _ = announcer.await;
+        if let Some(announcer) = announcer {
+            let _ = announcer.await;
+        }
         if let Some(retention) = retention {
             let _ = retention.await;
         }
     } else {
-        announcer.abort();
-        if let Some(retention) = retention {
-            retention.abort();
+        for task in announcer.into_iter().chain(retention) {
+            task.abort();
         }
     }
     result
