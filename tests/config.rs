@@ -317,6 +317,11 @@ max_connections = 1
 url = ""
 [ownership]
 lease_seconds = 1
+[connections]
+per_server = 0
+[relay]
+poll_interval_ms = 500
+idle_poll_max_ms = 100
 [[plugins]]
 name = "router"
 path = "/does/not/exist.wasm"
@@ -335,6 +340,8 @@ type = "stdout"
         "databases[2].max_connections must be at least 2",
         "catalog.url is empty (set it or SWITCHYARD_CATALOG_URL)",
         "ownership.lease_seconds must be at least 3",
+        "connections.per_server must be at least 1",
+        "relay.idle_poll_max_ms (100) must be at least relay.poll_interval_ms (500)",
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }

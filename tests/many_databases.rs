@@ -500,3 +500,158 @@ async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
     // A clean stop hands every database back.
     assert_eq!(owners(&databases).await, vec![None; 6]);
 }
+
+/// Sessions the relay `owner` holds on the test server now.
+async fn sessions(admin: &sqlx::PgPool, owner: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+        .bind(format!("switchyard {owner}"))
+        .fetch_one(admin)
+        .await
+        .expect("count sessions")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_budget_per_server_is_shared_out_and_never_exceeded() {
+    const PER_SERVER: i64 = 8;
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let databases = databases(6, 0).await;
+    let shutdown = CancellationToken::new();
+    let budget = format!("[connections]\nper_server = {PER_SERVER}\n");
+    let fleet = Fleet::start(
+        parse(&config(&[&databases[0], &databases[1]], &nats.url(), &budget)),
+        shutdown.clone(),
+    )
+    .await
+    .expect("fleet starts");
+    all_running(&fleet, 2).await;
+    // The sessions this relay holds, sampled all along.
+    let admin = server_pool().await;
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let sampler = tokio::spawn({
+        let (admin, owner, peak, stop) = (
+            admin.clone(),
+            fleet.owner().to_string(),
+            peak.clone(),
+            shutdown.clone(),
+        );
+        async move {
+            while !stop.is_cancelled() {
+                let now = sessions(&admin, &owner).await;
+                peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    for db in &databases[..2] {
+        db.write(0).await;
+    }
+    eventually("two databases publish", Duration::from_secs(30), || async {
+        (nats.stream_len(STREAM).await as usize >= 2 * AGGREGATES).then_some(())
+    })
+    .await;
+
+    // Four more on the same server: a share of one connection each (polled,
+    // no LISTEN), and the first two start over with theirs while events
+    // are written everywhere.
+    for db in &databases[2..] {
+        fleet.add(switchyard::config::NamedDatabase {
+            name: db.name.clone(),
+            url: db.url(),
+            max_connections: 3,
+        });
+    }
+    for db in &databases[2..] {
+        db.write(0).await;
+    }
+    for seq in 1..3 {
+        futures::future::join_all(databases.iter().map(|db| db.write(seq))).await;
+    }
+    all_running(&fleet, 6).await;
+    let total = databases.len() * AGGREGATES * 3;
+    eventually(
+        "every database publishes everything",
+        Duration::from_secs(90),
+        || async { (nats.stream_len(STREAM).await as usize >= total).then_some(()) },
+    )
+    .await;
+    let sequences = sequences(&nats.read_stream(STREAM).await);
+    for db in &databases {
+        for aggregate in 0..AGGREGATES {
+            let key = format!("{}-{aggregate}", db.name);
+            assert_eq!(
+                sequences.get(&key),
+                Some(&vec![0, 1, 2]),
+                "{key}: every event, in order"
+            );
+        }
+    }
+    let readiness = switchyard::fleet::admin::readiness(&fleet).await;
+    assert_eq!(readiness.state, "ok", "{readiness:?}");
+    shutdown.cancel();
+    fleet.stopped().await;
+    let _ = sampler.await;
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(peak > 0, "the sampler saw the relay's sessions");
+    assert!(
+        peak <= PER_SERVER,
+        "{peak} sessions on one server, over the budget of {PER_SERVER}"
+    );
+}
+
+/// Claims the relay ran in `database` so far (`switchyard_claims_total`).
+fn claims(fleet: &Fleet, database: &str) -> u64 {
+    let prefix = format!("switchyard_claims_total{{database=\"{database}\"}} ");
+    fleet
+        .metrics()
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_database_is_polled_less_and_less_often_but_still_relays_at_once() {
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let databases = databases(1, 0).await;
+    let listed = vec![(databases[0].name.clone(), databases[0].url())];
+    let relay = RelaySection::new()
+        .set("concurrency", "2")
+        .set("poll_interval_ms", "100")
+        .set("idle_poll_max_ms", "1600");
+    let shutdown = CancellationToken::new();
+    let fleet = Fleet::start(
+        parse(&fleet::config(&listed, &nats.url(), &relay, "")),
+        shutdown.clone(),
+    )
+    .await
+    .expect("fleet starts");
+    all_running(&fleet, 1).await;
+    // Polls come 100, 200, 400, 800 ms apart, then every 1.6 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = claims(&fleet, "pg00");
+    let window = Duration::from_secs(8);
+    tokio::time::sleep(window).await;
+    let idle = claims(&fleet, "pg00") - before;
+    // At the poll interval it would be 80.
+    assert!(idle <= 10, "{idle} claims in {window:?} of an idle database");
+    // A commit still wakes it at once (LISTEN), not at the next poll.
+    let started = Instant::now();
+    databases[0].write(0).await;
+    eventually("the database relays", Duration::from_secs(30), || async {
+        (nats.stream_len(STREAM).await as usize >= AGGREGATES).then_some(())
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "relayed {:?} after the commits",
+        started.elapsed()
+    );
+    shutdown.cancel();
+    fleet.stopped().await;
+}

@@ -47,6 +47,8 @@ pub mod names {
     pub const RETENTION_ROWS: &str = "switchyard_retention_rows";
     /// Batches that panicked.
     pub const WORKER_PANICS: &str = "switchyard_worker_panics";
+    /// Claim statements run, those that found nothing included.
+    pub const CLAIMS: &str = "switchyard_claims";
     /// Replication mode: WAL the server keeps for the slot (set at scrape).
     pub const REPLICATION_RETAINED_WAL: &str = "switchyard_replication_retained_wal_bytes";
     /// Replication mode: 1 while this relay reads the slot, 0 on a standby.
@@ -146,6 +148,7 @@ struct Families {
     retention: Family<ModeLabels, Counter>,
     oldest_pending_age: Family<DatabaseLabel, Gauge<f64, AtomicU64>>,
     worker_panics: Family<DatabaseLabel, Counter>,
+    claims: Family<DatabaseLabel, Counter>,
     target_paused: Family<TargetLabels, Gauge>,
     target_waiting_rows: Family<TargetLabels, Gauge>,
     replication_retained_wal: Family<DatabaseLabel, Gauge>,
@@ -166,6 +169,7 @@ impl Families {
             oldest_pending_age: Family::default(),
             retention: Family::default(),
             worker_panics: Family::default(),
+            claims: Family::default(),
             target_paused: Family::default(),
             target_waiting_rows: Family::default(),
             replication_retained_wal: Family::default(),
@@ -218,6 +222,11 @@ impl Families {
             WORKER_PANICS,
             "Batches that panicked; their rows are retried when the leases expire",
             f.worker_panics.clone(),
+        );
+        registry.register(
+            CLAIMS,
+            "Claim statements run, those that found nothing included: what an idle database costs",
+            f.claims.clone(),
         );
         registry.register(
             TARGET_PAUSED,
@@ -403,6 +412,11 @@ impl Metrics {
         self.families.worker_panics.get_or_create(&self.label()).inc();
     }
 
+    /// Counts a claim statement.
+    pub fn claim(&self) {
+        self.families.claims.get_or_create(&self.label()).inc();
+    }
+
     /// Marks `target` paused or running.
     pub fn set_target_paused(&self, target: &str, paused: bool) {
         self.families
@@ -491,6 +505,7 @@ impl Metrics {
         f.backlog.remove(&label);
         f.oldest_pending_age.remove(&label);
         f.worker_panics.remove(&label);
+        f.claims.remove(&label);
         f.replication_retained_wal.remove(&label);
         f.replication_reading.remove(&label);
     }

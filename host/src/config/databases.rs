@@ -92,6 +92,19 @@ const fn default_ownership_lease_seconds() -> u64 {
     15
 }
 
+/// `[connections]`: what this relay may open to one PostgreSQL server, over
+/// all the databases it serves there.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionsConfig {
+    /// The most sessions this relay's databases hold on one server (a
+    /// `host:port`) together. Each database gets an equal share, at most
+    /// its `max_connections`; with a single connection it is polled
+    /// instead of LISTENing. A database that finds no connection left is
+    /// not served (readiness says why) until one is.
+    pub per_server: u32,
+}
+
 /// Why a catalog row cannot be served (`None`: it can).
 pub fn name_problem(name: &str) -> Option<String> {
     let valid = !name.is_empty()
@@ -147,6 +160,15 @@ impl Config {
     pub fn for_database(&self, database: &NamedDatabase) -> Config {
         let mut config = self.clone();
         config.database = database.settings();
+        // Many databases, most of them idle: poll those less often. Not a
+        // SQLite file, which has no NOTIFY to announce a commit and whose
+        // poll costs no server anything.
+        if self.serves_many()
+            && config.relay.idle_poll_max_ms.is_none()
+            && !database.url.starts_with("sqlite:")
+        {
+            config.relay.idle_poll_max_ms = Some(config.relay.poll_interval_ms.saturating_mul(10));
+        }
         config.databases = Vec::new();
         config.catalog = None;
         config.ownership = None;
@@ -180,6 +202,9 @@ pub(super) fn list_problems(config: &Config) -> Vec<String> {
         if catalog.max_connections < 2 {
             problems.push("catalog.max_connections must be at least 2".to_string());
         }
+    }
+    if config.connections.as_ref().is_some_and(|c| c.per_server == 0) {
+        problems.push("connections.per_server must be at least 1".to_string());
     }
     if let Some(ownership) = &config.ownership {
         if ownership.lease_seconds < 3 {

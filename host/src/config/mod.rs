@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use databases::{CatalogConfig, NamedDatabase, OwnershipConfig};
+pub use databases::{CatalogConfig, ConnectionsConfig, NamedDatabase, OwnershipConfig};
 pub use failures::{FailurePolicy, Handling};
 pub use replication::{FeedMode, ReplicationConfig};
 pub use validate::validate;
@@ -69,6 +69,9 @@ pub struct Config {
     /// Several relays share the databases out, one relay per database.
     #[serde(default)]
     pub ownership: Option<OwnershipConfig>,
+    /// Connections capped per PostgreSQL server rather than per database.
+    #[serde(default)]
+    pub connections: Option<ConnectionsConfig>,
     /// How rows are claimed, retried and dead-lettered.
     #[serde(default)]
     pub relay: RelayConfig,
@@ -238,6 +241,13 @@ pub struct RelayConfig {
     /// Polling interval used when no notification arrives (lost NOTIFY, delayed rows, retries).
     #[serde(default = "default_poll_interval_ms")]
     pub poll_interval_ms: u64,
+    /// While polls find nothing, each waits twice as long as the last, up
+    /// to this: an idle database costs few queries, and rows due by time
+    /// (retries, leases that ran out) or, without LISTEN, new ones are seen
+    /// at most this late. Defaults to 10 times `poll_interval_ms` for a
+    /// PostgreSQL database among several, else to `poll_interval_ms`.
+    #[serde(default)]
+    pub idle_poll_max_ms: Option<u64>,
     /// How long a claim is valid. Another instance may re-claim a row after this.
     #[serde(default = "default_lease_duration_ms")]
     pub lease_duration_ms: u64,
@@ -291,6 +301,15 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// The longest pause between two polls of an idle database.
+    pub fn idle_poll_max(&self) -> Duration {
+        Duration::from_millis(
+            self.idle_poll_max_ms
+                .unwrap_or(self.poll_interval_ms)
+                .max(self.poll_interval_ms),
+        )
+    }
+
     /// Lease length as a duration.
     pub fn lease_duration(&self) -> Duration {
         Duration::from_millis(self.lease_duration_ms)

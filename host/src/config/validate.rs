@@ -146,6 +146,15 @@ fn relay(problems: &mut Problems, config: &Config) {
     for (key, value, least) in at_least {
         problems.check(value >= least, format!("relay.{key} must be at least {least}"));
     }
+    if let Some(max) = relay.idle_poll_max_ms {
+        problems.check(
+            max >= relay.poll_interval_ms,
+            format!(
+                "relay.idle_poll_max_ms ({max}) must be at least relay.poll_interval_ms ({})",
+                relay.poll_interval_ms
+            ),
+        );
+    }
     problems.check(
         relay.batch_size <= 10_000,
         "relay.batch_size must be at most 10000",

@@ -4,6 +4,7 @@
 //! down, slow or full of poison rows holds back only itself.
 
 pub mod admin;
+mod budget;
 pub mod catalog;
 mod ownership;
 
@@ -72,6 +73,8 @@ struct FleetInner {
     relays: std::sync::atomic::AtomicU64,
     /// With `[ownership]`: when this relay last gave a database up.
     gave_up: Mutex<Option<Instant>>,
+    /// `[connections] per_server`, shared out among the databases.
+    budget: budget::Budget,
     shutdown: CancellationToken,
 }
 
@@ -94,6 +97,7 @@ impl Fleet {
                 owned: std::sync::atomic::AtomicUsize::new(0),
                 relays: std::sync::atomic::AtomicU64::new(1),
                 gave_up: Mutex::new(None),
+                budget: budget::Budget::new(config.connections.as_ref().map(|c| c.per_server)),
                 shutdown,
             }),
         };
@@ -349,7 +353,7 @@ async fn follow_catalog(fleet: Fleet, catalog: crate::config::CatalogConfig) {
 
 /// Serves one database until `stop`: builds its relay (trying again, with
 /// a growing pause, while it cannot), runs it, and starts over if the relay
-/// ends on its own.
+/// ends on its own, or smaller when the connection budget needs room.
 async fn serve(
     fleet: Fleet,
     database: NamedDatabase,
@@ -357,33 +361,54 @@ async fn serve(
     stop: CancellationToken,
 ) {
     let config = fleet.inner.config.for_database(&database);
+    let want = fleet.inner.budget.want(&database.url);
     let set = |next: DatabaseState| *state.lock().unwrap_or_else(PoisonError::into_inner) = next;
     let mut attempts = 0_u32;
     let mut since = Instant::now();
     let mut pause = Duration::from_secs(1);
     while !stop.is_cancelled() {
         attempts += 1;
-        let built = tokio::select! {
-            built = build(&fleet, &config, &database) => built,
-            () = stop.cancelled() => return,
-        };
-        let error = match built {
-            Ok(builder) => {
-                let relay = builder.build();
-                set(DatabaseState::Running(relay.clone()));
-                tracing::info!(attempts, "Serving the database.");
-                let announce = fleet.inner.config.ownership.is_none();
-                let result = run_relay(&relay, &config, stop.clone(), announce).await;
-                if stop.is_cancelled() {
-                    return;
-                }
-                (attempts, since, pause) = (0, Instant::now(), Duration::from_secs(1));
-                match result {
-                    Ok(()) => "its relay stopped".to_string(),
-                    Err(error) => error.to_string(),
+        let round = stop.child_token();
+        let error = match want.grant(database.max_connections, round.clone()) {
+            Ok(grant) => {
+                let sized = sized(&config, grant.connections);
+                let built = tokio::select! {
+                    built = build(&fleet, &sized, &database) => built,
+                    () = stop.cancelled() => return,
+                };
+                match built {
+                    Ok(builder) => {
+                        let relay = builder.listen(listens(&sized)).build();
+                        set(DatabaseState::Running(relay.clone()));
+                        tracing::info!(
+                            attempts,
+                            connections = grant.connections,
+                            listen = listens(&sized),
+                            "Serving the database."
+                        );
+                        let announce = fleet.inner.config.ownership.is_none();
+                        let result = run_relay(&relay, &sized, round.clone(), announce).await;
+                        relay.store().close().await;
+                        drop(grant);
+                        if stop.is_cancelled() {
+                            return;
+                        }
+                        (attempts, since, pause) = (0, Instant::now(), Duration::from_secs(1));
+                        if round.is_cancelled() {
+                            tracing::info!(
+                                "Starting over with fewer connections: another database needs room."
+                            );
+                            continue;
+                        }
+                        match result {
+                            Ok(()) => "its relay stopped".to_string(),
+                            Err(error) => error.to_string(),
+                        }
+                    }
+                    Err(error) => crate::redact::url(&format!("{error:#}")),
                 }
             }
-            Err(error) => crate::redact::url(&format!("{error:#}")),
+            Err(error) => error,
         };
         // The first failure and then every tenth: a database down for hours
         // is one line per few minutes, not one per try.
@@ -401,6 +426,23 @@ async fn serve(
         }
         pause = (pause * 2).min(CONNECT_RETRY_MAX);
     }
+}
+
+/// `config` for a relay granted `connections`: its pool holds them all,
+/// one of them LISTENs when there are two or more, and the workers use
+/// the rest.
+fn sized(config: &Config, connections: u32) -> Config {
+    let mut sized = config.clone();
+    if connections < sized.database.max_connections {
+        sized.database.max_connections = connections;
+        sized.relay.concurrency = sized.relay.concurrency.min(connections.saturating_sub(1).max(1));
+    }
+    sized
+}
+
+/// Whether a relay built from `sized` config has a session for LISTEN.
+fn listens(sized: &Config) -> bool {
+    sized.database.max_connections > sized.relay.concurrency
 }
 
 /// One database's relay, migrated first when the catalog says so.

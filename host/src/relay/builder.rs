@@ -27,6 +27,7 @@ pub struct RelayBuilder {
     pub(super) replication: Option<StreamSettings>,
     pub(super) metrics: Option<Metrics>,
     pub(super) database: Option<String>,
+    pub(super) listen: bool,
 }
 
 impl RelayBuilder {
@@ -71,6 +72,13 @@ impl RelayBuilder {
         self
     }
 
+    /// Whether a session LISTENs for commits (the default) or the poll
+    /// alone finds new rows, which saves that session.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
     /// The relay, ready to run.
     pub fn build(self) -> Relay {
         let config = self.config;
@@ -99,6 +107,7 @@ impl RelayBuilder {
                 owner,
                 limits,
                 database: self.database,
+                listen: self.listen,
             }),
         }
     }

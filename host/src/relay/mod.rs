@@ -106,6 +106,8 @@ struct Inner {
     metrics: Metrics,
     /// The database's name for plugins, when the relay is one of several.
     database: Option<String>,
+    /// Whether a session LISTENs for commits (else the poll alone finds rows).
+    listen: bool,
 }
 
 /// What one batch did, for logs and tests.
@@ -154,6 +156,7 @@ impl Relay {
             replication: None,
             metrics: None,
             database: None,
+            listen: true,
         }
     }
 
@@ -255,6 +258,7 @@ impl Relay {
                 inner.config.lease_duration(),
             )
             .await;
+        inner.metrics.claim();
         let claim = match claim {
             Err(error @ store::Error::ClaimTimedOut { .. }) => {
                 self.claim_was_slow();

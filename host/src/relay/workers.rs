@@ -31,9 +31,16 @@ impl Relay {
         // In replication mode `migrate` turns the per-commit NOTIFY off
         // (commits reach the feed, which wakes a worker when it hands rows
         // over); what is heard then is an ack that freed a parked row.
+        // Without LISTEN (a connection budget too small for it) the poll
+        // alone finds new rows.
         let listener = AbortOnDropHandle::new(tokio::spawn({
             let (store, wake, shutdown) = (self.inner.store.clone(), wake.clone(), shutdown.clone());
-            async move { store.wake_on_commits(wake, shutdown).await }
+            let listen = self.inner.listen;
+            async move {
+                if listen {
+                    store.wake_on_commits(wake, shutdown).await;
+                }
+            }
         }));
         // A feed that ends on its own (its slot is gone) stops the relay.
         let feed_failed = CancellationToken::new();
@@ -173,6 +180,8 @@ impl Relay {
     /// scan that finds nothing.
     async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
         let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
+        let idle_poll_max = self.inner.config.idle_poll_max();
+        let mut idle_poll = poll;
         let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
         let mut db_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
@@ -201,6 +210,7 @@ impl Relay {
                         || (report.claimed > 0 && report.look_again) =>
                 {
                     db_backoff = Duration::from_millis(100);
+                    idle_poll = poll;
                     if report.claimed >= full {
                         wake.notify_one();
                     }
@@ -218,12 +228,18 @@ impl Relay {
                 // Idle. One worker polls for what no wake-up announces (rows
                 // due by time, leases that ran out); the others wait to be
                 // woken (a commit, a full batch), so an idle relay costs one
-                // poll per interval, not one per worker.
-                Ok(_) if worker == 0 => {
+                // poll per interval, not one per worker. Polls that keep
+                // finding nothing come further apart, up to `idle_poll_max`.
+                Ok(report) if worker == 0 => {
                     db_backoff = Duration::from_millis(100);
+                    if report.claimed > 0 {
+                        idle_poll = poll;
+                    }
                     tokio::select! {
-                        () = wake.notified() => {}
-                        () = tokio::time::sleep(poll) => {}
+                        () = wake.notified() => idle_poll = poll,
+                        () = tokio::time::sleep(idle_poll) => {
+                            idle_poll = (idle_poll * 2).min(idle_poll_max);
+                        }
                         () = shutdown.cancelled() => {}
                     }
                 }
