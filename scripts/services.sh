@@ -119,10 +119,12 @@ max_wal_senders = 40
 CONF
         restart=1
     fi
-    # Many outbox databases (tests and fault runs of several relays sharing
-    # 50) need more sessions than the 200 of older data directories.
-    if ! grep -q '^max_connections = 600' "$PG_DATA/postgresql.conf"; then
-        echo "max_connections = 600" >>"$PG_DATA/postgresql.conf"
+    # Many outbox databases need more sessions than the 200 of older data
+    # directories: tests and fault runs of several relays sharing 50, and the
+    # 500-database benchmark (a session or two per database for the relay,
+    # one for its writers).
+    if ! grep -q '^max_connections = 1600' "$PG_DATA/postgresql.conf"; then
+        echo "max_connections = 1600" >>"$PG_DATA/postgresql.conf"
         restart=1
     fi
     if pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then

@@ -12,7 +12,7 @@ use switchyard_tests::nats::{NatsServer, Received};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{TestDb, fresh_db, fresh_db_before, server_pool};
 use switchyard_tests::relay::{RelaySection, parse};
-use switchyard_tests::{eventually, exclusive, init_logging};
+use switchyard_tests::{cli, eventually, exclusive, init_logging};
 use tokio_util::sync::CancellationToken;
 
 const STREAM: &str = "ORDERS";
@@ -436,7 +436,9 @@ async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
     nats.create_stream(STREAM, &["orders.>"]).await;
     let databases = databases(6, 0).await;
     let all: Vec<&Database> = databases.iter().collect();
-    let config = config(&all, &nats.url(), "[ownership]\nlease_seconds = 3\n");
+    // Each relay's admin endpoint on a port of its own, found by `status`.
+    let config = config(&all, &nats.url(), "[ownership]\nlease_seconds = 3\n")
+        .replace("listen = \"\"", "listen = \"127.0.0.1:0\"");
     let mut a = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-a");
     eventually(
         "relay-a holds every database",
@@ -463,6 +465,30 @@ async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     assert_eq!(owners(&databases).await, settled, "ownership flapped");
+    // `status --database` reaches the relay that serves it, whichever
+    // relay's row it finds first.
+    let path = std::env::temp_dir().join(format!("sy-status-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, &config).expect("write config");
+    for (db, owner) in databases.iter().zip(&settled) {
+        let args = [
+            "status",
+            "--json",
+            "--config",
+            path.to_str().expect("path"),
+            "--database",
+            &db.name,
+        ];
+        let (code, out, err) = cli(RELAY_BIN, &args, &[]).await;
+        assert_eq!(code, 0, "{err}");
+        let status: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+        assert_eq!(
+            status["relay"]["owner"].as_str(),
+            owner.as_deref(),
+            "{}: {out}",
+            db.name
+        );
+    }
+    let _ = std::fs::remove_file(&path);
 
     // relay-b is killed: relay-a takes its databases over when their leases run out.
     b.kill();

@@ -1,4 +1,5 @@
-//! `relay-bench --many-databases 1,10,100 [--concurrency 1]`: one relay serving N outbox
+//! `relay-bench --many-databases 1,10,100,500 [--concurrency 1] [--connections-per-server N]`:
+//! one relay serving N outbox
 //! databases (`[[databases]]`), idle and then with every database written
 //! at 10 events/s: the relay's CPU and PostgreSQL's transactions per
 //! second while idle, commit-to-publish p50 and p99 under load, and the
@@ -34,12 +35,24 @@ fn name(i: usize) -> String {
     format!("sy_bench_many_{i:03}")
 }
 
+/// How the relay is set up, the same for every database count.
+#[derive(Clone, Copy)]
+struct Setup {
+    concurrency: u32,
+    per_server: Option<u32>,
+}
+
 fn config(
     services: &Services,
     count: usize,
-    concurrency: u32,
+    setup: Setup,
     plugin: &std::path::Path,
 ) -> anyhow::Result<switchyard::Config> {
+    let concurrency = setup.concurrency;
+    let budget = setup
+        .per_server
+        .map(|n| format!("[connections]\nper_server = {n}\n"))
+        .unwrap_or_default();
     let listed: String = (0..count)
         .map(|i| {
             format!(
@@ -51,6 +64,7 @@ fn config(
         .collect();
     let text = format!(
         r#"{listed}
+{budget}
 [relay]
 concurrency = {concurrency}
 [plugin_runtime]
@@ -121,20 +135,28 @@ async fn load(pools: &[PgPool]) {
 async fn one(
     services: &Services,
     count: usize,
-    concurrency: u32,
+    setup: Setup,
     plugin: &std::path::Path,
 ) -> anyhow::Result<Figures> {
+    use futures::StreamExt;
     let admin = admin_pool(services).await?;
     for i in 0..count {
         recreate_db(&admin, &name(i), None).await?;
-        let store = OutboxStore::connect(&services.db_url(&name(i)), 2).await?;
-        store.migrate().await?;
-        store.close().await;
     }
+    let migrated: Vec<anyhow::Result<()>> = futures::stream::iter(0..count)
+        .map(|i| async move {
+            let store = OutboxStore::connect(&services.db_url(&name(i)), 2).await?;
+            store.migrate().await?;
+            store.close().await;
+            Ok(())
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    migrated.into_iter().collect::<anyhow::Result<()>>()?;
     let shutdown = CancellationToken::new();
     let fleet =
-        switchyard::fleet::Fleet::start(config(services, count, concurrency, plugin)?, shutdown.clone())
-            .await?;
+        switchyard::fleet::Fleet::start(config(services, count, setup, plugin)?, shutdown.clone()).await?;
     let started = Instant::now();
     while fleet.relay(&format!("db{:03}", count - 1)).is_none()
         || fleet
@@ -207,15 +229,27 @@ async fn one(
     })
 }
 
-pub(super) async fn run(services: &Services, counts: &[usize], concurrency: u32) -> anyhow::Result<()> {
+pub(super) async fn run(
+    services: &Services,
+    counts: &[usize],
+    concurrency: u32,
+    per_server: Option<u32>,
+) -> anyhow::Result<()> {
     let plugin = plugin_file();
+    let setup = Setup {
+        concurrency,
+        per_server,
+    };
     let mut rows = Vec::new();
     for &count in counts {
         eprintln!("many databases: {count} ...");
-        rows.push(one(services, count, concurrency, &plugin).await?);
+        rows.push(one(services, count, setup, &plugin).await?);
     }
     println!();
-    println!("workers per database: {concurrency}");
+    println!(
+        "workers per database: {concurrency}; connections per server: {}",
+        per_server.map_or("no cap".to_string(), |n| n.to_string())
+    );
     println!(
         "| databases | idle: relay CPU | idle: PostgreSQL CPU | idle: transactions/s | {RATE} ev/s each: relay CPU | commit-to-publish p50 / p99 | events | relay sessions |"
     );

@@ -100,6 +100,9 @@ struct Args {
     /// idle cost, latency at 10 events/s each, sessions.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread", "steady"])]
     many_databases: Vec<usize>,
+    /// With --many-databases: `[connections] per_server` for the relay.
+    #[arg(long, requires = "many_databases")]
+    connections_per_server: Option<u32>,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/latency.svg")]
     plot: PathBuf,
@@ -1065,7 +1068,13 @@ async fn main() -> anyhow::Result<()> {
         return steady::run(&services, &args).await;
     }
     if !args.many_databases.is_empty() {
-        return many::run(&services, &args.many_databases, args.concurrency).await;
+        return many::run(
+            &services,
+            &args.many_databases,
+            args.concurrency,
+            args.connections_per_server,
+        )
+        .await;
     }
     if args.latency_only {
         let slow = latency(&services, &args, 1_000, args.latency_seconds, true).await?;

@@ -56,9 +56,25 @@ pub(crate) async fn serve_router(
     app: Router,
     shutdown: CancellationToken,
 ) -> anyhow::Result<AdminServer> {
-    let listener = tokio::net::TcpListener::bind(listen)
+    serve_listener(bind(listen).await?, app, shutdown)
+}
+
+/// Binds the admin endpoint's address (port 0: one the system chooses).
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the admin endpoint: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the admin endpoint: {e}"))
+}
+
+/// Serves `app` on a bound `listener` until `shutdown`.
+pub(crate) fn serve_listener(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> anyhow::Result<AdminServer> {
     let local_addr = listener.local_addr()?;
     let handle = tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -533,27 +549,39 @@ async fn status(State(relay): State<Relay>) -> Response {
     axum::Json(relay_status(&relay).await).into_response()
 }
 
-/// Fetches `/status` from a relay's admin endpoint at `addr` (`host:port`).
+/// Fetches `/status` from a relay's admin endpoint at `addr` (`host:port`),
+/// for `database` when the relay serves several.
 ///
 /// # Errors
 /// Nothing listens there, the answer is not a status, or it took over 10 s.
-pub async fn fetch_status(addr: &str) -> anyhow::Result<RelayStatus> {
+pub async fn fetch_status(addr: &str, database: Option<&str>) -> anyhow::Result<RelayStatus> {
     use http_body_util::BodyExt;
+    let path = match database {
+        Some(name) => {
+            if let Some(problem) = crate::config::databases::name_problem(name) {
+                anyhow::bail!("database {problem}");
+            }
+            format!("/status?database={name}")
+        }
+        None => "/status".to_string(),
+    };
     let fetch = async {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
         tokio::spawn(connection);
-        let request = axum::http::Request::get("/status")
+        let request = axum::http::Request::get(path.as_str())
             .header(header::HOST, addr)
             .body(http_body_util::Empty::<bytes::Bytes>::new())?;
         let response = sender.send_request(request).await?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "the admin endpoint answered {}",
-            response.status()
-        );
+        let status = response.status();
         let body = response.into_body().collect().await?.to_bytes();
+        // A fleet's endpoint says why it has no status for a database.
+        anyhow::ensure!(
+            status.is_success(),
+            "the admin endpoint answered {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(300)]).trim()
+        );
         Ok::<_, anyhow::Error>(serde_json::from_slice(&body)?)
     };
     tokio::time::timeout(Duration::from_secs(10), fetch)

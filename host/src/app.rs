@@ -232,18 +232,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// Serves every database of a `[[databases]]` config until SIGINT or SIGTERM.
 async fn run_fleet(config: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
-    let fleet = crate::fleet::Fleet::start(config.clone(), shutdown.clone()).await?;
-    let admin = if config.admin.listen.is_empty() {
+    // Bound first, so that each database's first `switchyard_relays` row
+    // already says where `status` finds it.
+    let listener = if config.admin.listen.is_empty() {
         None
     } else {
-        match crate::fleet::admin::serve(&config.admin.listen, fleet.clone(), shutdown.clone()).await {
-            Ok(admin) => Some(admin),
-            Err(error) => {
-                shutdown.cancel();
-                fleet.stopped().await;
-                return Err(error);
-            }
+        Some(crate::admin::bind(&config.admin.listen).await?)
+    };
+    let address = listener
+        .as_ref()
+        .and_then(|listener| listener.local_addr().ok())
+        .map(|addr| addr.to_string());
+    let fleet = crate::fleet::Fleet::start_announcing(config, address, shutdown.clone()).await?;
+    let admin = match listener
+        .map(|listener| crate::fleet::admin::serve_on(listener, fleet.clone(), shutdown.clone()))
+    {
+        Some(Err(error)) => {
+            shutdown.cancel();
+            fleet.stopped().await;
+            return Err(error);
         }
+        Some(Ok(admin)) => Some(admin),
+        None => None,
     };
     cancel_on_signal(shutdown.clone());
     fleet.stopped().await;

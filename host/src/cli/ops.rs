@@ -100,20 +100,34 @@ pub async fn status(database: Database, admin: Option<String>, json: bool) -> an
         .running_relays(Duration::from_secs(30))
         .await
         .unwrap_or_default();
-    let admin = admin
+    // With several relays sharing databases out, the first that serves
+    // this one answers.
+    let name = config
+        .as_ref()
+        .filter(|c| c.serves_many())
+        .and(database.database.as_deref());
+    let mut candidates: Vec<String> = admin
         .or_else(|| {
             config
                 .map(|c| c.admin.listen)
                 .filter(|listen| !listen.is_empty() && !listen.ends_with(":0"))
         })
-        .or_else(|| relays.iter().find_map(|r| r.admin_address.clone()));
-    let (relay, relay_error) = match &admin {
-        Some(addr) => match crate::admin::fetch_status(addr).await {
-            Ok(status) => (Some(status), None),
-            Err(e) => (None, Some(format!("{e:#}"))),
-        },
-        None => (None, None),
-    };
+        .into_iter()
+        .collect();
+    if candidates.is_empty() {
+        candidates.extend(relays.iter().filter_map(|r| r.admin_address.clone()));
+    }
+    let (mut admin, mut relay, mut relay_error) = (None, None, None);
+    for addr in candidates {
+        match crate::admin::fetch_status(&addr, name).await {
+            Ok(status) => {
+                (admin, relay, relay_error) = (Some(addr), Some(status), None);
+                break;
+            }
+            Err(e) if admin.is_none() => (admin, relay_error) = (Some(addr), Some(format!("{e:#}"))),
+            Err(_) => {}
+        }
+    }
     let report = StatusReport {
         database: store.kind(),
         outbox,

@@ -2,7 +2,8 @@
 //! for all (each figure labelled with its database), and a `/readyz` that
 //! says which databases are served: `ok`, `degraded` (some are not, the
 //! process still serves the rest: 200) or `down` (none is, or a target or
-//! plugin fails: 503).
+//! plugin fails: 503), and `/status?database=NAME`, one database's status
+//! as a single relay gives it.
 
 use std::collections::BTreeMap;
 
@@ -27,12 +28,25 @@ const CHECKS_AT_ONCE: usize = 16;
 /// # Errors
 /// The address cannot be bound.
 pub async fn serve(listen: &str, fleet: Fleet, shutdown: CancellationToken) -> anyhow::Result<AdminServer> {
+    serve_on(crate::admin::bind(listen).await?, fleet, shutdown)
+}
+
+/// Serves the fleet's admin endpoints on a bound `listener` until `shutdown`.
+///
+/// # Errors
+/// The listener has no local address.
+pub fn serve_on(
+    listener: tokio::net::TcpListener,
+    fleet: Fleet,
+    shutdown: CancellationToken,
+) -> anyhow::Result<AdminServer> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/status", get(status))
         .with_state(fleet);
-    crate::admin::serve_router(listen, app, shutdown).await
+    crate::admin::serve_listener(listener, app, shutdown)
 }
 
 async fn metrics(State(fleet): State<Fleet>) -> Response {
@@ -147,4 +161,54 @@ async fn readyz(State(fleet): State<Fleet>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, axum::Json(readiness)).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct StatusQuery {
+    database: Option<String>,
+}
+
+/// One database's status; the name may be left out when there is one.
+async fn status(
+    State(fleet): State<Fleet>,
+    axum::extract::Query(query): axum::extract::Query<StatusQuery>,
+) -> Response {
+    let databases = fleet.databases();
+    let names = || databases.keys().cloned().collect::<Vec<_>>().join(", ");
+    let refuse = |status: StatusCode, error: String| {
+        (status, axum::Json(serde_json::json!({ "error": error }))).into_response()
+    };
+    let name = match query.database {
+        Some(name) => name,
+        None if databases.len() == 1 => databases.keys().next().cloned().unwrap_or_default(),
+        None => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("which database? /status?database=NAME, one of: {}", names()),
+            );
+        }
+    };
+    match databases.get(&name) {
+        Some(DatabaseState::Running(relay)) => {
+            axum::Json(crate::admin::relay_status(relay).await).into_response()
+        }
+        Some(DatabaseState::Standby { owner }) => refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "database {name:?} is served by {}, not here",
+                owner.as_deref().unwrap_or("no relay yet")
+            ),
+        ),
+        Some(DatabaseState::Starting { last_error, .. }) => refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "database {name:?} is not served yet: {}",
+                last_error.as_deref().unwrap_or("connecting")
+            ),
+        ),
+        None => refuse(
+            StatusCode::NOT_FOUND,
+            format!("no database {name:?} here; served: {}", names()),
+        ),
+    }
 }

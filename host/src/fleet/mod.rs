@@ -75,6 +75,8 @@ struct FleetInner {
     gave_up: Mutex<Option<Instant>>,
     /// `[connections] per_server`, shared out among the databases.
     budget: budget::Budget,
+    /// Where the admin endpoint listens (for `switchyard_relays`).
+    admin: Option<String>,
     shutdown: CancellationToken,
 }
 
@@ -87,6 +89,19 @@ impl Fleet {
     /// A shared part fails: plugins that do not load, a target that cannot
     /// be reached.
     pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Fleet> {
+        Fleet::start_announcing(config, None, shutdown).await
+    }
+
+    /// [`Fleet::start`], saying in each database's `switchyard_relays` row
+    /// that the admin endpoint listens at `admin` (for `status`).
+    ///
+    /// # Errors
+    /// As [`Fleet::start`].
+    pub async fn start_announcing(
+        config: Config,
+        admin: Option<String>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Fleet> {
         let shared = Shared::start(&config).await?;
         let fleet = Fleet {
             inner: Arc::new(FleetInner {
@@ -98,15 +113,11 @@ impl Fleet {
                 relays: std::sync::atomic::AtomicU64::new(1),
                 gave_up: Mutex::new(None),
                 budget: budget::Budget::new(config.connections.as_ref().map(|c| c.per_server)),
+                admin,
                 shutdown,
             }),
         };
-        for database in &config.databases {
-            fleet.add(database.clone());
-        }
-        if !config.serves_many() {
-            fleet.add(config.database_list().remove(0));
-        }
+        fleet.add_all(config.database_list());
         if let Some(catalog) = config.catalog.clone() {
             tokio::spawn(follow_catalog(fleet.clone(), catalog).in_current_span());
         }
@@ -127,13 +138,45 @@ impl Fleet {
     /// was started from other settings). Nothing happens for one already
     /// served as it is.
     pub fn add(&self, database: NamedDatabase) {
+        self.add_all(vec![database]);
+    }
+
+    /// [`Fleet::add`] for several databases, their places in the connection
+    /// budget taken together first: the first to start does not take the
+    /// share of one that starts a moment later (and then give it back).
+    pub fn add_all(&self, databases: Vec<NamedDatabase>) {
+        let databases: Vec<NamedDatabase> = {
+            let members = self.members();
+            databases
+                .into_iter()
+                .filter(|database| {
+                    members.get(&database.name).is_none_or(|member| {
+                        member.entry.url != database.url
+                            || member.entry.max_connections != database.max_connections
+                    })
+                })
+                .collect()
+        };
+        let wants: Vec<Option<budget::Want>> = databases
+            .iter()
+            .map(|database| {
+                self.inner
+                    .config
+                    .ownership
+                    .is_none()
+                    .then(|| self.inner.budget.want(&database.url))
+            })
+            .collect();
+        for (database, want) in databases.into_iter().zip(wants) {
+            self.add_one(database, want);
+        }
+    }
+
+    fn add_one(&self, database: NamedDatabase, want: Option<budget::Want>) {
         let mut members = self.members();
+        // Changed settings: the old relay stops in the background (its
+        // leases are released) while the new one starts.
         if let Some(member) = members.get(&database.name) {
-            if member.entry.url == database.url && member.entry.max_connections == database.max_connections {
-                return;
-            }
-            // Changed settings: the old relay stops in the background (its
-            // leases are released) while the new one starts.
             member.stop.cancel();
         }
         let state = Arc::new(Mutex::new(DatabaseState::Starting {
@@ -155,7 +198,7 @@ impl Fleet {
                 .instrument(span),
             ),
             None => tokio::spawn(
-                serve(self.clone(), database.clone(), state.clone(), stop.clone()).instrument(span),
+                serve(self.clone(), database.clone(), state.clone(), stop.clone(), want).instrument(span),
             ),
         };
         members.insert(
@@ -219,6 +262,11 @@ impl Fleet {
             DatabaseState::Running(relay) => Some(relay),
             DatabaseState::Starting { .. } | DatabaseState::Standby { .. } => None,
         }
+    }
+
+    /// Where the admin endpoint listens, as given at start.
+    pub fn admin_address(&self) -> Option<String> {
+        self.inner.admin.clone()
     }
 
     /// With `[ownership]`: how many databases this relay holds.
@@ -326,13 +374,15 @@ async fn follow_catalog(fleet: Fleet, catalog: crate::config::CatalogConfig) {
                     fleet.remove(&gone).await;
                     listed.remove(&gone);
                 }
+                let mut listing_now = Vec::new();
                 for (name, database) in listing.databases {
                     if !listed.contains(&name) {
                         tracing::info!(database = %name, "The catalog lists a new database.");
                     }
                     listed.insert(name);
-                    fleet.add(database);
+                    listing_now.push(database);
                 }
+                fleet.add_all(listing_now);
                 *fleet.inner.catalog.lock().unwrap_or_else(PoisonError::into_inner) = Some(Ok(()));
             }
             Err(error) => {
@@ -359,9 +409,10 @@ async fn serve(
     database: NamedDatabase,
     state: Arc<Mutex<DatabaseState>>,
     stop: CancellationToken,
+    want: Option<budget::Want>,
 ) {
     let config = fleet.inner.config.for_database(&database);
-    let want = fleet.inner.budget.want(&database.url);
+    let want = want.unwrap_or_else(|| fleet.inner.budget.want(&database.url));
     let set = |next: DatabaseState| *state.lock().unwrap_or_else(PoisonError::into_inner) = next;
     let mut attempts = 0_u32;
     let mut since = Instant::now();
@@ -386,8 +437,7 @@ async fn serve(
                             listen = listens(&sized),
                             "Serving the database."
                         );
-                        let announce = fleet.inner.config.ownership.is_none();
-                        let result = run_relay(&relay, &sized, round.clone(), announce).await;
+                        let result = run_relay(&fleet, &relay, &sized, round.clone()).await;
                         relay.store().close().await;
                         drop(grant);
                         if stop.is_cancelled() {
@@ -479,18 +529,18 @@ async fn build(
 /// Runs one database's relay with what runs beside it in a single-database
 /// process: its row in `switchyard_relays` and retention.
 async fn run_relay(
+    fleet: &Fleet,
     relay: &Relay,
     config: &Config,
     stop: CancellationToken,
-    announce: bool,
 ) -> anyhow::Result<()> {
     // With `[ownership]` the ownership follower says this relay runs here.
-    let announcer = announce.then(|| {
+    let announcer = fleet.inner.config.ownership.is_none().then(|| {
         tokio::spawn(
             crate::app::announce(
                 relay.store().clone(),
                 relay.owner().to_string(),
-                None,
+                fleet.admin_address(),
                 stop.clone(),
             )
             .in_current_span(),

@@ -65,7 +65,7 @@ pub(super) async fn follow(
         }
         if let Some(store) = &store {
             // Says this relay runs here, for the others' count of relays.
-            let _ = store.announce_relay(&me, None).await;
+            let _ = store.announce_relay(&me, fleet.admin_address().as_deref()).await;
             // Every relay says so each tick: one silent for a whole lease is gone.
             let read = store.ownership(lease).await;
             if let Ok(ownership) = &read {
@@ -160,7 +160,14 @@ fn serve(
     tracing::info!(token, "This relay now serves the database.");
     let child = stop.child_token();
     let serving = tokio::spawn(
-        super::serve(fleet.clone(), database.clone(), state.clone(), child.clone()).in_current_span(),
+        super::serve(
+            fleet.clone(),
+            database.clone(),
+            state.clone(),
+            child.clone(),
+            None,
+        )
+        .in_current_span(),
     );
     let now = Instant::now();
     Held {
