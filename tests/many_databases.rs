@@ -148,6 +148,24 @@ fn sequences(received: &[Received]) -> BTreeMap<String, Vec<u64>> {
     by_aggregate
 }
 
+/// Waits for `events` events of every aggregate of every database, then
+/// checks that each came once, in order.
+async fn every_event_in_order(nats: &NatsServer, databases: &[Database], events: u64) {
+    let total = databases.len() * AGGREGATES * usize::try_from(events).expect("events");
+    eventually("every event arrives", Duration::from_secs(90), || async {
+        (nats.stream_len(STREAM).await as usize >= total).then_some(())
+    })
+    .await;
+    let sequences = sequences(&nats.read_stream(STREAM).await);
+    let want: Vec<u64> = (0..events).collect();
+    for db in databases {
+        for aggregate in 0..AGGREGATES {
+            let key = format!("{}-{aggregate}", db.name);
+            assert_eq!(sequences.get(&key), Some(&want), "{key}: every event, in order");
+        }
+    }
+}
+
 /// The count of commit-to-publish observations for `database`, and how
 /// many of them were within `bucket` seconds.
 fn latency(metrics: &str, database: &str, bucket: &str) -> (u64, u64) {
@@ -506,22 +524,7 @@ async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
     eprintln!("takeover after SIGKILL: {} ms", takeover.as_millis());
     // Lease (3 s) plus a renewal period (1 s), with room for a loaded machine.
     assert!(takeover < Duration::from_secs(10), "takeover took {takeover:?}");
-    let total = databases.len() * AGGREGATES * 4;
-    eventually("every event arrives", Duration::from_secs(60), || async {
-        (nats.stream_len(STREAM).await as usize >= total).then_some(())
-    })
-    .await;
-    let sequences = sequences(&nats.read_stream(STREAM).await);
-    for db in &databases {
-        for aggregate in 0..AGGREGATES {
-            let key = format!("{}-{aggregate}", db.name);
-            assert_eq!(
-                sequences.get(&key),
-                Some(&vec![0, 1, 2, 3]),
-                "{key}: every event, in order"
-            );
-        }
-    }
+    every_event_in_order(&nats, &databases, 4).await;
     a.terminate();
     // A clean stop hands every database back.
     assert_eq!(owners(&databases).await, vec![None; 6]);
@@ -596,24 +599,7 @@ async fn a_connection_budget_per_server_is_shared_out_and_never_exceeded() {
         futures::future::join_all(databases.iter().map(|db| db.write(seq))).await;
     }
     all_running(&fleet, 6).await;
-    let total = databases.len() * AGGREGATES * 3;
-    eventually(
-        "every database publishes everything",
-        Duration::from_secs(90),
-        || async { (nats.stream_len(STREAM).await as usize >= total).then_some(()) },
-    )
-    .await;
-    let sequences = sequences(&nats.read_stream(STREAM).await);
-    for db in &databases {
-        for aggregate in 0..AGGREGATES {
-            let key = format!("{}-{aggregate}", db.name);
-            assert_eq!(
-                sequences.get(&key),
-                Some(&vec![0, 1, 2]),
-                "{key}: every event, in order"
-            );
-        }
-    }
+    every_event_in_order(&nats, &databases, 3).await;
     let readiness = switchyard::fleet::admin::readiness(&fleet).await;
     assert_eq!(readiness.state, "ok", "{readiness:?}");
     shutdown.cancel();
