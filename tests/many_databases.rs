@@ -373,6 +373,30 @@ async fn databases_come_and_go_with_the_catalog_while_the_relay_runs() {
     assert!(fleet.metrics().render().contains("database=\"pg02\""));
     let readiness = switchyard::fleet::admin::readiness(&fleet).await;
     assert_eq!(readiness.state, "ok", "{readiness:?}");
+    // `/status` answers for a database by name, and says which names there are.
+    let admin = switchyard::fleet::admin::serve("127.0.0.1:0", fleet.clone(), shutdown.clone())
+        .await
+        .expect("admin endpoint");
+    let addr = admin.local_addr.to_string();
+    let status = switchyard::admin::fetch_status(&addr, Some("pg02"))
+        .await
+        .expect("pg02's status");
+    assert_eq!(status.owner, fleet.owner());
+    for (name, answer) in [
+        (
+            None,
+            "400 Bad Request: {\"error\":\"which database? /status?database=NAME, one of: pg00, pg01, pg02\"}",
+        ),
+        (
+            Some("nope"),
+            "404 Not Found: {\"error\":\"no database \\\"nope\\\" here; served: pg00, pg01, pg02\"}",
+        ),
+    ] {
+        let error = switchyard::admin::fetch_status(&addr, name)
+            .await
+            .expect_err("no status");
+        assert_eq!(error.to_string(), format!("the admin endpoint answered {answer}"));
+    }
 
     // Its row goes: its relay stops, its rows stay, its figures leave /metrics.
     sqlx::query("DELETE FROM tenants WHERE name = 'pg02'")
