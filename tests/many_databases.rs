@@ -1,6 +1,8 @@
 //! One relay serving many outbox databases: 20 PostgreSQL databases and 5
 //! SQLite files behind one process, one database stopped mid-run and
-//! another given a poison row, databases added and removed while it runs.
+//! another given a poison row, databases added and removed while it runs;
+//! a connection budget per server and idle polls; relays sharing databases
+//! out, one killed, one database down for longer than the ownership lease.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -690,4 +692,75 @@ async fn an_idle_database_is_polled_less_and_less_often_but_still_relays_at_once
     );
     shutdown.cancel();
     fleet.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_unreachable_for_longer_than_the_ownership_lease_is_served_again_when_it_returns() {
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let databases = databases(4, 0).await;
+    let all: Vec<&Database> = databases.iter().collect();
+    let config = config(&all, &nats.url(), "[ownership]\nlease_seconds = 3\n");
+    let mut a = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-a");
+    let mut b = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-b");
+    eventually("the relays hold two each", Duration::from_secs(60), || async {
+        let owners = owners(&databases).await;
+        (held_by(&owners, "relay-a") == 2 && held_by(&owners, "relay-b") == 2).then_some(())
+    })
+    .await;
+    for db in &databases {
+        db.write(0).await;
+    }
+    let (down, others) = databases.split_first().expect("four databases");
+    let Outbox::Postgres(down_db) = &down.outbox else {
+        unreachable!("pg00 is PostgreSQL")
+    };
+    // Down for three leases: its owner cannot renew and stops serving it,
+    // and nobody can take it meanwhile. The other databases go on.
+    set_connections(&down_db.name, false).await;
+    let went_down = Instant::now();
+    for seq in 1..4 {
+        for db in others {
+            db.write(seq).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eventually(
+        "the other databases relay everything",
+        Duration::from_secs(30),
+        || async {
+            let sequences = sequences(&nats.read_stream(STREAM).await);
+            let want: Vec<u64> = (0..4).collect();
+            others
+                .iter()
+                .all(|db| (0..AGGREGATES).all(|i| sequences.get(&format!("{}-{i}", db.name)) == Some(&want)))
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(9).saturating_sub(went_down.elapsed())).await;
+    set_connections(&down_db.name, true).await;
+    let back = Instant::now();
+    for seq in 1..4 {
+        down.write(seq).await;
+    }
+    eventually("a relay serves it again", Duration::from_secs(30), || async {
+        fleet::owners(&[&down_db.pool]).await[0].clone()
+    })
+    .await;
+    let served_again = back.elapsed();
+    eprintln!("served again {} ms after it returned", served_again.as_millis());
+    // A follower tries each third of a lease (1 s); room for a loaded machine.
+    assert!(served_again < Duration::from_secs(10), "served again after {served_again:?}");
+    every_event_in_order(&nats, &databases, 4).await;
+    let owners = owners(&databases).await;
+    assert_eq!(
+        held_by(&owners, "relay-a") + held_by(&owners, "relay-b"),
+        4,
+        "every database held by one of the relays: {owners:?}"
+    );
+    a.terminate();
+    b.terminate();
 }
