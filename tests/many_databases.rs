@@ -753,7 +753,10 @@ async fn a_database_unreachable_for_longer_than_the_ownership_lease_is_served_ag
     let served_again = back.elapsed();
     eprintln!("served again {} ms after it returned", served_again.as_millis());
     // A follower tries each third of a lease (1 s); room for a loaded machine.
-    assert!(served_again < Duration::from_secs(10), "served again after {served_again:?}");
+    assert!(
+        served_again < Duration::from_secs(10),
+        "served again after {served_again:?}"
+    );
     every_event_in_order(&nats, &databases, 4).await;
     let owners = owners(&databases).await;
     assert_eq!(
