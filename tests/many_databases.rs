@@ -84,6 +84,13 @@ impl Database {
     }
 }
 
+/// A NATS server with the stream every test's events go to.
+async fn nats() -> NatsServer {
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    nats
+}
+
 async fn databases(postgres: usize, sqlite: usize) -> Vec<Database> {
     let pg = futures::future::join_all((0..postgres).map(|_| fresh_db())).await;
     let mut all: Vec<Database> = pg
@@ -206,8 +213,7 @@ async fn set_connections(name: &str, allowed: bool) {
 async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself() {
     let _heavy = exclusive().await;
     init_logging();
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let nats = nats().await;
     let databases = databases(20, 5).await;
     let all: Vec<&Database> = databases.iter().collect();
     let shutdown = CancellationToken::new();
@@ -326,8 +332,7 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
 async fn databases_come_and_go_with_the_catalog_while_the_relay_runs() {
     let _heavy = exclusive().await;
     init_logging();
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let nats = nats().await;
     let mut databases = databases(2, 0).await;
     // A tenant database the catalog lists before anyone migrated it.
     databases.push(Database {
@@ -476,8 +481,7 @@ fn held_by(owners: &[Option<String>], relay: &str) -> usize {
 async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
     let _heavy = exclusive().await;
     init_logging();
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let nats = nats().await;
     let databases = databases(6, 0).await;
     let all: Vec<&Database> = databases.iter().collect();
     // Each relay's admin endpoint on a port of its own, found by `status`.
@@ -570,8 +574,7 @@ async fn a_connection_budget_per_server_is_shared_out_and_never_exceeded() {
     const PER_SERVER: i64 = 8;
     let _heavy = exclusive().await;
     init_logging();
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let nats = nats().await;
     let databases = databases(6, 0).await;
     let shutdown = CancellationToken::new();
     let budget = format!("[connections]\nper_server = {PER_SERVER}\n");
@@ -654,8 +657,7 @@ fn claims(fleet: &Fleet, database: &str) -> u64 {
 async fn an_idle_database_is_polled_less_and_less_often_but_still_relays_at_once() {
     let _heavy = exclusive().await;
     init_logging();
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let nats = nats().await;
     let databases = databases(1, 0).await;
     let listed = vec![(databases[0].name.clone(), databases[0].url())];
     let relay = RelaySection::new()
@@ -698,8 +700,7 @@ async fn an_idle_database_is_polled_less_and_less_often_but_still_relays_at_once
 async fn a_database_unreachable_for_longer_than_the_ownership_lease_is_served_again_when_it_returns() {
     let _heavy = exclusive().await;
     init_logging();
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let nats = nats().await;
     let databases = databases(4, 0).await;
     let all: Vec<&Database> = databases.iter().collect();
     let config = config(&all, &nats.url(), "[ownership]\nlease_seconds = 3\n");
