@@ -429,12 +429,13 @@ async fn serve(
                 };
                 match built {
                     Ok(builder) => {
-                        let relay = builder.listen(listens(&sized)).build();
+                        let listen = listens(&sized);
+                        let relay = builder.listen(listen).build();
                         set(DatabaseState::Running(relay.clone()));
                         tracing::info!(
                             attempts,
                             connections = grant.connections,
-                            listen = listens(&sized),
+                            listen,
                             "Serving the database."
                         );
                         let result = run_relay(&fleet, &relay, &sized, round.clone()).await;

@@ -33,15 +33,12 @@ impl Relay {
         // over); what is heard then is an ack that freed a parked row.
         // Without LISTEN (a connection budget too small for it) the poll
         // alone finds new rows.
-        let listener = AbortOnDropHandle::new(tokio::spawn({
+        let listener = self.inner.listen.then(|| {
             let (store, wake, shutdown) = (self.inner.store.clone(), wake.clone(), shutdown.clone());
-            let listen = self.inner.listen;
-            async move {
-                if listen {
-                    store.wake_on_commits(wake, shutdown).await;
-                }
-            }
-        }));
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                store.wake_on_commits(wake, shutdown).await;
+            }))
+        });
         // A feed that ends on its own (its slot is gone) stops the relay.
         let feed_failed = CancellationToken::new();
         let mut feed = self.spawn_feed(&shutdown, &feed_failed);
@@ -110,7 +107,9 @@ impl Relay {
         if let Some(feed) = feed {
             let _ = feed.await;
         }
-        listener.abort();
+        if let Some(listener) = listener {
+            listener.abort();
+        }
         sweeper.abort();
         waiting_sweeper.abort();
         match feed_error {
