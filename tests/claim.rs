@@ -1075,9 +1075,12 @@ async fn claims_follow_the_due_index_across_the_migration_that_changes_it() {
         "before the migration, a claim of one row read {read} entries of the due index"
     );
 
-    // Another process migrates; this store keeps running.
+    // Another process migrates; this store keeps running. The claim that
+    // meets the new index claims right, and tells the next one of it.
     OutboxStore::new(db.pool.clone()).migrate().await.unwrap();
-    let before = due_index_entries_read(&db.pool).await;
+    let settled = due_index_entries_read(&db.pool).await;
+    assert_eq!(store.claim("a", 1, LEASE).await.unwrap().rows.len(), 1);
+    let before = settled + due_index_entries_read_since(&db.pool, settled).await;
     assert_eq!(store.claim("a", 1, LEASE).await.unwrap().rows.len(), 1);
     let read = due_index_entries_read_since(&db.pool, before).await;
     assert!(

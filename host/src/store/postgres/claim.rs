@@ -65,9 +65,10 @@ const QUERY_CANCELED: &str = "57014";
 /// When a queued row is due, as the due index has it: since migration
 /// 20261126000000 (`switchyard_outbox_due_since_insert_idx`) from the
 /// insert, before it (`switchyard_outbox_due_idx`) from the writer's
-/// `created_at` too. Each claim asks which index is there, so a relay
-/// deployed before `switchyard migrate` runs, or running while it does,
-/// claims through an index, never by a scan of the table.
+/// `created_at` too. Each claim says which index is there for the next one,
+/// so a relay deployed before `switchyard migrate` runs, or running while
+/// it does, claims through its index, never by a scan of the table (the
+/// one claim that meets the change reads another index whole).
 const DUE: &str = "GREATEST(o.next_attempt_at, o.not_before)";
 const DUE_FROM_CREATED_AT: &str = "GREATEST(o.next_attempt_at, o.not_before, o.created_at)";
 
@@ -222,7 +223,8 @@ WITH due AS MATERIALIZED (
 )
 SELECT c.*, h.held_by, (SELECT count(*) FROM parked) AS parked,
        (SELECT count(*) FROM probe p WHERE p.blocker IS NOT NULL AND p.held_by IS NULL) AS blocked,
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s,
+       to_regclass('switchyard_outbox_due_idx') IS NOT NULL AS old_due_index
   FROM (SELECT 1) AS one LEFT JOIN claimed c ON true LEFT JOIN held_by h ON h.id = c.id
 "#;
 
@@ -254,26 +256,26 @@ UPDATE switchyard_outbox o
 RETURNING __ROW_COLUMNS__
 "#;
 
-/// Settings for the claim transaction; it returns whether the due index
-/// still reads `created_at` (see [`DUE`]). The statement timeout bounds a
-/// claim to half the lease. The planner settings leave it one way to run
-/// the v2 statement - index probes in nested loops - so statistics taken
-/// while the outbox was drained cannot send it into a scan of the backlog.
-fn claim_settings(lease_ms: i64, v2: bool) -> String {
+/// Opens the claim transaction with its settings, in the one round trip
+/// of its BEGIN. The statement timeout bounds a claim to half the lease.
+/// The planner settings leave the v2 statement one way to run - index
+/// probes in nested loops - so statistics taken while the outbox was
+/// drained cannot send it into a scan of the backlog.
+fn claim_begin(lease_ms: i64, v2: bool) -> String {
     let timeout = (lease_ms / 2).max(1);
-    if v2 {
-        format!(
-            "SELECT to_regclass('switchyard_outbox_due_idx') IS NOT NULL,
-                    set_config('statement_timeout', '{timeout}', true),
-                    set_config('enable_seqscan', 'off', true),
-                    set_config('enable_bitmapscan', 'off', true),
-                    set_config('enable_hashjoin', 'off', true),
-                    set_config('enable_mergejoin', 'off', true)"
-        )
-    } else {
-        format!("SELECT false, set_config('statement_timeout', '{timeout}', true)")
-    }
+    let planner = if v2 { INDEX_PROBES_ONLY } else { "" };
+    format!("BEGIN; SET LOCAL statement_timeout = {timeout};{planner}")
 }
+
+/// Planner settings, `SET LOCAL` in a BEGIN: no plan but index probes.
+macro_rules! index_probes_only {
+    () => {
+        " SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
+          SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;"
+    };
+}
+pub(super) use index_probes_only;
+const INDEX_PROBES_ONLY: &str = index_probes_only!();
 
 /// Reads up to `limit` unfinished rows in id order without claiming or
 /// changing anything, in a read-only transaction (for dry runs).
@@ -293,28 +295,30 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 }
 
 /// Claims up to `limit` rows for `owner`, leased for `lease`; `v2` picks
-/// the statements of the v2 schema, `waiting` those that read `waiting_on`. Rows are read one at a time as they
+/// the statements of the v2 schema, `waiting` those that read `waiting_on`,
+/// `due_from_created_at` those for the due index before migration
+/// 20261126000000 (see [`DUE`]). Rows are read one at a time as they
 /// arrive, and a payload over `max_payload_bytes` is let go at once.
+/// Returns with the claim whether the next one is `due_from_created_at`
+/// (v2; v1 claims do not look).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn claim(
     pool: &PgPool,
     v2: bool,
     waiting: bool,
+    due_from_created_at: bool,
     dead_letter_blocks_aggregate: bool,
     owner: &str,
     limit: u32,
     lease: Duration,
     max_payload_bytes: usize,
-) -> Result<Claim, Error> {
+) -> Result<(Claim, Option<bool>), Error> {
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     // A claim slower than half the lease is of no use: its rows could not
     // be published before the lease ends.
-    let mut tx = pool.begin().await?;
-    let due_from_created_at: bool = sqlx::query_scalar(&claim_settings(lease_ms, v2))
-        .fetch_one(&mut *tx)
-        .await?;
+    let mut tx = pool.begin_with(claim_begin(lease_ms, v2)).await?;
     let statements = if v2 {
         &CLAIM_STATEMENTS[usize::from(due_from_created_at)][usize::from(waiting)]
     } else {
@@ -324,6 +328,7 @@ pub(super) async fn claim(
     let mut parked = 0;
     let mut blocked = 0;
     let mut statement = None;
+    let mut old_due_index = None;
     let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
     let read = async {
         let mut records = sqlx::query(sql)
@@ -341,6 +346,7 @@ pub(super) async fn claim(
                     blocked = usize::try_from(record.try_get::<i64, _>("blocked")?).unwrap_or(0);
                     let seconds: f64 = record.try_get("statement_s")?;
                     statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
+                    old_due_index = Some(record.try_get::<bool, _>("old_due_index")?);
                 }
                 if record.try_get::<Option<i64>, _>(0)?.is_none() {
                     continue;
@@ -369,7 +375,7 @@ pub(super) async fn claim(
     // v2: rows behind a predecessor that were neither taken nor parked
     // (it was being acked); v1 parks nothing, so any ack may free rows.
     let look_again = if v2 { blocked > parked } else { !rows.is_empty() };
-    Ok(Claim {
+    let claim = Claim {
         lease: lease_id,
         rows,
         deadline: started + lease,
@@ -377,5 +383,6 @@ pub(super) async fn claim(
         statement,
         parked,
         look_again,
-    })
+    };
+    Ok((claim, old_due_index))
 }

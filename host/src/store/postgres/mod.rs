@@ -34,6 +34,9 @@ pub(super) struct Postgres {
     pub(super) pool: PgPool,
     /// What the schema has, once known: [`KNOWN`], [`QUEUES`], [`WAITING`].
     schema: Arc<AtomicU8>,
+    /// Whether the due index still reads `created_at`, as the last claim
+    /// saw it: [`KNOWN`] | [`OLD_DUE_INDEX`], or 0 before the first.
+    due_index: Arc<AtomicU8>,
 }
 
 impl Postgres {
@@ -41,7 +44,28 @@ impl Postgres {
         Postgres {
             pool,
             schema: Arc::new(AtomicU8::new(0)),
+            due_index: Arc::default(),
         }
+    }
+
+    /// Whether the due index is the one before migration 20261126000000:
+    /// asked before the first claim, then each claim tells the next
+    /// (asking in a round trip of its own cost one per claim).
+    async fn due_from_created_at(&self) -> Result<bool, Error> {
+        let known = self.due_index.load(Ordering::Relaxed);
+        if known & KNOWN != 0 {
+            return Ok(known & OLD_DUE_INDEX != 0);
+        }
+        let old: bool = sqlx::query_scalar("SELECT to_regclass('switchyard_outbox_due_idx') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        self.saw_due_index(old);
+        Ok(old)
+    }
+
+    fn saw_due_index(&self, old: bool) {
+        let bits = KNOWN | if old { OLD_DUE_INDEX } else { 0 };
+        self.due_index.store(bits, Ordering::Relaxed);
     }
 
     /// The dialect for this outbox's schema version.
@@ -86,6 +110,8 @@ impl Postgres {
 const KNOWN: u8 = 1;
 const QUEUES: u8 = 2;
 const WAITING: u8 = 4;
+/// [`Postgres::due_from_created_at`]'s bit beside [`KNOWN`].
+const OLD_DUE_INDEX: u8 = 2;
 
 impl Backend for Postgres {
     async fn migrate(&self) -> Result<(), Error> {
@@ -171,18 +197,23 @@ impl Backend for Postgres {
     ) -> Result<Claim, Error> {
         let schema = self.schema().await?;
         let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
-        let blocks = dead_letter_blocks;
-        claim::claim(
+        let due_from_created_at = v2 && self.due_from_created_at().await?;
+        let (claim, old_due_index) = claim::claim(
             &self.pool,
             v2,
             waiting,
-            blocks,
+            due_from_created_at,
+            dead_letter_blocks,
             owner,
             limit,
             lease,
             max_payload_bytes,
         )
-        .await
+        .await?;
+        if let Some(old) = old_due_index {
+            self.saw_due_index(old);
+        }
+        Ok(claim)
     }
 
     async fn ack(
