@@ -248,6 +248,18 @@ impl Process {
         Process { child, _config: path }
     }
 
+    /// Sends `signal` (a `kill` name: STOP, CONT, ...).
+    ///
+    /// # Panics
+    /// If `kill` cannot be run.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal}");
+    }
+
     /// SIGKILL: no chance to finish or release anything.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -278,10 +290,13 @@ impl Drop for Process {
 }
 
 /// SIGKILLs a relay process `relay-a` on `config` while it holds leases:
-/// spawns it, waits until it holds some, kills it, and tries again (up to
-/// five times) when an ack that landed at the instant of the kill left it
-/// holding none. `after_spawn` runs after each spawn (to start a companion
-/// relay once A has met the backlog). Returns the rows A held when it died.
+/// spawns it, waits until it holds some, then stops it (SIGSTOP) and, once
+/// the statements it had sent are done, kills it if it still holds some;
+/// else lets it go on and looks again. An ack is one statement, which
+/// completes on the server after its sender dies: killed unseen, A could
+/// die between sending its last ack and claiming again as often as not.
+/// `after_spawn` runs after each spawn (to start a companion relay once A
+/// has met the backlog). Returns the rows A held when it died.
 ///
 /// # Panics
 /// When A never holds leases, or is never caught holding them.
@@ -299,10 +314,13 @@ pub async fn kill_while_holding_leases(
         .await
         .unwrap()
     };
-    let sessions_of_a = || async {
+    // Sessions of A that are still running a statement (`busy`), or at all.
+    let sessions_of_a = |busy: bool| async move {
         sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'switchyard relay-a' AND datname = current_database()",
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'switchyard relay-a'
+                AND datname = current_database() AND (NOT $1 OR state = 'active')",
         )
+        .bind(busy)
         .fetch_one(pool)
         .await
         .unwrap()
@@ -317,21 +335,42 @@ pub async fn kill_while_holding_leases(
         )
         .await;
         // Each relay names its connections after its instance id.
-        assert!(sessions_of_a().await > 0, "relay-a's sessions carry its name");
-        a.kill();
-        // An ack A sent just before dying still runs, and commits, on the
-        // server: count only once its sessions are gone, after their last
-        // statement. A fixed pause fell short on a loaded machine.
-        crate::eventually(
-            "relay-a's sessions end",
-            std::time::Duration::from_secs(60),
-            || async { (sessions_of_a().await == 0).then_some(()) },
-        )
-        .await;
-        let orphaned = held_by_a().await;
-        if orphaned > 0 {
-            return orphaned;
+        assert!(
+            sessions_of_a(false).await > 0,
+            "relay-a's sessions carry its name"
+        );
+        for _ in 0..100 {
+            a.signal("STOP");
+            // A statement of A's waiting for a lock another of its own
+            // transactions holds stays active until A goes on: look again.
+            let mut settled = false;
+            for _ in 0..100 {
+                if sessions_of_a(true).await == 0 {
+                    settled = true;
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            if !settled || held_by_a().await == 0 {
+                a.signal("CONT");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+            a.kill();
+            crate::eventually(
+                "relay-a's sessions end",
+                std::time::Duration::from_secs(60),
+                || async { (sessions_of_a(false).await == 0).then_some(()) },
+            )
+            .await;
+            // A claim A had not committed is gone with it.
+            let orphaned = held_by_a().await;
+            if orphaned > 0 {
+                return orphaned;
+            }
+            break;
         }
+        a.kill();
     }
     panic!("relay-a was never killed holding leases");
 }

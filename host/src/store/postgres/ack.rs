@@ -118,55 +118,111 @@ UPDATE switchyard_outbox o
            OR EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 3)))
    AND o.queue IN (2, 3)";
 
-/// Records the outcomes of a batch claimed under `lease`; returns the ids
-/// actually updated (a row whose lease was lost is left alone). On the v2
-/// schema, in the same transaction, the next parked row of every aggregate
-/// whose row finished goes back to the queue: a later statement, so it sees
-/// what claims that waited for these rows' locks committed.
+/// A batch's outcomes as the arrays [`OUTCOMES`] and `switchyard_ack()`
+/// read, one element per row.
+pub(super) struct Outcomes {
+    ids: Vec<i64>,
+    statuses: Vec<&'static str>,
+    backoffs: Vec<i64>,
+    errors: Vec<Option<String>>,
+    deliveries: Vec<String>,
+    versions: Vec<Option<String>>,
+    refunds: Vec<bool>,
+    /// A row's paused targets, joined by [`UNIT_SEPARATOR`]; `None` when it
+    /// waits for none.
+    waiting: Vec<Option<String>>,
+}
+
+impl Outcomes {
+    pub(super) fn of(outcomes: &[RowOutcome]) -> Outcomes {
+        let mut arrays = Outcomes {
+            ids: Vec::with_capacity(outcomes.len()),
+            statuses: Vec::with_capacity(outcomes.len()),
+            backoffs: Vec::with_capacity(outcomes.len()),
+            errors: Vec::with_capacity(outcomes.len()),
+            deliveries: Vec::with_capacity(outcomes.len()),
+            versions: Vec::with_capacity(outcomes.len()),
+            refunds: Vec::with_capacity(outcomes.len()),
+            waiting: Vec::with_capacity(outcomes.len()),
+        };
+        for row in outcomes {
+            arrays.ids.push(row.id.0);
+            arrays.statuses.push(row.outcome.status());
+            let (backoff, error) = match &row.outcome {
+                Outcome::Published => (0, None),
+                Outcome::Retry { after, error } => (
+                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                    Some(error.clone()),
+                ),
+                Outcome::Defer { after, reason, .. } => (
+                    i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                    Some(reason.clone()),
+                ),
+                Outcome::Dead { error } => (0, Some(error.clone())),
+            };
+            arrays.refunds.push(matches!(row.outcome, Outcome::Defer { .. }));
+            arrays.waiting.push(match &row.outcome {
+                Outcome::Defer { waiting_on, .. } if !waiting_on.is_empty() => {
+                    Some(waiting_on.join(&UNIT_SEPARATOR.to_string()))
+                }
+                _ => None,
+            });
+            arrays.backoffs.push(backoff);
+            // PostgreSQL text cannot hold NUL; plugin-supplied reasons might.
+            arrays.errors.push(error.map(|e| e.replace('\0', "\u{FFFD}")));
+            arrays.deliveries.push(deliveries_json(&row.deliveries));
+            arrays.versions.push(row.plugin_version.clone());
+        }
+        arrays
+    }
+}
+
+/// Records the outcomes of a batch claimed under `lease` in one call of
+/// `switchyard_ack()` (migration 20261202000000), which also moves back to
+/// the queue the parked rows the batch freed; returns the ids actually
+/// updated (a row whose lease was lost is left alone).
+pub(super) async fn ack_in_one_call(
+    pool: &PgPool,
+    published_rows: PublishedRows,
+    lease: LeaseId,
+    outcomes: &Outcomes,
+) -> Result<Vec<RowId>, Error> {
+    let published_rows = match published_rows {
+        PublishedRows::Keep => "keep",
+        PublishedRows::Delete => "delete",
+        PublishedRows::Archive => "archive",
+    };
+    let acked: Vec<i64> =
+        sqlx::query_scalar("SELECT switchyard_ack($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .bind(&outcomes.ids)
+            .bind(&outcomes.statuses)
+            .bind(&outcomes.backoffs)
+            .bind(&outcomes.errors)
+            .bind(&outcomes.deliveries)
+            .bind(&outcomes.versions)
+            .bind(&outcomes.refunds)
+            .bind(lease.0)
+            .bind(&outcomes.waiting)
+            .bind(published_rows)
+            .fetch_one(pool)
+            .await?;
+    Ok(acked.into_iter().map(RowId).collect())
+}
+
+/// Records the outcomes of a batch claimed under `lease` on an outbox
+/// migrated before `switchyard_ack()`; returns the ids actually updated (a
+/// row whose lease was lost is left alone). On the v2 schema, in the same
+/// transaction, the next parked row of every aggregate whose row finished
+/// goes back to the queue: a later statement, so it sees what claims that
+/// waited for these rows' locks committed.
 pub(super) async fn ack(
     pool: &PgPool,
     v2: bool,
     waiting_column: bool,
     published_rows: PublishedRows,
     lease: LeaseId,
-    outcomes: &[RowOutcome],
+    outcomes: &Outcomes,
 ) -> Result<Vec<RowId>, Error> {
-    let mut ids = Vec::with_capacity(outcomes.len());
-    let mut statuses = Vec::with_capacity(outcomes.len());
-    let mut backoffs = Vec::with_capacity(outcomes.len());
-    let mut errors = Vec::with_capacity(outcomes.len());
-    let mut deliveries = Vec::with_capacity(outcomes.len());
-    let mut versions = Vec::with_capacity(outcomes.len());
-    let mut refunds = Vec::with_capacity(outcomes.len());
-    let mut waiting = Vec::with_capacity(outcomes.len());
-    for row in outcomes {
-        ids.push(row.id.0);
-        statuses.push(row.outcome.status());
-        let (backoff, error) = match &row.outcome {
-            Outcome::Published => (0, None),
-            Outcome::Retry { after, error } => (
-                i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
-                Some(error.clone()),
-            ),
-            Outcome::Defer { after, reason, .. } => (
-                i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
-                Some(reason.clone()),
-            ),
-            Outcome::Dead { error } => (0, Some(error.clone())),
-        };
-        refunds.push(matches!(row.outcome, Outcome::Defer { .. }));
-        waiting.push(match &row.outcome {
-            Outcome::Defer { waiting_on, .. } if !waiting_on.is_empty() => {
-                Some(waiting_on.join(&UNIT_SEPARATOR.to_string()))
-            }
-            _ => None,
-        });
-        backoffs.push(backoff);
-        // PostgreSQL text cannot hold NUL; plugin-supplied reasons might.
-        errors.push(error.map(|e| e.replace('\0', "\u{FFFD}")));
-        deliveries.push(deliveries_json(&row.deliveries));
-        versions.push(row.plugin_version.clone());
-    }
     // The v1 schema predates deleting in the ack (and parking).
     let statements = &ACK_STATEMENTS[usize::from(waiting_column)];
     let statement = match (v2, published_rows) {
@@ -176,23 +232,25 @@ pub(super) async fn ack(
     };
     let mut tx = pool.begin_with(ACK_BEGIN).await?;
     let updated = sqlx::query(statement)
-        .bind(&ids)
-        .bind(&statuses)
-        .bind(&backoffs)
-        .bind(&errors)
-        .bind(&deliveries)
-        .bind(&versions)
-        .bind(&refunds)
+        .bind(&outcomes.ids)
+        .bind(&outcomes.statuses)
+        .bind(&outcomes.backoffs)
+        .bind(&outcomes.errors)
+        .bind(&outcomes.deliveries)
+        .bind(&outcomes.versions)
+        .bind(&outcomes.refunds)
         .bind(lease.0)
-        .bind(&waiting)
+        .bind(&outcomes.waiting)
         .fetch_all(&mut *tx)
         .await?;
     // A row now waiting for a paused target lets the next one of its
     // aggregate through, as a finished one does (see the claim's `held_by`).
     let waiting_rows: std::collections::HashSet<i64> = outcomes
+        .ids
         .iter()
-        .filter(|o| matches!(&o.outcome, Outcome::Defer { waiting_on, .. } if !waiting_on.is_empty()))
-        .map(|o| o.id.0)
+        .zip(&outcomes.waiting)
+        .filter(|(_, waiting)| waiting.is_some())
+        .map(|(id, _)| *id)
         .collect();
     let mut acked = Vec::with_capacity(updated.len());
     let (mut types, mut aggregates) = (Vec::new(), Vec::new());

@@ -92,24 +92,30 @@ impl Postgres {
         if known & KNOWN != 0 {
             return Ok(known);
         }
-        let (queues, waiting): (bool, bool) = sqlx::query_as(
-            "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on')
+        let (queues, waiting, ack_function): (bool, bool, bool) = sqlx::query_as(
+            "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on'),
+                    to_regproc('switchyard_ack') IS NOT NULL
                FROM (SELECT attname FROM pg_attribute
                       WHERE attrelid = to_regclass('switchyard_outbox') AND NOT attisdropped
                       UNION ALL SELECT '') a",
         )
         .fetch_one(&self.pool)
         .await?;
-        let bits = KNOWN | if queues { QUEUES } else { 0 } | if waiting { WAITING } else { 0 };
+        let bits = KNOWN
+            | if queues { QUEUES } else { 0 }
+            | if waiting { WAITING } else { 0 }
+            | if ack_function { ACK_FUNCTION } else { 0 };
         self.schema.store(bits, Ordering::Relaxed);
         Ok(bits)
     }
 }
 
-/// [`Postgres::schema`] bits: looked at, has `queue` (v2), has `waiting_on`.
+/// [`Postgres::schema`] bits: looked at, has `queue` (v2), has `waiting_on`,
+/// has `switchyard_ack()` (migration 20261202000000).
 const KNOWN: u8 = 1;
 const QUEUES: u8 = 2;
 const WAITING: u8 = 4;
+const ACK_FUNCTION: u8 = 8;
 /// [`Postgres::due_from_created_at`]'s bit beside [`KNOWN`].
 const OLD_DUE_INDEX: u8 = 2;
 
@@ -223,8 +229,12 @@ impl Backend for Postgres {
         published_rows: PublishedRows,
     ) -> Result<Vec<RowId>, Error> {
         let schema = self.schema().await?;
+        let outcomes = ack::Outcomes::of(outcomes);
+        if schema & ACK_FUNCTION != 0 {
+            return ack::ack_in_one_call(&self.pool, published_rows, lease, &outcomes).await;
+        }
         let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
-        ack::ack(&self.pool, v2, waiting, published_rows, lease, outcomes).await
+        ack::ack(&self.pool, v2, waiting, published_rows, lease, &outcomes).await
     }
 
     async fn unpark_stranded(&self, dead_letter_blocks: bool, limit: u32) -> Result<u64, Error> {
