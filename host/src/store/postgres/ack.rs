@@ -230,7 +230,12 @@ pub(super) async fn ack(
         (true, PublishedRows::Delete) => &statements[1],
         (true, PublishedRows::Archive) => &statements[2],
     };
-    let mut tx = pool.begin_with(ACK_BEGIN).await?;
+    // The v1 statements keep the plans they were measured with.
+    let mut tx = if v2 {
+        pool.begin_with(ACK_BEGIN).await?
+    } else {
+        pool.begin().await?
+    };
     let updated = sqlx::query(statement)
         .bind(&outcomes.ids)
         .bind(&outcomes.statuses)
