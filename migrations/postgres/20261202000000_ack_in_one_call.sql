@@ -37,83 +37,55 @@ DECLARE
     freed_ids text[];
     unparked bigint;
 BEGIN
-    IF p_published_rows = 'keep' THEN
-        WITH d AS (
-            SELECT * FROM unnest(p_ids, p_statuses, p_backoff_ms, p_errors, p_deliveries,
-                                 p_plugin_versions, p_refunds, p_waiting)
-                   AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund, waiting)
-        ), done AS (
-            UPDATE switchyard_outbox o
-               SET status = d.status,
-                   published_at = CASE WHEN d.status = 'published' THEN now() ELSE NULL END,
-                   next_attempt_at = CASE WHEN d.status = 'pending'
-                                          THEN now() + d.backoff_ms * interval '1 millisecond'
-                                          ELSE o.next_attempt_at END,
-                   last_error = d.error,
-                   attempts = o.attempts - CASE WHEN d.refund THEN 1 ELSE 0 END,
-                   deliveries = d.deliveries::jsonb,
-                   plugin_version = COALESCE(d.plugin_version, o.plugin_version),
-                   lease_owner = NULL,
-                   lease_id = NULL,
-                   lease_expires_at = NULL,
-                   waiting_on = string_to_array(d.waiting, chr(31))
-              FROM d
-             WHERE o.id = d.id AND o.status = 'in_flight' AND o.lease_id = p_lease
-            RETURNING o.id, o.status, o.aggregate_type, o.aggregate_id, d.waiting IS NOT NULL AS waits
-        )
-        SELECT array_agg(id),
-               array_agg(aggregate_type) FILTER (WHERE status <> 'pending' OR waits),
-               array_agg(aggregate_id) FILTER (WHERE status <> 'pending' OR waits)
-          INTO acked, freed_types, freed_ids
-          FROM done;
-    ELSE
-        WITH d AS MATERIALIZED (
-            SELECT * FROM unnest(p_ids, p_statuses, p_backoff_ms, p_errors, p_deliveries,
-                                 p_plugin_versions, p_refunds, p_waiting)
-                   AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund, waiting)
-        ), gone AS (
-            DELETE FROM switchyard_outbox o USING d
-             WHERE o.id = d.id AND d.status = 'published'
-               AND o.status = 'in_flight' AND o.lease_id = p_lease
-            RETURNING o.*, d.deliveries AS new_deliveries, d.plugin_version AS new_plugin_version
-        ), archived AS (
-            INSERT INTO switchyard_outbox_archive
-                   (id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
-                    headers, tenant, created_at, attempts, published_at, deliveries, plugin_version)
-            SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
-                   headers, tenant, created_at, attempts, now(), new_deliveries::jsonb,
-                   COALESCE(new_plugin_version, plugin_version)
-              FROM gone
-             WHERE p_published_rows = 'archive'
-        ), kept AS (
-            UPDATE switchyard_outbox o
-               SET status = d.status,
-                   published_at = NULL,
-                   next_attempt_at = CASE WHEN d.status = 'pending'
-                                          THEN now() + d.backoff_ms * interval '1 millisecond'
-                                          ELSE o.next_attempt_at END,
-                   last_error = d.error,
-                   attempts = o.attempts - CASE WHEN d.refund THEN 1 ELSE 0 END,
-                   deliveries = d.deliveries::jsonb,
-                   plugin_version = COALESCE(d.plugin_version, o.plugin_version),
-                   lease_owner = NULL,
-                   lease_id = NULL,
-                   lease_expires_at = NULL,
-                   waiting_on = string_to_array(d.waiting, chr(31))
-              FROM d
-             WHERE o.id = d.id AND d.status <> 'published'
-               AND o.status = 'in_flight' AND o.lease_id = p_lease
-            RETURNING o.id, o.status, o.aggregate_type, o.aggregate_id, d.waiting IS NOT NULL AS waits
-        ), done AS (
-            SELECT id, 'published' AS status, aggregate_type, aggregate_id, false AS waits FROM gone
-            UNION ALL SELECT * FROM kept
-        )
-        SELECT array_agg(id),
-               array_agg(aggregate_type) FILTER (WHERE status <> 'pending' OR waits),
-               array_agg(aggregate_id) FILTER (WHERE status <> 'pending' OR waits)
-          INTO acked, freed_types, freed_ids
-          FROM done;
-    END IF;
+    -- One statement for the three ways of keeping a published row; the
+    -- conditions on `p_published_rows` are decided once per call.
+    WITH d AS MATERIALIZED (
+        SELECT * FROM unnest(p_ids, p_statuses, p_backoff_ms, p_errors, p_deliveries,
+                             p_plugin_versions, p_refunds, p_waiting)
+               AS d(id, status, backoff_ms, error, deliveries, plugin_version, refund, waiting)
+    ), gone AS (
+        DELETE FROM switchyard_outbox o USING d
+         WHERE p_published_rows <> 'keep'
+           AND o.id = d.id AND d.status = 'published'
+           AND o.status = 'in_flight' AND o.lease_id = p_lease
+        RETURNING o.*, d.deliveries AS new_deliveries, d.plugin_version AS new_plugin_version
+    ), archived AS (
+        INSERT INTO switchyard_outbox_archive
+               (id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
+                headers, tenant, created_at, attempts, published_at, deliveries, plugin_version)
+        SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
+               headers, tenant, created_at, attempts, now(), new_deliveries::jsonb,
+               COALESCE(new_plugin_version, plugin_version)
+          FROM gone
+         WHERE p_published_rows = 'archive'
+    ), kept AS (
+        UPDATE switchyard_outbox o
+           SET status = d.status,
+               published_at = CASE WHEN d.status = 'published' THEN now() ELSE NULL END,
+               next_attempt_at = CASE WHEN d.status = 'pending'
+                                      THEN now() + d.backoff_ms * interval '1 millisecond'
+                                      ELSE o.next_attempt_at END,
+               last_error = d.error,
+               attempts = o.attempts - CASE WHEN d.refund THEN 1 ELSE 0 END,
+               deliveries = d.deliveries::jsonb,
+               plugin_version = COALESCE(d.plugin_version, o.plugin_version),
+               lease_owner = NULL,
+               lease_id = NULL,
+               lease_expires_at = NULL,
+               waiting_on = string_to_array(d.waiting, chr(31))
+          FROM d
+         WHERE (p_published_rows = 'keep' OR d.status <> 'published')
+           AND o.id = d.id AND o.status = 'in_flight' AND o.lease_id = p_lease
+        RETURNING o.id, o.status, o.aggregate_type, o.aggregate_id, d.waiting IS NOT NULL AS waits
+    ), done AS (
+        SELECT id, 'published' AS status, aggregate_type, aggregate_id, false AS waits FROM gone
+        UNION ALL SELECT * FROM kept
+    )
+    SELECT array_agg(id),
+           array_agg(aggregate_type) FILTER (WHERE status <> 'pending' OR waits),
+           array_agg(aggregate_id) FILTER (WHERE status <> 'pending' OR waits)
+      INTO acked, freed_types, freed_ids
+      FROM done;
 
     IF freed_types IS NOT NULL THEN
         -- The first parked row of each aggregate whose row finished goes

@@ -175,6 +175,24 @@ impl Outcomes {
         }
         arrays
     }
+
+    /// Binds the arrays as `$1`..`$7` and `$9`, and `lease` as `$8`.
+    fn bind<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        lease: LeaseId,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.ids)
+            .bind(&self.statuses)
+            .bind(&self.backoffs)
+            .bind(&self.errors)
+            .bind(&self.deliveries)
+            .bind(&self.versions)
+            .bind(&self.refunds)
+            .bind(lease.0)
+            .bind(&self.waiting)
+    }
 }
 
 /// Records the outcomes of a batch claimed under `lease` in one call of
@@ -192,20 +210,13 @@ pub(super) async fn ack_in_one_call(
         PublishedRows::Delete => "delete",
         PublishedRows::Archive => "archive",
     };
-    let acked: Vec<i64> =
-        sqlx::query_scalar("SELECT switchyard_ack($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-            .bind(&outcomes.ids)
-            .bind(&outcomes.statuses)
-            .bind(&outcomes.backoffs)
-            .bind(&outcomes.errors)
-            .bind(&outcomes.deliveries)
-            .bind(&outcomes.versions)
-            .bind(&outcomes.refunds)
-            .bind(lease.0)
-            .bind(&outcomes.waiting)
-            .bind(published_rows)
-            .fetch_one(pool)
-            .await?;
+    let call = sqlx::query("SELECT switchyard_ack($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
+    let acked: Vec<i64> = outcomes
+        .bind(call, lease)
+        .bind(published_rows)
+        .fetch_one(pool)
+        .await?
+        .try_get(0)?;
     Ok(acked.into_iter().map(RowId).collect())
 }
 
@@ -236,16 +247,8 @@ pub(super) async fn ack(
     } else {
         pool.begin().await?
     };
-    let updated = sqlx::query(statement)
-        .bind(&outcomes.ids)
-        .bind(&outcomes.statuses)
-        .bind(&outcomes.backoffs)
-        .bind(&outcomes.errors)
-        .bind(&outcomes.deliveries)
-        .bind(&outcomes.versions)
-        .bind(&outcomes.refunds)
-        .bind(lease.0)
-        .bind(&outcomes.waiting)
+    let updated = outcomes
+        .bind(sqlx::query(statement), lease)
         .fetch_all(&mut *tx)
         .await?;
     // A row now waiting for a paused target lets the next one of its
