@@ -360,7 +360,8 @@ pub struct PluginConfig {
     /// Only events of these aggregate types (empty: all).
     #[serde(default)]
     pub aggregate_types: Vec<String>,
-    /// Wall-clock bound on one `route` or `init` call.
+    /// Wall-clock bound on one `route` call (per event for `route-batch`);
+    /// `init` gets this or 1 s, whichever is longer.
     #[serde(default = "default_plugin_timeout_ms")]
     pub timeout_ms: u64,
     /// Linear-memory bound for one plugin instance.

@@ -68,6 +68,9 @@ enum BatchFailure {
     Trapped(String),
 }
 
+/// The least time an instance's `init` gets; see [`PluginVersion::init_limit`].
+const INIT_TIME_FLOOR: Duration = Duration::from_secs(1);
+
 /// Most event bytes handed to one `route-batch` call, as a share of the
 /// plugin's memory limit: a batch of large payloads is split so that
 /// copying it in cannot exhaust the instance's memory.
@@ -129,6 +132,13 @@ impl PluginVersion {
         ticks(self.timeout)
     }
 
+    /// `init` runs once per instance and may build tables or parse rules,
+    /// so it gets at least [`INIT_TIME_FLOOR`] even when `route` gets 100 ms:
+    /// a busy machine must not turn a working plugin's start into a refusal.
+    fn init_limit(&self) -> Duration {
+        self.timeout.max(INIT_TIME_FLOOR)
+    }
+
     /// A fresh instance that passed `init`. WASI's host calls block on a
     /// tokio runtime, which panics on a runtime thread, so on one this runs
     /// on a short-lived thread of its own (instances are made rarely: at
@@ -163,13 +173,14 @@ impl PluginVersion {
             version: self.version.to_string(),
             reason,
         };
-        let trap = |e: wasmtime::Error| init_error(describe_trap(&e, self.timeout, self.max_memory_bytes));
+        let limit = self.init_limit();
+        let trap = |e: wasmtime::Error| init_error(describe_trap(&e, limit, self.max_memory_bytes));
         let mut tries = 0;
         let (mut store, exports) = loop {
             let state = State::new(self.name.clone(), self.version.clone(), self.max_memory_bytes);
             let mut store = Store::new(&self.engine, state);
             store.limiter(|state| &mut state.limits);
-            store.set_epoch_deadline(self.deadline_ticks());
+            store.set_epoch_deadline(ticks(limit));
             let made = match &self.pre {
                 Pre::Single(pre) => pre.instantiate(&mut store).map(Exports::Single),
                 Pre::Batch(pre) => pre.instantiate(&mut store).map(Exports::Batch),
@@ -184,7 +195,7 @@ impl PluginVersion {
                 Err(e) => return Err(trap(e)),
             }
         };
-        store.set_epoch_deadline(self.deadline_ticks());
+        store.set_epoch_deadline(ticks(limit));
         let result = match &exports {
             Exports::Single(router) => router.call_init(&mut store, &self.config_json),
             Exports::Batch(router) => router.call_init(&mut store, &self.config_json),
@@ -194,7 +205,7 @@ impl PluginVersion {
             Ok(Ok(())) => Ok(Instance { store, exports }),
             Ok(Err(reason)) => Err(init_error(reason)),
             Err(e) => Err(init_error(with_stderr(
-                describe_trap(&e, self.timeout, self.max_memory_bytes),
+                describe_trap(&e, limit, self.max_memory_bytes),
                 &stderr,
             ))),
         }

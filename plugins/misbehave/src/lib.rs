@@ -22,6 +22,7 @@
 //! | `init-trap`      | traps in `init`                                                  |
 //! | `init-fail`      | returns an error from `init`                                     |
 //! | `init-loop`      | spins forever in `init`                                          |
+//! | `init-slow`      | spins `init_spins` times in `init` (the clock is frozen), then routes |
 //! | `init-print`     | prints in `init`, then routes normally                           |
 //!
 //! Every message goes to the target named by the `target` key, topic `test.<mode>`.
@@ -53,6 +54,16 @@ impl Guest for Misbehave {
             "init-loop" => {
                 let mut n: u64 = 0;
                 loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "init-slow" => {
+                let spins = value
+                    .get("init_spins")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+                let mut n: u64 = 0;
+                for _ in 0..spins {
                     n = std::hint::black_box(n.wrapping_add(1));
                 }
             }
