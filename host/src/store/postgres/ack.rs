@@ -91,10 +91,12 @@ fn ack_statements(set_waiting: &str) -> [String; 3] {
 /// the statement, and the one generic plan may only probe indexes (with a
 /// seq scan allowed, one planned while the outbox was nearly empty scans
 /// it whole on every ack as it grows).
-const ACK_BEGIN: &str = concat!(
-    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan;",
-    super::claim::index_probes_only!()
-);
+fn ack_begin() -> String {
+    format!(
+        "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan;{}",
+        super::claim::INDEX_PROBES_ONLY
+    )
+}
 
 /// Moves the first parked row of each given aggregate back to the queue.
 /// Its predecessor has just finished; if another one is still unfinished,
@@ -243,7 +245,7 @@ pub(super) async fn ack(
     };
     // The v1 statements keep the plans they were measured with.
     let mut tx = if v2 {
-        pool.begin_with(ACK_BEGIN).await?
+        pool.begin_with(ack_begin()).await?
     } else {
         pool.begin().await?
     };

@@ -268,14 +268,9 @@ fn claim_begin(lease_ms: i64, v2: bool) -> String {
 }
 
 /// Planner settings, `SET LOCAL` in a BEGIN: no plan but index probes.
-macro_rules! index_probes_only {
-    () => {
-        " SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
-          SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;"
-    };
-}
-pub(super) use index_probes_only;
-const INDEX_PROBES_ONLY: &str = index_probes_only!();
+pub(super) const INDEX_PROBES_ONLY: &str =
+    " SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
+    SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;";
 
 /// Reads up to `limit` unfinished rows in id order without claiming or
 /// changing anything, in a read-only transaction (for dry runs).

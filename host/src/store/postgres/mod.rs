@@ -32,11 +32,8 @@ use super::{Error, MIGRATOR};
 #[derive(Clone, Debug)]
 pub(super) struct Postgres {
     pub(super) pool: PgPool,
-    /// What the schema has, once known: [`KNOWN`], [`QUEUES`], [`WAITING`].
+    /// What the schema has, once known: [`KNOWN`] and the bits beside it.
     schema: Arc<AtomicU8>,
-    /// Whether the due index still reads `created_at`, as the last claim
-    /// saw it: [`KNOWN`] | [`OLD_DUE_INDEX`], or 0 before the first.
-    due_index: Arc<AtomicU8>,
 }
 
 impl Postgres {
@@ -44,28 +41,18 @@ impl Postgres {
         Postgres {
             pool,
             schema: Arc::new(AtomicU8::new(0)),
-            due_index: Arc::default(),
         }
     }
 
-    /// Whether the due index is the one before migration 20261126000000:
-    /// asked before the first claim, then each claim tells the next
-    /// (asking in a round trip of its own cost one per claim).
-    async fn due_from_created_at(&self) -> Result<bool, Error> {
-        let known = self.due_index.load(Ordering::Relaxed);
-        if known & KNOWN != 0 {
-            return Ok(known & OLD_DUE_INDEX != 0);
-        }
-        let old: bool = sqlx::query_scalar("SELECT to_regclass('switchyard_outbox_due_idx') IS NOT NULL")
-            .fetch_one(&self.pool)
-            .await?;
-        self.saw_due_index(old);
-        Ok(old)
-    }
-
+    /// Records what a claim saw of the due index: another process may
+    /// migrate while this one runs, and each claim tells the next (asking
+    /// in a round trip of its own would cost one per claim).
     fn saw_due_index(&self, old: bool) {
-        let bits = KNOWN | if old { OLD_DUE_INDEX } else { 0 };
-        self.due_index.store(bits, Ordering::Relaxed);
+        if old {
+            self.schema.fetch_or(OLD_DUE_INDEX, Ordering::Relaxed);
+        } else {
+            self.schema.fetch_and(!OLD_DUE_INDEX, Ordering::Relaxed);
+        }
     }
 
     /// The dialect for this outbox's schema version.
@@ -92,9 +79,10 @@ impl Postgres {
         if known & KNOWN != 0 {
             return Ok(known);
         }
-        let (queues, waiting, ack_function): (bool, bool, bool) = sqlx::query_as(
+        let (queues, waiting, ack_function, old_due_index): (bool, bool, bool, bool) = sqlx::query_as(
             "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on'),
-                    to_regproc('switchyard_ack') IS NOT NULL
+                    to_regproc('switchyard_ack') IS NOT NULL,
+                    to_regclass('switchyard_outbox_due_idx') IS NOT NULL
                FROM (SELECT attname FROM pg_attribute
                       WHERE attrelid = to_regclass('switchyard_outbox') AND NOT attisdropped
                       UNION ALL SELECT '') a",
@@ -104,20 +92,21 @@ impl Postgres {
         let bits = KNOWN
             | if queues { QUEUES } else { 0 }
             | if waiting { WAITING } else { 0 }
-            | if ack_function { ACK_FUNCTION } else { 0 };
+            | if ack_function { ACK_FUNCTION } else { 0 }
+            | if old_due_index { OLD_DUE_INDEX } else { 0 };
         self.schema.store(bits, Ordering::Relaxed);
         Ok(bits)
     }
 }
 
 /// [`Postgres::schema`] bits: looked at, has `queue` (v2), has `waiting_on`,
-/// has `switchyard_ack()` (migration 20261202000000).
+/// has `switchyard_ack()` (migration 20261202000000), the due index still
+/// reads `created_at` (before migration 20261126000000).
 const KNOWN: u8 = 1;
 const QUEUES: u8 = 2;
 const WAITING: u8 = 4;
 const ACK_FUNCTION: u8 = 8;
-/// [`Postgres::due_from_created_at`]'s bit beside [`KNOWN`].
-const OLD_DUE_INDEX: u8 = 2;
+const OLD_DUE_INDEX: u8 = 16;
 
 impl Backend for Postgres {
     async fn migrate(&self) -> Result<(), Error> {
@@ -203,7 +192,7 @@ impl Backend for Postgres {
     ) -> Result<Claim, Error> {
         let schema = self.schema().await?;
         let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
-        let due_from_created_at = v2 && self.due_from_created_at().await?;
+        let due_from_created_at = v2 && schema & OLD_DUE_INDEX != 0;
         let (claim, old_due_index) = claim::claim(
             &self.pool,
             v2,
