@@ -1089,6 +1089,46 @@ async fn claims_follow_the_due_index_across_the_migration_that_changes_it() {
     );
 }
 
+/// A claim that cannot finish in half its lease is of no use: its rows could
+/// not be published in time. It is cancelled there, whether the bound comes
+/// with the relay's sessions (a claim is then one statement) or with the
+/// claim's own transaction (a pool made elsewhere), and the next claim, once
+/// the table is free, takes the row.
+#[tokio::test]
+async fn a_claim_stuck_past_half_the_lease_is_cancelled_on_either_path() {
+    let db = fresh_db().await;
+    place_order_event(&db.pool, &event(1, 0), true).await;
+    let lease = Duration::from_millis(800);
+    let relays = [
+        (
+            "relay sessions",
+            OutboxStore::connect_bounded(&db.url, 2, "switchyard-test", Some(lease / 2))
+                .await
+                .unwrap(),
+        ),
+        ("a pool made elsewhere", OutboxStore::new(db.pool.clone())),
+    ];
+    for (what, store) in &relays {
+        let mut holder = db.pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE switchyard_outbox IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let stuck = store.claim("a", 10, lease).await;
+        let took = started.elapsed();
+        holder.rollback().await.unwrap();
+        assert!(
+            matches!(stuck, Err(switchyard::store::Error::ClaimTimedOut { .. })),
+            "{what}: {stuck:?}"
+        );
+        assert!(took < Duration::from_secs(10), "{what}: cancelled after {took:?}");
+    }
+    let (_, store) = &relays[0];
+    let claim = store.claim("a", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claim.rows.len(), 1, "the row is claimed once the table is free");
+}
+
 /// A DBA may set `lock_timeout` or `statement_timeout` on the relay's role,
 /// and then an ack is cancelled now and then: here, waiting for a session
 /// that holds its row `FOR SHARE` (as a claim does, briefly, with the row

@@ -26,7 +26,8 @@ const BOUND: Duration = Duration::from_millis(20);
 async fn outbox_with_drained_statistics() -> (switchyard_tests::postgres::TestDb, OutboxStore) {
     let db = fresh_db().await;
     drained_statistics(&db.pool).await;
-    let store = OutboxStore::new(db.pool.clone());
+    // Connected as a relay connects: the settings are its sessions'.
+    let store = OutboxStore::connect(&db.url, 4).await.unwrap();
     (db, store)
 }
 

@@ -102,10 +102,11 @@ pub async fn database_builder(
     let owner = shared.owner.clone();
     let mut relay_config = config.relay.clone();
     relay_config.instance_id = Some(owner.clone());
-    let store = OutboxStore::connect_as(
+    let store = OutboxStore::connect_bounded(
         &config.database.url,
         config.database.max_connections,
         &format!("switchyard {owner}"),
+        Some(config.relay.lease_duration() / 2),
     )
     .await
     .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))?

@@ -1,6 +1,8 @@
 //! One outbox per test on either backend, so a test body about claiming and
 //! acking runs unchanged on PostgreSQL and on SQLite.
 
+use std::time::Duration;
+
 use switchyard::store::OutboxStore;
 
 use super::postgres::fresh_db;
@@ -18,11 +20,16 @@ pub struct TestOutbox {
 }
 
 impl TestOutbox {
-    /// A fresh PostgreSQL database.
+    /// A fresh PostgreSQL database, connected as a relay connects (its
+    /// sessions carry the planner settings and a statement timeout).
     pub async fn postgres() -> TestOutbox {
         let db = fresh_db().await;
+        let store =
+            OutboxStore::connect_bounded(&db.url, 4, "switchyard-test", Some(Duration::from_secs(30)))
+                .await
+                .expect("connect");
         TestOutbox {
-            store: OutboxStore::new(db.pool.clone()),
+            store,
             _database: Some(db.guard),
             pg: Some(db.pool),
             sqlite: None,

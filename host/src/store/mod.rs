@@ -28,11 +28,10 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
 use backend::Backend;
 pub use types::{
@@ -72,21 +71,6 @@ pub enum Error {
         /// Why, as the driver or server said.
         reason: String,
     },
-}
-
-/// Bound on connecting to the database.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A pooled connection idle for this long is pinged before it is used.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
-
-/// The driver's error without its generic prefix.
-fn describe_connect_error(error: &sqlx::Error) -> String {
-    match error {
-        sqlx::Error::Database(e) => e.message().to_string(),
-        sqlx::Error::Io(e) => e.to_string(),
-        other => other.to_string(),
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -147,6 +131,22 @@ impl OutboxStore {
         max_connections: u32,
         application_name: &str,
     ) -> Result<OutboxStore, Error> {
+        OutboxStore::connect_bounded(url, max_connections, application_name, None).await
+    }
+
+    /// [`OutboxStore::connect_as`] for a relay: on PostgreSQL each of its
+    /// statements is bounded by `statement_timeout` (half the lease: a claim
+    /// that takes longer is of no use, its rows could not be published in
+    /// time).
+    ///
+    /// # Errors
+    /// As [`OutboxStore::connect`].
+    pub async fn connect_bounded(
+        url: &str,
+        max_connections: u32,
+        application_name: &str,
+        statement_timeout: Option<Duration>,
+    ) -> Result<OutboxStore, Error> {
         if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -159,63 +159,20 @@ impl OutboxStore {
                 .await?;
             return Ok(OutboxStore::new_sqlite(pool));
         }
-        // The relay logs slow claims itself, in one line; sqlx would add the
-        // whole statement text at WARN each time.
-        let mut options = PgConnectOptions::from_str(url)?
-            .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
-        if options.get_application_name().is_none() {
-            options = options.application_name(application_name);
-        }
-        // One connection first, alone: a pool reports an unreachable server
-        // or a missing database only as "pool timed out".
-        let at = format!(
-            "PostgreSQL at {}:{} (database {:?})",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or(options.get_username())
-        );
-        let connect_error = |reason: String| Error::Connect {
-            at: at.clone(),
-            reason: crate::redact::url(&reason),
-        };
-        let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
-            .await
-            .map_err(|_| connect_error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())))?
-            .map_err(|e| connect_error(describe_connect_error(&e)))?;
-        let _ = probe.close().await;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            // sqlx pings every connection it hands out, a round trip as
-            // dear as a claim's statement on the server. One back in the
-            // pool for under a second was pinged when it came back.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    Ok(meta.idle_for < PING_IF_IDLE_FOR || sqlx::Connection::ping(conn).await.is_ok())
-                })
-            })
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    // The statements are written for READ COMMITTED: a row
-                    // another claim just changed is re-checked or skipped.
-                    // A stricter default set on the database or role (a
-                    // DBA's choice) fails them with serialization errors.
-                    sqlx::query("SET default_transaction_isolation = 'read committed'")
-                        .execute(conn)
-                        .await
-                        .map(drop)
-                })
-            })
-            .connect_lazy_with(options);
-        Ok(OutboxStore::new(pool))
+        let backend =
+            postgres::Postgres::connect(url, max_connections, application_name, statement_timeout).await?;
+        Ok(OutboxStore::with_backend(AnyBackend::Postgres(backend)))
     }
 
     /// Wraps an existing PostgreSQL pool, whose connections must run READ
     /// COMMITTED (PostgreSQL's default; [`OutboxStore::connect`] sees to it).
     pub fn new(pool: PgPool) -> OutboxStore {
+        OutboxStore::with_backend(AnyBackend::Postgres(postgres::Postgres::new(pool)))
+    }
+
+    fn with_backend(backend: AnyBackend) -> OutboxStore {
         OutboxStore {
-            backend: AnyBackend::Postgres(postgres::Postgres::new(pool)),
+            backend,
             dead_letter_blocks_aggregate: false,
             published_rows: PublishedRows::Keep,
             max_payload_bytes: usize::MAX,
@@ -224,12 +181,7 @@ impl OutboxStore {
 
     /// Wraps an existing SQLite pool.
     pub fn new_sqlite(pool: SqlitePool) -> OutboxStore {
-        OutboxStore {
-            backend: AnyBackend::Sqlite(sqlite::Sqlite::new(pool)),
-            dead_letter_blocks_aggregate: false,
-            published_rows: PublishedRows::Keep,
-            max_payload_bytes: usize::MAX,
-        }
+        OutboxStore::with_backend(AnyBackend::Sqlite(sqlite::Sqlite::new(pool)))
     }
 
     /// Keeps later events of an aggregate waiting behind a dead-lettered one.

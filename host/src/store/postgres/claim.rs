@@ -256,16 +256,22 @@ UPDATE switchyard_outbox o
 RETURNING __ROW_COLUMNS__
 "#;
 
-/// Opens the claim transaction with its settings, in the one round trip
-/// of its BEGIN. The statement timeout bounds a claim to half the lease.
-/// The planner settings leave the v2 statement one way to run - index
-/// probes in nested loops - so statistics taken while the outbox was
-/// drained cannot send it into a scan of the backlog.
+/// Opens the claim transaction on a session without the relay's settings
+/// (a pool made elsewhere), with them, in the one round trip of its BEGIN:
+/// the statement timeout bounds a claim to half the lease; the planner
+/// settings leave the v2 statement one way to run - index probes in nested
+/// loops - so statistics taken while the outbox was drained cannot send it
+/// into a scan of the backlog. v1 runs with the server's own settings.
 fn claim_begin(lease_ms: i64, v2: bool) -> String {
     let timeout = (lease_ms / 2).max(1);
-    let planner = if v2 { INDEX_PROBES_ONLY } else { "" };
+    let planner = if v2 { INDEX_PROBES_ONLY } else { SERVER_PLANNER };
     format!("BEGIN; SET LOCAL statement_timeout = {timeout};{planner}")
 }
+
+/// The server's planner settings, for the v1 claim on a session that has
+/// [`INDEX_PROBES_ONLY`]'s as its own.
+const SERVER_PLANNER: &str = " SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT;
+    SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;";
 
 /// Planner settings, `SET LOCAL` in a BEGIN: no plan but index probes.
 pub(super) const INDEX_PROBES_ONLY: &str =
@@ -295,10 +301,14 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 /// 20261126000000 (see [`DUE`]). Rows are read one at a time as they
 /// arrive, and a payload over `max_payload_bytes` is let go at once.
 /// Returns with the claim whether the next one is `due_from_created_at`
-/// (v2; v1 claims do not look).
+/// (v2; v1 claims do not look). With `planner_settings` (the pool's
+/// sessions carry them and the statement timeout) a v2 claim is its one
+/// statement, committed on its own; otherwise it runs in a transaction
+/// that sets them.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn claim(
     pool: &PgPool,
+    planner_settings: bool,
     v2: bool,
     waiting: bool,
     due_from_created_at: bool,
@@ -311,9 +321,12 @@ pub(super) async fn claim(
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    // A claim slower than half the lease is of no use: its rows could not
-    // be published before the lease ends.
-    let mut tx = pool.begin_with(claim_begin(lease_ms, v2)).await?;
+    let alone = v2 && planner_settings;
+    let mut tx = if alone {
+        None
+    } else {
+        Some(pool.begin_with(claim_begin(lease_ms, v2)).await?)
+    };
     let statements = if v2 {
         &CLAIM_STATEMENTS[usize::from(due_from_created_at)][usize::from(waiting)]
     } else {
@@ -326,12 +339,15 @@ pub(super) async fn claim(
     let mut old_due_index = None;
     let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
     let read = async {
-        let mut records = sqlx::query(sql)
+        let query = sqlx::query(sql)
             .bind(i64::from(limit))
             .bind(owner)
             .bind(lease_id.0)
-            .bind(lease_ms)
-            .fetch(&mut *tx);
+            .bind(lease_ms);
+        let mut records = match tx.as_mut() {
+            Some(tx) => query.fetch(&mut **tx),
+            None => query.fetch(pool),
+        };
         while let Some(record) = records.try_next().await? {
             if v2 {
                 // The v2 statement returns one row even when it claimed none;
@@ -364,7 +380,9 @@ pub(super) async fn claim(
         }
         read => read?,
     }
-    tx.commit().await?;
+    if let Some(tx) = tx {
+        tx.commit().await?;
+    }
     // UPDATE ... RETURNING gives no order guarantee.
     rows.sort_by_key(|row| row.id);
     // v2: rows behind a predecessor that were neither taken nor parked

@@ -10,6 +10,7 @@
 mod ack;
 pub(crate) mod capture;
 mod claim;
+mod connect;
 pub(crate) mod replication;
 mod waiting;
 
@@ -34,14 +35,35 @@ pub(super) struct Postgres {
     pub(super) pool: PgPool,
     /// What the schema has, once known: [`KNOWN`] and the bits beside it.
     schema: Arc<AtomicU8>,
+    /// Whether every session has the planner settings the claim needs
+    /// (made by [`Postgres::connect`]), so that a claim is one statement;
+    /// otherwise each claim sets them in a transaction of its own.
+    planner_settings: bool,
 }
 
 impl Postgres {
+    /// Wraps a pool made elsewhere.
     pub(super) fn new(pool: PgPool) -> Postgres {
         Postgres {
             pool,
             schema: Arc::new(AtomicU8::new(0)),
+            planner_settings: false,
         }
+    }
+
+    /// Connects a pool whose sessions carry the relay's settings; see
+    /// [`connect::pool`].
+    pub(super) async fn connect(
+        url: &str,
+        max_connections: u32,
+        application_name: &str,
+        statement_timeout: Option<Duration>,
+    ) -> Result<Postgres, Error> {
+        let pool = connect::pool(url, max_connections, application_name, statement_timeout).await?;
+        Ok(Postgres {
+            planner_settings: true,
+            ..Postgres::new(pool)
+        })
     }
 
     /// Records what a claim saw of the due index: another process may
@@ -195,6 +217,7 @@ impl Backend for Postgres {
         let due_from_created_at = v2 && schema & OLD_DUE_INDEX != 0;
         let (claim, old_due_index) = claim::claim(
             &self.pool,
+            self.planner_settings,
             v2,
             waiting,
             due_from_created_at,

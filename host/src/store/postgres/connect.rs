@@ -1,0 +1,99 @@
+//! Connecting to PostgreSQL: the pool, its pings, and the settings each
+//! session gets once so that the relay's statements need no transaction of
+//! their own to carry them.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+use crate::store::Error;
+
+/// Bound on connecting to the database.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pooled connection idle for this long is pinged before it is used.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// Set on every session, once, when it connects:
+/// - READ COMMITTED: the statements are written for it (a row another
+///   claim just changed is re-checked or skipped); a stricter default on
+///   the database or role (a DBA's choice) fails them with serialization
+///   errors.
+/// - No plan but index probes: the claim and the ack are written so that
+///   each step is one, and statistics taken while the outbox was drained
+///   must not send them into a scan of a backlog. Set here, a claim is one
+///   statement, one round trip, where its BEGIN, settings and COMMIT were
+///   three (at service rates each event is its own claim).
+///
+/// `$1` is the statement timeout in ms, NULL to keep the server's.
+const SESSION_SETTINGS: &str = "SELECT set_config('default_transaction_isolation', 'read committed', false),
+            set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),
+            set_config('enable_hashjoin', 'off', false), set_config('enable_mergejoin', 'off', false),
+            set_config('statement_timeout', COALESCE($1, current_setting('statement_timeout')), false)";
+
+/// A pool whose sessions carry [`SESSION_SETTINGS`], and each statement
+/// `statement_timeout` when given. The server is asked once first, alone:
+/// a pool reports an unreachable server or a missing database only as
+/// "pool timed out".
+pub(super) async fn pool(
+    url: &str,
+    max_connections: u32,
+    application_name: &str,
+    statement_timeout: Option<Duration>,
+) -> Result<PgPool, Error> {
+    // The relay logs slow claims itself, in one line; sqlx would add the
+    // whole statement text at WARN each time.
+    let mut options =
+        PgConnectOptions::from_str(url)?.log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
+    if options.get_application_name().is_none() {
+        options = options.application_name(application_name);
+    }
+    let at = format!(
+        "PostgreSQL at {}:{} (database {:?})",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or(options.get_username())
+    );
+    let connect_error = |reason: String| Error::Connect {
+        at: at.clone(),
+        reason: crate::redact::url(&reason),
+    };
+    let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
+        .await
+        .map_err(|_| connect_error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())))?
+        .map_err(|e| connect_error(describe_connect_error(&e)))?;
+    let _ = probe.close().await;
+    let timeout_ms = statement_timeout.map(|timeout| timeout.as_millis().max(1).to_string());
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        // sqlx pings every connection it hands out, a round trip as dear
+        // as a claim's statement on the server. One back in the pool for
+        // under a second was pinged when it came back.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move { Ok(meta.idle_for < PING_IF_IDLE_FOR || conn.ping().await.is_ok()) })
+        })
+        .after_connect(move |conn, _| {
+            let timeout_ms = timeout_ms.clone();
+            Box::pin(async move {
+                sqlx::query(SESSION_SETTINGS)
+                    .bind(timeout_ms)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect_lazy_with(options))
+}
+
+/// The driver's error without its generic prefix.
+fn describe_connect_error(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(e) => e.message().to_string(),
+        sqlx::Error::Io(e) => e.to_string(),
+        other => other.to_string(),
+    }
+}
