@@ -373,18 +373,23 @@ async fn plugin_test_routes_several_events_as_one_batch() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A config with one misbehave plugin, `name`, limited to `timeout_ms` per
+/// event, with `settings` in its `[plugins.config]`, writing to stdout.
+fn misbehaving_in_init(url: &str, name: &str, timeout_ms: u64, settings: &str) -> String {
+    format!(
+        "[database]\nurl = \"{url}\"\n{RELAY}[[plugins]]\nname = \"{name}\"\npath = \"{}\"\ntimeout_ms = {timeout_ms}\n[plugins.config]\n{settings}\ntarget = \"out\"\n[targets.out]\ntype = \"stdout\"\n",
+        plugin("misbehave").display(),
+        RELAY = *RELAY
+    )
+}
+
 /// A plugin whose `init` never returns is refused at startup with its time
 /// limit named; it neither hangs the start nor starts a relay without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_that_loops_in_init_is_refused() {
     init_logging();
     let db = Sqlite::new().await;
-    let text = format!(
-        "[database]\nurl = \"{}\"\n{RELAY}[[plugins]]\nname = \"looper\"\npath = \"{}\"\ntimeout_ms = 50\n[plugins.config]\nmode = \"init-loop\"\ntarget = \"out\"\n[targets.out]\ntype = \"stdout\"\n",
-        db.url,
-        plugin("misbehave").display(),
-        RELAY = *RELAY
-    );
+    let text = misbehaving_in_init(&db.url, "looper", 50, "mode = \"init-loop\"");
     let started = Instant::now();
     let error = switchyard::app::build(&parse(&text))
         .await
@@ -404,12 +409,7 @@ async fn a_plugin_that_loops_in_init_is_refused() {
 async fn an_init_slower_than_the_per_event_limit_still_loads() {
     init_logging();
     let db = Sqlite::new().await;
-    let text = format!(
-        "[database]\nurl = \"{}\"\n{RELAY}[[plugins]]\nname = \"slow\"\npath = \"{}\"\ntimeout_ms = 5\n[plugins.config]\nmode = \"init-slow\"\ninit_spins = 50000000\ntarget = \"out\"\n[targets.out]\ntype = \"stdout\"\n",
-        db.url,
-        plugin("misbehave").display(),
-        RELAY = *RELAY
-    );
+    let text = misbehaving_in_init(&db.url, "slow", 5, "mode = \"init-slow\"\ninit_spins = 50000000");
     let started = Instant::now();
     let relay = switchyard::app::build(&parse(&text)).await;
     let took = started.elapsed();
