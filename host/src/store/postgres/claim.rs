@@ -256,12 +256,13 @@ UPDATE switchyard_outbox o
 RETURNING __ROW_COLUMNS__
 "#;
 
-/// Opens the claim transaction on a session without the relay's settings
-/// (a pool made elsewhere), with them, in the one round trip of its BEGIN:
-/// the statement timeout bounds a claim to half the lease; the planner
-/// settings leave the v2 statement one way to run - index probes in nested
-/// loops - so statistics taken while the outbox was drained cannot send it
-/// into a scan of the backlog. v1 runs with the server's own settings.
+/// Opens a claim transaction that carries the claim's settings, in the one
+/// round trip of its BEGIN (a v2 claim on the relay's own sessions needs
+/// none; see [`claim`]). The statement timeout bounds a claim to half the
+/// lease; the planner settings leave the v2 statement one way to run -
+/// index probes in nested loops - so statistics taken while the outbox was
+/// drained cannot send it into a scan of the backlog. v1 runs with the
+/// server's own planner settings.
 fn claim_begin(lease_ms: i64, v2: bool) -> String {
     let timeout = (lease_ms / 2).max(1);
     let planner = if v2 { INDEX_PROBES_ONLY } else { SERVER_PLANNER };
