@@ -1381,3 +1381,102 @@ async fn a_cancelled_statement_in_the_row_by_row_pass_keeps_what_was_recorded() 
         .unwrap();
     assert_eq!(statuses, ["published", "dead", "published"]);
 }
+
+/// The last statement of each of the sessions named `application_name`,
+/// by process id.
+async fn last_statements(pool: &sqlx::PgPool, application_name: &str) -> BTreeMap<i32, String> {
+    sqlx::query_as::<_, (i32, String)>("SELECT pid, query FROM pg_stat_activity WHERE application_name = $1")
+        .bind(application_name)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// The process whose last statement starts with `start`.
+fn ran(statements: &BTreeMap<i32, String>, start: &str) -> Option<i32> {
+    statements
+        .iter()
+        .find(|(_, query)| query.trim_start().starts_with(start))
+        .map(|(pid, _)| *pid)
+}
+
+/// At service rates each event is its own claim and ack: a relay's claim
+/// and its ack run on one server session, the next claim on that same one
+/// (through the pool each took the session idle longest, and each went
+/// back to be pinged).
+#[tokio::test]
+async fn a_claim_its_ack_and_the_next_claim_share_one_session() {
+    let db = fresh_db().await;
+    let name = format!("switchyard-sessions-{}", db.name);
+    let store = OutboxStore::connect_bounded(&db.url, 6, &name, Some(LEASE / 2))
+        .await
+        .unwrap()
+        .keeping_sessions(4);
+    // Sessions the pool opened earlier, idle: the first-in-first-out pool
+    // would hand them out in turn.
+    let (a, b, c) = tokio::join!(store.backlog(), store.backlog(), store.backlog());
+    for backlog in [a, b, c] {
+        backlog.unwrap();
+    }
+    for seq in 0..5 {
+        place_order_event(&db.pool, &event(1, seq), true).await;
+        let claim = store.claim("a", 10, LEASE).await.unwrap();
+        assert_eq!(claim.rows.len(), 1);
+        let claimed = last_statements(&db.pool, &name).await;
+        let claimer =
+            ran(&claimed, "WITH").unwrap_or_else(|| panic!("no session shows the claim: {claimed:?}"));
+        let outcomes = [outcome(claim.rows[0].id, Outcome::Published)];
+        assert_eq!(store.ack(claim.lease, &outcomes).await.unwrap().len(), 1);
+        let acked = last_statements(&db.pool, &name).await;
+        assert_eq!(
+            ran(&acked, "SELECT switchyard_ack"),
+            Some(claimer),
+            "event {seq}: the ack runs where the claim ran, and nothing since: {acked:?}"
+        );
+        let nothing = store.claim("a", 10, LEASE).await.unwrap();
+        assert!(nothing.rows.is_empty());
+        let after = last_statements(&db.pool, &name).await;
+        assert_eq!(
+            ran(&after, "WITH"),
+            Some(claimer),
+            "event {seq}: the next claim runs on the same session: {after:?}"
+        );
+    }
+}
+
+/// A batch whose ack never comes (its relay task aborted) keeps its
+/// session only until its lease ends: then the next claim lets it go, and
+/// a pool with no other session goes on.
+#[tokio::test]
+async fn a_session_held_for_an_ack_that_never_comes_is_let_go_when_the_lease_ends() {
+    let db = fresh_db().await;
+    let store = OutboxStore::connect_bounded(&db.url, 1, "switchyard-test", None)
+        .await
+        .unwrap()
+        .keeping_sessions(1);
+    place_order_event(&db.pool, &event(1, 0), true).await;
+    let lease = Duration::from_millis(300);
+    let abandoned = store.claim("a", 10, lease).await.unwrap();
+    assert_eq!(abandoned.rows.len(), 1);
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let again = tokio::time::timeout(Duration::from_secs(5), store.claim("b", 10, LEASE))
+        .await
+        .expect("the abandoned claim's session came back to the pool")
+        .unwrap();
+    assert_eq!(
+        again.rows.len(),
+        1,
+        "its row is claimed again once the lease ended"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let taken = [outcome(again.rows[0].id, Outcome::Published)];
+    assert_eq!(store.ack(again.lease, &taken).await.unwrap().len(), 1);
+    let late = [outcome(abandoned.rows[0].id, Outcome::Published)];
+    assert!(
+        store.ack(abandoned.lease, &late).await.unwrap().is_empty(),
+        "the abandoned lease is fenced"
+    );
+}

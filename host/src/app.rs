@@ -112,7 +112,10 @@ pub async fn database_builder(
     .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))?
     .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
     .with_published_rows(config.relay.published_rows)
-    .with_max_payload_bytes(config.relay.max_payload_bytes);
+    .with_max_payload_bytes(config.relay.max_payload_bytes)
+    // One session each for the workers, while two are left in the pool:
+    // LISTEN's and one for everything else.
+    .keeping_sessions(kept_sessions(config));
     check_schema(&store).await?;
     let capture = match check_source(config, &store).await? {
         Some((_, Some(problem))) => anyhow::bail!(problem),
@@ -154,6 +157,15 @@ pub async fn database_builder(
             .capture(capture)
             .replication(replication),
     )
+}
+
+/// How many sessions a relay's claims and acks keep out of the pool: one
+/// per worker, as long as two stay in it (LISTEN's, and one for metrics,
+/// sweeps and the rest); fewer on a smaller budget, the others' workers
+/// then taking theirs from the pool each time.
+fn kept_sessions(config: &Config) -> usize {
+    let budget = config.database.max_connections.saturating_sub(2);
+    usize::try_from(config.relay.concurrency.min(budget)).unwrap_or(0)
 }
 
 /// Compiles every configured plugin (through the compiled cache) and runs

@@ -207,6 +207,23 @@ impl OutboxStore {
         self
     }
 
+    /// On PostgreSQL, claims and acks keep up to `sessions` of the pool's
+    /// sessions between uses instead of handing them back (a claim's session
+    /// then serves its ack, and an ack's the next claim): at service rates
+    /// each event is its own batch, and each session handed back is pinged,
+    /// which costs the server as much as the statements. The rest of the
+    /// pool serves LISTEN and everything else.
+    #[must_use]
+    pub fn keeping_sessions(self, sessions: usize) -> OutboxStore {
+        match self.backend {
+            AnyBackend::Postgres(backend) => OutboxStore {
+                backend: AnyBackend::Postgres(backend.keeping_sessions(sessions)),
+                ..self
+            },
+            AnyBackend::Sqlite(_) => self,
+        }
+    }
+
     /// The PostgreSQL pool, when this is a PostgreSQL store: for the
     /// store's own PostgreSQL-only parts (LISTEN, the capture trigger).
     fn pg_pool(&self) -> Option<&PgPool> {

@@ -1,7 +1,7 @@
 //! Recording outcomes on PostgreSQL: all rows of a batch in one statement,
 //! fenced by the lease token, then the parked rows the batch freed.
 
-use sqlx::{PgPool, Row};
+use sqlx::{Connection, PgConnection, PgPool, Row};
 
 use crate::store::Error;
 use crate::store::dialect::{ARCHIVE_COLUMNS, deliveries_json};
@@ -202,7 +202,7 @@ impl Outcomes {
 /// the queue the parked rows the batch freed; returns the ids actually
 /// updated (a row whose lease was lost is left alone).
 pub(super) async fn ack_in_one_call(
-    pool: &PgPool,
+    session: &mut PgConnection,
     published_rows: PublishedRows,
     lease: LeaseId,
     outcomes: &Outcomes,
@@ -216,7 +216,7 @@ pub(super) async fn ack_in_one_call(
     let acked: Vec<i64> = outcomes
         .bind(call, lease)
         .bind(published_rows)
-        .fetch_one(pool)
+        .fetch_one(session)
         .await?
         .try_get(0)?;
     Ok(acked.into_iter().map(RowId).collect())
@@ -229,7 +229,7 @@ pub(super) async fn ack_in_one_call(
 /// goes back to the queue: a later statement, so it sees what claims that
 /// waited for these rows' locks committed.
 pub(super) async fn ack(
-    pool: &PgPool,
+    session: &mut PgConnection,
     v2: bool,
     waiting_column: bool,
     published_rows: PublishedRows,
@@ -245,9 +245,9 @@ pub(super) async fn ack(
     };
     // The v1 statements keep the plans they were measured with.
     let mut tx = if v2 {
-        pool.begin_with(ack_begin()).await?
+        session.begin_with(ack_begin()).await?
     } else {
-        pool.begin().await?
+        session.begin().await?
     };
     let updated = outcomes
         .bind(sqlx::query(statement), lease)

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use sqlx::{PgPool, Row};
+use sqlx::{Connection, PgConnection, PgPool, Row};
 
 use crate::store::Error;
 use crate::store::dialect::lenient;
@@ -308,7 +308,7 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 /// that sets them.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn claim(
-    pool: &PgPool,
+    session: &mut PgConnection,
     planner_settings: bool,
     v2: bool,
     waiting: bool,
@@ -322,11 +322,11 @@ pub(super) async fn claim(
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    let alone = v2 && planner_settings;
-    let mut tx = if alone {
-        None
+    let mut tx: Option<sqlx::Transaction<'_, sqlx::Postgres>> = None;
+    let executor: &mut PgConnection = if v2 && planner_settings {
+        session
     } else {
-        Some(pool.begin_with(claim_begin(lease_ms, v2)).await?)
+        tx.insert(session.begin_with(claim_begin(lease_ms, v2)).await?)
     };
     let statements = if v2 {
         &CLAIM_STATEMENTS[usize::from(due_from_created_at)][usize::from(waiting)]
@@ -345,10 +345,7 @@ pub(super) async fn claim(
             .bind(owner)
             .bind(lease_id.0)
             .bind(lease_ms);
-        let mut records = match tx.as_mut() {
-            Some(tx) => query.fetch(&mut **tx),
-            None => query.fetch(pool),
-        };
+        let mut records = query.fetch(&mut *executor);
         while let Some(record) = records.try_next().await? {
             if v2 {
                 // The v2 statement returns one row even when it claimed none;

@@ -14,7 +14,7 @@ use crate::store::Error;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A pooled connection idle for this long is pinged before it is used.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+pub(super) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// Set on every session, once, when it connects:
 /// - READ COMMITTED: the statements are written for it (a row another

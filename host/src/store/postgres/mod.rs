@@ -12,6 +12,7 @@ pub(crate) mod capture;
 mod claim;
 mod connect;
 pub(crate) mod replication;
+mod sessions;
 mod waiting;
 
 use std::collections::BTreeMap;
@@ -39,15 +40,27 @@ pub(super) struct Postgres {
     /// (made by [`Postgres::connect`]), so that a claim is one statement;
     /// otherwise each claim sets them in a transaction of its own.
     planner_settings: bool,
+    /// Sessions the claims and acks keep out of the pool between uses.
+    sessions: Arc<sessions::Sessions>,
 }
 
 impl Postgres {
     /// Wraps a pool made elsewhere.
     pub(super) fn new(pool: PgPool) -> Postgres {
         Postgres {
+            sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0)),
             pool,
             schema: Arc::new(AtomicU8::new(0)),
             planner_settings: false,
+        }
+    }
+
+    /// Claims and acks keep up to `sessions` sessions out of the pool
+    /// between uses; see [`sessions`].
+    pub(super) fn keeping_sessions(self, sessions: usize) -> Postgres {
+        Postgres {
+            sessions: Arc::new(sessions::Sessions::new(self.pool.clone(), sessions)),
+            ..self
         }
     }
 
@@ -215,8 +228,9 @@ impl Backend for Postgres {
         let schema = self.schema().await?;
         let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
         let due_from_created_at = v2 && schema & OLD_DUE_INDEX != 0;
+        let mut session = self.sessions.take(None).await?;
         let (claim, old_due_index) = claim::claim(
-            &self.pool,
+            &mut session,
             self.planner_settings,
             v2,
             waiting,
@@ -228,6 +242,11 @@ impl Backend for Postgres {
             max_payload_bytes,
         )
         .await?;
+        if claim.rows.is_empty() {
+            self.sessions.put_back(session);
+        } else {
+            self.sessions.keep_for(claim.lease, session, claim.deadline);
+        }
         if let Some(old) = old_due_index {
             self.saw_due_index(old);
         }
@@ -242,11 +261,15 @@ impl Backend for Postgres {
     ) -> Result<Vec<RowId>, Error> {
         let schema = self.schema().await?;
         let outcomes = ack::Outcomes::of(outcomes);
-        if schema & ACK_FUNCTION != 0 {
-            return ack::ack_in_one_call(&self.pool, published_rows, lease, &outcomes).await;
-        }
-        let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
-        ack::ack(&self.pool, v2, waiting, published_rows, lease, &outcomes).await
+        let mut session = self.sessions.take(Some(lease)).await?;
+        let acked = if schema & ACK_FUNCTION != 0 {
+            ack::ack_in_one_call(&mut session, published_rows, lease, &outcomes).await?
+        } else {
+            let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
+            ack::ack(&mut session, v2, waiting, published_rows, lease, &outcomes).await?
+        };
+        self.sessions.put_back(session);
+        Ok(acked)
     }
 
     async fn unpark_stranded(&self, dead_letter_blocks: bool, limit: u32) -> Result<u64, Error> {
