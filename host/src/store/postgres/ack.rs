@@ -94,7 +94,7 @@ fn ack_statements(set_waiting: &str) -> [String; 3] {
 fn ack_begin() -> String {
     format!(
         "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan;{}",
-        super::claim::INDEX_PROBES_ONLY
+        super::connect::set_local_planner("= off")
     )
 }
 

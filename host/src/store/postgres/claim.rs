@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::TryStreamExt;
 use sqlx::{Connection, PgConnection, PgPool, Row};
 
+use super::connect::set_local_planner;
 use crate::store::Error;
 use crate::store::dialect::lenient;
 use crate::store::types::{Claim, LeaseId, OutboxRow, RowId};
@@ -265,19 +266,10 @@ RETURNING __ROW_COLUMNS__
 /// server's own planner settings.
 fn claim_begin(lease_ms: i64, v2: bool) -> String {
     let timeout = (lease_ms / 2).max(1);
-    let planner = if v2 { INDEX_PROBES_ONLY } else { SERVER_PLANNER };
+    // v1 on a session that has the index-probe settings as its own.
+    let planner = set_local_planner(if v2 { "= off" } else { "TO DEFAULT" });
     format!("BEGIN; SET LOCAL statement_timeout = {timeout};{planner}")
 }
-
-/// The server's planner settings, for the v1 claim on a session that has
-/// [`INDEX_PROBES_ONLY`]'s as its own.
-const SERVER_PLANNER: &str = " SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT;
-    SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;";
-
-/// Planner settings, `SET LOCAL` in a BEGIN: no plan but index probes.
-pub(super) const INDEX_PROBES_ONLY: &str =
-    " SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
-    SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;";
 
 /// Reads up to `limit` unfinished rows in id order without claiming or
 /// changing anything, in a read-only transaction (for dry runs).

@@ -3,6 +3,7 @@
 //! their own to carry them.
 
 use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -16,22 +17,47 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A pooled connection idle for this long is pinged before it is used.
 pub(super) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
+/// The planner settings, each off, that leave the claim and the ack one
+/// way to run: index probes in nested loops. Statistics taken while the
+/// outbox was drained must not send them into a scan of a backlog.
+/// `switchyard_ack()` carries the same list in its `SET` clauses
+/// (migrations 20261202000000 and 20261203000000).
+const INDEX_PROBES_ONLY: [&str; 4] = [
+    "enable_seqscan",
+    "enable_bitmapscan",
+    "enable_hashjoin",
+    "enable_mergejoin",
+];
+
+/// [`INDEX_PROBES_ONLY`] as `SET LOCAL`s in a `BEGIN`, each `= off` or
+/// `TO DEFAULT` (`value`).
+pub(super) fn set_local_planner(value: &str) -> String {
+    INDEX_PROBES_ONLY
+        .iter()
+        .map(|name| format!(" SET LOCAL {name} {value};"))
+        .collect()
+}
+
 /// Set on every session, once, when it connects:
 /// - READ COMMITTED: the statements are written for it (a row another
 ///   claim just changed is re-checked or skipped); a stricter default on
 ///   the database or role (a DBA's choice) fails them with serialization
 ///   errors.
-/// - No plan but index probes: the claim and the ack are written so that
-///   each step is one, and statistics taken while the outbox was drained
-///   must not send them into a scan of a backlog. Set here, a claim is one
-///   statement, one round trip, where its BEGIN, settings and COMMIT were
-///   three (at service rates each event is its own claim).
+/// - [`INDEX_PROBES_ONLY`]: set here, a claim is one statement, one round
+///   trip, where its BEGIN, settings and COMMIT were three (at service
+///   rates each event is its own claim).
 ///
 /// `$1` is the statement timeout in ms, NULL to keep the server's.
-const SESSION_SETTINGS: &str = "SELECT set_config('default_transaction_isolation', 'read committed', false),
-            set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),
-            set_config('enable_hashjoin', 'off', false), set_config('enable_mergejoin', 'off', false),
-            set_config('statement_timeout', COALESCE($1, current_setting('statement_timeout')), false)";
+static SESSION_SETTINGS: LazyLock<String> = LazyLock::new(|| {
+    let planner: String = INDEX_PROBES_ONLY
+        .iter()
+        .map(|name| format!(", set_config('{name}', 'off', false)"))
+        .collect();
+    format!(
+        "SELECT set_config('default_transaction_isolation', 'read committed', false){planner},
+                set_config('statement_timeout', COALESCE($1, current_setting('statement_timeout')), false)"
+    )
+});
 
 /// A pool whose sessions carry [`SESSION_SETTINGS`], and each statement
 /// `statement_timeout` when given. The server is asked once first, alone:
@@ -79,7 +105,7 @@ pub(super) async fn pool(
         .after_connect(move |conn, _| {
             let timeout_ms = timeout_ms.clone();
             Box::pin(async move {
-                sqlx::query(SESSION_SETTINGS)
+                sqlx::query(SESSION_SETTINGS.as_str())
                     .bind(timeout_ms)
                     .execute(conn)
                     .await
