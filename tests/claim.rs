@@ -1480,3 +1480,37 @@ async fn a_session_held_for_an_ack_that_never_comes_is_let_go_when_the_lease_end
         "the abandoned lease is fenced"
     );
 }
+
+/// A kept session the server closed meanwhile (a restart, an idle
+/// timeout, an operator) is found out by its ping when it has been idle for
+/// a second: the claim that takes it next does not fail.
+#[tokio::test]
+async fn a_kept_session_the_server_closed_is_replaced_without_an_error() {
+    let db = fresh_db().await;
+    let name = format!("switchyard-closed-{}", db.name);
+    let store = OutboxStore::connect_bounded(&db.url, 4, &name, None)
+        .await
+        .unwrap()
+        .keeping_sessions(2);
+    place_order_event(&db.pool, &event(1, 0), true).await;
+    let claim = store.claim("a", 10, LEASE).await.unwrap();
+    let outcomes = [outcome(claim.rows[0].id, Outcome::Published)];
+    assert_eq!(store.ack(claim.lease, &outcomes).await.unwrap().len(), 1);
+    let closed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&name)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(closed >= 1, "the kept session was closed");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    place_order_event(&db.pool, &event(2, 0), true).await;
+    let next = store
+        .claim("a", 10, LEASE)
+        .await
+        .expect("the claim after the session closed");
+    assert_eq!(next.rows.len(), 1);
+    let outcomes = [outcome(next.rows[0].id, Outcome::Published)];
+    assert_eq!(store.ack(next.lease, &outcomes).await.unwrap().len(), 1);
+}

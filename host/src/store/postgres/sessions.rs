@@ -10,19 +10,17 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use sqlx::PgPool;
 use sqlx::pool::PoolConnection;
+use sqlx::{Connection as _, PgPool};
 
 use crate::store::Error;
 use crate::store::types::LeaseId;
 
 type Connection = PoolConnection<sqlx::Postgres>;
 
-/// A kept session idle this long goes back to the pool, which pings it
-/// before handing it out again (the server may have closed it meanwhile).
-const FRESH_FOR: Duration = super::connect::PING_IF_IDLE_FOR;
+use super::connect::PING_IF_IDLE_FOR;
 
 /// At most `keep` sessions held out of the pool; none when 0.
 #[derive(Debug)]
@@ -34,9 +32,10 @@ pub(super) struct Sessions {
 
 #[derive(Debug, Default)]
 struct Held {
-    /// A claim's session until its ack, with the lease's end: one whose
-    /// ack never comes (a batch aborted) is let go after it.
-    claimed: HashMap<LeaseId, (Connection, Instant)>,
+    /// A claim's session until its ack, with when it claimed and when the
+    /// lease ends: one whose ack never comes (a batch aborted) is let go
+    /// after that.
+    claimed: HashMap<LeaseId, (Connection, Instant, Instant)>,
     /// Sessions between uses, the one used last at the end.
     idle: Vec<(Connection, Instant)>,
 }
@@ -51,51 +50,55 @@ impl Sessions {
     }
 
     /// The session that claimed under `lease`, else the one used last,
-    /// else one from the pool.
+    /// else one from the pool. A kept session idle for a second is pinged
+    /// first, as the pool would: the server may have closed it meanwhile.
     pub(super) async fn take(&self, lease: Option<LeaseId>) -> Result<Connection, Error> {
-        if self.keep > 0 {
-            let (kept, released) = self.take_kept(lease);
+        let mut lease = lease;
+        // Each kept session in turn, the one used last first, while their
+        // pings fail (after a restart of the server, all of them).
+        loop {
+            let (kept, released) = self.take_kept(lease.take());
             // Dropped outside the lock: each goes back to the pool.
             drop(released);
-            if let Some(connection) = kept {
+            let Some((mut connection, used)) = kept else {
+                break;
+            };
+            if used.elapsed() < PING_IF_IDLE_FOR || connection.ping().await.is_ok() {
                 return Ok(connection);
             }
         }
         Ok(self.pool.acquire().await?)
     }
 
-    fn take_kept(&self, lease: Option<LeaseId>) -> (Option<Connection>, Vec<Connection>) {
+    /// The kept session to use and when it was last used, with the sessions
+    /// of leases that ended (their acks never came), to be let go.
+    fn take_kept(&self, lease: Option<LeaseId>) -> (Option<(Connection, Instant)>, Vec<Connection>) {
         let mut held = self
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = Instant::now();
-        if let Some((connection, _)) = lease.and_then(|lease| held.claimed.remove(&lease)) {
-            return (Some(connection), Vec::new());
+        if let Some((connection, used, _)) = lease.and_then(|lease| held.claimed.remove(&lease)) {
+            return (Some((connection, used)), Vec::new());
         }
         let expired: Vec<LeaseId> = held
             .claimed
             .iter()
-            .filter(|(_, (_, ends))| *ends <= now)
+            .filter(|(_, (_, _, ends))| *ends <= now)
             .map(|(lease, _)| *lease)
             .collect();
-        let mut released: Vec<Connection> = expired
+        let released = expired
             .iter()
             .filter_map(|lease| held.claimed.remove(lease))
-            .map(|(connection, _)| connection)
+            .map(|(connection, _, _)| connection)
             .collect();
-        // The idle list is in order of use: all before the first fresh one are stale.
-        let stale = held
-            .idle
-            .partition_point(|(_, since)| now.duration_since(*since) >= FRESH_FOR);
-        released.extend(held.idle.drain(..stale).map(|(connection, _)| connection));
-        (held.idle.pop().map(|(connection, _)| connection), released)
+        (held.idle.pop(), released)
     }
 
     /// Keeps a claim's session for its ack, until `ends`.
     pub(super) fn keep_for(&self, lease: LeaseId, connection: Connection, ends: Instant) {
         let refused = self.keep_with(connection, |held, connection| {
-            held.claimed.insert(lease, (connection, ends));
+            held.claimed.insert(lease, (connection, Instant::now(), ends));
         });
         drop(refused);
     }
