@@ -233,7 +233,11 @@ pub(super) const WRITERS: u64 = 4;
 pub(super) struct WriterCost {
     how: &'static str,
     rate: f64,
+    /// Each transaction's time, BEGIN to COMMIT, sorted.
     sorted_us: Vec<u64>,
+    /// Each INSERT statement's own round trip, sorted: a NOTIFY costs its
+    /// transaction at COMMIT, not here.
+    insert_us: Vec<u64>,
     postgres_ms_per_thousand: f64,
     wal_bytes_per_event: f64,
     table_bytes_per_event: f64,
@@ -300,37 +304,43 @@ pub(super) async fn write_events(
     for writer in 0..WRITERS {
         let (pool, statement) = (pool.clone(), statement.to_string());
         tasks.spawn(async move {
-            let mut took = Vec::new();
+            let (mut took, mut inserts) = (Vec::new(), Vec::new());
             let mut n = writer;
             while n < WRITER_EVENTS {
                 let began = Instant::now();
                 let mut tx = pool.begin().await?;
+                let insert_began = Instant::now();
                 sqlx::query(&statement)
                     .bind(i64::try_from(n)?)
                     .bind(i64::try_from(n + 1)?)
                     .bind(1000i64)
                     .execute(&mut *tx)
                     .await?;
+                inserts.push(u64::try_from(insert_began.elapsed().as_micros())?);
                 tx.commit().await?;
                 took.push(u64::try_from(began.elapsed().as_micros())?);
                 n += WRITERS;
             }
-            anyhow::Ok(took)
+            anyhow::Ok((took, inserts))
         });
     }
-    let mut sorted_us = Vec::new();
+    let (mut sorted_us, mut insert_us) = (Vec::new(), Vec::new());
     while let Some(took) = tasks.join_next().await {
-        sorted_us.extend(took??);
+        let (took, inserts) = took??;
+        sorted_us.extend(took);
+        insert_us.extend(inserts);
     }
     let elapsed = started.elapsed();
     let cpu = CpuTimes::now().since(cpu);
     let (wal_after, table_after) = position().await?;
     sorted_us.sort_unstable();
+    insert_us.sort_unstable();
     let events = WRITER_EVENTS as f64;
     Ok(WriterCost {
         how,
         rate: events / elapsed.as_secs_f64(),
         sorted_us,
+        insert_us,
         postgres_ms_per_thousand: cpu.postgres * 1000.0 / events * 1000.0,
         wal_bytes_per_event: (wal_after - wal_before) as f64 / events,
         table_bytes_per_event: (table_after - table_before) as f64 / events,
@@ -340,26 +350,32 @@ pub(super) async fn write_events(
 pub(super) fn print_writers(costs: &[WriterCost]) {
     println!();
     println!(
-        "{:<32} {:>9} {:>8} {:>8}  {:>12}  {:>9}  {:>11}",
+        "{:<32} {:>9} {:>8} {:>8} {:>11} {:>11}  {:>12}  {:>9}  {:>11}",
         format!("writer, {WRITERS} x one-event transactions"),
         "tx/s",
         "p50 ms",
         "p99 ms",
+        "INSERT p50",
+        "INSERT mean",
         "PG CPU/1000",
         "WAL/event",
         "table/event"
     );
+    let percentile = |sorted: &[u64], p: f64| {
+        let index = ((sorted.len().max(1) - 1) as f64 * p).round() as usize;
+        sorted.get(index).copied().unwrap_or_default() as f64 / 1000.0
+    };
     for cost in costs {
-        let at = |p: f64| {
-            let index = ((cost.sorted_us.len().max(1) - 1) as f64 * p).round() as usize;
-            cost.sorted_us.get(index).copied().unwrap_or_default() as f64 / 1000.0
-        };
+        let insert_mean =
+            cost.insert_us.iter().sum::<u64>() as f64 / cost.insert_us.len().max(1) as f64 / 1000.0;
         println!(
-            "{:<32} {:>9.0} {:>8.2} {:>8.2}  {:>9.0} ms  {:>7.0} B  {:>9.0} B",
+            "{:<32} {:>9.0} {:>8.2} {:>8.2} {:>8.3} ms {:>8.3} ms  {:>9.0} ms  {:>7.0} B  {:>9.0} B",
             cost.how,
             cost.rate,
-            at(0.5),
-            at(0.99),
+            percentile(&cost.sorted_us, 0.5),
+            percentile(&cost.sorted_us, 0.99),
+            percentile(&cost.insert_us, 0.5),
+            insert_mean,
             cost.postgres_ms_per_thousand,
             cost.wal_bytes_per_event,
             cost.table_bytes_per_event
