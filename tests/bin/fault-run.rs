@@ -5,11 +5,14 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|outage|pg-restart|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|outage|pg-restart|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
-//! of them is SIGKILLed (and restarted) ROUNDS times. `outage`: two relays,
+//! of them is SIGKILLed (and restarted) ROUNDS times. `claim-kills`: the
+//! same, each SIGKILL sent the moment the victim's claim statement is seen
+//! running (`pg_stat_activity`), so that it lands while the claim runs or
+//! its rows are on their way. `outage`: two relays,
 //! NATS stopped for 30 s mid-stream (JetStream store kept), ROUNDS runs.
 //! `pg-restart`: two relays drain a backlog while the project's PostgreSQL
 //! is restarted (fast mode: every connection cut) under them.
@@ -125,6 +128,10 @@ async fn main() {
     if which == "kills" || which == "all" {
         let kills = if rounds == 0 { 20 } else { rounds };
         rows.push(kills_run(&relay_bin, events, kills).await);
+    }
+    if which == "claim-kills" || which == "all" {
+        let kills = if rounds == 0 { 20 } else { rounds };
+        rows.push(claim_kills_run(&relay_bin, events, kills).await);
     }
     if which == "replication-kills" || which == "all" {
         let kills = if rounds == 0 { 10 } else { rounds };
@@ -293,6 +300,49 @@ async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     run.finish(format!("{done} SIGKILLs, 3 relays")).await
+}
+
+/// Three relays; each SIGKILL is sent the moment the victim's claim is seen
+/// running, so that it lands while the claim runs or its rows are on
+/// their way. The claim commits on its own, so its
+/// leases may outlive the relay (the rows come back when they end), or the
+/// cut connection undoes it.
+async fn claim_kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
+    let mut run = Scenario::start(relay_bin, 3, events).await;
+    let (mut done, mut generation, mut looks) = (0, 0, 0u64);
+    while done < kills {
+        looks += 1;
+        if looks.is_multiple_of(200) && published(&run.db.pool).await >= run.total {
+            break;
+        }
+        let claiming: Option<String> = sqlx::query_scalar(
+            "SELECT application_name FROM pg_stat_activity
+              WHERE state = 'active' AND query LIKE '%SKIP LOCKED%'
+                AND application_name LIKE 'switchyard relay-%' LIMIT 1",
+        )
+        .fetch_optional(&run.db.pool)
+        .await
+        .ok()
+        .flatten();
+        let victim = claiming
+            .as_deref()
+            .and_then(|name| name.strip_prefix("switchyard relay-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|victim| *victim < run.relays.len());
+        let Some(victim) = victim else {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        };
+        run.relays[victim].kill();
+        generation += 1;
+        done += 1;
+        eprintln!("kill {done}: relay-{victim} during a claim");
+        run.relays[victim] = Process::spawn(relay_bin, &run.config, &format!("relay-{victim}-{generation}"));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    run.finish(format!("{done} SIGKILLs during a claim, 3 relays"))
+        .await
 }
 
 /// Two relays; NATS stopped for 30 s while events are written and relayed.
