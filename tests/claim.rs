@@ -1514,3 +1514,27 @@ async fn a_kept_session_the_server_closed_is_replaced_without_an_error() {
     let outcomes = [outcome(next.rows[0].id, Outcome::Published)];
     assert_eq!(store.ack(next.lease, &outcomes).await.unwrap().len(), 1);
 }
+
+/// Closing a store waits for every session to come back to its pool: the
+/// sessions kept for an ack and for the next claim come back at once (a
+/// relay that starts over closes its store before it opens another).
+#[tokio::test]
+async fn a_store_keeping_sessions_closes_at_once() {
+    let db = fresh_db().await;
+    let store = OutboxStore::connect_bounded(&db.url, 4, "switchyard-test", None)
+        .await
+        .unwrap()
+        .keeping_sessions(3);
+    for aggregate in 0..3 {
+        place_order_event(&db.pool, &event(aggregate, 0), true).await;
+    }
+    let acked = store.claim("a", 1, LEASE).await.unwrap();
+    let outcomes = [outcome(acked.rows[0].id, Outcome::Published)];
+    assert_eq!(store.ack(acked.lease, &outcomes).await.unwrap().len(), 1);
+    // Two batches waiting for their acks, on two sessions.
+    let (first, second) = tokio::join!(store.claim("a", 1, LEASE), store.claim("b", 1, LEASE));
+    assert_eq!(first.unwrap().rows.len() + second.unwrap().rows.len(), 2);
+    tokio::time::timeout(Duration::from_secs(5), store.close())
+        .await
+        .expect("the store closed with sessions kept");
+}

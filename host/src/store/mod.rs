@@ -237,7 +237,7 @@ impl OutboxStore {
     /// which ends any transaction a dropped task left open on them.
     pub async fn close(&self) {
         match &self.backend {
-            AnyBackend::Postgres(backend) => backend.pool.close().await,
+            AnyBackend::Postgres(backend) => backend.close().await,
             AnyBackend::Sqlite(backend) => backend.pool.close().await,
         }
     }

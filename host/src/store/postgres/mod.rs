@@ -79,6 +79,11 @@ impl Postgres {
         })
     }
 
+    /// Closes the pool, the sessions kept out of it included.
+    pub(super) async fn close(&self) {
+        self.sessions.close().await;
+    }
+
     /// Records what a claim saw of the due index: another process may
     /// migrate while this one runs, and each claim tells the next (asking
     /// in a round trip of its own would cost one per claim).

@@ -15,12 +15,11 @@ use std::time::Instant;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, PgPool};
 
+use super::connect::PING_IF_IDLE_FOR;
 use crate::store::Error;
 use crate::store::types::LeaseId;
 
 type Connection = PoolConnection<sqlx::Postgres>;
-
-use super::connect::PING_IF_IDLE_FOR;
 
 /// At most `keep` sessions held out of the pool; none when 0.
 #[derive(Debug)]
@@ -111,8 +110,31 @@ impl Sessions {
         drop(refused);
     }
 
-    /// Stores `connection` with `store` while fewer than `keep` are held;
-    /// otherwise hands it back, to be dropped outside the lock.
+    /// Closes the pool. Sessions kept out of it would hold its close up
+    /// for ever: they go back first, and none is kept once it is closing
+    /// (checked under the same lock, so none slips in between).
+    pub(super) async fn close(&self) {
+        let closing = self.pool.close();
+        let released = {
+            let mut held = self
+                .held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut released: Vec<Connection> = held
+                .claimed
+                .drain()
+                .map(|(_, (connection, _, _))| connection)
+                .collect();
+            released.extend(held.idle.drain(..).map(|(connection, _)| connection));
+            released
+        };
+        drop(released);
+        closing.await;
+    }
+
+    /// Stores `connection` with `store` while fewer than `keep` are held
+    /// and the pool is open; otherwise hands it back, to be dropped outside
+    /// the lock.
     fn keep_with(
         &self,
         connection: Connection,
@@ -122,7 +144,7 @@ impl Sessions {
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if held.claimed.len() + held.idle.len() >= self.keep {
+        if held.claimed.len() + held.idle.len() >= self.keep || self.pool.is_closed() {
             return Some(connection);
         }
         store(&mut held, connection);
