@@ -1382,6 +1382,16 @@ async fn a_cancelled_statement_in_the_row_by_row_pass_keeps_what_was_recorded() 
     assert_eq!(statuses, ["published", "dead", "published"]);
 }
 
+/// A relay's store on `url` (its sessions' settings, a statement timeout of
+/// half [`LEASE`]) named `application_name`, `max` connections, keeping
+/// `keep` sessions between claims and acks.
+async fn keeping(url: &str, max: u32, application_name: &str, keep: usize) -> OutboxStore {
+    OutboxStore::connect_bounded(url, max, application_name, Some(LEASE / 2))
+        .await
+        .unwrap()
+        .keeping_sessions(keep)
+}
+
 /// The last statement of each of the sessions named `application_name`,
 /// by process id.
 async fn last_statements(pool: &sqlx::PgPool, application_name: &str) -> BTreeMap<i32, String> {
@@ -1410,10 +1420,7 @@ fn ran(statements: &BTreeMap<i32, String>, start: &str) -> Option<i32> {
 async fn a_claim_its_ack_and_the_next_claim_share_one_session() {
     let db = fresh_db().await;
     let name = format!("switchyard-sessions-{}", db.name);
-    let store = OutboxStore::connect_bounded(&db.url, 6, &name, Some(LEASE / 2))
-        .await
-        .unwrap()
-        .keeping_sessions(4);
+    let store = keeping(&db.url, 6, &name, 4).await;
     // Sessions the pool opened earlier, idle: the first-in-first-out pool
     // would hand them out in turn.
     let (a, b, c) = tokio::join!(store.backlog(), store.backlog(), store.backlog());
@@ -1452,10 +1459,7 @@ async fn a_claim_its_ack_and_the_next_claim_share_one_session() {
 #[tokio::test]
 async fn a_session_held_for_an_ack_that_never_comes_is_let_go_when_the_lease_ends() {
     let db = fresh_db().await;
-    let store = OutboxStore::connect_bounded(&db.url, 1, "switchyard-test", None)
-        .await
-        .unwrap()
-        .keeping_sessions(1);
+    let store = keeping(&db.url, 1, "switchyard-test", 1).await;
     place_order_event(&db.pool, &event(1, 0), true).await;
     let lease = Duration::from_millis(300);
     let abandoned = store.claim("a", 10, lease).await.unwrap();
@@ -1488,10 +1492,7 @@ async fn a_session_held_for_an_ack_that_never_comes_is_let_go_when_the_lease_end
 async fn a_kept_session_the_server_closed_is_replaced_without_an_error() {
     let db = fresh_db().await;
     let name = format!("switchyard-closed-{}", db.name);
-    let store = OutboxStore::connect_bounded(&db.url, 4, &name, None)
-        .await
-        .unwrap()
-        .keeping_sessions(2);
+    let store = keeping(&db.url, 4, &name, 2).await;
     place_order_event(&db.pool, &event(1, 0), true).await;
     let claim = store.claim("a", 10, LEASE).await.unwrap();
     let outcomes = [outcome(claim.rows[0].id, Outcome::Published)];
@@ -1521,10 +1522,7 @@ async fn a_kept_session_the_server_closed_is_replaced_without_an_error() {
 #[tokio::test]
 async fn a_store_keeping_sessions_closes_at_once() {
     let db = fresh_db().await;
-    let store = OutboxStore::connect_bounded(&db.url, 4, "switchyard-test", None)
-        .await
-        .unwrap()
-        .keeping_sessions(3);
+    let store = keeping(&db.url, 4, "switchyard-test", 3).await;
     for aggregate in 0..3 {
         place_order_event(&db.pool, &event(aggregate, 0), true).await;
     }
