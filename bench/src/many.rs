@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use switchyard::store::OutboxStore;
 use tokio_util::sync::CancellationToken;
 
-use super::{CpuTimes, Services, admin_pool, plugin_file, recreate_db};
+use super::{CpuMark, Services, admin_pool, plugin_file, recreate_db};
 
 /// Seconds idle, then seconds under load, per database count.
 const IDLE: Duration = Duration::from_secs(20);
@@ -175,9 +175,9 @@ async fn one(
     // their longest pause within 7.5 s of the last claim that found rows.
     let settle = Duration::from_secs(10 + u64::try_from(count / 50).unwrap_or(0));
     tokio::time::sleep(settle).await;
-    let (cpu0, x0) = (CpuTimes::now(), xacts(&admin).await?);
+    let (cpu0, x0) = (CpuMark::now(), xacts(&admin).await?);
     tokio::time::sleep(IDLE).await;
-    let (idle_cpu, x1) = (CpuTimes::now().since(cpu0), xacts(&admin).await?);
+    let (idle_cpu, x1) = (CpuMark::now().since(cpu0), xacts(&admin).await?);
     let sessions = sessions(&admin).await?;
     let mut pools = Vec::new();
     for i in 0..count {
@@ -188,9 +188,9 @@ async fn one(
                 .await?,
         );
     }
-    let cpu1 = CpuTimes::now();
+    let cpu1 = CpuMark::now();
     load(&pools).await;
-    let loaded_cpu = CpuTimes::now().since(cpu1);
+    let loaded_cpu = CpuMark::now().since(cpu1);
     // Every event publishes (within two minutes); then read commit-to-publish
     // from every row, the slowest included.
     let waited = Instant::now();

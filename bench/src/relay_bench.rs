@@ -196,7 +196,7 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// CPU seconds used so far, by process: where a drain's time goes.
+/// CPU seconds used between two marks, by process: where a drain's time goes.
 #[derive(Debug, Clone, Copy, Default)]
 struct CpuTimes {
     postgres: f64,
@@ -206,37 +206,60 @@ struct CpuTimes {
     relay: f64,
 }
 
-impl CpuTimes {
-    fn now() -> CpuTimes {
+/// CPU seconds used so far, by process.
+#[derive(Debug, Clone, Default)]
+struct CpuMark {
+    /// Each PostgreSQL process's own time and its reaped children's (the
+    /// postmaster's hold the backends that have exited), by process id.
+    postgres: std::collections::HashMap<i32, f64>,
+    nats: f64,
+    tansu: f64,
+    relay: f64,
+}
+
+impl CpuMark {
+    fn now() -> CpuMark {
         let ticks = procfs::ticks_per_second() as f64;
         let me = i32::try_from(std::process::id()).unwrap_or(0);
-        let mut times = CpuTimes::default();
+        let mut mark = CpuMark::default();
         let Ok(processes) = procfs::process::all_processes() else {
-            return times;
+            return mark;
         };
         for stat in processes.flatten().filter_map(|p| p.stat().ok()) {
             let own = (stat.utime + stat.stime) as f64 / ticks;
             match stat.comm.as_str() {
-                // The postmaster's children times hold the backends that have exited.
-                "postgres" => times.postgres += own + (stat.cutime + stat.cstime).max(0) as f64 / ticks,
-                "nats-server" => times.nats += own,
-                "tansu" => times.tansu += own,
-                _ if stat.pid == me => times.relay += own,
+                "postgres" => {
+                    let reaped = (stat.cutime + stat.cstime).max(0) as f64 / ticks;
+                    mark.postgres.insert(stat.pid, own + reaped);
+                }
+                "nats-server" => mark.nats += own,
+                "tansu" => mark.tansu += own,
+                _ if stat.pid == me => mark.relay += own,
                 _ => {}
             }
         }
-        times
+        mark
     }
 
-    fn since(self, earlier: CpuTimes) -> CpuTimes {
+    /// What each process used since `earlier`. A PostgreSQL process that
+    /// has gone unreaped (the old postmaster, after a restart) is left
+    /// out rather than counted as time given back.
+    fn since(self, earlier: CpuMark) -> CpuTimes {
+        let postgres = self
+            .postgres
+            .iter()
+            .map(|(pid, now)| now - earlier.postgres.get(pid).copied().unwrap_or(0.0))
+            .sum();
         CpuTimes {
-            postgres: self.postgres - earlier.postgres,
+            postgres,
             nats: self.nats - earlier.nats,
             tansu: self.tansu - earlier.tansu,
             relay: self.relay - earlier.relay,
         }
     }
+}
 
+impl CpuTimes {
     /// "postgres 72 / broker 9 / relay 20 ms per 1,000 events".
     fn per_thousand(&self, events: u64) -> String {
         let ms = |seconds: f64| seconds * 1e6 / events.max(1) as f64;
@@ -355,7 +378,7 @@ async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
         .max_connections(args.concurrency + 1)
         .connect(url)
         .await?;
-    let cpu = CpuTimes::now();
+    let cpu = CpuMark::now();
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
@@ -395,7 +418,7 @@ async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
     }
     Ok(Drain {
         rate: done as f64 / started.elapsed().as_secs_f64(),
-        cpu: CpuTimes::now().since(cpu),
+        cpu: CpuMark::now().since(cpu),
         peak_rss: peak_rss(),
     })
 }
@@ -405,7 +428,7 @@ async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
 async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain> {
     let store = OutboxStore::connect(url, args.concurrency * 2 + 2).await?;
     let pool = sqlx::PgPool::connect(url).await?;
-    let cpu = CpuTimes::now();
+    let cpu = CpuMark::now();
     let started = Instant::now();
     let done = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
@@ -447,7 +470,7 @@ async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain
     }
     Ok(Drain {
         rate: done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64(),
-        cpu: CpuTimes::now().since(cpu),
+        cpu: CpuMark::now().since(cpu),
         peak_rss: peak_rss(),
     })
 }
@@ -599,12 +622,12 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
         relay = relay.native_router(native_router(target));
     }
     let relay = relay.build();
-    let cpu = CpuTimes::now();
+    let cpu = CpuMark::now();
     let pool = sqlx::PgPool::connect(&url).await?;
     let rate = run_until_drained(&relay, &pool, args.rows, schema).await?;
     let result = Drain {
         rate,
-        cpu: CpuTimes::now().since(cpu),
+        cpu: CpuMark::now().since(cpu),
         peak_rss: peak_rss(),
     };
     drop(relay);
@@ -829,7 +852,7 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     let mut sent = 0u64;
     let mut reload_started = None;
     let started = Instant::now();
-    let cpu = CpuTimes::now();
+    let cpu = CpuMark::now();
     while sent < total {
         tick.tick().await;
         if reload && reload_started.is_none() && started.elapsed() >= Duration::from_secs(seconds / 2) {
@@ -850,7 +873,7 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
         sent += n;
     }
     let mut sorted_us = consumer.await?;
-    let cpu = CpuTimes::now().since(cpu);
+    let cpu = CpuMark::now().since(cpu);
     if let Some(running) = running {
         running.stop().await?;
     }

@@ -18,7 +18,7 @@ use switchyard::config::{FeedMode, ReplicationConfig};
 use switchyard::store::{OutboxStore, PublishedRows};
 
 use super::{
-    Args, CpuTimes, Drain, DrainKind, EVENT_FIELDS, Latency, Load, RUST_PLUGIN, Running, Schema, Services,
+    Args, CpuMark, Drain, DrainKind, EVENT_FIELDS, Latency, Load, RUST_PLUGIN, Running, Schema, Services,
     Target, admin_pool, build_template, drain, drop_db, latency_in, load_rows, peak_rss, recreate_db,
     relay_config, reset_brokers, reset_peak_rss, workspace_root,
 };
@@ -88,7 +88,7 @@ async fn replication_drain(
     configure(&mut config, name);
     reset_peak_rss();
     let relay = switchyard::app::build(&config).await?;
-    let cpu = CpuTimes::now();
+    let cpu = CpuMark::now();
     let started = Instant::now();
     let running = Running::start(&relay);
     loop {
@@ -109,7 +109,7 @@ async fn replication_drain(
     running.stop().await?;
     let result = Drain {
         rate: args.rows as f64 / elapsed.as_secs_f64(),
-        cpu: CpuTimes::now().since(cpu),
+        cpu: CpuMark::now().since(cpu),
         peak_rss: peak_rss(),
     };
     let (untouched, dead): (i64, i64) = sqlx::query_as(
@@ -298,7 +298,7 @@ pub(super) async fn write_events(
         anyhow::Ok((lsn, table))
     };
     let (wal_before, table_before) = position().await?;
-    let cpu = CpuTimes::now();
+    let cpu = CpuMark::now();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for writer in 0..WRITERS {
@@ -331,7 +331,7 @@ pub(super) async fn write_events(
         insert_us.extend(inserts);
     }
     let elapsed = started.elapsed();
-    let cpu = CpuTimes::now().since(cpu);
+    let cpu = CpuMark::now().since(cpu);
     let (wal_after, table_after) = position().await?;
     sorted_us.sort_unstable();
     insert_us.sort_unstable();

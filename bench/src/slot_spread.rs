@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use switchyard::store::OutboxStore;
 
-use super::{Args, CpuTimes, Services, admin_pool, drop_db, load_rows, recreate_db};
+use super::{Args, CpuMark, Services, admin_pool, drop_db, load_rows, recreate_db};
 
 /// One spread: readers, seconds until all caught up, PostgreSQL CPU.
 struct Spread {
@@ -87,7 +87,7 @@ async fn spread(services: &Services, args: &Args, slots: usize) -> anyhow::Resul
         .fetch_one(&pool)
         .await?;
     let pg_bin = std::env::var("SWITCHYARD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
-    let cpu = CpuTimes::now();
+    let cpu = CpuMark::now();
     let started = Instant::now();
     let mut readers = Vec::new();
     for n in 0..slots {
@@ -124,7 +124,7 @@ async fn spread(services: &Services, args: &Args, slots: usize) -> anyhow::Resul
         );
     }
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = CpuTimes::now().since(cpu);
+    let cpu = CpuMark::now().since(cpu);
     for mut reader in readers {
         reader.kill().await?;
     }
