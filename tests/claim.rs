@@ -10,7 +10,8 @@ use std::time::Duration;
 use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
-    CLAIM_V2_MIGRATION, DUE_FROM_INSERT_MIGRATION, NewEvent, fresh_db, fresh_db_before, place_order_event,
+    CLAIM_V2_MIGRATION, DUE_FROM_INSERT_MIGRATION, NewEvent, count_status, fresh_db, fresh_db_before,
+    place_order_event,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -1535,4 +1536,158 @@ async fn a_store_keeping_sessions_closes_at_once() {
     tokio::time::timeout(Duration::from_secs(5), store.close())
         .await
         .expect("the store closed with sessions kept");
+}
+
+/// Text a plugin or a broker chose, as outcomes carry it: quotes,
+/// backslashes, array syntax, the word NULL, a statement of its own.
+const HOSTILE: &str = "it's \"quoted\" \\ back\\slash \\' '); DELETE FROM switchyard_outbox; -- {a,b} NULL\n\t ünï \u{1f} E'x' $$ $1";
+
+/// An ack that rides with the next claim (one simple query, its values
+/// written out as literals) records each outcome exactly as given, and the
+/// claim after it, seeing the finished row, takes the next event of its
+/// aggregate instead of parking it: both in one round trip.
+#[tokio::test]
+async fn outcomes_riding_with_a_claim_are_recorded_exactly_and_free_the_next_event() {
+    let db = fresh_db().await;
+    let name = format!("switchyard-riding-{}", db.name);
+    let store = keeping(&db.url, 4, &name, 2).await;
+    assert!(store.acks_ride_with_claims());
+    for (aggregate, seq) in [(1, 0), (2, 0), (1, 1)] {
+        place_order_event(&db.pool, &event(aggregate, seq), true).await;
+    }
+    let first = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(first.rows.len(), 2, "the heads of both aggregates");
+    let mut published = outcome(first.rows[0].id, Outcome::Published);
+    published.deliveries.insert(
+        HOSTILE.into(),
+        Delivery {
+            target: "nats".into(),
+            topic: HOSTILE.into(),
+            acked_at: None,
+            error: Some(HOSTILE.into()),
+        },
+    );
+    published.plugin_version = Some(HOSTILE.into());
+    let retried = outcome(
+        first.rows[1].id,
+        Outcome::Retry {
+            after: Duration::from_secs(3600),
+            error: HOSTILE.into(),
+        },
+    );
+    let (acked, next) = store
+        .ack_then_claim(first.lease, &[published, retried], "b", 10, LEASE)
+        .await
+        .unwrap()
+        .expect("the ack rides with the claim");
+    let acked: HashSet<i64> = acked.into_iter().map(|id| id.0).collect();
+    assert_eq!(acked, HashSet::from([first.rows[0].id.0, first.rows[1].id.0]));
+    assert_eq!(next.rows.len(), 1, "the next event of the finished aggregate");
+    assert_eq!(
+        (next.rows[0].aggregate_id.as_str(), seq(&next.rows[0])),
+        ("o-1", 1)
+    );
+    assert_eq!(next.parked, 0);
+
+    let (status, version, deliveries): (String, Option<String>, String) = sqlx::query_as(
+        "SELECT status, plugin_version, deliveries::text FROM switchyard_outbox WHERE id = $1",
+    )
+    .bind(first.rows[0].id.0)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), version.as_deref()),
+        ("published", Some(HOSTILE))
+    );
+    let deliveries: BTreeMap<String, Delivery> = serde_json::from_str(&deliveries).unwrap();
+    let delivery = &deliveries[HOSTILE];
+    assert_eq!(
+        (delivery.topic.as_str(), delivery.error.as_deref()),
+        (HOSTILE, Some(HOSTILE))
+    );
+    let (status, error): (String, Option<String>) =
+        sqlx::query_as("SELECT status, last_error FROM switchyard_outbox WHERE id = $1")
+            .bind(first.rows[1].id.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), error.as_deref()), ("pending", Some(HOSTILE)));
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 3);
+
+    let last = [outcome(next.rows[0].id, Outcome::Published)];
+    let (acked, nothing) = store
+        .ack_then_claim(next.lease, &last, "b", 10, LEASE)
+        .await
+        .unwrap()
+        .expect("rides");
+    assert_eq!((acked.len(), nothing.rows.len()), (1, 0));
+    let statements = last_statements(&db.pool, &name).await;
+    let both = statements
+        .values()
+        .find(|query| query.starts_with("SELECT switchyard_ack"))
+        .unwrap_or_else(|| panic!("no session shows the ack: {statements:?}"));
+    assert!(
+        both.contains("; EXECUTE switchyard_claim"),
+        "one round trip: {both}"
+    );
+}
+
+/// Outcomes a simple query cannot carry (a NUL, which ends its text) are
+/// left to the ack alone, which records what it can: nothing is done with
+/// the claim.
+#[tokio::test]
+async fn outcomes_with_a_nul_do_not_ride_and_the_ack_alone_records_them() {
+    let db = fresh_db().await;
+    let store = keeping(&db.url, 4, "switchyard-test", 2).await;
+    place_order_event(&db.pool, &event(1, 0), true).await;
+    let claim = store.claim("a", 10, LEASE).await.unwrap();
+    let mut nul = outcome(claim.rows[0].id, Outcome::Published);
+    nul.plugin_version = Some("bad\u{0}version".into());
+    let outcomes = [nul];
+    let rode = store
+        .ack_then_claim(claim.lease, &outcomes, "a", 10, LEASE)
+        .await
+        .unwrap();
+    assert!(rode.is_none());
+    assert_eq!(count_status(&db.pool, "in_flight").await, 1, "nothing was done");
+    assert_eq!(store.ack(claim.lease, &outcomes).await.unwrap().len(), 1);
+}
+
+/// A session that went back to the pool keeps what was prepared on it;
+/// taken again, it is looked at, not prepared a second time (which the
+/// server refuses).
+#[tokio::test]
+async fn a_session_back_from_the_pool_keeps_its_prepared_claim() {
+    let db = fresh_db().await;
+    // One connection: every session is the same server process.
+    let store = keeping(&db.url, 1, "switchyard-test", 1).await;
+    for aggregate in 0..3 {
+        place_order_event(&db.pool, &event(aggregate, 0), true).await;
+    }
+    let short = Duration::from_millis(300);
+    let first = store.claim("a", 1, LEASE).await.unwrap();
+    let outcomes = [outcome(first.rows[0].id, Outcome::Published)];
+    let (_, abandoned) = store
+        .ack_then_claim(first.lease, &outcomes, "a", 1, short)
+        .await
+        .unwrap()
+        .expect("rides");
+    assert_eq!(abandoned.rows.len(), 1);
+    // Its lease ends: its session goes back to the pool, and comes out of
+    // it again for the next claim.
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let again = store.claim("b", 1, LEASE).await.unwrap();
+    assert_eq!(again.rows.len(), 1);
+    let outcomes = [outcome(again.rows[0].id, Outcome::Published)];
+    let (acked, _) = store
+        .ack_then_claim(again.lease, &outcomes, "b", 1, LEASE)
+        .await
+        .expect("the statement prepared before is used")
+        .expect("rides");
+    assert_eq!(acked.len(), 1);
 }

@@ -252,17 +252,20 @@ async fn bad_rows_are_dead_lettered_with_a_reason_while_others_flow() {
         .await
         .unwrap()
     };
-    let (status, attempts, last_error) =
+    // Between its tries (in flight, a try counts until its outcome refunds it).
+    let between_tries = || async {
         eventually("the no-stream row tried", Duration::from_secs(30), || async {
             let row = waiting().await;
-            (!row.2.is_empty()).then_some(row)
+            (!row.2.is_empty() && row.0 != "in_flight").then_some(row)
         })
-        .await;
+        .await
+    };
+    let (status, attempts, last_error) = between_tries().await;
     assert_eq!((status.as_str(), attempts), ("pending", 0), "{last_error}");
     assert!(last_error.contains("no JetStream stream"), "{last_error}");
     // Several of its waits later it is still pending, with no attempt spent.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (status, attempts, _) = waiting().await;
+    let (status, attempts, _) = between_tries().await;
     assert_eq!((status.as_str(), attempts), ("pending", 0));
     nats.create_stream("REFUNDS", &["orders.OrderRefunded"]).await;
     eventually(
@@ -407,4 +410,105 @@ async fn a_freed_event_is_announced_not_polled_for() {
     all_published(&db.pool, 80, Duration::from_secs(30)).await;
     relay.stop().await;
     verify(&nats.read_stream(STREAM).await, &expected);
+}
+
+/// A database, a stream and a relay whose small batches' outcomes wait up
+/// to a second for the next claim to carry them.
+async fn holding_acks_a_second() -> (switchyard_tests::postgres::TestDb, NatsServer, InProcess) {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    // No poll claims: it would carry the held outcomes too.
+    let settings = Settings::new(&db.url, &nats.url())
+        .relay("ack_delay_ms", "1000")
+        .relay("poll_interval_ms", "60000");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    // Its LISTEN session is up: the first event is not left to a poll.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (db, nats, relay)
+}
+
+/// When the row was acked, and when it was written (database clock), in ms
+/// since the epoch.
+async fn acked_and_written(pool: &sqlx::PgPool, aggregate: usize, seq: i64) -> (f64, f64, i32) {
+    sqlx::query_as(
+        "SELECT (extract(epoch FROM published_at) * 1000)::float8, (extract(epoch FROM created_at) * 1000)::float8, attempts
+           FROM switchyard_outbox WHERE aggregate_id = $1 AND (payload->>'seq')::bigint = $2",
+    )
+    .bind(format!("order-{aggregate}"))
+    .bind(seq)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A batch's outcomes wait for the next claim, and go alone when none comes
+/// within `ack_delay_ms`: the row is recorded once the delay has passed,
+/// well before its lease ends, and is not sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_ack_goes_alone_when_no_claim_comes() {
+    let (db, nats, relay) = holding_acks_a_second().await;
+    place_order_event(&db.pool, &order_event(1, 0), true).await;
+    all_published(&db.pool, 1, Duration::from_secs(5)).await;
+    let (acked, written, attempts) = acked_and_written(&db.pool, 1, 0).await;
+    assert!(
+        acked - written >= 1000.0,
+        "the outcome waited for a claim: acked {:.0} ms after the write",
+        acked - written
+    );
+    assert_eq!(attempts, 1);
+    relay.stop().await;
+    assert_eq!(nats.stream_len(STREAM).await, 1, "sent once");
+}
+
+/// The next event of an aggregate does not wait for its predecessor's
+/// held outcome: the claim that takes it carries that outcome (recorded
+/// first; in the same round trip, as tests/claim.rs shows), so the
+/// predecessor is acked just as the next event is claimed, not a second
+/// later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_event_of_an_aggregate_takes_the_held_ack_with_it() {
+    let (db, nats, relay) = holding_acks_a_second().await;
+    place_order_event(&db.pool, &order_event(1, 0), true).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    place_order_event(&db.pool, &order_event(1, 1), true).await;
+    all_published(&db.pool, 2, Duration::from_secs(5)).await;
+    let (first_acked, _, _) = acked_and_written(&db.pool, 1, 0).await;
+    let (_, second_written, _) = acked_and_written(&db.pool, 1, 1).await;
+    let after = first_acked - second_written;
+    assert!(
+        (0.0..600.0).contains(&after),
+        "the first event was acked {after:.0} ms after the second was written"
+    );
+    relay.stop().await;
+    let seqs: Vec<_> = nats
+        .read_stream(STREAM)
+        .await
+        .iter()
+        .map(|message| message.subject.clone())
+        .collect();
+    assert_eq!(
+        seqs,
+        ["orders.OrderCreated", "orders.OrderPaid"],
+        "each once, in order"
+    );
+}
+
+/// A stop records the outcomes held for a claim before it ends: their rows
+/// were published, and left in flight they would be sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_records_held_outcomes_first() {
+    let (db, nats, relay) = holding_acks_a_second().await;
+    place_order_event(&db.pool, &order_event(1, 0), true).await;
+    eventually("the event arrives", Duration::from_secs(5), || async {
+        (nats.stream_len(STREAM).await == 1).then_some(())
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(
+        count_status(&db.pool, "published").await,
+        1,
+        "recorded at the stop"
+    );
 }

@@ -84,6 +84,57 @@ impl Postgres {
         self.sessions.close().await;
     }
 
+    /// Whether acks can ride with the next claim ([`Postgres::ack_then_claim`]):
+    /// the sessions are kept and carry the claim's settings.
+    pub(super) fn acks_ride_with_claims(&self) -> bool {
+        self.planner_settings && self.sessions.keeps()
+    }
+
+    /// Records the outcomes of the batch claimed under `lease` and claims
+    /// the next batch, in one round trip on the session that claimed it
+    /// (see [`claim::ack_then_claim`]). `None`, with nothing done, when the
+    /// outbox predates `switchyard_ack()`; on an error nothing was done
+    /// either.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn ack_then_claim(
+        &self,
+        lease: LeaseId,
+        outcomes: &[RowOutcome],
+        published_rows: PublishedRows,
+        dead_letter_blocks: bool,
+        owner: &str,
+        limit: u32,
+        lease_for: Duration,
+        max_payload_bytes: usize,
+    ) -> Result<Option<(Vec<RowId>, Claim)>, Error> {
+        let schema = self.schema().await?;
+        if !self.planner_settings || schema & ACK_FUNCTION == 0 || schema & OLD_DUE_INDEX != 0 {
+            return Ok(None);
+        }
+        let Some(call) = ack::Outcomes::of(outcomes).call(lease, published_rows) else {
+            return Ok(None);
+        };
+        let mut session = self.sessions.take(Some(lease)).await?;
+        let (connection, prepared) = session.parts();
+        let (acked, claim) = claim::ack_then_claim(
+            connection,
+            prepared,
+            &call,
+            dead_letter_blocks,
+            owner,
+            limit,
+            lease_for,
+            max_payload_bytes,
+        )
+        .await?;
+        if claim.rows.is_empty() {
+            self.sessions.put_back(session);
+        } else {
+            self.sessions.keep_for(claim.lease, session, claim.deadline);
+        }
+        Ok(Some((acked, claim)))
+    }
+
     /// Records what a claim saw of the due index: another process may
     /// migrate while this one runs, and each claim tells the next (asking
     /// in a round trip of its own would cost one per claim).
