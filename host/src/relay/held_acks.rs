@@ -7,9 +7,12 @@
 //! a row behind an unfinished one means an event waits for an ack: no
 //! batch claimed before it holds its outcomes, so the ack that frees the
 //! row is not held back (rows parked by another relay's claim can wait up
-//! to the delay).
+//! to the delay). Only a batch alone in flight holds its outcomes: where
+//! batches overlap (higher rates) the next claim comes at once anyway, and
+//! an ack carried in front of it would only delay its events.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::store::{LeaseId, RowOutcome};
@@ -29,6 +32,17 @@ pub(super) struct HeldAcks {
     held: Mutex<Vec<HeldAck>>,
     /// When a claim last parked rows.
     parked: Mutex<Option<Instant>>,
+    /// Batches between their claim and their outcomes.
+    in_flight: AtomicUsize,
+}
+
+/// A batch in flight, counted until it is dropped.
+pub(super) struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl HeldAcks {
@@ -37,7 +51,14 @@ impl HeldAcks {
             delay,
             held: Mutex::new(Vec::new()),
             parked: Mutex::new(None),
+            in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// Counts a claimed batch as in flight while the guard lives.
+    pub(super) fn batch_started(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(&self.in_flight)
     }
 
     /// A claim parked rows behind unfinished ones just now.
@@ -48,20 +69,27 @@ impl HeldAcks {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
     }
 
-    /// Holds the outcomes of a batch claimed at `claimed_at`, if acks wait
-    /// at all and no claim parked rows since (they may wait behind this
-    /// batch); otherwise gives them back, to be sent at once.
+    /// Holds the outcomes of a batch claimed at `claimed_at`, to be
+    /// recorded by `ack_by` (its lease ends after that), if acks wait at
+    /// all, the delay ends before `ack_by`, it is the only batch in flight,
+    /// and no claim parked rows since it was claimed (they may wait behind
+    /// it); otherwise gives them back, to be sent at once.
     pub(super) fn hold(
         &self,
         lease: LeaseId,
         outcomes: Vec<RowOutcome>,
         claimed_at: Instant,
+        ack_by: Instant,
     ) -> Option<Vec<RowOutcome>> {
         let parked = *self
             .parked
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.delay.is_zero() || parked.is_some_and(|parked| parked >= claimed_at) {
+        if self.delay.is_zero()
+            || self.in_flight.load(Ordering::Acquire) > 1
+            || Instant::now() + self.delay >= ack_by
+            || parked.is_some_and(|parked| parked >= claimed_at)
+        {
             return Some(outcomes);
         }
         self.lock().push(HeldAck {
@@ -97,6 +125,11 @@ mod tests {
     use super::*;
     use crate::store::{Outcome, RowId};
 
+    /// A lease end far off.
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(30)
+    }
+
     fn outcomes(id: i64) -> Vec<RowOutcome> {
         vec![RowOutcome {
             id: RowId(id),
@@ -110,7 +143,7 @@ mod tests {
     fn without_a_delay_nothing_is_held() {
         let acks = HeldAcks::new(Duration::ZERO);
         let lease = LeaseId(uuid::Uuid::new_v4());
-        assert!(acks.hold(lease, outcomes(1), Instant::now()).is_some());
+        assert!(acks.hold(lease, outcomes(1), Instant::now(), later()).is_some());
         assert!(acks.take_all().is_empty());
         assert_eq!(acks.due_in(), None);
     }
@@ -119,14 +152,14 @@ mod tests {
     fn held_outcomes_are_taken_once_oldest_first_and_fall_due_after_the_delay() {
         let acks = HeldAcks::new(Duration::from_millis(40));
         let (first, second) = (LeaseId(uuid::Uuid::new_v4()), LeaseId(uuid::Uuid::new_v4()));
-        assert!(acks.hold(first, outcomes(1), Instant::now()).is_none());
+        assert!(acks.hold(first, outcomes(1), Instant::now(), later()).is_none());
         let due = acks.due_in().expect("held");
         assert!(
             due > Duration::from_millis(20) && due <= Duration::from_millis(40),
             "{due:?}"
         );
         std::thread::sleep(Duration::from_millis(45));
-        assert!(acks.hold(second, outcomes(2), Instant::now()).is_none());
+        assert!(acks.hold(second, outcomes(2), Instant::now(), later()).is_none());
         // The oldest sets the time: it is due now.
         assert_eq!(acks.due_in(), Some(Duration::ZERO));
         let taken = acks.take_all();
@@ -143,13 +176,34 @@ mod tests {
         acks.saw_parked();
         let lease = LeaseId(uuid::Uuid::new_v4());
         assert!(
-            acks.hold(lease, outcomes(1), claimed_before).is_some(),
+            acks.hold(lease, outcomes(1), claimed_before, later()).is_some(),
             "a parked row may wait behind it"
         );
         std::thread::sleep(Duration::from_millis(2));
         assert!(
-            acks.hold(lease, outcomes(2), Instant::now()).is_none(),
+            acks.hold(lease, outcomes(2), Instant::now(), later()).is_none(),
             "claimed after: held"
         );
+    }
+
+    #[test]
+    fn a_batch_is_held_only_while_alone_in_flight() {
+        let acks = HeldAcks::new(Duration::from_millis(40));
+        let lease = LeaseId(uuid::Uuid::new_v4());
+        let this = acks.batch_started();
+        {
+            let _other = acks.batch_started();
+            assert!(acks.hold(lease, outcomes(1), Instant::now(), later()).is_some());
+        }
+        assert!(acks.hold(lease, outcomes(1), Instant::now(), later()).is_none());
+        drop(this);
+    }
+
+    #[test]
+    fn outcomes_due_before_the_delay_ends_are_not_held() {
+        let acks = HeldAcks::new(Duration::from_millis(40));
+        let lease = LeaseId(uuid::Uuid::new_v4());
+        let soon = Instant::now() + Duration::from_millis(30);
+        assert!(acks.hold(lease, outcomes(1), Instant::now(), soon).is_some());
     }
 }

@@ -289,6 +289,7 @@ impl Relay {
                 ..BatchReport::default()
             });
         }
+        let _in_flight = inner.held_acks.batch_started();
         // A panic past this point would leave the rows to their leases,
         // and rows that keep panicking to be dead-lettered as "lease
         // expired": record the panic as their outcome, then let it go on
@@ -343,9 +344,13 @@ impl Relay {
         };
         let outcomes = if hold_ack && small {
             let claimed_at = claim.deadline.checked_sub(self.inner.config.lease_duration());
-            self.inner
-                .held_acks
-                .hold(lease, settled.outcomes, claimed_at.unwrap_or_else(Instant::now))
+            let ack_by = claim.deadline.checked_sub(ACK_RESERVE);
+            self.inner.held_acks.hold(
+                lease,
+                settled.outcomes,
+                claimed_at.unwrap_or_else(Instant::now),
+                ack_by.unwrap_or_else(Instant::now),
+            )
         } else {
             Some(settled.outcomes)
         };

@@ -376,11 +376,13 @@ impl OutboxStore {
                 lease,
                 outcomes,
                 self.published_rows,
-                self.dead_letter_blocks_aggregate,
-                owner,
-                limit,
-                lease_for,
-                self.max_payload_bytes,
+                &postgres::Take {
+                    owner,
+                    limit,
+                    lease: lease_for,
+                    max_payload_bytes: self.max_payload_bytes,
+                    dead_letter_blocks_aggregate: self.dead_letter_blocks_aggregate,
+                },
             )
             .await
     }

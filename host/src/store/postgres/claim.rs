@@ -271,6 +271,18 @@ fn claim_begin(lease_ms: i64, v2: bool) -> String {
     format!("BEGIN; SET LOCAL statement_timeout = {timeout};{planner}")
 }
 
+/// What a claim asks for: up to `limit` rows for `owner`, leased for
+/// `lease`, payloads over `max_payload_bytes` let go as they are read, and
+/// whether a dead letter keeps later events of its aggregate waiting.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Take<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) limit: u32,
+    pub(crate) lease: Duration,
+    pub(crate) max_payload_bytes: usize,
+    pub(crate) dead_letter_blocks_aggregate: bool,
+}
+
 /// Reads up to `limit` unfinished rows in id order without claiming or
 /// changing anything, in a read-only transaction (for dry runs).
 pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<OutboxRow>, Error> {
@@ -298,19 +310,21 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 /// sessions carry them and the statement timeout) a v2 claim is its one
 /// statement, committed on its own; otherwise it runs in a transaction
 /// that sets them.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn claim(
     session: &mut PgConnection,
     planner_settings: bool,
     v2: bool,
     waiting: bool,
     due_from_created_at: bool,
-    dead_letter_blocks_aggregate: bool,
-    owner: &str,
-    limit: u32,
-    lease: Duration,
-    max_payload_bytes: usize,
+    take: &Take<'_>,
 ) -> Result<(Claim, Option<bool>), Error> {
+    let &Take {
+        dead_letter_blocks_aggregate,
+        owner,
+        limit,
+        lease,
+        max_payload_bytes,
+    } = take;
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
@@ -471,17 +485,19 @@ async fn prepare(session: &mut PgConnection, prepared: &mut Option<u8>, n: usize
 ///
 /// Returns the ids the ack updated, and the claim. On an error neither
 /// happened.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn ack_then_claim(
     session: &mut PgConnection,
     prepared: &mut Option<u8>,
     ack: &str,
-    dead_letter_blocks_aggregate: bool,
-    owner: &str,
-    limit: u32,
-    lease: Duration,
-    max_payload_bytes: usize,
+    take: &Take<'_>,
 ) -> Result<(Vec<RowId>, Claim), Error> {
+    let &Take {
+        dead_letter_blocks_aggregate,
+        owner,
+        limit,
+        lease,
+        max_payload_bytes,
+    } = take;
     let n = usize::from(dead_letter_blocks_aggregate);
     prepare(&mut *session, prepared, n).await?;
     let started = Instant::now();

@@ -15,6 +15,8 @@ pub(crate) mod replication;
 mod sessions;
 mod waiting;
 
+pub(super) use claim::Take;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -93,19 +95,14 @@ impl Postgres {
     /// Records the outcomes of the batch claimed under `lease` and claims
     /// the next batch, in one round trip on the session that claimed it
     /// (see [`claim::ack_then_claim`]). `None`, with nothing done, when the
-    /// outbox predates `switchyard_ack()`; on an error nothing was done
-    /// either.
-    #[allow(clippy::too_many_arguments)]
+    /// outbox predates `switchyard_ack()` or an outcome's text holds a NUL;
+    /// on an error nothing was done either.
     pub(super) async fn ack_then_claim(
         &self,
         lease: LeaseId,
         outcomes: &[RowOutcome],
         published_rows: PublishedRows,
-        dead_letter_blocks: bool,
-        owner: &str,
-        limit: u32,
-        lease_for: Duration,
-        max_payload_bytes: usize,
+        take: &Take<'_>,
     ) -> Result<Option<(Vec<RowId>, Claim)>, Error> {
         let schema = self.schema().await?;
         if !self.planner_settings || schema & ACK_FUNCTION == 0 || schema & OLD_DUE_INDEX != 0 {
@@ -116,23 +113,19 @@ impl Postgres {
         };
         let mut session = self.sessions.take(Some(lease)).await?;
         let (connection, prepared) = session.parts();
-        let (acked, claim) = claim::ack_then_claim(
-            connection,
-            prepared,
-            &call,
-            dead_letter_blocks,
-            owner,
-            limit,
-            lease_for,
-            max_payload_bytes,
-        )
-        .await?;
+        let (acked, claim) = claim::ack_then_claim(connection, prepared, &call, take).await?;
+        self.keep_after(session, &claim);
+        Ok(Some((acked, claim)))
+    }
+
+    /// A session that claimed rows waits for their ack; one that claimed
+    /// none is kept for the next claim.
+    fn keep_after(&self, session: sessions::Session, claim: &Claim) {
         if claim.rows.is_empty() {
             self.sessions.put_back(session);
         } else {
             self.sessions.keep_for(claim.lease, session, claim.deadline);
         }
-        Ok(Some((acked, claim)))
     }
 
     /// Records what a claim saw of the due index: another process may
@@ -291,18 +284,16 @@ impl Backend for Postgres {
             v2,
             waiting,
             due_from_created_at,
-            dead_letter_blocks,
-            owner,
-            limit,
-            lease,
-            max_payload_bytes,
+            &Take {
+                owner,
+                limit,
+                lease,
+                max_payload_bytes,
+                dead_letter_blocks_aggregate: dead_letter_blocks,
+            },
         )
         .await?;
-        if claim.rows.is_empty() {
-            self.sessions.put_back(session);
-        } else {
-            self.sessions.keep_for(claim.lease, session, claim.deadline);
-        }
+        self.keep_after(session, &claim);
         if let Some(old) = old_due_index {
             self.saw_due_index(old);
         }
