@@ -281,13 +281,6 @@ pub struct RelayConfig {
     /// `switchyard_outbox_archive`), in the ack's own statement.
     #[serde(default)]
     pub published_rows: crate::store::PublishedRows,
-    /// How long a small batch's outcomes (PostgreSQL) may wait to be sent
-    /// with the next claim, in one round trip: at service rates each event
-    /// is its own batch, and the next one usually comes sooner. The rows
-    /// stay in flight that much longer, and are sent again if the relay
-    /// dies meanwhile. 0 records every batch's outcomes at once.
-    #[serde(default = "default_ack_delay_ms")]
-    pub ack_delay_ms: u64,
     /// How long shutdown waits for in-flight batches before releasing their leases.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
@@ -320,11 +313,6 @@ impl RelayConfig {
     /// Lease length as a duration.
     pub fn lease_duration(&self) -> Duration {
         Duration::from_millis(self.lease_duration_ms)
-    }
-
-    /// How long a batch's outcomes may wait for the next claim.
-    pub fn ack_delay(&self) -> Duration {
-        Duration::from_millis(self.ack_delay_ms)
     }
 
     /// Broker acknowledgement bound as a duration.
@@ -430,9 +418,6 @@ const fn default_max_payload_bytes() -> usize {
 }
 const fn default_max_message_bytes() -> usize {
     1024 * 1024
-}
-const fn default_ack_delay_ms() -> u64 {
-    50
 }
 const fn default_shutdown_timeout_ms() -> u64 {
     15_000

@@ -155,12 +155,6 @@ fn relay(problems: &mut Problems, config: &Config) {
             ),
         );
     }
-    // Rows whose outcomes wait stay in flight: the wait is kept far inside
-    // the lease, and short enough that a crash sends little again.
-    problems.check(
-        relay.ack_delay_ms <= 1_000,
-        format!("relay.ack_delay_ms ({}) must be at most 1000", relay.ack_delay_ms),
-    );
     problems.check(
         relay.batch_size <= 10_000,
         "relay.batch_size must be at most 10000",

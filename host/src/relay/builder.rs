@@ -84,12 +84,6 @@ impl RelayBuilder {
         let config = self.config;
         let owner = config.instance_id.clone().unwrap_or_else(default_owner);
         let limits = Limits::from_config(&config);
-        // Outcomes wait for the next claim only where it can carry them.
-        let ack_delay = if self.store.acks_ride_with_claims() {
-            config.ack_delay()
-        } else {
-            std::time::Duration::ZERO
-        };
         let metrics = self
             .metrics
             .unwrap_or_else(|| Metrics::new(Some(self.plugins.clone())));
@@ -100,7 +94,6 @@ impl RelayBuilder {
                 wake: Arc::new(tokio::sync::Notify::new()),
                 acks_pending: std::sync::atomic::AtomicUsize::new(0),
                 acks_waiting_since: std::sync::Mutex::new(None),
-                held_acks: super::held_acks::HeldAcks::new(ack_delay),
                 _watcher: self.watcher,
                 native_router: self.native_router,
                 capture: self.capture,

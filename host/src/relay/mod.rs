@@ -17,7 +17,6 @@
 mod builder;
 pub use builder::RelayBuilder;
 mod health;
-mod held_acks;
 pub use health::RecentPanic;
 mod outage;
 mod plan;
@@ -89,8 +88,6 @@ struct Inner {
     acks_pending: std::sync::atomic::AtomicUsize,
     /// When the oldest of those began waiting.
     acks_waiting_since: std::sync::Mutex<Option<Instant>>,
-    /// Small batches' outcomes waiting to ride with the next claim.
-    held_acks: held_acks::HeldAcks,
     /// Kept alive as long as the relay: hot reload.
     _watcher: Option<crate::plugin::watch::PluginWatcher>,
     /// Routes instead of the plugins when set.
@@ -247,20 +244,20 @@ impl Relay {
     /// # Errors
     /// A database error while claiming; nothing was claimed.
     pub async fn run_once(&self) -> Result<BatchReport, BatchError> {
-        self.run_batch(false).await
-    }
-
-    /// [`Relay::run_once`]; with `hold_ack`, a batch smaller than
-    /// `batch_size` leaves its outcomes for the next claim to carry (see
-    /// [`held_acks`]).
-    async fn run_batch(&self, hold_ack: bool) -> Result<BatchReport, BatchError> {
         let inner = &self.inner;
         // A claim now could take the leases of rows whose outcomes are on
         // their way: they would go round again, their attempt spent.
         while self.acks_pending() {
             tokio::time::sleep(ACK_RETRY_MAX / 4).await;
         }
-        let claim = self.claim_carrying_acks().await;
+        let claim = inner
+            .store
+            .claim(
+                &inner.owner,
+                inner.config.batch_size,
+                inner.config.lease_duration(),
+            )
+            .await;
         inner.metrics.claim();
         let claim = match claim {
             Err(error @ store::Error::ClaimTimedOut { .. }) => {
@@ -269,9 +266,6 @@ impl Relay {
             }
             claim => claim.map_err(BatchError::Claim)?,
         };
-        if claim.parked > 0 {
-            inner.held_acks.saw_parked();
-        }
         if claim.took >= SLOW_CLAIM {
             warn!(
                 claim_ms = claim.took.as_millis() as u64,
@@ -289,7 +283,6 @@ impl Relay {
                 ..BatchReport::default()
             });
         }
-        let _in_flight = inner.held_acks.batch_started();
         // A panic past this point would leave the rows to their leases,
         // and rows that keep panicking to be dead-lettered as "lease
         // expired": record the panic as their outcome, then let it go on
@@ -300,7 +293,7 @@ impl Relay {
             .iter()
             .map(|row| (row.id, row.attempts, row.deliveries.clone()))
             .collect();
-        match std::panic::AssertUnwindSafe(self.process(claim, hold_ack))
+        match std::panic::AssertUnwindSafe(self.process(claim))
             .catch_unwind()
             .await
         {
@@ -327,88 +320,27 @@ impl Relay {
         }
     }
 
-    /// The stages after the claim: route, plan, publish, settle, ack (or,
-    /// with `hold_ack` and a batch smaller than `batch_size`, its outcomes
-    /// held for the next claim).
-    async fn process(&self, claim: Claim, hold_ack: bool) -> Result<BatchReport, BatchError> {
+    /// The stages after the claim: route, plan, publish, settle, ack.
+    async fn process(&self, claim: Claim) -> Result<BatchReport, BatchError> {
         let claimed = claim.rows.len();
         let (parked, look_again) = (claim.parked, claim.look_again);
         let lease = claim.lease;
         let settled = self.stages(claim.rows, claim.deadline, claim.took).await;
-        let small = claimed < usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
-        let mut report = BatchReport {
+        let acked = self.record(lease, &settled.outcomes).await;
+        let report = BatchReport {
             claimed,
             parked,
             look_again,
+            lost: settled.outcomes.len() - acked.len(),
             ..settled.report
         };
-        let outcomes = if hold_ack && small {
-            let claimed_at = claim.deadline.checked_sub(self.inner.config.lease_duration());
-            let ack_by = claim.deadline.checked_sub(ACK_RESERVE);
-            self.inner.held_acks.hold(
-                lease,
-                settled.outcomes,
-                claimed_at.unwrap_or_else(Instant::now),
-                ack_by.unwrap_or_else(Instant::now),
-            )
-        } else {
-            Some(settled.outcomes)
-        };
-        if let Some(outcomes) = outcomes {
-            report.lost = self.record_reporting(lease, &outcomes).await;
+        if report.lost > 0 {
+            warn!(
+                lost = report.lost,
+                "Leases expired before the ack; those rows will be delivered again."
+            );
         }
         Ok(report)
-    }
-
-    /// Claims the next batch, carrying outcomes held for it: the newest in
-    /// the claim's own round trip where the store can, any others first,
-    /// each alone.
-    async fn claim_carrying_acks(&self) -> Result<Claim, store::Error> {
-        let inner = &self.inner;
-        let (owner, limit, lease) = (
-            inner.owner.as_str(),
-            inner.config.batch_size,
-            inner.config.lease_duration(),
-        );
-        let mut held = inner.held_acks.take_all();
-        let riding = held.pop();
-        for ack in held {
-            self.record_reporting(ack.lease, &ack.outcomes).await;
-        }
-        if let Some(ack) = riding {
-            let both = inner
-                .store
-                .ack_then_claim(ack.lease, &ack.outcomes, owner, limit, lease)
-                .await;
-            match both {
-                Ok(Some((acked, claim))) => {
-                    report_lost(ack.outcomes.len().saturating_sub(acked.len()));
-                    return Ok(claim);
-                }
-                Ok(None) => {}
-                // Neither happened; the ack alone knows what to do about a
-                // row the database refuses.
-                Err(error) => debug!(%error, "Recording outcomes with the next claim failed."),
-            }
-            self.record_reporting(ack.lease, &ack.outcomes).await;
-        }
-        inner.store.claim(owner, limit, lease).await
-    }
-
-    /// Sends held outcomes that no claim took, each alone.
-    pub(super) async fn flush_held_acks(&self) {
-        for ack in self.inner.held_acks.take_all() {
-            self.record_reporting(ack.lease, &ack.outcomes).await;
-        }
-    }
-
-    /// [`Relay::record`], reporting rows whose lease was lost; returns how many.
-    async fn record_reporting(&self, lease: store::LeaseId, outcomes: &[store::RowOutcome]) -> usize {
-        let lost = outcomes
-            .len()
-            .saturating_sub(self.record(lease, outcomes).await.len());
-        report_lost(lost);
-        lost
     }
 
     /// Route, plan, publish and settle: what every feed's batch goes
@@ -537,16 +469,6 @@ impl Relay {
         for (plugin, count) in claimed {
             metrics.claimed(plugin, count);
         }
-    }
-}
-
-/// Warns of rows whose lease was lost before their outcomes were recorded.
-fn report_lost(lost: usize) {
-    if lost > 0 {
-        warn!(
-            lost,
-            "Leases expired before the ack; those rows will be delivered again."
-        );
     }
 }
 

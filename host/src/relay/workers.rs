@@ -133,17 +133,6 @@ impl Relay {
             );
         } else {
             workers.abort_all();
-            // Outcomes held for a claim go first: their rows were published,
-            // and releasing their leases would send them again. Bounded: the
-            // database may be what held the batches up.
-            if tokio::time::timeout(ACK_FLUSH_AT_STOP, self.flush_held_acks())
-                .await
-                .is_err()
-            {
-                warn!(
-                    "Outcomes held for the next claim could not be recorded; their rows will be delivered again."
-                );
-            }
             let released = self.inner.store.release_owner(&self.inner.owner).await?;
             warn!(
                 released,
@@ -196,9 +185,7 @@ impl Relay {
         let mut db_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
             // A panicking batch must not take the worker with it.
-            let batch = std::panic::AssertUnwindSafe(self.run_batch(true))
-                .catch_unwind()
-                .await;
+            let batch = std::panic::AssertUnwindSafe(self.run_once()).catch_unwind().await;
             let batch = match batch {
                 Ok(batch) => batch,
                 Err(panic) => {
@@ -247,30 +234,20 @@ impl Relay {
                     if report.claimed > 0 {
                         idle_poll = poll;
                     }
-                    let woken = self
-                        .waiting_for_claim(async {
-                            tokio::select! {
-                                () = wake.notified() => true,
-                                () = tokio::time::sleep(idle_poll) => false,
-                                () = shutdown.cancelled() => true,
-                            }
-                        })
-                        .await;
-                    idle_poll = if woken {
-                        poll
-                    } else {
-                        (idle_poll * 2).min(idle_poll_max)
-                    };
+                    tokio::select! {
+                        () = wake.notified() => idle_poll = poll,
+                        () = tokio::time::sleep(idle_poll) => {
+                            idle_poll = (idle_poll * 2).min(idle_poll_max);
+                        }
+                        () = shutdown.cancelled() => {}
+                    }
                 }
                 Ok(_) => {
                     db_backoff = Duration::from_millis(100);
-                    self.waiting_for_claim(async {
-                        tokio::select! {
-                            () = wake.notified() => {}
-                            () = shutdown.cancelled() => {}
-                        }
-                    })
-                    .await;
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        () = shutdown.cancelled() => {}
+                    }
                 }
                 Err(error) => {
                     warn!(%error, worker, retry_ms = db_backoff.as_millis() as u64, "Batch failed, will retry.");
@@ -282,27 +259,8 @@ impl Relay {
                 }
             }
         }
-        self.flush_held_acks().await;
-    }
-
-    /// Waits for `wait` (a wake-up to claim), sending outcomes held for the
-    /// next claim alone once they have waited `ack_delay_ms` for it.
-    async fn waiting_for_claim<T>(&self, wait: impl std::future::Future<Output = T>) -> T {
-        let mut wait = std::pin::pin!(wait);
-        loop {
-            let Some(due) = self.inner.held_acks.due_in() else {
-                return wait.await;
-            };
-            tokio::select! {
-                woken = &mut wait => return woken,
-                () = tokio::time::sleep(due) => self.flush_held_acks().await,
-            }
-        }
     }
 }
-
-/// How long a stop that timed out still tries to record held outcomes.
-const ACK_FLUSH_AT_STOP: Duration = Duration::from_secs(5);
 
 /// How often parked rows that no ack will free are looked for.
 const PARKED_SWEEP_INTERVAL: Duration = Duration::from_secs(30);

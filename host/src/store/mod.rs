@@ -339,54 +339,6 @@ impl OutboxStore {
         dispatch!(self, backend => backend.claim(blocks, owner, limit, lease, max_payload).await)
     }
 
-    /// Whether a batch's outcomes can ride with the next claim
-    /// ([`OutboxStore::ack_then_claim`]): PostgreSQL, sessions kept.
-    pub fn acks_ride_with_claims(&self) -> bool {
-        match &self.backend {
-            AnyBackend::Postgres(backend) => backend.acks_ride_with_claims(),
-            AnyBackend::Sqlite(_) => false,
-        }
-    }
-
-    /// Records the outcomes of the batch claimed under `lease` and claims
-    /// up to `limit` rows, in one round trip where the store can
-    /// ([`OutboxStore::acks_ride_with_claims`], and an outbox migrated to
-    /// `switchyard_ack()`): `None`, with nothing done, where it cannot.
-    ///
-    /// # Errors
-    /// As [`OutboxStore::claim`]; nothing was recorded then either. What
-    /// [`OutboxStore::ack`] does about rows the database refuses is left to
-    /// it: on an error, record the outcomes with it.
-    pub async fn ack_then_claim(
-        &self,
-        lease: LeaseId,
-        outcomes: &[RowOutcome],
-        owner: &str,
-        limit: u32,
-        lease_for: Duration,
-    ) -> Result<Option<(Vec<RowId>, Claim)>, Error> {
-        let AnyBackend::Postgres(backend) = &self.backend else {
-            return Ok(None);
-        };
-        if outcomes.is_empty() {
-            return Ok(None);
-        }
-        backend
-            .ack_then_claim(
-                lease,
-                outcomes,
-                self.published_rows,
-                &postgres::Take {
-                    owner,
-                    limit,
-                    lease: lease_for,
-                    max_payload_bytes: self.max_payload_bytes,
-                    dead_letter_blocks_aggregate: self.dead_letter_blocks_aggregate,
-                },
-            )
-            .await
-    }
-
     /// Records the outcomes of a batch claimed under `lease`. Rows whose lease
     /// was lost (expired and re-claimed elsewhere) are left alone; the
     /// returned list holds the ids that were actually updated.

@@ -197,90 +197,6 @@ impl Outcomes {
     }
 }
 
-/// `switchyard_ack()`'s name for a way of keeping published rows.
-fn mode(published_rows: PublishedRows) -> &'static str {
-    match published_rows {
-        PublishedRows::Keep => "keep",
-        PublishedRows::Delete => "delete",
-        PublishedRows::Archive => "archive",
-    }
-}
-
-impl Outcomes {
-    /// The call of `switchyard_ack()` with these outcomes written out as
-    /// literals, for a simple query that carries another statement after it
-    /// (parameters exist only for one statement per round trip). Each array
-    /// is one string constant, read by the array parser at execution: an
-    /// `ARRAY[...]` of a batch's values would be parsed node by node.
-    /// `None` when a text holds a NUL, which ends a simple query's text
-    /// (such a row is the ack's own to refuse, alone).
-    pub(super) fn call(&self, lease: LeaseId, published_rows: PublishedRows) -> Option<String> {
-        let numbers = |values: &mut dyn Iterator<Item = String>, kind: &str| {
-            format!("'{{{}}}'::{kind}[]", values.collect::<Vec<_>>().join(","))
-        };
-        let call = format!(
-            "SELECT switchyard_ack({}, {}, {}, {}, {}, {}, {}, '{}'::uuid, {}, '{}')",
-            numbers(&mut self.ids.iter().map(i64::to_string), "bigint"),
-            text_array(self.statuses.iter().map(|s| Some(*s))),
-            numbers(&mut self.backoffs.iter().map(i64::to_string), "bigint"),
-            text_array(self.errors.iter().map(Option::as_deref)),
-            text_array(self.deliveries.iter().map(|d| Some(d.as_str()))),
-            text_array(self.versions.iter().map(Option::as_deref)),
-            numbers(&mut self.refunds.iter().map(bool::to_string), "bool"),
-            lease.0,
-            text_array(self.waiting.iter().map(Option::as_deref)),
-            mode(published_rows),
-        );
-        (!call.contains('\0')).then_some(call)
-    }
-}
-
-/// A `text[]` constant: each element double-quoted for the array parser
-/// (`"` and `\` escaped), `NULL` for none, and the whole as one string
-/// literal.
-fn text_array<'a>(items: impl Iterator<Item = Option<&'a str>>) -> String {
-    let mut array = String::from("{");
-    for (n, item) in items.enumerate() {
-        if n > 0 {
-            array.push(',');
-        }
-        match item {
-            None => array.push_str("NULL"),
-            Some(text) => {
-                array.push('"');
-                for c in text.chars() {
-                    if c == '"' || c == '\\' {
-                        array.push('\\');
-                    }
-                    array.push(c);
-                }
-                array.push('"');
-            }
-        }
-    }
-    array.push('}');
-    format!("{}::text[]", literal(&array))
-}
-
-/// `text` as a string literal, as libpq's `PQescapeLiteral` writes it:
-/// quotes doubled, and backslashes doubled in an `E''` string, which reads
-/// them the same whatever `standard_conforming_strings` says.
-pub(super) fn literal(text: &str) -> String {
-    let mut quoted = String::with_capacity(text.len() + 3);
-    if text.contains('\\') {
-        quoted.push('E');
-    }
-    quoted.push('\'');
-    for c in text.chars() {
-        if c == '\'' || c == '\\' {
-            quoted.push(c);
-        }
-        quoted.push(c);
-    }
-    quoted.push('\'');
-    quoted
-}
-
 /// Records the outcomes of a batch claimed under `lease` in one call of
 /// `switchyard_ack()` (migration 20261202000000), which also moves back to
 /// the queue the parked rows the batch freed; returns the ids actually
@@ -291,10 +207,15 @@ pub(super) async fn ack_in_one_call(
     lease: LeaseId,
     outcomes: &Outcomes,
 ) -> Result<Vec<RowId>, Error> {
+    let published_rows = match published_rows {
+        PublishedRows::Keep => "keep",
+        PublishedRows::Delete => "delete",
+        PublishedRows::Archive => "archive",
+    };
     let call = sqlx::query("SELECT switchyard_ack($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
     let acked: Vec<i64> = outcomes
         .bind(call, lease)
-        .bind(mode(published_rows))
+        .bind(published_rows)
         .fetch_one(session)
         .await?
         .try_get(0)?;

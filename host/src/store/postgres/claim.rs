@@ -271,18 +271,6 @@ fn claim_begin(lease_ms: i64, v2: bool) -> String {
     format!("BEGIN; SET LOCAL statement_timeout = {timeout};{planner}")
 }
 
-/// What a claim asks for: up to `limit` rows for `owner`, leased for
-/// `lease`, payloads over `max_payload_bytes` let go as they are read, and
-/// whether a dead letter keeps later events of its aggregate waiting.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Take<'a> {
-    pub(crate) owner: &'a str,
-    pub(crate) limit: u32,
-    pub(crate) lease: Duration,
-    pub(crate) max_payload_bytes: usize,
-    pub(crate) dead_letter_blocks_aggregate: bool,
-}
-
 /// Reads up to `limit` unfinished rows in id order without claiming or
 /// changing anything, in a read-only transaction (for dry runs).
 pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<OutboxRow>, Error> {
@@ -310,21 +298,19 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 /// sessions carry them and the statement timeout) a v2 claim is its one
 /// statement, committed on its own; otherwise it runs in a transaction
 /// that sets them.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn claim(
     session: &mut PgConnection,
     planner_settings: bool,
     v2: bool,
     waiting: bool,
     due_from_created_at: bool,
-    take: &Take<'_>,
+    dead_letter_blocks_aggregate: bool,
+    owner: &str,
+    limit: u32,
+    lease: Duration,
+    max_payload_bytes: usize,
 ) -> Result<(Claim, Option<bool>), Error> {
-    let &Take {
-        dead_letter_blocks_aggregate,
-        owner,
-        limit,
-        lease,
-        max_payload_bytes,
-    } = take;
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
@@ -340,7 +326,11 @@ pub(super) async fn claim(
         &*CLAIM_V1_STATEMENTS
     };
     let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
-    let mut reading = Reading::new(v2, limit, max_payload_bytes);
+    let mut parked = 0;
+    let mut blocked = 0;
+    let mut statement = None;
+    let mut old_due_index = None;
+    let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
     let read = async {
         let query = sqlx::query(sql)
             .bind(i64::from(limit))
@@ -349,7 +339,26 @@ pub(super) async fn claim(
             .bind(lease_ms);
         let mut records = query.fetch(&mut *executor);
         while let Some(record) = records.try_next().await? {
-            reading.read(&record)?;
+            if v2 {
+                // The v2 statement returns one row even when it claimed none;
+                // every row carries the same statement-wide figures.
+                if statement.is_none() {
+                    parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
+                    blocked = usize::try_from(record.try_get::<i64, _>("blocked")?).unwrap_or(0);
+                    let seconds: f64 = record.try_get("statement_s")?;
+                    statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
+                    old_due_index = Some(record.try_get::<bool, _>("old_due_index")?);
+                }
+                if record.try_get::<Option<i64>, _>(0)?.is_none() {
+                    continue;
+                }
+            }
+            let mut row = row_from_record(&record)?;
+            if v2 {
+                row.held_by = record.try_get::<Option<Vec<String>>, _>(12)?.unwrap_or_default();
+            }
+            row.refuse_payload_over(max_payload_bytes, None);
+            rows.push(row);
         }
         Ok::<_, sqlx::Error>(())
     };
@@ -364,180 +373,19 @@ pub(super) async fn claim(
     if let Some(tx) = tx {
         tx.commit().await?;
     }
-    Ok(reading.claim(lease_id, started, lease))
-}
-
-/// A claim statement's records as they arrive.
-struct Reading {
-    v2: bool,
-    max_payload_bytes: usize,
-    parked: usize,
-    blocked: usize,
-    statement: Option<Duration>,
-    old_due_index: Option<bool>,
-    rows: Vec<OutboxRow>,
-}
-
-impl Reading {
-    fn new(v2: bool, limit: u32, max_payload_bytes: usize) -> Reading {
-        Reading {
-            v2,
-            max_payload_bytes,
-            parked: 0,
-            blocked: 0,
-            statement: None,
-            old_due_index: None,
-            rows: Vec::with_capacity(usize::try_from(limit).unwrap_or(0)),
-        }
-    }
-
-    fn read(&mut self, record: &sqlx::postgres::PgRow) -> Result<(), sqlx::Error> {
-        if self.v2 {
-            // The v2 statement returns one row even when it claimed none;
-            // every row carries the same statement-wide figures.
-            if self.statement.is_none() {
-                self.parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
-                self.blocked = usize::try_from(record.try_get::<i64, _>("blocked")?).unwrap_or(0);
-                let seconds: f64 = record.try_get("statement_s")?;
-                self.statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
-                self.old_due_index = Some(record.try_get::<bool, _>("old_due_index")?);
-            }
-            if record.try_get::<Option<i64>, _>(0)?.is_none() {
-                return Ok(());
-            }
-        }
-        let mut row = row_from_record(record)?;
-        if self.v2 {
-            row.held_by = record.try_get::<Option<Vec<String>>, _>(12)?.unwrap_or_default();
-        }
-        row.refuse_payload_over(self.max_payload_bytes, None);
-        self.rows.push(row);
-        Ok(())
-    }
-
-    /// The claim read, and whether the next one is `due_from_created_at`
-    /// (v2; v1 claims do not look).
-    fn claim(mut self, lease: LeaseId, started: Instant, lease_for: Duration) -> (Claim, Option<bool>) {
-        // UPDATE ... RETURNING gives no order guarantee.
-        self.rows.sort_by_key(|row| row.id);
-        // v2: rows behind a predecessor that were neither taken nor parked
-        // (it was being acked); v1 parks nothing, so any ack may free rows.
-        let look_again = if self.v2 {
-            self.blocked > self.parked
-        } else {
-            !self.rows.is_empty()
-        };
-        let claim = Claim {
-            lease,
-            rows: self.rows,
-            deadline: started + lease_for,
-            took: started.elapsed(),
-            statement: self.statement,
-            parked: self.parked,
-            look_again,
-        };
-        (claim, self.old_due_index)
-    }
-}
-
-/// The v2 claim statements prepared by name on a session, so that a simple
-/// query can run one after the ack ([`ack_then_claim`]): index `n` of the
-/// claim statements for an outbox with `waiting_on` and the due index since
-/// migration 20261126000000, which `switchyard_ack()` (20261202000000)
-/// implies.
-const PREPARED: [&str; 2] = ["switchyard_claim_passing_dead", "switchyard_claim_behind_dead"];
-
-/// Prepares [`PREPARED`]`[n]` on `session` unless it has it: looked up once
-/// for a session from the pool, which may have been kept before.
-async fn prepare(session: &mut PgConnection, prepared: &mut Option<u8>, n: usize) -> Result<(), sqlx::Error> {
-    let bit = 1u8 << n;
-    if prepared.is_none() {
-        let names: Vec<String> =
-            sqlx::query_scalar("SELECT name FROM pg_prepared_statements WHERE name = ANY ($1)")
-                .bind(&PREPARED[..])
-                .fetch_all(&mut *session)
-                .await?;
-        let known = PREPARED
-            .iter()
-            .enumerate()
-            .filter(|(_, name)| names.iter().any(|n| n == *name))
-            .fold(0, |bits, (n, _)| bits | 1 << n);
-        *prepared = Some(known);
-    }
-    if prepared.unwrap_or(0) & bit == 0 {
-        let sql = format!(
-            "PREPARE {} (bigint, text, uuid, bigint) AS {}",
-            PREPARED[n], CLAIM_STATEMENTS[0][1][n]
-        );
-        sqlx::Executor::execute(&mut *session, sqlx::raw_sql(&sql)).await?;
-        *prepared = Some(prepared.unwrap_or(0) | bit);
-    }
-    Ok(())
-}
-
-/// Records a batch's outcomes (`ack`, the `switchyard_ack()` call
-/// [`super::ack::Outcomes::call`] wrote) and claims the next batch in one
-/// round trip: two statements in one simple query, one transaction. At
-/// service rates each event is its own batch, and a server process woken
-/// for a round trip costs PostgreSQL more than either statement. The claim
-/// runs second, so it sees the rows the ack finished and takes the next
-/// event of their aggregates.
-///
-/// Returns the ids the ack updated, and the claim. On an error neither
-/// happened.
-pub(super) async fn ack_then_claim(
-    session: &mut PgConnection,
-    prepared: &mut Option<u8>,
-    ack: &str,
-    take: &Take<'_>,
-) -> Result<(Vec<RowId>, Claim), Error> {
-    let &Take {
-        dead_letter_blocks_aggregate,
-        owner,
-        limit,
-        lease,
-        max_payload_bytes,
-    } = take;
-    let n = usize::from(dead_letter_blocks_aggregate);
-    prepare(&mut *session, prepared, n).await?;
-    let started = Instant::now();
-    let lease_id = LeaseId(uuid::Uuid::new_v4());
-    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    let sql = format!(
-        "{ack}; EXECUTE {}({limit}, {}, '{}', {lease_ms})",
-        PREPARED[n],
-        super::ack::literal(owner),
-        lease_id.0
-    );
-    let mut reading = Reading::new(true, limit, max_payload_bytes);
-    let acked = match read_ack_then_claim(session, &sql, &mut reading).await {
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(QUERY_CANCELED) => {
-            return Err(Error::ClaimTimedOut {
-                after: started.elapsed(),
-            });
-        }
-        read => read?,
+    // UPDATE ... RETURNING gives no order guarantee.
+    rows.sort_by_key(|row| row.id);
+    // v2: rows behind a predecessor that were neither taken nor parked
+    // (it was being acked); v1 parks nothing, so any ack may free rows.
+    let look_again = if v2 { blocked > parked } else { !rows.is_empty() };
+    let claim = Claim {
+        lease: lease_id,
+        rows,
+        deadline: started + lease,
+        took: started.elapsed(),
+        statement,
+        parked,
+        look_again,
     };
-    let acked = acked.into_iter().map(RowId).collect();
-    Ok((acked, reading.claim(lease_id, started, lease).0))
-}
-
-/// Runs [`ack_then_claim`]'s query: the ack's one row comes first, then
-/// the claim's, read into `reading`.
-async fn read_ack_then_claim(
-    session: &mut PgConnection,
-    sql: &str,
-    reading: &mut Reading,
-) -> Result<Vec<i64>, sqlx::Error> {
-    let mut acked = None;
-    let mut results = sqlx::Executor::fetch_many(session, sqlx::raw_sql(sql));
-    while let Some(result) = results.try_next().await? {
-        if let sqlx::Either::Right(record) = result {
-            match acked {
-                None => acked = Some(record.try_get::<Vec<i64>, _>(0)?),
-                Some(_) => reading.read(&record)?,
-            }
-        }
-    }
-    Ok(acked.unwrap_or_default())
+    Ok((claim, old_due_index))
 }

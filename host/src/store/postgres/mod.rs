@@ -15,8 +15,6 @@ pub(crate) mod replication;
 mod sessions;
 mod waiting;
 
-pub(super) use claim::Take;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -84,48 +82,6 @@ impl Postgres {
     /// Closes the pool, the sessions kept out of it included.
     pub(super) async fn close(&self) {
         self.sessions.close().await;
-    }
-
-    /// Whether acks can ride with the next claim ([`Postgres::ack_then_claim`]):
-    /// the sessions are kept and carry the claim's settings.
-    pub(super) fn acks_ride_with_claims(&self) -> bool {
-        self.planner_settings && self.sessions.keeps()
-    }
-
-    /// Records the outcomes of the batch claimed under `lease` and claims
-    /// the next batch, in one round trip on the session that claimed it
-    /// (see [`claim::ack_then_claim`]). `None`, with nothing done, when the
-    /// outbox predates `switchyard_ack()` or an outcome's text holds a NUL;
-    /// on an error nothing was done either.
-    pub(super) async fn ack_then_claim(
-        &self,
-        lease: LeaseId,
-        outcomes: &[RowOutcome],
-        published_rows: PublishedRows,
-        take: &Take<'_>,
-    ) -> Result<Option<(Vec<RowId>, Claim)>, Error> {
-        let schema = self.schema().await?;
-        if !self.planner_settings || schema & ACK_FUNCTION == 0 || schema & OLD_DUE_INDEX != 0 {
-            return Ok(None);
-        }
-        let Some(call) = ack::Outcomes::of(outcomes).call(lease, published_rows) else {
-            return Ok(None);
-        };
-        let mut session = self.sessions.take(Some(lease)).await?;
-        let (connection, prepared) = session.parts();
-        let (acked, claim) = claim::ack_then_claim(connection, prepared, &call, take).await?;
-        self.keep_after(session, &claim);
-        Ok(Some((acked, claim)))
-    }
-
-    /// A session that claimed rows waits for their ack; one that claimed
-    /// none is kept for the next claim.
-    fn keep_after(&self, session: sessions::Session, claim: &Claim) {
-        if claim.rows.is_empty() {
-            self.sessions.put_back(session);
-        } else {
-            self.sessions.keep_for(claim.lease, session, claim.deadline);
-        }
     }
 
     /// Records what a claim saw of the due index: another process may
@@ -284,16 +240,18 @@ impl Backend for Postgres {
             v2,
             waiting,
             due_from_created_at,
-            &Take {
-                owner,
-                limit,
-                lease,
-                max_payload_bytes,
-                dead_letter_blocks_aggregate: dead_letter_blocks,
-            },
+            dead_letter_blocks,
+            owner,
+            limit,
+            lease,
+            max_payload_bytes,
         )
         .await?;
-        self.keep_after(session, &claim);
+        if claim.rows.is_empty() {
+            self.sessions.put_back(session);
+        } else {
+            self.sessions.keep_for(claim.lease, session, claim.deadline);
+        }
         if let Some(old) = old_due_index {
             self.saw_due_index(old);
         }

@@ -21,46 +21,6 @@ use crate::store::types::LeaseId;
 
 type Connection = PoolConnection<sqlx::Postgres>;
 
-/// A session as the claims and acks use it.
-#[derive(Debug)]
-pub(super) struct Session {
-    connection: Connection,
-    /// The claim statements prepared on it by name (see
-    /// [`super::claim::ack_then_claim`]), a bit each; `None` until looked
-    /// at. A session from the pool may have been kept before.
-    pub(super) prepared: Option<u8>,
-}
-
-impl Session {
-    fn new(connection: Connection) -> Session {
-        Session {
-            connection,
-            prepared: None,
-        }
-    }
-}
-
-impl Session {
-    /// The connection, and what is prepared on it.
-    pub(super) fn parts(&mut self) -> (&mut sqlx::PgConnection, &mut Option<u8>) {
-        (&mut self.connection, &mut self.prepared)
-    }
-}
-
-impl std::ops::Deref for Session {
-    type Target = sqlx::PgConnection;
-
-    fn deref(&self) -> &sqlx::PgConnection {
-        &self.connection
-    }
-}
-
-impl std::ops::DerefMut for Session {
-    fn deref_mut(&mut self) -> &mut sqlx::PgConnection {
-        &mut self.connection
-    }
-}
-
 /// At most `keep` sessions held out of the pool; none when 0.
 #[derive(Debug)]
 pub(super) struct Sessions {
@@ -74,9 +34,9 @@ struct Held {
     /// A claim's session until its ack, with when it claimed and when the
     /// lease ends: one whose ack never comes (a batch aborted) is let go
     /// after that.
-    claimed: HashMap<LeaseId, (Session, Instant, Instant)>,
+    claimed: HashMap<LeaseId, (Connection, Instant, Instant)>,
     /// Sessions between uses, the one used last at the end.
-    idle: Vec<(Session, Instant)>,
+    idle: Vec<(Connection, Instant)>,
 }
 
 impl Sessions {
@@ -88,15 +48,10 @@ impl Sessions {
         }
     }
 
-    /// Whether sessions are kept at all.
-    pub(super) fn keeps(&self) -> bool {
-        self.keep > 0
-    }
-
     /// The session that claimed under `lease`, else the one used last,
     /// else one from the pool. A kept session idle for a second is pinged
     /// first, as the pool would: the server may have closed it meanwhile.
-    pub(super) async fn take(&self, lease: Option<LeaseId>) -> Result<Session, Error> {
+    pub(super) async fn take(&self, lease: Option<LeaseId>) -> Result<Connection, Error> {
         let mut lease = lease;
         // Each kept session in turn, the one used last first, while their
         // pings fail (after a restart of the server, all of them).
@@ -104,19 +59,19 @@ impl Sessions {
             let (kept, released) = self.take_kept(lease.take());
             // Dropped outside the lock: each goes back to the pool.
             drop(released);
-            let Some((mut session, used)) = kept else {
+            let Some((mut connection, used)) = kept else {
                 break;
             };
-            if used.elapsed() < PING_IF_IDLE_FOR || session.connection.ping().await.is_ok() {
-                return Ok(session);
+            if used.elapsed() < PING_IF_IDLE_FOR || connection.ping().await.is_ok() {
+                return Ok(connection);
             }
         }
-        Ok(Session::new(self.pool.acquire().await?))
+        Ok(self.pool.acquire().await?)
     }
 
     /// The kept session to use and when it was last used, with the sessions
     /// of leases that ended (their acks never came), to be let go.
-    fn take_kept(&self, lease: Option<LeaseId>) -> (Option<(Session, Instant)>, Vec<Session>) {
+    fn take_kept(&self, lease: Option<LeaseId>) -> (Option<(Connection, Instant)>, Vec<Connection>) {
         let mut held = self
             .held
             .lock()
@@ -140,17 +95,17 @@ impl Sessions {
     }
 
     /// Keeps a claim's session for its ack, until `ends`.
-    pub(super) fn keep_for(&self, lease: LeaseId, session: Session, ends: Instant) {
-        let refused = self.keep_with(session, |held, session| {
-            held.claimed.insert(lease, (session, Instant::now(), ends));
+    pub(super) fn keep_for(&self, lease: LeaseId, connection: Connection, ends: Instant) {
+        let refused = self.keep_with(connection, |held, connection| {
+            held.claimed.insert(lease, (connection, Instant::now(), ends));
         });
         drop(refused);
     }
 
     /// Keeps a session that just did its work for the next claim or ack.
-    pub(super) fn put_back(&self, session: Session) {
-        let refused = self.keep_with(session, |held, session| {
-            held.idle.push((session, Instant::now()));
+    pub(super) fn put_back(&self, connection: Connection) {
+        let refused = self.keep_with(connection, |held, connection| {
+            held.idle.push((connection, Instant::now()));
         });
         drop(refused);
     }
@@ -165,7 +120,7 @@ impl Sessions {
                 .held
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut released: Vec<Session> = held
+            let mut released: Vec<Connection> = held
                 .claimed
                 .drain()
                 .map(|(_, (connection, _, _))| connection)
@@ -177,18 +132,22 @@ impl Sessions {
         closing.await;
     }
 
-    /// Stores `session` with `store` while fewer than `keep` are held and
-    /// the pool is open; otherwise hands it back, to be dropped outside the
-    /// lock.
-    fn keep_with(&self, session: Session, store: impl FnOnce(&mut Held, Session)) -> Option<Session> {
+    /// Stores `connection` with `store` while fewer than `keep` are held
+    /// and the pool is open; otherwise hands it back, to be dropped outside
+    /// the lock.
+    fn keep_with(
+        &self,
+        connection: Connection,
+        store: impl FnOnce(&mut Held, Connection),
+    ) -> Option<Connection> {
         let mut held = self
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.claimed.len() + held.idle.len() >= self.keep || self.pool.is_closed() {
-            return Some(session);
+            return Some(connection);
         }
-        store(&mut held, session);
+        store(&mut held, connection);
         None
     }
 }
