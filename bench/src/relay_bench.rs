@@ -899,19 +899,37 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
 }
 
 /// Events `from..from + n` in one insert, each carrying its send time.
+///
+/// One event is a one-row `INSERT ... VALUES`, as a service writes it: its
+/// prepared statement is planned once per session. Over `generate_series`
+/// PostgreSQL would plan it anew on every call (a plan for one row beats the
+/// generic one for a count it cannot see), about 0.1 ms of server CPU per
+/// event that no service pays.
 async fn write_steady(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
-    sqlx::query(
-        "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
-         SELECT 'order', 'order-' || ((($1::bigint + n) * 7919) % 10000), 'OrderCreated',
-                jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint + n, 'currency', 'EUR',
-                                   'total_cents', 12900, 'customer_id', 'cust-42')
-           FROM generate_series(0, $3::bigint - 1) n",
-    )
-    .bind(i64::try_from(from)?)
-    .bind(i64::try_from(now_us())?)
-    .bind(i64::try_from(n)?)
-    .execute(pool)
-    .await?;
+    let from = i64::try_from(from)?;
+    let sent_us = i64::try_from(now_us())?;
+    let query = if n == 1 {
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'order-' || (($1::bigint * 7919) % 10000), 'OrderCreated',
+                     jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint, 'currency', 'EUR',
+                                        'total_cents', 12900, 'customer_id', 'cust-42'))",
+        )
+        .bind(from)
+        .bind(sent_us)
+    } else {
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'order-' || ((($1::bigint + n) * 7919) % 10000), 'OrderCreated',
+                    jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint + n, 'currency', 'EUR',
+                                       'total_cents', 12900, 'customer_id', 'cust-42')
+               FROM generate_series(0, $3::bigint - 1) n",
+        )
+        .bind(from)
+        .bind(sent_us)
+        .bind(i64::try_from(n)?)
+    };
+    query.execute(pool).await?;
     Ok(())
 }
 
