@@ -10,6 +10,7 @@ use switchyard_tests::postgres::{all_published, count_status, fresh_db, place_or
 use switchyard_tests::relay::{
     InProcess, Process, Settings, example_config, kill_while_holding_leases, parse,
 };
+use switchyard_tests::stall::StallingProxy;
 use switchyard_tests::{eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -410,4 +411,51 @@ async fn a_freed_event_is_announced_not_polled_for() {
     all_published(&db.pool, 80, Duration::from_secs(30)).await;
     relay.stop().await;
     verify(&nats.read_stream(STREAM).await, &expected);
+}
+
+/// A link to the database that drops every packet without a reset (a
+/// firewall, a dead NAT entry, a frozen server) leaves each open session
+/// waiting for an answer that never comes, and the kernel's own timeout is
+/// many minutes away. The relay bounds each claim and ack, closes the
+/// session that did not answer, and goes on with a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_that_stop_answering_are_replaced() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    // Leases of 6 s: statements are cancelled by the server after 3 s.
+    let settings = Settings::new(&proxy.url(&db.url), &nats.url());
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    for aggregate in 0..5 {
+        place_order_event(&db.pool, &order_event(aggregate, 0), true).await;
+    }
+    all_published(&db.pool, 5, Duration::from_secs(30)).await;
+
+    proxy.stall_open_connections();
+    let stalled = std::time::Instant::now();
+    for aggregate in 0..10 {
+        place_order_event(
+            &db.pool,
+            &order_event(aggregate, usize::from(aggregate < 5)),
+            true,
+        )
+        .await;
+    }
+    all_published(&db.pool, 15, Duration::from_secs(60)).await;
+    let recovered = stalled.elapsed();
+    assert!(
+        recovered < Duration::from_secs(30),
+        "published again {recovered:?} after the stall"
+    );
+    tokio::time::timeout(Duration::from_secs(30), relay.stop())
+        .await
+        .expect("the relay stops though sessions hang");
+    let received = nats.read_stream(STREAM).await;
+    let ids: std::collections::HashSet<_> = received
+        .iter()
+        .filter_map(|m| m.header("Switchyard-Event-Id"))
+        .collect();
+    assert_eq!(ids.len(), 15, "every event arrived");
 }

@@ -14,6 +14,7 @@ pub mod plugins;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod relay;
+pub mod stall;
 
 use std::time::{Duration, Instant};
 

@@ -63,6 +63,15 @@ pub enum Error {
         /// How long it ran.
         after: Duration,
     },
+    /// The database did not answer a statement in time (a link that drops
+    /// packets, a frozen server): the session was closed, not pooled.
+    #[error("the database did not answer the {what} within {} ms; its session was closed", after.as_millis())]
+    Unanswered {
+        /// Which statement.
+        what: &'static str,
+        /// How long it waited.
+        after: Duration,
+    },
     /// The database could not be reached at startup.
     #[error("cannot connect to {at}: {reason}")]
     Connect {

@@ -30,6 +30,10 @@ use super::types::{
 };
 use super::{Error, MIGRATOR};
 
+/// How long past its `statement_timeout` a claim or an ack may go
+/// unanswered before its session is given up on.
+const ANSWER_MARGIN: Duration = Duration::from_secs(5);
+
 /// A PostgreSQL outbox.
 #[derive(Clone, Debug)]
 pub(super) struct Postgres {
@@ -48,7 +52,7 @@ impl Postgres {
     /// Wraps a pool made elsewhere.
     pub(super) fn new(pool: PgPool) -> Postgres {
         Postgres {
-            sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0)),
+            sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0, None)),
             pool,
             schema: Arc::new(AtomicU8::new(0)),
             planner_settings: false,
@@ -59,7 +63,11 @@ impl Postgres {
     /// between uses; see [`sessions`].
     pub(super) fn keeping_sessions(self, sessions: usize) -> Postgres {
         Postgres {
-            sessions: Arc::new(sessions::Sessions::new(self.pool.clone(), sessions)),
+            sessions: Arc::new(sessions::Sessions::new(
+                self.pool.clone(),
+                sessions,
+                self.sessions.answer_within,
+            )),
             ..self
         }
     }
@@ -73,8 +81,12 @@ impl Postgres {
         statement_timeout: Option<Duration>,
     ) -> Result<Postgres, Error> {
         let pool = connect::pool(url, max_connections, application_name, statement_timeout).await?;
+        // The server cancels a statement at its timeout; a session that has
+        // not answered some time after that is not going to.
+        let answer_within = statement_timeout.map(|timeout| timeout + ANSWER_MARGIN);
         Ok(Postgres {
             planner_settings: true,
+            sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0, answer_within)),
             ..Postgres::new(pool)
         })
     }
@@ -234,18 +246,22 @@ impl Backend for Postgres {
         let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
         let due_from_created_at = v2 && schema & OLD_DUE_INDEX != 0;
         let mut session = self.sessions.take(None).await?;
-        let (claim, old_due_index) = claim::claim(
-            &mut session,
-            self.planner_settings,
-            v2,
-            waiting,
-            due_from_created_at,
-            dead_letter_blocks,
-            owner,
-            limit,
-            lease,
-            max_payload_bytes,
-        )
+        let within = self.sessions.answer_within;
+        let (claim, old_due_index) = sessions::answered(&mut session, within, "claim", async |session| {
+            claim::claim(
+                session,
+                self.planner_settings,
+                v2,
+                waiting,
+                due_from_created_at,
+                dead_letter_blocks,
+                owner,
+                limit,
+                lease,
+                max_payload_bytes,
+            )
+            .await
+        })
         .await?;
         if claim.rows.is_empty() {
             self.sessions.put_back(session);
@@ -267,12 +283,16 @@ impl Backend for Postgres {
         let schema = self.schema().await?;
         let outcomes = ack::Outcomes::of(outcomes);
         let mut session = self.sessions.take(Some(lease)).await?;
-        let acked = if schema & ACK_FUNCTION != 0 {
-            ack::ack_in_one_call(&mut session, published_rows, lease, &outcomes).await?
-        } else {
-            let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
-            ack::ack(&mut session, v2, waiting, published_rows, lease, &outcomes).await?
-        };
+        let within = self.sessions.answer_within;
+        let acked = sessions::answered(&mut session, within, "ack", async |session| {
+            if schema & ACK_FUNCTION != 0 {
+                ack::ack_in_one_call(session, published_rows, lease, &outcomes).await
+            } else {
+                let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
+                ack::ack(session, v2, waiting, published_rows, lease, &outcomes).await
+            }
+        })
+        .await?;
         self.sessions.put_back(session);
         Ok(acked)
     }

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, PgPool};
@@ -21,11 +21,35 @@ use crate::store::types::LeaseId;
 
 type Connection = PoolConnection<sqlx::Postgres>;
 
+/// Runs `work` on `session`, waiting at most `within` for it. A session
+/// that did not answer in time is closed, not pooled: what it was sent may
+/// still be under way, and the pool's own check when a session comes back
+/// (a ping) would wait on it for ever, holding its place.
+pub(super) async fn answered<T>(
+    session: &mut Connection,
+    within: Option<Duration>,
+    what: &'static str,
+    work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let Some(within) = within else {
+        return work(session).await;
+    };
+    match tokio::time::timeout(within, work(session)).await {
+        Ok(done) => done,
+        Err(_) => {
+            session.close_on_drop();
+            Err(Error::Unanswered { what, after: within })
+        }
+    }
+}
+
 /// At most `keep` sessions held out of the pool; none when 0.
 #[derive(Debug)]
 pub(super) struct Sessions {
     pool: PgPool,
     keep: usize,
+    /// How long a statement on a session may go unanswered; see [`answered`].
+    pub(super) answer_within: Option<Duration>,
     held: Mutex<Held>,
 }
 
@@ -40,10 +64,11 @@ struct Held {
 }
 
 impl Sessions {
-    pub(super) fn new(pool: PgPool, keep: usize) -> Sessions {
+    pub(super) fn new(pool: PgPool, keep: usize, answer_within: Option<Duration>) -> Sessions {
         Sessions {
             pool,
             keep,
+            answer_within,
             held: Mutex::new(Held::default()),
         }
     }
@@ -62,7 +87,13 @@ impl Sessions {
             let Some((mut connection, used)) = kept else {
                 break;
             };
-            if used.elapsed() < PING_IF_IDLE_FOR || connection.ping().await.is_ok() {
+            if used.elapsed() < PING_IF_IDLE_FOR
+                || answered(&mut connection, self.answer_within, "ping", async |c| {
+                    Ok(c.ping().await?)
+                })
+                .await
+                .is_ok()
+            {
                 return Ok(connection);
             }
         }

@@ -1,0 +1,102 @@
+//! A TCP proxy whose open connections can be stalled: they stay open and
+//! take what is sent, but nothing goes through any more, either way, as on
+//! a link that drops every packet without a reset. Connections opened after
+//! a stall go through.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Forwards a local port to `upstream`; stops all forwarding on drop.
+pub struct StallingProxy {
+    addr: SocketAddr,
+    epoch: Arc<AtomicU64>,
+    accept: JoinHandle<()>,
+}
+
+impl StallingProxy {
+    /// Listens on a free loopback port, forwarding to the server of `url`
+    /// (a `postgres://user@host:port/database` URL).
+    ///
+    /// # Panics
+    /// When `url` names no `host:port` or no port can be bound.
+    pub async fn in_front_of(url: &str) -> StallingProxy {
+        let upstream = tokio::net::lookup_host(host_port(url))
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .expect("the server's address");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let addr = listener.local_addr().expect("the proxy's address");
+        let epoch = Arc::new(AtomicU64::new(0));
+        let accept = tokio::spawn(accept(listener, upstream, epoch.clone()));
+        StallingProxy { addr, epoch, accept }
+    }
+
+    /// `url` with its host and port replaced by the proxy's.
+    pub fn url(&self, url: &str) -> String {
+        url.replacen(host_port(url), &self.addr.to_string(), 1)
+    }
+
+    /// Stalls every connection open now, for good.
+    pub fn stall_open_connections(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for StallingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// The `host:port` of a `scheme://user@host:port/database` URL.
+fn host_port(url: &str) -> &str {
+    let rest = url.split_once('@').map_or(url, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+async fn accept(listener: TcpListener, upstream: SocketAddr, epoch: Arc<AtomicU64>) {
+    // Dropped with this task: every connection's pumps end with it.
+    let mut connections = JoinSet::new();
+    while let Ok((client, _)) = listener.accept().await {
+        let Ok(server) = TcpStream::connect(upstream).await else {
+            continue;
+        };
+        let born = epoch.load(Ordering::SeqCst);
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        connections.spawn(pump(client_read, server_write, epoch.clone(), born));
+        connections.spawn(pump(server_read, client_write, epoch.clone(), born));
+    }
+}
+
+/// Copies `from` to `to` until the connection's epoch passes; then holds
+/// both ends open and reads on, forwarding nothing.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    epoch: Arc<AtomicU64>,
+    born: u64,
+) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    let mut stalled = false;
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        stalled = stalled || epoch.load(Ordering::SeqCst) != born;
+        if !stalled && to.write_all(&buffer[..n]).await.is_err() {
+            break;
+        }
+    }
+    if stalled {
+        // The far side hung up; this side must not learn of it either.
+        std::future::pending::<()>().await;
+    }
+}
