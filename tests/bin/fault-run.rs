@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|outage|pg-restart|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|outage|pg-restart|stall|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -15,7 +15,9 @@
 //! its rows are on their way. `outage`: two relays,
 //! NATS stopped for 30 s mid-stream (JetStream store kept), ROUNDS runs.
 //! `pg-restart`: two relays drain a backlog while the project's PostgreSQL
-//! is restarted (fast mode: every connection cut) under them.
+//! is restarted (fast mode: every connection cut) under them. `stall`: the
+//! same through a proxy that stalls every open connection three times
+//! (they stay open and answer nothing).
 //! `down-nats`, `down-kafka`, `down-rabbitmq MINUTES`: one relay with the
 //! default retry settings, writers at 100 events/s, the broker stopped for
 //! MINUTES (10 by default) and started again with its data (JetStream
@@ -47,6 +49,7 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, Tally, tally, write_orders};
 use switchyard_tests::postgres::fresh_db;
 use switchyard_tests::relay::{Process, Settings, example_config};
+use switchyard_tests::stall::StallingProxy;
 
 #[path = "fault-run/fleet.rs"]
 mod fleet;
@@ -148,6 +151,9 @@ async fn main() {
     }
     if which == "pg-restart" || which == "all" {
         rows.push(pg_restart_run(&relay_bin, events.min(20_000)).await);
+    }
+    if which == "stall" || which == "all" {
+        rows.push(stall_run(&relay_bin, events.min(20_000)).await);
     }
     if which == "outage" || which == "all" {
         let runs = if rounds == 0 { 3 } else { rounds };
@@ -377,6 +383,42 @@ fn restart_postgres() {
 }
 
 /// Two relays drain a backlog; PostgreSQL restarts under them twice.
+/// Two relays drain a backlog through a proxy that stalls every open
+/// connection three times (they stay open and answer nothing, as on a
+/// link that drops every packet); connections opened after go through.
+async fn stall_run(relay_bin: &str, events: usize) -> Row {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let config = settings(&proxy.url(&db.url), &nats.url());
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let total = expected.len() as i64;
+    for round in 1..=3 {
+        while published(&db.pool).await < total * round / 4 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proxy.stall_open_connections();
+        eprintln!("stall: every open connection stalled (round {round})");
+    }
+    let row = finish(
+        "every relay connection stalled 3 times, 2 relays".into(),
+        &db.pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
+}
+
 async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;

@@ -17,6 +17,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A pooled connection idle for this long is pinged before it is used.
 pub(super) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
+/// How long that ping may go unanswered before the session is closed and
+/// another one used: a session that stalled (a link dropping packets)
+/// would otherwise hold the caller for the pool's whole acquire timeout,
+/// and the next stalled one again.
+pub(super) const PING_WITHIN: Duration = Duration::from_secs(2);
+
 /// The planner settings, each off, that leave the claim and the ack one
 /// way to run: index probes in nested loops. Statistics taken while the
 /// outbox was drained must not send them into a scan of a backlog.
@@ -100,7 +106,12 @@ pub(super) async fn pool(
         // under a second was pinged when it came back.
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
-            Box::pin(async move { Ok(meta.idle_for < PING_IF_IDLE_FOR || conn.ping().await.is_ok()) })
+            Box::pin(async move {
+                Ok(meta.idle_for < PING_IF_IDLE_FOR
+                    || tokio::time::timeout(PING_WITHIN, conn.ping())
+                        .await
+                        .is_ok_and(|pinged| pinged.is_ok()))
+            })
         })
         .after_connect(move |conn, _| {
             let timeout_ms = timeout_ms.clone();

@@ -31,7 +31,9 @@ use super::types::{
 use super::{Error, MIGRATOR};
 
 /// How long past its `statement_timeout` a claim or an ack may go
-/// unanswered before its session is given up on.
+/// unanswered before its session is given up on: this, or the timeout
+/// again if shorter (a short lease wants its held outcomes through a new
+/// session before it ends).
 const ANSWER_MARGIN: Duration = Duration::from_secs(5);
 
 /// A PostgreSQL outbox.
@@ -83,7 +85,7 @@ impl Postgres {
         let pool = connect::pool(url, max_connections, application_name, statement_timeout).await?;
         // The server cancels a statement at its timeout; a session that has
         // not answered some time after that is not going to.
-        let answer_within = statement_timeout.map(|timeout| timeout + ANSWER_MARGIN);
+        let answer_within = statement_timeout.map(|timeout| timeout + timeout.min(ANSWER_MARGIN));
         Ok(Postgres {
             planner_settings: true,
             sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0, answer_within)),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, PgPool};
 
-use super::connect::PING_IF_IDLE_FOR;
+use super::connect::{PING_IF_IDLE_FOR, PING_WITHIN};
 use crate::store::Error;
 use crate::store::types::LeaseId;
 
@@ -88,7 +88,7 @@ impl Sessions {
                 break;
             };
             if used.elapsed() < PING_IF_IDLE_FOR
-                || answered(&mut connection, self.answer_within, "ping", async |c| {
+                || answered(&mut connection, self.ping_within(), "ping", async |c| {
                     Ok(c.ping().await?)
                 })
                 .await
@@ -98,6 +98,12 @@ impl Sessions {
             }
         }
         Ok(self.pool.acquire().await?)
+    }
+
+    /// How long a kept session's ping may go unanswered: when one session
+    /// stalls the others often have too, and each is tried in turn.
+    fn ping_within(&self) -> Option<Duration> {
+        self.answer_within.map(|within| within.min(PING_WITHIN))
     }
 
     /// The kept session to use and when it was last used, with the sessions
