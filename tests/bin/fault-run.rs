@@ -382,71 +382,68 @@ fn restart_postgres() {
     assert!(status.success(), "pg_ctl restart failed");
 }
 
-/// Two relays drain a backlog; PostgreSQL restarts under them twice.
 /// Two relays drain a backlog through a proxy that stalls every open
 /// connection three times (they stay open and answer nothing, as on a
 /// link that drops every packet); connections opened after go through.
 async fn stall_run(relay_bin: &str, events: usize) -> Row {
     let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
     let proxy = StallingProxy::in_front_of(&db.url).await;
-    let config = settings(&proxy.url(&db.url), &nats.url());
-    let mut relays: Vec<Process> = (0..2)
-        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
-        .collect();
-    let started = Instant::now();
-    let total = expected.len() as i64;
-    for round in 1..=3 {
-        while published(&db.pool).await < total * round / 4 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        proxy.stall_open_connections();
-        eprintln!("stall: every open connection stalled (round {round})");
-    }
-    let row = finish(
-        "every relay connection stalled 3 times, 2 relays".into(),
-        &db.pool,
-        &nats,
-        &expected,
-        started,
+    let scenario = "every relay connection stalled 3 times, 2 relays";
+    drain_under_faults(
+        relay_bin,
+        &db,
+        &proxy.url(&db.url),
+        events,
+        scenario,
+        3,
+        |round| {
+            proxy.stall_open_connections();
+            eprintln!("stall: every open connection stalled (round {round})");
+        },
     )
-    .await;
-    for relay in &mut relays {
-        relay.terminate();
-    }
-    row
+    .await
 }
 
+/// Two relays drain a backlog; PostgreSQL restarts under them twice.
 async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
     let db = fresh_db().await;
+    // The harness pool loses its connections too; sqlx reconnects on use.
+    let scenario = "PostgreSQL restarted twice, 2 relays";
+    drain_under_faults(relay_bin, &db, &db.url, events, scenario, 2, |round| {
+        restart_postgres();
+        eprintln!("pg-restart: PostgreSQL restarted (round {round})");
+    })
+    .await
+}
+
+/// Two relays on `relay_url` drain `events` written first into `db` (the
+/// writers are not what these runs test); `fault` runs `faults` times, each
+/// when another share of `faults + 1` is published.
+async fn drain_under_faults(
+    relay_bin: &str,
+    db: &switchyard_tests::postgres::TestDb,
+    relay_url: &str,
+    events: usize,
+    scenario: &str,
+    faults: i64,
+    mut fault: impl FnMut(i64),
+) -> Row {
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    // Written first: the writers are not what this run tests.
     let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
-    let config = settings(&db.url, &nats.url());
+    let config = settings(relay_url, &nats.url());
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
         .collect();
     let started = Instant::now();
     let total = expected.len() as i64;
-    for round in 1..=2 {
-        while published(&db.pool).await < total * round / 3 {
+    for round in 1..=faults {
+        while published(&db.pool).await < total * round / (faults + 1) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        restart_postgres();
-        eprintln!("pg-restart: PostgreSQL restarted (round {round})");
+        fault(round);
     }
-    // The harness pool lost its connections too; sqlx reconnects on use.
-    let row = finish(
-        "PostgreSQL restarted twice, 2 relays".into(),
-        &db.pool,
-        &nats,
-        &expected,
-        started,
-    )
-    .await;
+    let row = finish(scenario.into(), &db.pool, &nats, &expected, started).await;
     for relay in &mut relays {
         relay.terminate();
     }
