@@ -21,7 +21,15 @@ pub(super) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// another one used: a session that stalled (a link dropping packets)
 /// would otherwise hold the caller for the pool's whole acquire timeout,
 /// and the next stalled one again.
-pub(super) const PING_WITHIN: Duration = Duration::from_secs(2);
+const PING_WITHIN: Duration = Duration::from_secs(2);
+
+/// Whether `conn` answered a ping within [`PING_WITHIN`]: the check before
+/// a session idle for [`PING_IF_IDLE_FOR`] is used again, pooled or kept.
+pub(super) async fn pinged(conn: &mut PgConnection) -> bool {
+    tokio::time::timeout(PING_WITHIN, conn.ping())
+        .await
+        .is_ok_and(|pinged| pinged.is_ok())
+}
 
 /// The planner settings, each off, that leave the claim and the ack one
 /// way to run: index probes in nested loops. Statistics taken while the
@@ -106,12 +114,7 @@ pub(super) async fn pool(
         // under a second was pinged when it came back.
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                Ok(meta.idle_for < PING_IF_IDLE_FOR
-                    || tokio::time::timeout(PING_WITHIN, conn.ping())
-                        .await
-                        .is_ok_and(|pinged| pinged.is_ok()))
-            })
+            Box::pin(async move { Ok(meta.idle_for < PING_IF_IDLE_FOR || pinged(conn).await) })
         })
         .after_connect(move |conn, _| {
             let timeout_ms = timeout_ms.clone();

@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use sqlx::PgPool;
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection as _, PgPool};
 
-use super::connect::{PING_IF_IDLE_FOR, PING_WITHIN};
+use super::connect::{PING_IF_IDLE_FOR, pinged};
 use crate::store::Error;
 use crate::store::types::LeaseId;
 
@@ -87,23 +87,13 @@ impl Sessions {
             let Some((mut connection, used)) = kept else {
                 break;
             };
-            if used.elapsed() < PING_IF_IDLE_FOR
-                || answered(&mut connection, self.ping_within(), "ping", async |c| {
-                    Ok(c.ping().await?)
-                })
-                .await
-                .is_ok()
-            {
+            if used.elapsed() < PING_IF_IDLE_FOR || pinged(&mut connection).await {
                 return Ok(connection);
             }
+            // It may not even have answered: not back into the pool.
+            connection.close_on_drop();
         }
         Ok(self.pool.acquire().await?)
-    }
-
-    /// How long a kept session's ping may go unanswered: when one session
-    /// stalls the others often have too, and each is tried in turn.
-    fn ping_within(&self) -> Option<Duration> {
-        self.answer_within.map(|within| within.min(PING_WITHIN))
     }
 
     /// The kept session to use and when it was last used, with the sessions
