@@ -382,6 +382,33 @@ async fn notify_wakes_the_relay_and_survives_a_dropped_listen_connection() {
     relay.stop().await;
 }
 
+/// A LISTEN session behind a link that stops answering hears nothing, and
+/// nothing tells it so: a black hole sends no reset, and a session that only
+/// listens sends nothing the kernel could time out. Polling once a minute,
+/// an event committed after the stall arrives within seconds only if the
+/// relay found the session dead and listens on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_session_that_stops_answering_is_replaced() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let settings = Settings::new(&proxy.url(&db.url), &nats.url()).relay("poll_interval_ms", "60000");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    place_order_event(&db.pool, &order_event(1, 0), true).await;
+    all_published(&db.pool, 1, Duration::from_secs(10)).await;
+
+    proxy.stall_open_connections();
+    place_order_event(&db.pool, &order_event(2, 0), true).await;
+    // The poll would find it after 60 s.
+    all_published(&db.pool, 2, Duration::from_secs(30)).await;
+    tokio::time::timeout(Duration::from_secs(30), relay.stop())
+        .await
+        .expect("the relay stops though sessions hang");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_covers_lost_notifications() {
     init_logging();

@@ -102,9 +102,12 @@ pub async fn database_builder(
     let owner = shared.owner.clone();
     let mut relay_config = config.relay.clone();
     relay_config.instance_id = Some(owner.clone());
+    let listens = listens(config);
+    // LISTEN's session is not the pool's (see `wake_on_commits`).
+    let pooled = config.database.max_connections.saturating_sub(u32::from(listens));
     let store = OutboxStore::connect_bounded(
         &config.database.url,
-        config.database.max_connections,
+        pooled,
         &format!("switchyard {owner}"),
         Some(config.relay.lease_duration() / 2),
     )
@@ -113,9 +116,7 @@ pub async fn database_builder(
     .with_dead_letter_blocking(config.relay.dead_letter_blocks_aggregate)
     .with_published_rows(config.relay.published_rows)
     .with_max_payload_bytes(config.relay.max_payload_bytes)
-    // One session each for the workers, while two are left in the pool:
-    // LISTEN's and one for everything else.
-    .keeping_sessions(kept_sessions(config));
+    .keeping_sessions(kept_sessions(config, pooled));
     check_schema(&store).await?;
     let capture = match check_source(config, &store).await? {
         Some((_, Some(problem))) => anyhow::bail!(problem),
@@ -154,17 +155,25 @@ pub async fn database_builder(
     Ok(
         Relay::builder(store, shared.plugins.clone(), shared.sinks.clone(), relay_config)
             .metrics(shared.metrics.for_database(database))
+            .listen(listens)
             .capture(capture)
             .replication(replication),
     )
 }
 
-/// How many sessions a relay's claims and acks keep out of the pool: one
-/// per worker, as long as two stay in it (LISTEN's, and one for metrics,
-/// sweeps and the rest); fewer on a smaller budget, the others' workers
-/// then taking theirs from the pool each time.
-fn kept_sessions(config: &Config) -> usize {
-    let budget = config.database.max_connections.saturating_sub(2);
+/// Whether a relay on `config` (its share of the connection budget, in a
+/// fleet) listens for NOTIFY: when the budget has a connection beyond one
+/// per worker. Without it the poll alone finds new rows.
+pub(crate) fn listens(config: &Config) -> bool {
+    config.database.max_connections > config.relay.concurrency
+}
+
+/// How many sessions a relay's claims and acks keep out of a pool of
+/// `pooled`: one per worker, as long as one stays in it for metrics, sweeps
+/// and the rest; fewer on a smaller budget, the others' workers then taking
+/// theirs from the pool each time.
+fn kept_sessions(config: &Config, pooled: u32) -> usize {
+    let budget = pooled.saturating_sub(1);
     usize::try_from(config.relay.concurrency.min(budget)).unwrap_or(0)
 }
 

@@ -429,8 +429,8 @@ async fn serve(
                 };
                 match built {
                     Ok(builder) => {
-                        let listen = listens(&sized);
-                        let relay = builder.listen(listen).build();
+                        let listen = crate::app::listens(&sized);
+                        let relay = builder.build();
                         set(DatabaseState::Running(relay.clone()));
                         tracing::info!(
                             attempts,
@@ -489,11 +489,6 @@ fn sized(config: &Config, connections: u32) -> Config {
         sized.relay.concurrency = sized.relay.concurrency.min(connections.saturating_sub(1).max(1));
     }
     sized
-}
-
-/// Whether a relay built from `sized` config has a session for LISTEN.
-fn listens(sized: &Config) -> bool {
-    sized.database.max_connections > sized.relay.concurrency
 }
 
 /// One database's relay, migrated first when the catalog says so.

@@ -102,7 +102,6 @@ macro_rules! dispatch {
 // After `dispatch!`, which it uses.
 mod operations;
 
-mod listen;
 mod ownership;
 mod relays;
 pub use ownership::Ownership;

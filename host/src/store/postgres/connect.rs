@@ -12,7 +12,7 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use crate::store::Error;
 
 /// Bound on connecting to the database.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A pooled connection idle for this long is pinged before it is used.
 pub(super) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);

@@ -11,6 +11,7 @@ mod ack;
 pub(crate) mod capture;
 mod claim;
 mod connect;
+mod listen;
 pub(crate) mod replication;
 mod sessions;
 mod waiting;

@@ -1,0 +1,110 @@
+//! Wake-ups from PostgreSQL: the outbox's insert trigger NOTIFYs, a listener
+//! turns each notification into a worker wake-up. Polling stays the fallback
+//! (SQLite, a lost connection).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::{Acquire, PgPool};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::connect::{CONNECT_TIMEOUT, pinged};
+use crate::store::{NOTIFY_CHANNEL, OutboxStore};
+
+/// Longest wait between two attempts to (re)connect the listener.
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// How long the listener may hear nothing before it asks its session for an
+/// answer. Behind a link that stopped answering (no reset ever comes) a
+/// session that only listens sends nothing the kernel could time out: it
+/// would hear nothing for good, and every commit would wait for the poll.
+const QUIET_FOR: Duration = Duration::from_secs(5);
+
+impl OutboxStore {
+    /// Wakes a worker on every NOTIFY, and all of them after a reconnect
+    /// (notifications sent while disconnected are lost, so workers should
+    /// look), until `shutdown`. Returns at once on SQLite, which has no NOTIFY.
+    ///
+    /// The session is one more than the store's pool holds: a relay that
+    /// listens connects its store with one connection fewer.
+    pub async fn wake_on_commits(&self, wake: Arc<Notify>, shutdown: CancellationToken) {
+        let Some(pool) = self.pg_pool().cloned() else {
+            return;
+        };
+        listen(&pool, &wake, &shutdown).await;
+    }
+}
+
+async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
+    let mut retry = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        // A pool of its own, one session, new for each listener: sqlx sends
+        // UNLISTEN from a dropped listener and pools the session after, so
+        // one that stopped answering would hold a place in the relay's pool
+        // until the kernel gives up on it, many minutes later.
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with((*pool.connect_options()).clone());
+        let listening = async {
+            let mut listener = PgListener::connect_with(&own).await?;
+            listener.listen(NOTIFY_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let mut listener = match tokio::time::timeout(CONNECT_TIMEOUT, listening).await {
+            Ok(Ok(listener)) => listener,
+            failed => {
+                let error = match failed {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+                };
+                warn!(%error, retry_ms = retry.as_millis() as u64, "LISTEN failed; polling meanwhile.");
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                retry = (retry * 2).min(MAX_RETRY);
+                continue;
+            }
+        };
+        retry = Duration::from_millis(100);
+        wake.notify_waiters();
+        hear(&mut listener, wake, shutdown).await;
+    }
+}
+
+/// Turns notifications into wake-ups until the session breaks or stops
+/// answering, or `shutdown`.
+async fn hear(listener: &mut PgListener, wake: &Notify, shutdown: &CancellationToken) {
+    loop {
+        let received = tokio::select! {
+            received = tokio::time::timeout(QUIET_FOR, listener.try_recv()) => received,
+            () = shutdown.cancelled() => return,
+        };
+        match received {
+            Ok(Ok(Some(_))) => wake.notify_one(),
+            // Connection lost; the next try_recv reconnects.
+            Ok(Ok(None)) => wake.notify_waiters(),
+            Ok(Err(error)) => {
+                warn!(%error, "LISTEN connection broke; reconnecting.");
+                return;
+            }
+            Err(_quiet) => {
+                let answered = match listener.acquire().await {
+                    Ok(session) => pinged(session).await,
+                    Err(_) => false,
+                };
+                if !answered {
+                    warn!(
+                        quiet_s = QUIET_FOR.as_secs(),
+                        "The LISTEN session stopped answering; listening on a new one."
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}
