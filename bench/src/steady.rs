@@ -3,13 +3,14 @@
 //! each is about its own batch), in claim mode and in replication mode,
 //! against the writes alone in the same run; and what a writer's INSERT
 //! costs against a plain table of the same columns, with and without the
-//! NOTIFY trigger.
+//! NOTIFY trigger, and into an outbox set up for replication mode.
 
 use super::replication::{WRITERS, print_writers, write_events};
 use super::{Args, EVENT_FIELDS, Latency, Load, Services, admin_pool, drop_db, latency_in, recreate_db};
 use switchyard::store::OutboxStore;
 
-/// The writer's INSERT three ways on one claim-mode database.
+/// The writer's INSERT three ways on one claim-mode database, and once in
+/// replication mode.
 async fn writer_cost(services: &Services) -> anyhow::Result<Vec<super::replication::WriterCost>> {
     let admin = admin_pool(services).await?;
     let name = "sy_bench_steady_writers";
@@ -66,7 +67,41 @@ async fn writer_cost(services: &Services) -> anyhow::Result<Vec<super::replicati
     );
     pool.close().await;
     drop_db(services, name).await?;
+    costs.push(replication_writer(services, &insert("switchyard_outbox")).await?);
     Ok(costs)
+}
+
+/// The writer's INSERT into an outbox set up for replication mode: each row
+/// is written `streamed`, published at insert, so it enters none of the claim
+/// path's indexes, and `migrate` has turned the NOTIFY off.
+async fn replication_writer(
+    services: &Services,
+    insert: &str,
+) -> anyhow::Result<super::replication::WriterCost> {
+    let admin = admin_pool(services).await?;
+    let name = "sy_bench_steady_writers_wal";
+    super::replication::drop_slot(&admin, name).await?;
+    recreate_db(&admin, name, None).await?;
+    let url = services.db_url(name);
+    let store = OutboxStore::connect(&url, 2).await?;
+    store.migrate().await?;
+    super::replication::set_up(&store, name).await?;
+    store.close().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(WRITERS)?)
+        .connect(&url)
+        .await?;
+    let cost = write_events(
+        &pool,
+        "switchyard_outbox, replication",
+        insert,
+        "switchyard_outbox",
+    )
+    .await;
+    pool.close().await;
+    super::replication::drop_slot(&admin, name).await?;
+    drop_db(services, name).await?;
+    cost
 }
 
 pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> {
