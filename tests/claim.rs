@@ -1536,3 +1536,53 @@ async fn a_store_keeping_sessions_closes_at_once() {
         .await
         .expect("the store closed with sessions kept");
 }
+
+/// A sweep or a statistics refresh sent on a pooled session just before it
+/// stopped answering (a link that drops every packet, no reset) gives up
+/// within the bound a claim has, instead of holding its loop and a place in
+/// the pool until the kernel gives up, and the next one gets a new session.
+#[tokio::test]
+async fn background_statements_give_up_on_a_session_that_stops_answering() {
+    let db = fresh_db().await;
+    let proxy = switchyard_tests::stall::StallingProxy::in_front_of(&db.url).await;
+    // One session; statements cancelled by the server after 1 s, given up
+    // after 2 s.
+    let store = OutboxStore::connect_bounded(
+        &proxy.url(&db.url),
+        1,
+        "switchyard-test",
+        Some(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    store.refresh_statistics().await.unwrap();
+    // Back in the pool (sqlx pings a session as it comes back, and waits
+    // for ever on one that stalled then), used less than a second ago: the
+    // pool hands it out again without a ping.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall_open_connections();
+    let started = std::time::Instant::now();
+    let error = tokio::time::timeout(Duration::from_secs(30), store.refresh_statistics())
+        .await
+        .expect("the refresh gives up")
+        .unwrap_err();
+    assert!(
+        matches!(error, switchyard::store::Error::Unanswered { .. }),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    store.refresh_statistics().await.expect("a new session");
+    // The same for the sweeps.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall_open_connections();
+    let swept = tokio::time::timeout(Duration::from_secs(30), store.wake_waiting(None))
+        .await
+        .expect("the sweep gives up");
+    assert!(swept.is_err(), "{swept:?}");
+    assert_eq!(store.unpark_stranded(10).await.unwrap(), 0);
+    store.close().await;
+}

@@ -1,7 +1,7 @@
 //! Recording outcomes on PostgreSQL: all rows of a batch in one statement,
 //! fenced by the lease token, then the parked rows the batch freed.
 
-use sqlx::{Connection, PgConnection, PgPool, Row};
+use sqlx::{Connection, PgConnection, Row};
 
 use crate::store::Error;
 use crate::store::dialect::{ARCHIVE_COLUMNS, deliveries_json};
@@ -305,7 +305,7 @@ pub(super) async fn unpark(
 /// queue. Parked rows count as unfinished here, so only the first of each
 /// aggregate moves.
 pub(super) async fn unpark_stranded(
-    pool: &PgPool,
+    session: &mut PgConnection,
     dead_letter_blocks: bool,
     limit: u32,
 ) -> Result<u64, Error> {
@@ -335,7 +335,7 @@ pub(super) async fn unpark_stranded(
     );
     Ok(sqlx::query(&sql)
         .bind(i64::from(limit))
-        .execute(pool)
+        .execute(session)
         .await?
         .rows_affected())
 }

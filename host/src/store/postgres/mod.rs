@@ -94,6 +94,19 @@ impl Postgres {
         })
     }
 
+    /// Runs a relay's background statement (a sweep, a statistics refresh)
+    /// on a session from the pool, bounded as claims and acks are: one sent
+    /// just before its session stopped answering would otherwise hold its
+    /// loop, and a place in the pool, until the kernel gives up on it.
+    async fn bounded<T>(
+        &self,
+        what: &'static str,
+        work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut session = self.pool.acquire().await?;
+        sessions::answered(&mut session, self.sessions.answer_within, what, work).await
+    }
+
     /// Closes the pool, the sessions kept out of it included.
     pub(super) async fn close(&self) {
         self.sessions.close().await;
@@ -134,16 +147,19 @@ impl Postgres {
         if known & KNOWN != 0 {
             return Ok(known);
         }
-        let (queues, waiting, ack_function, old_due_index): (bool, bool, bool, bool) = sqlx::query_as(
-            "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on'),
-                    to_regproc('switchyard_ack') IS NOT NULL,
-                    to_regclass('switchyard_outbox_due_idx') IS NOT NULL
-               FROM (SELECT attname FROM pg_attribute
-                      WHERE attrelid = to_regclass('switchyard_outbox') AND NOT attisdropped
-                      UNION ALL SELECT '') a",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let looked_up = self.bounded("schema lookup", async |session| {
+            Ok(sqlx::query_as(
+                "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on'),
+                        to_regproc('switchyard_ack') IS NOT NULL,
+                        to_regclass('switchyard_outbox_due_idx') IS NOT NULL
+                   FROM (SELECT attname FROM pg_attribute
+                          WHERE attrelid = to_regclass('switchyard_outbox') AND NOT attisdropped
+                          UNION ALL SELECT '') a",
+            )
+            .fetch_one(session)
+            .await?)
+        });
+        let (queues, waiting, ack_function, old_due_index): (bool, bool, bool, bool) = looked_up.await?;
         let bits = KNOWN
             | if queues { QUEUES } else { 0 }
             | if waiting { WAITING } else { 0 }
@@ -226,10 +242,11 @@ impl Backend for Postgres {
     }
 
     async fn refresh_statistics(&self) -> Result<(), Error> {
-        sqlx::query("ANALYZE switchyard_outbox")
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded("statistics refresh", async |session| {
+            sqlx::query("ANALYZE switchyard_outbox").execute(session).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn ping(&self) -> Result<(), Error> {
@@ -304,14 +321,20 @@ impl Backend for Postgres {
         if !self.v2().await? {
             return Ok(0);
         }
-        ack::unpark_stranded(&self.pool, dead_letter_blocks, limit).await
+        self.bounded("unpark", async |session| {
+            ack::unpark_stranded(session, dead_letter_blocks, limit).await
+        })
+        .await
     }
 
     async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {
         if !self.has_waiting().await? {
             return Ok(0);
         }
-        waiting::wake(&self.pool, target, limit).await
+        self.bounded("wake of waiting rows", async |session| {
+            waiting::wake(session, target, limit).await
+        })
+        .await
     }
 
     async fn waiting_by_target(&self) -> Result<BTreeMap<String, i64>, Error> {
@@ -350,7 +373,8 @@ impl Backend for Postgres {
             .rows_affected();
         // In `hold` mode rows may be parked behind the purged ones.
         if purged > 0 && dialect == (Dialect::Postgres { queues: true }) {
-            while ack::unpark_stranded(&self.pool, true, 1000).await? == 1000 {}
+            let mut session = self.pool.acquire().await?;
+            while ack::unpark_stranded(&mut session, true, 1000).await? == 1000 {}
         }
         Ok(purged)
     }

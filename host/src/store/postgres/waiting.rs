@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::store::Error;
 
 /// Sets up to `limit` rows waiting on `target` (any target when `None`)
 /// due now, and forgets what they waited for. Through the waiting index;
 /// rows a claim holds are skipped (its ack decides for them).
-pub(super) async fn wake(pool: &PgPool, target: Option<&str>, limit: u32) -> Result<u64, Error> {
+pub(super) async fn wake(session: &mut PgConnection, target: Option<&str>, limit: u32) -> Result<u64, Error> {
     let woken = sqlx::query(
         "UPDATE switchyard_outbox o
             SET waiting_on = NULL, next_attempt_at = now()
@@ -26,7 +26,7 @@ pub(super) async fn wake(pool: &PgPool, target: Option<&str>, limit: u32) -> Res
     )
     .bind(target)
     .bind(i64::from(limit))
-    .execute(pool)
+    .execute(session)
     .await?;
     Ok(woken.rows_affected())
 }
