@@ -382,6 +382,17 @@ async fn notify_wakes_the_relay_and_survives_a_dropped_listen_connection() {
     relay.stop().await;
 }
 
+/// A database reached through a proxy whose connections can be stalled,
+/// and a stream for the relay's events.
+async fn behind_a_stalling_proxy() -> (switchyard_tests::postgres::TestDb, NatsServer, StallingProxy) {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    (db, nats, proxy)
+}
+
 /// A LISTEN session behind a link that stops answering hears nothing, and
 /// nothing tells it so: a black hole sends no reset, and a session that only
 /// listens sends nothing the kernel could time out. Polling once a minute,
@@ -389,11 +400,7 @@ async fn notify_wakes_the_relay_and_survives_a_dropped_listen_connection() {
 /// relay found the session dead and listens on a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_session_that_stops_answering_is_replaced() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let (db, nats, proxy) = behind_a_stalling_proxy().await;
     let settings = Settings::new(&proxy.url(&db.url), &nats.url()).relay("poll_interval_ms", "60000");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -447,11 +454,7 @@ async fn a_freed_event_is_announced_not_polled_for() {
 /// session that did not answer, and goes on with a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_that_stop_answering_are_replaced() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let (db, nats, proxy) = behind_a_stalling_proxy().await;
     // Leases of 6 s: statements are cancelled by the server after 3 s.
     let settings = Settings::new(&proxy.url(&db.url), &nats.url());
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
