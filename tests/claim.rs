@@ -1586,3 +1586,31 @@ async fn background_statements_give_up_on_a_session_that_stops_answering() {
     assert_eq!(store.unpark_stranded(10).await.unwrap(), 0);
     store.close().await;
 }
+
+/// A readiness check gives up after its own 3 s, before the store's bound,
+/// and drops the statement it was waiting for. Its session, stalled, must
+/// not go back to the pool: sqlx pings a session on its way back and would
+/// wait there for ever, and a pool of one would have nothing left.
+#[tokio::test]
+async fn a_statement_its_caller_gave_up_on_leaves_no_session_behind() {
+    let db = fresh_db().await;
+    let proxy = switchyard_tests::stall::StallingProxy::in_front_of(&db.url).await;
+    let store = OutboxStore::connect_bounded(
+        &proxy.url(&db.url),
+        1,
+        "switchyard-test",
+        Some(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    store.ping().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall_open_connections();
+    let gave_up = tokio::time::timeout(Duration::from_millis(500), store.ping()).await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    tokio::time::timeout(Duration::from_secs(5), store.ping())
+        .await
+        .expect("a session within 5 s")
+        .expect("a new session answers");
+    store.close().await;
+}

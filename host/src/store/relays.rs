@@ -26,14 +26,18 @@ impl OutboxStore {
     pub async fn announce_relay(&self, instance_id: &str, admin: Option<&str>) -> Result<(), Error> {
         match &self.backend {
             AnyBackend::Postgres(pg) => {
-                sqlx::query(
-                    "INSERT INTO switchyard_relays (instance_id, admin_address) VALUES ($1, $2)
-                     ON CONFLICT (instance_id)
-                     DO UPDATE SET admin_address = EXCLUDED.admin_address, seen_at = now()",
-                )
-                .bind(instance_id)
-                .bind(admin)
-                .execute(&pg.pool)
+                pg.bounded("relay announcement", async |session| {
+                    sqlx::query(
+                        "INSERT INTO switchyard_relays (instance_id, admin_address) VALUES ($1, $2)
+                         ON CONFLICT (instance_id)
+                         DO UPDATE SET admin_address = EXCLUDED.admin_address, seen_at = now()",
+                    )
+                    .bind(instance_id)
+                    .bind(admin)
+                    .execute(session)
+                    .await?;
+                    Ok(())
+                })
                 .await?;
             }
             AnyBackend::Sqlite(lite) => {

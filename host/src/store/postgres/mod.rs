@@ -94,17 +94,22 @@ impl Postgres {
         })
     }
 
-    /// Runs a relay's background statement (a sweep, a statistics refresh)
-    /// on a session from the pool, bounded as claims and acks are: one sent
-    /// just before its session stopped answering would otherwise hold its
-    /// loop, and a place in the pool, until the kernel gives up on it.
-    async fn bounded<T>(
+    /// Runs a relay's background statement (a sweep, a statistics refresh,
+    /// a readiness or metrics query) on a session from the pool, bounded as
+    /// claims and acks are: one sent just before its session stopped
+    /// answering would otherwise hold its loop, and a place in the pool,
+    /// until the kernel gives up on it. A session whose statement did not
+    /// finish (no answer in time, or the caller's own timeout dropped this)
+    /// is closed, not pooled: sqlx's ping on its way back would wait for it.
+    pub(in crate::store) async fn bounded<T>(
         &self,
         what: &'static str,
         work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut session = self.pool.acquire().await?;
-        sessions::answered(&mut session, self.sessions.answer_within, what, work).await
+        let mut session = sessions::Unfinished::new(self.pool.acquire().await?);
+        let done = sessions::answered(&mut session.session, self.sessions.answer_within, what, work).await;
+        session.finished();
+        done
     }
 
     /// Closes the pool, the sessions kept out of it included.
@@ -217,7 +222,10 @@ impl Backend for Postgres {
         } else {
             dialect::COUNT_BACKLOG
         };
-        Ok(sqlx::query_scalar(sql).fetch_one(&self.pool).await?)
+        self.bounded("backlog count", async |session| {
+            Ok(sqlx::query_scalar(sql).fetch_one(session).await?)
+        })
+        .await
     }
 
     async fn oldest_pending_age(&self) -> Result<Option<f64>, Error> {
@@ -238,7 +246,10 @@ impl Backend for Postgres {
                 AND isfinite(created_at)
               ORDER BY id LIMIT 1"
         };
-        Ok(sqlx::query_scalar(sql).fetch_optional(&self.pool).await?)
+        self.bounded("oldest waiting row", async |session| {
+            Ok(sqlx::query_scalar(sql).fetch_optional(session).await?)
+        })
+        .await
     }
 
     async fn refresh_statistics(&self) -> Result<(), Error> {
@@ -250,8 +261,11 @@ impl Backend for Postgres {
     }
 
     async fn ping(&self) -> Result<(), Error> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        self.bounded("ping", async |session| {
+            sqlx::query("SELECT 1").execute(session).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn claim(
@@ -341,7 +355,10 @@ impl Backend for Postgres {
         if !self.has_waiting().await? {
             return Ok(BTreeMap::new());
         }
-        waiting::by_target(&self.pool).await
+        self.bounded("count of waiting rows", async |session| {
+            waiting::by_target(session).await
+        })
+        .await
     }
 
     async fn peek_pending(&self, limit: u32) -> Result<Vec<OutboxRow>, Error> {

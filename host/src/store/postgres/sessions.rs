@@ -43,6 +43,35 @@ pub(super) async fn answered<T>(
     }
 }
 
+/// A session from the pool that is closed, not pooled, when dropped before
+/// [`Unfinished::finished`]: what it was sent may still be under way.
+pub(super) struct Unfinished {
+    pub(super) session: Connection,
+    finished: bool,
+}
+
+impl Unfinished {
+    pub(super) fn new(session: Connection) -> Unfinished {
+        Unfinished {
+            session,
+            finished: false,
+        }
+    }
+
+    /// Its statement finished: the session may go back to the pool.
+    pub(super) fn finished(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.session.close_on_drop();
+        }
+    }
+}
+
 /// At most `keep` sessions held out of the pool; none when 0.
 #[derive(Debug)]
 pub(super) struct Sessions {

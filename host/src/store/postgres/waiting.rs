@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 use crate::store::Error;
 
@@ -32,13 +32,13 @@ pub(super) async fn wake(session: &mut PgConnection, target: Option<&str>, limit
 }
 
 /// How many pending rows wait on each target.
-pub(super) async fn by_target(pool: &PgPool) -> Result<BTreeMap<String, i64>, Error> {
+pub(super) async fn by_target(session: &mut PgConnection) -> Result<BTreeMap<String, i64>, Error> {
     let rows: Vec<(String, i64)> = sqlx::query_as(
         "SELECT t, count(*) FROM switchyard_outbox o, unnest(o.waiting_on) AS t
           WHERE o.waiting_on IS NOT NULL AND o.status = 'pending'
           GROUP BY t",
     )
-    .fetch_all(pool)
+    .fetch_all(session)
     .await?;
     Ok(rows.into_iter().collect())
 }
