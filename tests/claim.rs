@@ -12,6 +12,7 @@ use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
     CLAIM_V2_MIGRATION, DUE_FROM_INSERT_MIGRATION, NewEvent, fresh_db, fresh_db_before, place_order_event,
 };
+use switchyard_tests::stall::StallingProxy;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -1537,30 +1538,38 @@ async fn a_store_keeping_sessions_closes_at_once() {
         .expect("the store closed with sessions kept");
 }
 
+/// A store of one pooled session, reached through a proxy that can stall
+/// it, its statements cancelled by the server after `statement_timeout`.
+async fn one_session_behind_a_proxy(
+    statement_timeout: Duration,
+) -> (switchyard_tests::postgres::TestDb, StallingProxy, OutboxStore) {
+    let db = fresh_db().await;
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let store =
+        OutboxStore::connect_bounded(&proxy.url(&db.url), 1, "switchyard-test", Some(statement_timeout))
+            .await
+            .unwrap();
+    (db, proxy, store)
+}
+
+/// Stalls the store's session once it is back in the pool (sqlx pings a
+/// session as it comes back, and waits for ever on one that stalled then),
+/// used less than a second ago: the pool hands it out again without a ping.
+async fn stall_after_its_return(proxy: &StallingProxy) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall_open_connections();
+}
+
 /// A sweep or a statistics refresh sent on a pooled session just before it
 /// stopped answering (a link that drops every packet, no reset) gives up
 /// within the bound a claim has, instead of holding its loop and a place in
 /// the pool until the kernel gives up, and the next one gets a new session.
 #[tokio::test]
 async fn background_statements_give_up_on_a_session_that_stops_answering() {
-    let db = fresh_db().await;
-    let proxy = switchyard_tests::stall::StallingProxy::in_front_of(&db.url).await;
-    // One session; statements cancelled by the server after 1 s, given up
-    // after 2 s.
-    let store = OutboxStore::connect_bounded(
-        &proxy.url(&db.url),
-        1,
-        "switchyard-test",
-        Some(Duration::from_secs(1)),
-    )
-    .await
-    .unwrap();
+    // Given up 1 s after the server's own cancel.
+    let (_db, proxy, store) = one_session_behind_a_proxy(Duration::from_secs(1)).await;
     store.refresh_statistics().await.unwrap();
-    // Back in the pool (sqlx pings a session as it comes back, and waits
-    // for ever on one that stalled then), used less than a second ago: the
-    // pool hands it out again without a ping.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.stall_open_connections();
+    stall_after_its_return(&proxy).await;
     let started = std::time::Instant::now();
     let error = tokio::time::timeout(Duration::from_secs(30), store.refresh_statistics())
         .await
@@ -1577,8 +1586,7 @@ async fn background_statements_give_up_on_a_session_that_stops_answering() {
     );
     store.refresh_statistics().await.expect("a new session");
     // The same for the sweeps.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.stall_open_connections();
+    stall_after_its_return(&proxy).await;
     let swept = tokio::time::timeout(Duration::from_secs(30), store.wake_waiting(None))
         .await
         .expect("the sweep gives up");
@@ -1593,19 +1601,9 @@ async fn background_statements_give_up_on_a_session_that_stops_answering() {
 /// wait there for ever, and a pool of one would have nothing left.
 #[tokio::test]
 async fn a_statement_its_caller_gave_up_on_leaves_no_session_behind() {
-    let db = fresh_db().await;
-    let proxy = switchyard_tests::stall::StallingProxy::in_front_of(&db.url).await;
-    let store = OutboxStore::connect_bounded(
-        &proxy.url(&db.url),
-        1,
-        "switchyard-test",
-        Some(Duration::from_secs(5)),
-    )
-    .await
-    .unwrap();
+    let (_db, proxy, store) = one_session_behind_a_proxy(Duration::from_secs(5)).await;
     store.ping().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.stall_open_connections();
+    stall_after_its_return(&proxy).await;
     let gave_up = tokio::time::timeout(Duration::from_millis(500), store.ping()).await;
     assert!(gave_up.is_err(), "{gave_up:?}");
     tokio::time::timeout(Duration::from_secs(5), store.ping())
