@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 mod large_reload;
 mod many;
+mod peer;
 mod replication;
 mod slot_spread;
 mod steady;
@@ -96,6 +97,10 @@ struct Args {
     /// against the writes alone, and the writer's INSERT against a plain table.
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread"])]
     steady: bool,
+    /// With --steady: also run pg-transactional-outbox (bench/peer, needs
+    /// Node.js and npm) from its own table's WAL at each rate.
+    #[arg(long, requires = "steady")]
+    peer: bool,
     /// Only one relay serving this many databases each (comma-separated):
     /// idle cost, latency at 10 events/s each, sessions.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread", "steady"])]
@@ -234,7 +239,8 @@ impl CpuMark {
                 }
                 "nats-server" => mark.nats += own,
                 "tansu" => mark.tansu += own,
-                _ if stat.pid == me => mark.relay += own,
+                // The peer relay (bench/peer), a child, counts as the relay.
+                _ if stat.pid == me || (stat.comm == "node" && stat.ppid == me) => mark.relay += own,
                 _ => {}
             }
         }
@@ -710,6 +716,9 @@ struct Load {
     /// Each event in its own transaction (as services write), not one
     /// multi-row insert per 10 ms tick.
     one_per_transaction: bool,
+    /// pg-transactional-outbox relays its own table instead (one event
+    /// per transaction).
+    peer: bool,
 }
 
 impl Load {
@@ -721,6 +730,7 @@ impl Load {
             replication: false,
             writer_only: false,
             one_per_transaction: false,
+            peer: false,
         }
     }
 }
@@ -774,6 +784,7 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     let admin = admin_pool(services).await?;
     let name = format!("sy_bench_latency_{rate}");
     replication::drop_slot(&admin, &name).await?;
+    replication::drop_slot(&admin, peer::SLOT).await?;
     recreate_db(&admin, &name, None).await?;
     let url = services.db_url(&name);
     let store = OutboxStore::connect(&url, 4).await?;
@@ -805,8 +816,17 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
         replication::configure(&mut config, &name);
     }
     reset_peak_rss();
-    let relay = switchyard::app::build(&config).await?;
-    let running = (!load.writer_only).then(|| Running::start(&relay));
+    let relay = if load.peer {
+        None
+    } else {
+        Some(switchyard::app::build(&config).await?)
+    };
+    let running = relay.as_ref().filter(|_| !load.writer_only).map(Running::start);
+    let peer = if load.peer {
+        Some(peer::start(&url, &services.nats_url).await?)
+    } else {
+        None
+    };
 
     let client = async_nats::connect(&services.nats_url).await?;
     let mut subscription = client.subscribe("bench.>").await?;
@@ -864,7 +884,12 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
             switchyard_tests::plugins::replace_atomically(&plugin_path, &variant);
         }
         let n = per_tick.min(total - sent);
-        if load.one_per_transaction {
+        if load.peer {
+            let sent_us = i64::try_from(now_us())?;
+            let writes =
+                (sent..sent + n).map(|at| peer::write(&pool, i64::try_from(at).unwrap_or(0), sent_us));
+            futures::future::try_join_all(writes).await?;
+        } else if load.one_per_transaction {
             let writes = (sent..sent + n).map(|at| write_steady(&pool, at, 1));
             futures::future::try_join_all(writes).await?;
         } else {
@@ -877,6 +902,9 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     if let Some(running) = running {
         running.stop().await?;
     }
+    if let Some(peer) = peer {
+        peer.stop().await?;
+    }
     sorted_us.sort_unstable();
     let reload_ms = match (reload_started, reload_seen.lock().ok().and_then(|s| *s)) {
         (Some(from), Some(to)) => Some(to.saturating_duration_since(from).as_secs_f64() * 1000.0),
@@ -887,6 +915,7 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     drop(relay);
     pool.close().await;
     replication::drop_slot(&admin, &name).await?;
+    replication::drop_slot(&admin, peer::SLOT).await?;
     drop_db(services, &name).await?;
     Ok(Latency {
         rate,

@@ -105,6 +105,9 @@ async fn replication_writer(
 }
 
 pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> {
+    if args.peer {
+        super::peer::install().await?;
+    }
     eprintln!("writer cost ...");
     let writers = writer_cost(services).await?;
     let mut runs: Vec<(&str, Latency)> = Vec::new();
@@ -129,7 +132,11 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
                     ..steady
                 },
             ),
+            ("peer (WAL)", Load { peer: true, ..steady }),
         ] {
+            if load.peer && !args.peer {
+                continue;
+            }
             eprintln!("{mode}, {rate} events/s ...");
             runs.push((mode, latency_in(services, args, load).await?));
         }
@@ -143,9 +150,9 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         "{:<14} {:>7} {:>10} {:>16} {:>10} {:>8} {:>8}",
         "mode", "rate", "PG CPU", "PG over writes", "relay CPU", "p50 ms", "p99 ms"
     );
-    for pair in runs.chunks(3) {
-        let alone = pair[0].1.cpu.postgres / pair[0].1.sent.max(1) as f64;
-        for (mode, run) in pair {
+    for rate in runs.chunk_by(|a, b| a.1.rate == b.1.rate) {
+        let alone = rate[0].1.cpu.postgres / rate[0].1.sent.max(1) as f64;
+        for (mode, run) in rate {
             let events = run.sent.max(1) as f64;
             let postgres = run.cpu.postgres / events;
             let (p50, p99) = if run.sorted_us.is_empty() {
