@@ -47,7 +47,35 @@ on_both_backends!(
     a_row_the_relay_cannot_read_is_refused_alone,
     payloads_over_the_limit_are_let_go_as_the_claim_reads_them,
     a_writers_created_at_in_the_future_delays_nothing,
+    a_database_is_owned_by_one_relay_at_a_time,
 );
+
+/// A fleet's ownership of a database: taken when free, renewed and given
+/// up only with its token, read back as each backend stores it.
+async fn a_database_is_owned_by_one_relay_at_a_time(db: TestOutbox) {
+    let free = db.store.ownership(LEASE).await.unwrap();
+    assert_eq!((free.owner, free.held), (None, false));
+    let token = db
+        .store
+        .take_ownership("relay-a", LEASE)
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(db.store.take_ownership("relay-b", LEASE).await.unwrap(), None);
+    assert!(
+        !db.store
+            .renew_ownership("relay-a", token + 1, LEASE)
+            .await
+            .unwrap()
+    );
+    assert!(db.store.renew_ownership("relay-a", token, LEASE).await.unwrap());
+    let held = db.store.ownership(LEASE).await.unwrap();
+    assert_eq!((held.owner.as_deref(), held.held), (Some("relay-a"), true));
+    assert_eq!(held.free_for, Duration::ZERO);
+    db.store.release_ownership("relay-a", token).await.unwrap();
+    assert!(!db.store.ownership(LEASE).await.unwrap().held);
+    assert!(db.store.take_ownership("relay-b", LEASE).await.unwrap().is_some());
+}
 
 fn event(aggregate: usize, seq: usize) -> NewEvent {
     NewEvent {
@@ -1592,6 +1620,22 @@ async fn background_statements_give_up_on_a_session_that_stops_answering() {
         .expect("the sweep gives up");
     assert!(swept.is_err(), "{swept:?}");
     assert_eq!(store.unpark_stranded(10).await.unwrap(), 0);
+    // And for a fleet's ownership of the database: a renewal that waited
+    // for ever would let the lease run out while its relay went on serving.
+    let token = store
+        .take_ownership("relay-a", LEASE)
+        .await
+        .unwrap()
+        .expect("free");
+    stall_after_its_return(&proxy).await;
+    let renewed = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.renew_ownership("relay-a", token, LEASE),
+    )
+    .await
+    .expect("the renewal gives up");
+    assert!(renewed.is_err(), "{renewed:?}");
+    assert!(store.ownership(LEASE).await.unwrap().held);
     store.close().await;
 }
 

@@ -47,8 +47,12 @@ pub(super) async fn follow(
         if store.is_none() {
             attempts += 1;
             // One session per database followed: the follower's statements
-            // are one at a time.
-            match OutboxStore::connect_as(&database.url, 1, &format!("switchyard {me}")).await {
+            // are one at a time. Each is bounded by a tick: a renewal that
+            // waited on a stalled session would let the lease run out while
+            // this relay went on serving.
+            match OutboxStore::connect_bounded(&database.url, 1, &format!("switchyard {me}"), Some(tick))
+                .await
+            {
                 Ok(connected) => store = Some(connected),
                 Err(error) => {
                     let error = crate::redact::url(&error.to_string());

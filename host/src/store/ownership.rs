@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use sqlx::Row;
-
 use super::{AnyBackend, Error, OutboxStore};
 
 /// The ownership row as a relay deciding whether to take it sees it.
@@ -20,6 +18,15 @@ pub struct Ownership {
     pub live_relays: u64,
 }
 
+/// The ownership row as both backends' statements name its columns.
+#[derive(sqlx::FromRow)]
+struct OwnershipRow {
+    owner: Option<String>,
+    held: bool,
+    free_ms: i64,
+    live: i64,
+}
+
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -30,28 +37,25 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn ownership(&self, live_within: Duration) -> Result<Ownership, Error> {
-        let row = match &self.backend {
+        let row: OwnershipRow = match &self.backend {
             AnyBackend::Postgres(pg) => {
-                let row = sqlx::query(
-                    "SELECT owner, expires_at > now() AS held,
-                            least(greatest(0, (extract(epoch FROM now()) - extract(epoch FROM expires_at)) * 1000), 9e15)::bigint
-                              AS free_ms,
-                            (SELECT count(*) FROM switchyard_relays
-                              WHERE seen_at > now() - $1 * interval '1 millisecond') AS live
-                     FROM switchyard_ownership WHERE id = 1",
-                )
-                .bind(millis(live_within) as f64)
-                .fetch_one(&pg.pool)
-                .await?;
-                Ownership::new(
-                    row.try_get("owner")?,
-                    row.try_get("held")?,
-                    row.try_get("free_ms")?,
-                    row.try_get("live")?,
-                )
+                pg.bounded("ownership read", async |session| {
+                    Ok(sqlx::query_as(
+                        "SELECT owner, expires_at > now() AS held,
+                                least(greatest(0, (extract(epoch FROM now()) - extract(epoch FROM expires_at)) * 1000), 9e15)::bigint
+                                  AS free_ms,
+                                (SELECT count(*) FROM switchyard_relays
+                                  WHERE seen_at > now() - $1 * interval '1 millisecond') AS live
+                         FROM switchyard_ownership WHERE id = 1",
+                    )
+                    .bind(millis(live_within) as f64)
+                    .fetch_one(session)
+                    .await?)
+                })
+                .await?
             }
             AnyBackend::Sqlite(lite) => {
-                let row = sqlx::query(
+                sqlx::query_as(
                     "SELECT owner, expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AS held,
                         max(0, CAST(unixepoch('subsec') * 1000 AS INTEGER) - expires_at) AS free_ms,
                         (SELECT count(*) FROM switchyard_relays
@@ -60,16 +64,10 @@ impl OutboxStore {
                 )
                 .bind(millis(live_within))
                 .fetch_one(&lite.pool)
-                .await?;
-                Ownership::new(
-                    row.try_get("owner")?,
-                    row.try_get("held")?,
-                    row.try_get("free_ms")?,
-                    row.try_get("live")?,
-                )
+                .await?
             }
         };
-        Ok(row)
+        Ok(Ownership::from(row))
     }
 
     /// Takes the database for `owner` for `lease` if it is free or its
@@ -80,15 +78,18 @@ impl OutboxStore {
     pub async fn take_ownership(&self, owner: &str, lease: Duration) -> Result<Option<i64>, Error> {
         let token = match &self.backend {
             AnyBackend::Postgres(pg) => {
-                sqlx::query_scalar(
-                    "UPDATE switchyard_ownership
-                        SET owner = $1, token = token + 1, expires_at = now() + $2 * interval '1 millisecond'
-                      WHERE id = 1 AND (owner IS NULL OR expires_at <= now())
-                      RETURNING token",
-                )
-                .bind(owner)
-                .bind(millis(lease) as f64)
-                .fetch_optional(&pg.pool)
+                pg.bounded("ownership take", async |session| {
+                    Ok(sqlx::query_scalar(
+                        "UPDATE switchyard_ownership
+                            SET owner = $1, token = token + 1, expires_at = now() + $2 * interval '1 millisecond'
+                          WHERE id = 1 AND (owner IS NULL OR expires_at <= now())
+                          RETURNING token",
+                    )
+                    .bind(owner)
+                    .bind(millis(lease) as f64)
+                    .fetch_optional(session)
+                    .await?)
+                })
                 .await?
             }
             AnyBackend::Sqlite(lite) => {
@@ -114,16 +115,21 @@ impl OutboxStore {
     /// The database's.
     pub async fn renew_ownership(&self, owner: &str, token: i64, lease: Duration) -> Result<bool, Error> {
         let renewed = match &self.backend {
-            AnyBackend::Postgres(pg) => sqlx::query(
-                "UPDATE switchyard_ownership SET expires_at = now() + $3 * interval '1 millisecond'
-                  WHERE id = 1 AND owner = $1 AND token = $2",
-            )
-            .bind(owner)
-            .bind(token)
-            .bind(millis(lease) as f64)
-            .execute(&pg.pool)
-            .await?
-            .rows_affected(),
+            AnyBackend::Postgres(pg) => {
+                pg.bounded("ownership renewal", async |session| {
+                    Ok(sqlx::query(
+                        "UPDATE switchyard_ownership SET expires_at = now() + $3 * interval '1 millisecond'
+                          WHERE id = 1 AND owner = $1 AND token = $2",
+                    )
+                    .bind(owner)
+                    .bind(token)
+                    .bind(millis(lease) as f64)
+                    .execute(session)
+                    .await?
+                    .rows_affected())
+                })
+                .await?
+            }
             AnyBackend::Sqlite(lite) => sqlx::query(
                 "UPDATE switchyard_ownership SET expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3
                   WHERE id = 1 AND owner = ?1 AND token = ?2",
@@ -145,13 +151,17 @@ impl OutboxStore {
     pub async fn release_ownership(&self, owner: &str, token: i64) -> Result<(), Error> {
         match &self.backend {
             AnyBackend::Postgres(pg) => {
-                sqlx::query(
-                    "UPDATE switchyard_ownership SET owner = NULL, expires_at = now()
-                      WHERE id = 1 AND owner = $1 AND token = $2",
-                )
-                .bind(owner)
-                .bind(token)
-                .execute(&pg.pool)
+                pg.bounded("ownership release", async |session| {
+                    sqlx::query(
+                        "UPDATE switchyard_ownership SET owner = NULL, expires_at = now()
+                          WHERE id = 1 AND owner = $1 AND token = $2",
+                    )
+                    .bind(owner)
+                    .bind(token)
+                    .execute(session)
+                    .await?;
+                    Ok(())
+                })
                 .await?;
             }
             AnyBackend::Sqlite(lite) => {
@@ -170,13 +180,13 @@ impl OutboxStore {
     }
 }
 
-impl Ownership {
-    fn new(owner: Option<String>, held: bool, free_ms: i64, live: i64) -> Ownership {
+impl From<OwnershipRow> for Ownership {
+    fn from(row: OwnershipRow) -> Ownership {
         Ownership {
-            owner,
-            held,
-            free_for: Duration::from_millis(u64::try_from(free_ms).unwrap_or(0)),
-            live_relays: u64::try_from(live).unwrap_or(0),
+            owner: row.owner,
+            held: row.held,
+            free_for: Duration::from_millis(u64::try_from(row.free_ms).unwrap_or(0)),
+            live_relays: u64::try_from(row.live).unwrap_or(0),
         }
     }
 }
