@@ -22,53 +22,35 @@ use crate::store::types::LeaseId;
 type Connection = PoolConnection<sqlx::Postgres>;
 
 /// Runs `work` on `session`, waiting at most `within` for it. A session
-/// that did not answer in time is closed, not pooled: what it was sent may
-/// still be under way, and the pool's own check when a session comes back
-/// (a ping) would wait on it for ever, holding its place.
+/// whose statement did not finish (no answer in time, or the caller's own
+/// timeout dropped this) is closed, not pooled: what it was sent may still
+/// be under way, and the pool's own check when a session comes back (a
+/// ping) would wait on it for ever, holding its place.
 pub(super) async fn answered<T>(
     session: &mut Connection,
     within: Option<Duration>,
     what: &'static str,
     work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    let Some(within) = within else {
-        return work(session).await;
+    let unfinished = Unfinished(session);
+    let done = match within {
+        None => work(&mut *unfinished.0).await,
+        Some(within) => match tokio::time::timeout(within, work(&mut *unfinished.0)).await {
+            Ok(done) => done,
+            Err(_) => return Err(Error::Unanswered { what, after: within }),
+        },
     };
-    match tokio::time::timeout(within, work(session)).await {
-        Ok(done) => done,
-        Err(_) => {
-            session.close_on_drop();
-            Err(Error::Unanswered { what, after: within })
-        }
-    }
+    std::mem::forget(unfinished);
+    done
 }
 
-/// A session from the pool that is closed, not pooled, when dropped before
-/// [`Unfinished::finished`]: what it was sent may still be under way.
-pub(super) struct Unfinished {
-    pub(super) session: Connection,
-    finished: bool,
-}
+/// Closes its session when dropped: dropped only while a statement is
+/// still under way ([`answered`] forgets it once the statement finished).
+struct Unfinished<'a>(&'a mut Connection);
 
-impl Unfinished {
-    pub(super) fn new(session: Connection) -> Unfinished {
-        Unfinished {
-            session,
-            finished: false,
-        }
-    }
-
-    /// Its statement finished: the session may go back to the pool.
-    pub(super) fn finished(&mut self) {
-        self.finished = true;
-    }
-}
-
-impl Drop for Unfinished {
+impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
-        if !self.finished {
-            self.session.close_on_drop();
-        }
+        self.0.close_on_drop();
     }
 }
 
