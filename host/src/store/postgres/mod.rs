@@ -98,14 +98,18 @@ impl Postgres {
     /// a readiness or metrics query) on a session from the pool, bounded as
     /// claims and acks are: one sent just before its session stopped
     /// answering would otherwise hold its loop, and a place in the pool,
-    /// until the kernel gives up on it (see [`sessions::answered`]).
+    /// until the kernel gives up on it. A session whose statement did not
+    /// finish (no answer in time, or the caller's own timeout dropped this)
+    /// is closed, not pooled: sqlx's ping on its way back would wait for it.
     pub(in crate::store) async fn bounded<T>(
         &self,
         what: &'static str,
         work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut session = self.pool.acquire().await?;
-        sessions::answered(&mut session, self.sessions.answer_within, what, work).await
+        let mut session = sessions::Unfinished::new(self.pool.acquire().await?);
+        let done = sessions::answered(&mut session.session, self.sessions.answer_within, what, work).await;
+        session.finished();
+        done
     }
 
     /// Closes the pool, the sessions kept out of it included.

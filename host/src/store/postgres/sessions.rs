@@ -22,35 +22,53 @@ use crate::store::types::LeaseId;
 type Connection = PoolConnection<sqlx::Postgres>;
 
 /// Runs `work` on `session`, waiting at most `within` for it. A session
-/// whose statement did not finish (no answer in time, or the caller's own
-/// timeout dropped this) is closed, not pooled: what it was sent may still
-/// be under way, and the pool's own check when a session comes back (a
-/// ping) would wait on it for ever, holding its place.
+/// that did not answer in time is closed, not pooled: what it was sent may
+/// still be under way, and the pool's own check when a session comes back
+/// (a ping) would wait on it for ever, holding its place.
 pub(super) async fn answered<T>(
     session: &mut Connection,
     within: Option<Duration>,
     what: &'static str,
     work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    let unfinished = Unfinished(session);
-    let done = match within {
-        None => work(&mut *unfinished.0).await,
-        Some(within) => match tokio::time::timeout(within, work(&mut *unfinished.0)).await {
-            Ok(done) => done,
-            Err(_) => return Err(Error::Unanswered { what, after: within }),
-        },
+    let Some(within) = within else {
+        return work(session).await;
     };
-    std::mem::forget(unfinished);
-    done
+    match tokio::time::timeout(within, work(session)).await {
+        Ok(done) => done,
+        Err(_) => {
+            session.close_on_drop();
+            Err(Error::Unanswered { what, after: within })
+        }
+    }
 }
 
-/// Closes its session when dropped: dropped only while a statement is
-/// still under way ([`answered`] forgets it once the statement finished).
-struct Unfinished<'a>(&'a mut Connection);
+/// A session from the pool that is closed, not pooled, when dropped before
+/// [`Unfinished::finished`]: what it was sent may still be under way.
+pub(super) struct Unfinished {
+    pub(super) session: Connection,
+    finished: bool,
+}
 
-impl Drop for Unfinished<'_> {
+impl Unfinished {
+    pub(super) fn new(session: Connection) -> Unfinished {
+        Unfinished {
+            session,
+            finished: false,
+        }
+    }
+
+    /// Its statement finished: the session may go back to the pool.
+    pub(super) fn finished(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Unfinished {
     fn drop(&mut self) {
-        self.0.close_on_drop();
+        if !self.finished {
+            self.session.close_on_drop();
+        }
     }
 }
 
