@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use switchyard::Config;
 use tokio::task::JoinHandle;
@@ -167,12 +168,19 @@ pub fn parse(text: &str) -> Config {
     Config::from_toml(text, Path::new("."), &|_| None).unwrap_or_else(|e| panic!("config: {e:?}"))
 }
 
+/// Past the relay's own bound on its batches: releasing their leases (a
+/// session from the pool, then a bounded statement) and ending its tasks.
+const STOP_MARGIN: Duration = Duration::from_secs(20);
+
 /// A relay running as a task in this process.
 pub struct InProcess {
     /// The relay, for its plugin registry and status.
     pub relay: switchyard::Relay,
     shutdown: CancellationToken,
     handle: JoinHandle<anyhow::Result<()>>,
+    /// How long a graceful stop may take: the relay's own bound on its
+    /// batches, and as long again for its leases and sessions.
+    stops_within: Duration,
 }
 
 impl InProcess {
@@ -186,10 +194,12 @@ impl InProcess {
         let token = shutdown.clone();
         let running = relay.clone();
         let handle = tokio::spawn(async move { running.run(token).await });
+        let stops_within = Duration::from_millis(config.relay.shutdown_timeout_ms) + STOP_MARGIN;
         InProcess {
             relay,
             shutdown,
             handle,
+            stops_within,
         }
     }
 
@@ -203,13 +213,20 @@ impl InProcess {
         self.relay.store().close().await;
     }
 
-    /// Graceful stop.
+    /// Graceful stop: a relay must stop within its `shutdown_timeout_ms`
+    /// (and the margin for releasing what it held), never hang a test.
     ///
     /// # Panics
-    /// If the relay returned an error.
+    /// If the relay returned an error or did not stop in time.
     pub async fn stop(self) {
         self.shutdown.cancel();
-        self.handle.await.expect("relay task").expect("relay run");
+        match tokio::time::timeout(self.stops_within, self.handle).await {
+            Ok(ended) => ended.expect("relay task").expect("relay run"),
+            Err(_) => panic!(
+                "the relay did not stop within {} s of its shutdown",
+                self.stops_within.as_secs()
+            ),
+        }
     }
 }
 
@@ -328,11 +345,9 @@ pub async fn kill_while_holding_leases(
     for _ in 0..5 {
         let mut a = Process::spawn(binary, config, "relay-a");
         after_spawn();
-        crate::eventually(
-            "relay-a holds leases",
-            std::time::Duration::from_secs(60),
-            || async { (held_by_a().await > 0).then_some(()) },
-        )
+        crate::eventually("relay-a holds leases", Duration::from_secs(60), || async {
+            (held_by_a().await > 0).then_some(())
+        })
         .await;
         // Each relay names its connections after its instance id.
         assert!(
@@ -349,19 +364,17 @@ pub async fn kill_while_holding_leases(
                     settled = true;
                     break;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             if !settled || held_by_a().await == 0 {
                 a.signal("CONT");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
             a.kill();
-            crate::eventually(
-                "relay-a's sessions end",
-                std::time::Duration::from_secs(60),
-                || async { (sessions_of_a(false).await == 0).then_some(()) },
-            )
+            crate::eventually("relay-a's sessions end", Duration::from_secs(60), || async {
+                (sessions_of_a(false).await == 0).then_some(())
+            })
             .await;
             // A claim A had not committed is gone with it.
             let orphaned = held_by_a().await;
