@@ -2,7 +2,8 @@
 //! SQLite files behind one process, one database stopped mid-run and
 //! another given a poison row, databases added and removed while it runs;
 //! a connection budget per server and idle polls; relays sharing databases
-//! out, one killed, one database down for longer than the ownership lease.
+//! out, one killed, one database down for longer than the ownership lease,
+//! one relay cut off from its database by the network.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use switchyard_tests::nats::{NatsServer, Received};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{TestDb, fresh_db, fresh_db_before, server_pool};
 use switchyard_tests::relay::{RelaySection, parse};
+use switchyard_tests::stall::StallingProxy;
 use switchyard_tests::{cli, eventually, exclusive, init_logging};
 use tokio_util::sync::CancellationToken;
 
@@ -772,4 +774,70 @@ async fn a_database_unreachable_for_longer_than_the_ownership_lease_is_served_ag
     .await;
     a.terminate();
     b.terminate();
+}
+
+/// A relay cut off from a database by the network (every session stops
+/// answering, new ones never get a first answer) stops serving it before
+/// its ownership lease ends, as the database counts it: from then on
+/// another relay may take the database. Each statement has a bound of its
+/// own, but a tick's three in a row outlast a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cut_off_from_its_database_stops_serving_it_before_its_lease_ends() {
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = nats().await;
+    let databases = databases(1, 0).await;
+    let Outbox::Postgres(db) = &databases[0].outbox else {
+        unreachable!("pg00 is PostgreSQL")
+    };
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let listed = vec![(databases[0].name.clone(), proxy.url(&db.url))];
+    let relay = RelaySection::new()
+        .set("concurrency", "2")
+        .set("shutdown_timeout_ms", "2000");
+    let shutdown = CancellationToken::new();
+    let config = fleet::config(&listed, &nats.url(), &relay, "[ownership]\nlease_seconds = 3\n");
+    let fleet = Fleet::start(parse(&config), shutdown.clone())
+        .await
+        .expect("fleet starts");
+    all_running(&fleet, 1).await;
+    databases[0].write(0).await;
+    eventually("the database relays", Duration::from_secs(30), || async {
+        (nats.stream_len(STREAM).await as usize >= AGGREGATES).then_some(())
+    })
+    .await;
+
+    proxy.black_hole();
+    // What the database holds now is the relay's last renewal, or one it
+    // sent as the link went (then the relay believes its lease ends sooner).
+    let left: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM switchyard_ownership",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the lease");
+    let lease_ends = Instant::now() + Duration::from_secs_f64(left.max(0.0));
+    let stopped = loop {
+        if !matches!(fleet.databases().get("pg00"), Some(DatabaseState::Running(_))) {
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < lease_ends + Duration::from_secs(60),
+            "still serving a minute after the lease ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        stopped <= lease_ends,
+        "stopped serving {:?} after the lease ended",
+        stopped - lease_ends
+    );
+    eprintln!(
+        "stopped serving {} ms before the lease ended",
+        (lease_ends - stopped).as_millis()
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(60), fleet.stopped())
+        .await
+        .expect("the relay stops, its database still cut off");
 }

@@ -1,11 +1,11 @@
 //! A TCP proxy whose open connections can be stalled: they stay open and
 //! take what is sent, but nothing goes through any more, either way, as on
 //! a link that drops every packet without a reset. Connections opened after
-//! a stall go through.
+//! a stall go through, unless the proxy was made a black hole.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -15,6 +15,7 @@ use tokio::task::{JoinHandle, JoinSet};
 pub struct StallingProxy {
     addr: SocketAddr,
     epoch: Arc<AtomicU64>,
+    black_hole: Arc<AtomicBool>,
     accept: JoinHandle<()>,
 }
 
@@ -33,8 +34,14 @@ impl StallingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("the proxy's address");
         let epoch = Arc::new(AtomicU64::new(0));
-        let accept = tokio::spawn(accept(listener, upstream, epoch.clone()));
-        StallingProxy { addr, epoch, accept }
+        let black_hole = Arc::new(AtomicBool::new(false));
+        let accept = tokio::spawn(accept(listener, upstream, epoch.clone(), black_hole.clone()));
+        StallingProxy {
+            addr,
+            epoch,
+            black_hole,
+            accept,
+        }
     }
 
     /// `url` with its host and port replaced by the proxy's.
@@ -45,6 +52,14 @@ impl StallingProxy {
     /// Stalls every connection open now, for good.
     pub fn stall_open_connections(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Stalls every connection open now and every one opened from now on:
+    /// a server cut off by the network, where even a new session never
+    /// gets its first answer.
+    pub fn black_hole(&self) {
+        self.black_hole.store(true, Ordering::SeqCst);
+        self.stall_open_connections();
     }
 }
 
@@ -60,14 +75,24 @@ fn host_port(url: &str) -> &str {
     rest.split('/').next().unwrap_or(rest)
 }
 
-async fn accept(listener: TcpListener, upstream: SocketAddr, epoch: Arc<AtomicU64>) {
+async fn accept(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    epoch: Arc<AtomicU64>,
+    black_hole: Arc<AtomicBool>,
+) {
     // Dropped with this task: every connection's pumps end with it.
     let mut connections = JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
         let Ok(server) = TcpStream::connect(upstream).await else {
             continue;
         };
-        let born = epoch.load(Ordering::SeqCst);
+        // Born stalled in a black hole: no epoch is ever u64::MAX.
+        let born = if black_hole.load(Ordering::SeqCst) {
+            u64::MAX
+        } else {
+            epoch.load(Ordering::SeqCst)
+        };
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
         connections.spawn(pump(client_read, server_write, epoch.clone(), born));

@@ -68,16 +68,17 @@ pub(super) async fn follow(
             }
         }
         if let Some(store) = &store {
-            // Says this relay runs here, for the others' count of relays.
-            let _ = store.announce_relay(&me, fleet.admin_address().as_deref()).await;
-            // Every relay says so each tick: one silent for a whole lease is gone.
-            let read = store.ownership(lease).await;
-            if let Ok(ownership) = &read {
-                fleet.saw_relays(ownership.live_relays);
-            }
             held = match held.take() {
-                Some(mine) => keep(&fleet, store, &me, mine, lease, tick).await,
-                None => match read {
+                Some(mut mine) => match keep(&fleet, store, &me, &mut mine, lease, tick).await {
+                    Kept::Yes => Some(mine),
+                    Kept::No { hand_back } => {
+                        // Said at once, not once its batches are done.
+                        set(DatabaseState::Standby { owner: None });
+                        stop_serving(&fleet, mine, hand_back.then_some(store), &me).await;
+                        None
+                    }
+                },
+                None => match look_around(&fleet, store, &me, lease).await {
                     Ok(ownership) => {
                         let taken = take(&fleet, store, &me, &ownership, started, lease).await;
                         match taken {
@@ -183,40 +184,87 @@ fn serve(
     }
 }
 
+/// Says this relay runs here, for the others' count of relays, and reads
+/// the ownership row, which counts the relays that said so lately (one
+/// silent for a whole lease is gone).
+async fn look_around(
+    fleet: &Fleet,
+    store: &OutboxStore,
+    me: &str,
+    lease: Duration,
+) -> Result<Ownership, crate::store::Error> {
+    let _ = store.announce_relay(me, fleet.admin_address().as_deref()).await;
+    let read = store.ownership(lease).await;
+    if let Ok(ownership) = &read {
+        fleet.saw_relays(ownership.live_relays);
+    }
+    read
+}
+
+/// Whether a held database stays held after a tick.
+enum Kept {
+    Yes,
+    /// Stop serving it; `hand_back` when it is this relay's to give up (not
+    /// when it was lost: another relay may hold it already).
+    No {
+        hand_back: bool,
+    },
+}
+
 /// Renews a held database; stops serving it when another relay has it or
 /// the lease would run out before a renewal gets through, and gives it up
 /// when this relay holds more than its share.
+///
+/// A tick's statements get until shortly before the lease ends, counted
+/// from when the last renewal was sent (the database counts from when it
+/// ran): each statement has a bound of its own, but three of them in a row
+/// on a stalled session outlast a lease, and serving past the lease could
+/// overlap the next owner (harmless to order, thanks to row leases, but
+/// not what was promised).
 async fn keep(
     fleet: &Fleet,
     store: &OutboxStore,
     me: &str,
-    mut mine: Held,
+    mine: &mut Held,
     lease: Duration,
     tick: Duration,
-) -> Option<Held> {
-    match store.renew_ownership(me, mine.token, lease).await {
-        Ok(true) => mine.renewed = Instant::now(),
-        Ok(false) => {
-            tracing::warn!("Another relay took the database over; no longer serving it.");
-            stop_serving(fleet, mine, None, me).await;
-            return None;
+) -> Kept {
+    let ends = mine.renewed + lease.saturating_sub(tick / 2);
+    let renewed = tokio::time::timeout_at(ends.into(), async {
+        let sent = Instant::now();
+        match store.renew_ownership(me, mine.token, lease).await {
+            Ok(true) => mine.renewed = sent,
+            Ok(false) => {
+                tracing::warn!("Another relay took the database over; no longer serving it.");
+                return Some(Kept::No { hand_back: false });
+            }
+            Err(error) if mine.renewed.elapsed() + tick >= lease => {
+                tracing::warn!(%error, "Cannot renew the database's lease in time; no longer serving it.");
+                return Some(Kept::No { hand_back: false });
+            }
+            Err(error) => tracing::debug!(%error, "Cannot renew the database's lease; trying again."),
         }
-        // Serving past the lease could overlap the next owner (harmless
-        // to order, thanks to row leases, but not what was promised).
-        Err(error) if mine.renewed.elapsed() + tick >= lease => {
-            tracing::warn!(%error, "Cannot renew the database's lease in time; no longer serving it.");
-            stop_serving(fleet, mine, None, me).await;
-            return None;
+        let _ = look_around(fleet, store, me, lease).await;
+        None
+    })
+    .await;
+    match renewed {
+        Ok(Some(lost)) => return lost,
+        Ok(None) => {}
+        Err(_) => {
+            tracing::warn!(
+                lease_ms = lease.as_millis() as u64,
+                "Cannot renew the database's lease in time (no answer); no longer serving it."
+            );
+            return Kept::No { hand_back: false };
         }
-        Err(error) => tracing::debug!(%error, "Cannot renew the database's lease; trying again."),
     }
     let over_share = fleet.owned() > fleet.fair_share();
     if over_share && mine.since.elapsed() >= 2 * lease && fleet.may_give_up(tick) {
         tracing::info!("Giving the database up: this relay holds more than its share.");
-        stop_serving(fleet, mine, Some(store), me).await;
-        return None;
+        return Kept::No { hand_back: true };
     }
-    Some(mine)
+    Kept::Yes
 }
 
 /// Stops the relay of a held database (its batches finish or their row
