@@ -1566,6 +1566,36 @@ async fn a_store_keeping_sessions_closes_at_once() {
         .expect("the store closed with sessions kept");
 }
 
+/// A relay stops even when its database stopped answering: a session
+/// whose statement was answered just before the link went is pinged by
+/// sqlx on its way back to the pool, without a bound, and closing the
+/// store (a relay's last step) waited for that ping for ever.
+#[tokio::test]
+async fn a_store_closes_when_its_server_stopped_answering() {
+    let db = fresh_db().await;
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let store = OutboxStore::connect_bounded(&proxy.url(&db.url), 1, "switchyard-test", Some(LEASE / 2))
+        .await
+        .unwrap();
+    store.refresh_statistics().await.unwrap();
+    // Its session's ping on the way back is answered by now; within a
+    // second of its use the pool hands it out again without one.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.black_hole_after_the_next_answer();
+    store.refresh_statistics().await.unwrap();
+    // Its session is on its way back to the pool, its ping unanswered.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(30), store.close())
+        .await
+        .expect("the store closes, its server cut off");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "closed after {:?}",
+        started.elapsed()
+    );
+}
+
 /// A store of one pooled session, reached through a proxy that can stall
 /// it, its statements cancelled by the server after `statement_timeout`.
 async fn one_session_behind_a_proxy(

@@ -14,9 +14,19 @@ use tokio::task::{JoinHandle, JoinSet};
 /// Forwards a local port to `upstream`; stops all forwarding on drop.
 pub struct StallingProxy {
     addr: SocketAddr,
-    epoch: Arc<AtomicU64>,
-    black_hole: Arc<AtomicBool>,
+    switches: Arc<Switches>,
     accept: JoinHandle<()>,
+}
+
+/// What the test sets and the proxy's pumps read.
+#[derive(Default)]
+struct Switches {
+    /// Bumped by a stall: a connection born in an earlier epoch is stalled.
+    epoch: AtomicU64,
+    /// New connections are stalled from birth.
+    black_hole: AtomicBool,
+    /// Stall everything once the next answer from the server is through.
+    after_next_answer: AtomicBool,
 }
 
 impl StallingProxy {
@@ -33,13 +43,11 @@ impl StallingProxy {
             .expect("the server's address");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("the proxy's address");
-        let epoch = Arc::new(AtomicU64::new(0));
-        let black_hole = Arc::new(AtomicBool::new(false));
-        let accept = tokio::spawn(accept(listener, upstream, epoch.clone(), black_hole.clone()));
+        let switches = Arc::new(Switches::default());
+        let accept = tokio::spawn(accept(listener, upstream, switches.clone()));
         StallingProxy {
             addr,
-            epoch,
-            black_hole,
+            switches,
             accept,
         }
     }
@@ -51,14 +59,22 @@ impl StallingProxy {
 
     /// Stalls every connection open now, for good.
     pub fn stall_open_connections(&self) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.switches.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Stalls every connection, and every one opened later, as soon as the
+    /// server's next answer has gone through: the client then answers
+    /// it into a link that has gone (sqlx's ping of a session on its way
+    /// back to the pool, right after its statement's answer).
+    pub fn black_hole_after_the_next_answer(&self) {
+        self.switches.after_next_answer.store(true, Ordering::SeqCst);
     }
 
     /// Stalls every connection open now and every one opened from now on:
     /// a server cut off by the network, where even a new session never
     /// gets its first answer.
     pub fn black_hole(&self) {
-        self.black_hole.store(true, Ordering::SeqCst);
+        self.switches.black_hole.store(true, Ordering::SeqCst);
         self.stall_open_connections();
     }
 }
@@ -75,12 +91,7 @@ fn host_port(url: &str) -> &str {
     rest.split('/').next().unwrap_or(rest)
 }
 
-async fn accept(
-    listener: TcpListener,
-    upstream: SocketAddr,
-    epoch: Arc<AtomicU64>,
-    black_hole: Arc<AtomicBool>,
-) {
+async fn accept(listener: TcpListener, upstream: SocketAddr, switches: Arc<Switches>) {
     // Dropped with this task: every connection's pumps end with it.
     let mut connections = JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
@@ -88,25 +99,27 @@ async fn accept(
             continue;
         };
         // Born stalled in a black hole: no epoch is ever u64::MAX.
-        let born = if black_hole.load(Ordering::SeqCst) {
+        let born = if switches.black_hole.load(Ordering::SeqCst) {
             u64::MAX
         } else {
-            epoch.load(Ordering::SeqCst)
+            switches.epoch.load(Ordering::SeqCst)
         };
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        connections.spawn(pump(client_read, server_write, epoch.clone(), born));
-        connections.spawn(pump(server_read, client_write, epoch.clone(), born));
+        connections.spawn(pump(client_read, server_write, switches.clone(), born, false));
+        connections.spawn(pump(server_read, client_write, switches.clone(), born, true));
     }
 }
 
 /// Copies `from` to `to` until the connection's epoch passes; then holds
-/// both ends open and reads on, forwarding nothing.
+/// both ends open and reads on, forwarding nothing. `answers`: this copies
+/// the server's side.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    epoch: Arc<AtomicU64>,
+    switches: Arc<Switches>,
     born: u64,
+    answers: bool,
 ) {
     let mut buffer = vec![0u8; 16 * 1024];
     let mut stalled = false;
@@ -115,10 +128,18 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        stalled = stalled || epoch.load(Ordering::SeqCst) != born;
+        stalled = stalled || switches.epoch.load(Ordering::SeqCst) != born;
+        // The last answer through: everything is stalled before the client
+        // has it, so nothing it sends on reading it gets through.
+        let last = !stalled && answers && switches.after_next_answer.swap(false, Ordering::SeqCst);
+        if last {
+            switches.black_hole.store(true, Ordering::SeqCst);
+            switches.epoch.fetch_add(1, Ordering::SeqCst);
+        }
         if !stalled && to.write_all(&buffer[..n]).await.is_err() {
             break;
         }
+        stalled = stalled || last;
     }
     if stalled {
         // The far side hung up; this side must not learn of it either.

@@ -36,6 +36,8 @@ use super::{Error, MIGRATOR};
 /// again if shorter (a short lease wants its held outcomes through a new
 /// session before it ends).
 const ANSWER_MARGIN: Duration = Duration::from_secs(5);
+/// How long closing the pool waits for sessions in use; see [`Postgres::close`].
+const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// A PostgreSQL outbox.
 #[derive(Clone, Debug)]
@@ -112,9 +114,22 @@ impl Postgres {
         done
     }
 
-    /// Closes the pool, the sessions kept out of it included.
+    /// Closes the pool, the sessions kept out of it included, waiting at
+    /// most [`CLOSE_WITHIN`] for sessions in use: sqlx pings a session on
+    /// its way back to the pool, without a bound, and one whose server
+    /// stopped answering would hold the close, and the relay's stop, for
+    /// ever. Such a session is left to itself (the pool is closed: nothing
+    /// takes it again).
     pub(super) async fn close(&self) {
-        self.sessions.close().await;
+        if tokio::time::timeout(CLOSE_WITHIN, self.sessions.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                waited_ms = CLOSE_WITHIN.as_millis() as u64,
+                "A database session did not come back to be closed (the server does not answer); left behind."
+            );
+        }
     }
 
     /// Records what a claim saw of the due index: another process may
