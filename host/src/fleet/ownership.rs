@@ -215,12 +215,12 @@ enum Kept {
 /// the lease would run out before a renewal gets through, and gives it up
 /// when this relay holds more than its share.
 ///
-/// A tick's statements get until shortly before the lease ends, counted
-/// from when the last renewal was sent (the database counts from when it
-/// ran): each statement has a bound of its own, but three of them in a row
-/// on a stalled session outlast a lease, and serving past the lease could
-/// overlap the next owner (harmless to order, thanks to row leases, but
-/// not what was promised).
+/// The renewal, and then the tick's other statements, get until shortly
+/// before the lease ends, counted from when the last renewal was sent (the
+/// database counts from when it ran): each statement has a bound of its
+/// own, but three of them in a row on a stalled session outlast a lease,
+/// and serving past the lease could overlap the next owner (harmless to
+/// order, thanks to row leases, but not what was promised).
 async fn keep(
     fleet: &Fleet,
     store: &OutboxStore,
@@ -229,28 +229,19 @@ async fn keep(
     lease: Duration,
     tick: Duration,
 ) -> Kept {
-    let ends = mine.renewed + lease.saturating_sub(tick / 2);
-    let renewed = tokio::time::timeout_at(ends.into(), async {
-        let sent = Instant::now();
-        match store.renew_ownership(me, mine.token, lease).await {
-            Ok(true) => mine.renewed = sent,
-            Ok(false) => {
-                tracing::warn!("Another relay took the database over; no longer serving it.");
-                return Some(Kept::No { hand_back: false });
-            }
-            Err(error) if mine.renewed.elapsed() + tick >= lease => {
-                tracing::warn!(%error, "Cannot renew the database's lease in time; no longer serving it.");
-                return Some(Kept::No { hand_back: false });
-            }
-            Err(error) => tracing::debug!(%error, "Cannot renew the database's lease; trying again."),
+    let ends = |renewed: Instant| (renewed + lease.saturating_sub(tick / 2)).into();
+    let sent = Instant::now();
+    match tokio::time::timeout_at(ends(mine.renewed), store.renew_ownership(me, mine.token, lease)).await {
+        Ok(Ok(true)) => mine.renewed = sent,
+        Ok(Ok(false)) => {
+            tracing::warn!("Another relay took the database over; no longer serving it.");
+            return Kept::No { hand_back: false };
         }
-        let _ = look_around(fleet, store, me, lease).await;
-        None
-    })
-    .await;
-    match renewed {
-        Ok(Some(lost)) => return lost,
-        Ok(None) => {}
+        Ok(Err(error)) if mine.renewed.elapsed() + tick >= lease => {
+            tracing::warn!(%error, "Cannot renew the database's lease in time; no longer serving it.");
+            return Kept::No { hand_back: false };
+        }
+        Ok(Err(error)) => tracing::debug!(%error, "Cannot renew the database's lease; trying again."),
         Err(_) => {
             tracing::warn!(
                 lease_ms = lease.as_millis() as u64,
@@ -259,6 +250,9 @@ async fn keep(
             return Kept::No { hand_back: false };
         }
     }
+    // Within the lease as it stands now: a slow answer here only delays
+    // the next renewal, which the deadline bounds in turn.
+    let _ = tokio::time::timeout_at(ends(mine.renewed), look_around(fleet, store, me, lease)).await;
     let over_share = fleet.owned() > fleet.fair_share();
     if over_share && mine.since.elapsed() >= 2 * lease && fleet.may_give_up(tick) {
         tracing::info!("Giving the database up: this relay holds more than its share.");
