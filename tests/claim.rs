@@ -1686,3 +1686,20 @@ async fn a_statement_its_caller_gave_up_on_leaves_no_session_behind() {
         .expect("a new session answers");
     store.close().await;
 }
+
+/// The same for the replication slot's status, which readiness reads
+/// under the same 3 s bound.
+#[tokio::test]
+async fn a_slot_status_its_caller_gave_up_on_leaves_no_session_behind() {
+    let (_db, proxy, store) = one_session_behind_a_proxy(Duration::from_secs(5)).await;
+    assert!(store.slot_status("switchyard_none").await.unwrap().is_none());
+    stall_after_its_return(&proxy).await;
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(500), store.slot_status("switchyard_none")).await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    tokio::time::timeout(Duration::from_secs(5), store.ping())
+        .await
+        .expect("a session within 5 s")
+        .expect("a new session answers");
+    store.close().await;
+}

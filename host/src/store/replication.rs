@@ -8,7 +8,7 @@ use super::postgres::replication as pg;
 pub use super::postgres::replication::{
     SlotStatus, SourceTable, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
 };
-use super::{Error, LeaseId, OutboxStore, RowOutcome};
+use super::{AnyBackend, Error, LeaseId, OutboxStore, RowOutcome};
 
 impl OutboxStore {
     /// What `migrate` runs to put the outbox (and the `[source]` table)
@@ -60,14 +60,22 @@ impl OutboxStore {
         }
     }
 
-    /// The slot's state; `None` when there is no such slot.
+    /// The slot's state; `None` when there is no such slot. Bounded as the
+    /// relay's other background statements are: readiness gives up on it
+    /// after a few seconds, and a session left mid-statement is closed.
     ///
     /// # Errors
     /// The database's.
     pub async fn slot_status(&self, slot: &str) -> Result<Option<SlotStatus>, Error> {
-        match self.pg_pool() {
-            Some(pool) => pg::slot_status(pool, slot).await,
-            None => Ok(None),
+        match &self.backend {
+            AnyBackend::Postgres(backend) => {
+                backend
+                    .bounded("replication slot status", async |session| {
+                        pg::slot_status(&mut *session, slot).await
+                    })
+                    .await
+            }
+            AnyBackend::Sqlite(_) => Ok(None),
         }
     }
 

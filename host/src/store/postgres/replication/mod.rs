@@ -283,7 +283,10 @@ pub struct SlotStatus {
 }
 
 /// The slot's state; `None` when there is no such slot.
-pub(crate) async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<SlotStatus>, Error> {
+pub(crate) async fn slot_status<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    slot: &str,
+) -> Result<Option<SlotStatus>, Error> {
     Ok(sqlx::query_as(
         "SELECT COALESCE(plugin::text, '') AS plugin, COALESCE(database::text, '') AS database,
                 active_pid, (SELECT a.application_name FROM pg_stat_activity a WHERE a.pid = active_pid) AS reader,
@@ -293,7 +296,7 @@ pub(crate) async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<Slot
            FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(slot)
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?)
 }
 
