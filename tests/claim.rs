@@ -1669,16 +1669,14 @@ async fn background_statements_give_up_on_a_session_that_stops_answering() {
     store.close().await;
 }
 
-/// A readiness check gives up after its own 3 s, before the store's bound,
-/// and drops the statement it was waiting for. Its session, stalled, must
-/// not go back to the pool: sqlx pings a session on its way back and would
-/// wait there for ever, and a pool of one would have nothing left.
-#[tokio::test]
-async fn a_statement_its_caller_gave_up_on_leaves_no_session_behind() {
+/// Runs `statement` once, then again on its session just stalled, gives
+/// up on it after 500 ms, and needs the pool to answer on a new session
+/// within 5 s.
+async fn gives_up_on_a_stalled_session(statement: impl AsyncFn(&OutboxStore)) {
     let (_db, proxy, store) = one_session_behind_a_proxy(Duration::from_secs(5)).await;
-    store.ping().await.unwrap();
+    statement(&store).await;
     stall_after_its_return(&proxy).await;
-    let gave_up = tokio::time::timeout(Duration::from_millis(500), store.ping()).await;
+    let gave_up = tokio::time::timeout(Duration::from_millis(500), statement(&store)).await;
     assert!(gave_up.is_err(), "{gave_up:?}");
     tokio::time::timeout(Duration::from_secs(5), store.ping())
         .await
@@ -1687,19 +1685,21 @@ async fn a_statement_its_caller_gave_up_on_leaves_no_session_behind() {
     store.close().await;
 }
 
+/// A readiness check gives up after its own 3 s, before the store's bound,
+/// and drops the statement it was waiting for. Its session, stalled, must
+/// not go back to the pool: sqlx pings a session on its way back and would
+/// wait there for ever, and a pool of one would have nothing left.
+#[tokio::test]
+async fn a_statement_its_caller_gave_up_on_leaves_no_session_behind() {
+    gives_up_on_a_stalled_session(async |store| store.ping().await.unwrap()).await;
+}
+
 /// The same for the replication slot's status, which readiness reads
 /// under the same 3 s bound.
 #[tokio::test]
 async fn a_slot_status_its_caller_gave_up_on_leaves_no_session_behind() {
-    let (_db, proxy, store) = one_session_behind_a_proxy(Duration::from_secs(5)).await;
-    assert!(store.slot_status("switchyard_none").await.unwrap().is_none());
-    stall_after_its_return(&proxy).await;
-    let gave_up =
-        tokio::time::timeout(Duration::from_millis(500), store.slot_status("switchyard_none")).await;
-    assert!(gave_up.is_err(), "{gave_up:?}");
-    tokio::time::timeout(Duration::from_secs(5), store.ping())
-        .await
-        .expect("a session within 5 s")
-        .expect("a new session answers");
-    store.close().await;
+    gives_up_on_a_stalled_session(async |store| {
+        assert!(store.slot_status("switchyard_none").await.unwrap().is_none());
+    })
+    .await;
 }
