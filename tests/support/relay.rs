@@ -179,7 +179,7 @@ pub struct InProcess {
     shutdown: CancellationToken,
     handle: JoinHandle<anyhow::Result<()>>,
     /// How long a graceful stop may take: the relay's own bound on its
-    /// batches, and as long again for its leases and sessions.
+    /// batches, and [`STOP_MARGIN`] for its leases and sessions.
     stops_within: Duration,
 }
 
