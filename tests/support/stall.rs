@@ -1,11 +1,13 @@
 //! A TCP proxy whose open connections can be stalled: they stay open and
 //! take what is sent, but nothing goes through any more, either way, as on
 //! a link that drops every packet without a reset. Connections opened after
-//! a stall go through, unless the proxy was made a black hole.
+//! a stall go through, unless the proxy was made a black hole. The server's
+//! answers can also be held back a while, as from a server short of CPU.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -27,6 +29,8 @@ struct Switches {
     black_hole: AtomicBool,
     /// Stall everything once the next answer from the server is through.
     after_next_answer: AtomicBool,
+    /// How long each of the server's answers is held back, in ms.
+    answer_delay_ms: AtomicU64,
 }
 
 impl StallingProxy {
@@ -68,6 +72,13 @@ impl StallingProxy {
     /// back to the pool, right after its statement's answer).
     pub fn black_hole_after_the_next_answer(&self) {
         self.switches.after_next_answer.store(true, Ordering::SeqCst);
+    }
+
+    /// Holds each answer of the server back for `delay` before passing it
+    /// on (zero: at once again); nothing is lost or stalled.
+    pub fn delay_answers(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.switches.answer_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Stalls every connection open now and every one opened from now on:
@@ -135,6 +146,10 @@ async fn pump(
         if last {
             switches.black_hole.store(true, Ordering::SeqCst);
             switches.epoch.fetch_add(1, Ordering::SeqCst);
+        }
+        let delay = switches.answer_delay_ms.load(Ordering::SeqCst);
+        if answers && delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         if !stalled && to.write_all(&buffer[..n]).await.is_err() {
             break;

@@ -47,12 +47,9 @@ pub(super) async fn follow(
         if store.is_none() {
             attempts += 1;
             // One session per database followed: the follower's statements
-            // are one at a time. Each is bounded by a tick: a renewal that
-            // waited on a stalled session would let the lease run out while
-            // this relay went on serving.
-            match OutboxStore::connect_bounded(&database.url, 1, &format!("switchyard {me}"), Some(tick))
-                .await
-            {
+            // are one at a time. Each is bounded by the lease (none is of
+            // use after it); `keep` stops serving sooner than that.
+            match OutboxStore::connect_unpinged(&database.url, &format!("switchyard {me}"), lease).await {
                 Ok(connected) => store = Some(connected),
                 Err(error) => {
                     let error = crate::redact::url(&error.to_string());
@@ -204,8 +201,9 @@ async fn look_around(
 /// Whether a held database stays held after a tick.
 enum Kept {
     Yes,
-    /// Stop serving it; `hand_back` when it is this relay's to give up (not
-    /// when it was lost: another relay may hold it already).
+    /// Stop serving it, then hand it back (`hand_back`) unless another
+    /// relay is known to have taken it: the release names this relay's
+    /// token, so it is harmless where the lease was lost unseen.
     No {
         hand_back: bool,
     },
@@ -229,36 +227,61 @@ async fn keep(
     lease: Duration,
     tick: Duration,
 ) -> Kept {
-    let ends = |renewed: Instant| (renewed + lease.saturating_sub(tick / 2)).into();
+    let ends = |renewed: Instant| renewed + lease.saturating_sub(tick / 2);
     let sent = Instant::now();
-    match tokio::time::timeout_at(ends(mine.renewed), store.renew_ownership(me, mine.token, lease)).await {
-        Ok(Ok(true)) => mine.renewed = sent,
-        Ok(Ok(false)) => {
+    let renewal = {
+        let (store, me, token) = (store.clone(), me.to_string(), mine.token);
+        async move { store.renew_ownership(&me, token, lease).await }
+    };
+    match until(ends(mine.renewed), renewal).await {
+        Some(Ok(true)) => mine.renewed = sent,
+        Some(Ok(false)) => {
             tracing::warn!("Another relay took the database over; no longer serving it.");
             return Kept::No { hand_back: false };
         }
-        Ok(Err(error)) if mine.renewed.elapsed() + tick >= lease => {
+        Some(Err(error)) if mine.renewed.elapsed() + tick >= lease => {
             tracing::warn!(%error, "Cannot renew the database's lease in time; no longer serving it.");
-            return Kept::No { hand_back: false };
+            return Kept::No { hand_back: true };
         }
-        Ok(Err(error)) => tracing::debug!(%error, "Cannot renew the database's lease; trying again."),
-        Err(_) => {
+        Some(Err(error)) => tracing::debug!(%error, "Cannot renew the database's lease; trying again."),
+        None => {
             tracing::warn!(
                 lease_ms = lease.as_millis() as u64,
                 "Cannot renew the database's lease in time (no answer); no longer serving it."
             );
-            return Kept::No { hand_back: false };
+            // Handed back once serving has stopped, in case the renewal
+            // lands late: the token keeps that from touching a lease
+            // another relay took since.
+            return Kept::No { hand_back: true };
         }
     }
     // Within the lease as it stands now: a slow answer here only delays
     // the next renewal, which the deadline bounds in turn.
-    let _ = tokio::time::timeout_at(ends(mine.renewed), look_around(fleet, store, me, lease)).await;
+    let looked = {
+        let (fleet, store, me) = (fleet.clone(), store.clone(), me.to_string());
+        async move { look_around(&fleet, &store, &me, lease).await }
+    };
+    let _ = until(ends(mine.renewed), looked).await;
     let over_share = fleet.owned() > fleet.fair_share();
     if over_share && mine.since.elapsed() >= 2 * lease && fleet.may_give_up(tick) {
         tracing::info!("Giving the database up: this relay holds more than its share.");
         return Kept::No { hand_back: true };
     }
     Kept::Yes
+}
+
+/// `work`'s result if it finishes by `deadline`. It runs on a task of its
+/// own that goes on past the deadline, unwatched: dropped mid-statement it
+/// would cost the follower its session, and the database a new one just
+/// when it is slowest to answer (under load, sessions given up on and
+/// opened again kept the CPU busy and every answer late). The follower's
+/// next statement waits for the session behind it.
+async fn until<T: Send + 'static>(
+    deadline: Instant,
+    work: impl Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let task = tokio::spawn(work.in_current_span());
+    tokio::time::timeout_at(deadline.into(), task).await.ok()?.ok()
 }
 
 /// Stops the relay of a held database (its batches finish or their row

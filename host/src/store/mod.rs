@@ -155,6 +155,33 @@ impl OutboxStore {
         application_name: &str,
         statement_timeout: Option<Duration>,
     ) -> Result<OutboxStore, Error> {
+        OutboxStore::connect_pinging(url, max_connections, application_name, statement_timeout, true).await
+    }
+
+    /// One session for the few small statements a fleet's ownership needs,
+    /// each bounded by `statement_timeout`. It is not pinged after a pause,
+    /// as the relay's sessions are: a statement that fails or goes
+    /// unanswered costs its caller no more than the ping's would, and a
+    /// session given up on while the server is only slow costs the server a
+    /// new one when it can least afford it.
+    ///
+    /// # Errors
+    /// As [`OutboxStore::connect`].
+    pub async fn connect_unpinged(
+        url: &str,
+        application_name: &str,
+        statement_timeout: Duration,
+    ) -> Result<OutboxStore, Error> {
+        OutboxStore::connect_pinging(url, 1, application_name, Some(statement_timeout), false).await
+    }
+
+    async fn connect_pinging(
+        url: &str,
+        max_connections: u32,
+        application_name: &str,
+        statement_timeout: Option<Duration>,
+        ping_idle: bool,
+    ) -> Result<OutboxStore, Error> {
         if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -167,8 +194,14 @@ impl OutboxStore {
                 .await?;
             return Ok(OutboxStore::new_sqlite(pool));
         }
-        let backend =
-            postgres::Postgres::connect(url, max_connections, application_name, statement_timeout).await?;
+        let backend = postgres::Postgres::connect(
+            url,
+            max_connections,
+            application_name,
+            statement_timeout,
+            ping_idle,
+        )
+        .await?;
         Ok(OutboxStore::with_backend(AnyBackend::Postgres(backend)))
     }
 

@@ -76,12 +76,14 @@ static SESSION_SETTINGS: LazyLock<String> = LazyLock::new(|| {
 /// A pool whose sessions carry [`SESSION_SETTINGS`], and each statement
 /// `statement_timeout` when given. The server is asked once first, alone:
 /// a pool reports an unreachable server or a missing database only as
-/// "pool timed out".
+/// "pool timed out". With `ping_idle`, a session idle for
+/// [`PING_IF_IDLE_FOR`] is pinged before it is handed out.
 pub(super) async fn pool(
     url: &str,
     max_connections: u32,
     application_name: &str,
     statement_timeout: Option<Duration>,
+    ping_idle: bool,
 ) -> Result<PgPool, Error> {
     // The relay logs slow claims itself, in one line; sqlx would add the
     // whole statement text at WARN each time.
@@ -113,8 +115,8 @@ pub(super) async fn pool(
         // as a claim's statement on the server. One back in the pool for
         // under a second was pinged when it came back.
         .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move { Ok(meta.idle_for < PING_IF_IDLE_FOR || pinged(conn).await) })
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move { Ok(!ping_idle || meta.idle_for < PING_IF_IDLE_FOR || pinged(conn).await) })
         })
         .after_connect(move |conn, _| {
             let timeout_ms = timeout_ms.clone();

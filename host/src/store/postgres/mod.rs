@@ -84,8 +84,16 @@ impl Postgres {
         max_connections: u32,
         application_name: &str,
         statement_timeout: Option<Duration>,
+        ping_idle: bool,
     ) -> Result<Postgres, Error> {
-        let pool = connect::pool(url, max_connections, application_name, statement_timeout).await?;
+        let pool = connect::pool(
+            url,
+            max_connections,
+            application_name,
+            statement_timeout,
+            ping_idle,
+        )
+        .await?;
         // The server cancels a statement at its timeout; a session that has
         // not answered some time after that is not going to.
         let answer_within = statement_timeout.map(|timeout| timeout + timeout.min(ANSWER_MARGIN));
