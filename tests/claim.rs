@@ -1703,3 +1703,58 @@ async fn a_slot_status_its_caller_gave_up_on_leaves_no_session_behind() {
     })
     .await;
 }
+
+/// CPU time (user and system) the server process `pid` has used so far.
+fn cpu_of(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the session's process");
+    // utime and stime are the 14th and 15th fields; the command's name
+    // (second, in parentheses) may hold spaces.
+    let after_name = &stat[stat.rfind(')').expect("a stat line") + 1..];
+    let fields: Vec<u64> = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|field| field.parse().expect("a tick count"))
+        .collect();
+    let per_second: u64 = String::from_utf8(
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .expect("getconf")
+            .stdout,
+    )
+    .expect("a number")
+    .trim()
+    .parse()
+    .expect("a number");
+    Duration::from_millis((fields[0] + fields[1]) * 1000 / per_second)
+}
+
+/// A relay's sessions leave the planner only index probes, which prices
+/// any scan at ten billion; PostgreSQL then JIT-compiled, with inlining
+/// and optimisation, each statement that has to scan (the fleet's
+/// ownership read scans the few rows of `switchyard_relays`): a second or
+/// more of CPU for a statement that runs in a tenth of a millisecond, on
+/// every follower of every database each renewal period.
+#[tokio::test]
+async fn a_relay_session_does_not_compile_its_statements() {
+    let db = fresh_db().await;
+    let name = format!("switchyard-jit-{}", uuid::Uuid::new_v4().simple());
+    let store = OutboxStore::connect_bounded(&db.url, 1, &name, Some(LEASE / 2))
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        store.ownership(Duration::from_secs(5)).await.unwrap();
+    }
+    let pid: i32 = sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+        .bind(&name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // Each read takes well under a millisecond; compiled, well over ten.
+    let cpu = cpu_of(pid);
+    assert!(
+        cpu < Duration::from_millis(500),
+        "20 ownership reads cost the server {cpu:?} of CPU"
+    );
+}
