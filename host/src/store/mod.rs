@@ -196,10 +196,12 @@ impl OutboxStore {
         }
         let backend = postgres::Postgres::connect(
             url,
-            max_connections,
-            application_name,
-            statement_timeout,
-            ping_idle,
+            &postgres::SessionOptions {
+                max_connections,
+                application_name,
+                statement_timeout,
+                ping_idle,
+            },
         )
         .await?;
         Ok(OutboxStore::with_backend(AnyBackend::Postgres(backend)))

@@ -81,23 +81,16 @@ static SESSION_SETTINGS: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// A pool whose sessions carry [`SESSION_SETTINGS`], and each statement
-/// `statement_timeout` when given. The server is asked once first, alone:
-/// a pool reports an unreachable server or a missing database only as
-/// "pool timed out". With `ping_idle`, a session idle for
-/// [`PING_IF_IDLE_FOR`] is pinged before it is handed out.
-pub(super) async fn pool(
-    url: &str,
-    max_connections: u32,
-    application_name: &str,
-    statement_timeout: Option<Duration>,
-    ping_idle: bool,
-) -> Result<PgPool, Error> {
+/// its `statement_timeout` when given. The server is asked once first,
+/// alone: a pool reports an unreachable server or a missing database only
+/// as "pool timed out".
+pub(super) async fn pool(url: &str, sessions: &super::SessionOptions<'_>) -> Result<PgPool, Error> {
     // The relay logs slow claims itself, in one line; sqlx would add the
     // whole statement text at WARN each time.
     let mut options =
         PgConnectOptions::from_str(url)?.log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
     if options.get_application_name().is_none() {
-        options = options.application_name(application_name);
+        options = options.application_name(sessions.application_name);
     }
     let at = format!(
         "PostgreSQL at {}:{} (database {:?})",
@@ -114,9 +107,12 @@ pub(super) async fn pool(
         .map_err(|_| connect_error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())))?
         .map_err(|e| connect_error(describe_connect_error(&e)))?;
     let _ = probe.close().await;
-    let timeout_ms = statement_timeout.map(|timeout| timeout.as_millis().max(1).to_string());
+    let timeout_ms = sessions
+        .statement_timeout
+        .map(|timeout| timeout.as_millis().max(1).to_string());
+    let ping_idle = sessions.ping_idle;
     Ok(PgPoolOptions::new()
-        .max_connections(max_connections)
+        .max_connections(sessions.max_connections)
         .acquire_timeout(CONNECT_TIMEOUT)
         // sqlx pings every connection it hands out, a round trip as dear
         // as a claim's statement on the server. One back in the pool for

@@ -39,6 +39,17 @@ const ANSWER_MARGIN: Duration = Duration::from_secs(5);
 /// How long closing the pool waits for sessions in use; see [`Postgres::close`].
 const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
+/// How a pool opens and uses its sessions.
+pub(super) struct SessionOptions<'a> {
+    pub(super) max_connections: u32,
+    /// What `pg_stat_activity` shows, unless the URL names one.
+    pub(super) application_name: &'a str,
+    /// Each statement's bound on the server; none: the server's own.
+    pub(super) statement_timeout: Option<Duration>,
+    /// Ping a session idle for [`connect::PING_IF_IDLE_FOR`] before use.
+    pub(super) ping_idle: bool,
+}
+
 /// A PostgreSQL outbox.
 #[derive(Clone, Debug)]
 pub(super) struct Postgres {
@@ -79,21 +90,9 @@ impl Postgres {
 
     /// Connects a pool whose sessions carry the relay's settings; see
     /// [`connect::pool`].
-    pub(super) async fn connect(
-        url: &str,
-        max_connections: u32,
-        application_name: &str,
-        statement_timeout: Option<Duration>,
-        ping_idle: bool,
-    ) -> Result<Postgres, Error> {
-        let pool = connect::pool(
-            url,
-            max_connections,
-            application_name,
-            statement_timeout,
-            ping_idle,
-        )
-        .await?;
+    pub(super) async fn connect(url: &str, sessions: &SessionOptions<'_>) -> Result<Postgres, Error> {
+        let pool = connect::pool(url, sessions).await?;
+        let statement_timeout = sessions.statement_timeout;
         // The server cancels a statement at its timeout; a session that has
         // not answered some time after that is not going to.
         let answer_within = statement_timeout.map(|timeout| timeout + timeout.min(ANSWER_MARGIN));
