@@ -939,5 +939,15 @@ async fn a_database_answering_too_slowly_is_given_up_and_served_again_on_the_sam
     .await;
     let after = ownership_sessions(&admin, name, Duration::from_secs(5)).await;
     assert_eq!(after, before, "the ownership follower's session changed");
+    // Nothing is left of the first spell of serving: the follower's
+    // session and at most the database's `max_connections` (3).
+    let relay_sessions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name LIKE 'switchyard %'",
+    )
+    .bind(name)
+    .fetch_one(&admin)
+    .await
+    .expect("the relay's sessions");
+    assert!(relay_sessions <= 4, "{relay_sessions} sessions of the relay");
     run.stop().await;
 }
