@@ -951,3 +951,58 @@ async fn a_database_answering_too_slowly_is_given_up_and_served_again_on_the_sam
     assert!(relay_sessions <= 4, "{relay_sessions} sessions of the relay");
     run.stop().await;
 }
+
+/// A relay following a database another relay serves stops promptly when
+/// that database stopped answering while its session sat idle between two
+/// ticks: the follower's last statement (taking itself off the running
+/// relays) is bounded like the others, as its session is not pinged
+/// before use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_relay_stops_when_its_database_stopped_answering() {
+    let _heavy = exclusive().await;
+    init_logging();
+    let nats = nats().await;
+    let databases = databases(1, 0).await;
+    let db = databases[0].pg();
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let start = async |id: &str, url: String| {
+        let relay = RelaySection::new()
+            .set("concurrency", "2")
+            .set("shutdown_timeout_ms", "2000")
+            .set("instance_id", &format!("\"{id}\""));
+        let listed = vec![(databases[0].name.clone(), url)];
+        let config = fleet::config(&listed, &nats.url(), &relay, "[ownership]\nlease_seconds = 3\n");
+        let shutdown = CancellationToken::new();
+        let fleet = Fleet::start(parse(&config), shutdown.clone())
+            .await
+            .expect("fleet starts");
+        (fleet, shutdown)
+    };
+    let (serving, serving_shutdown) = start("serving", db.url.clone()).await;
+    all_running(&serving, 1).await;
+    let (standby, standby_shutdown) = start("standby", proxy.url(&db.url)).await;
+    eventually(
+        "the second relay follows the database",
+        Duration::from_secs(30),
+        || async {
+            matches!(
+                standby.databases().get("pg00"),
+                Some(DatabaseState::Standby { .. })
+            )
+            .then_some(())
+        },
+    )
+    .await;
+
+    proxy.black_hole();
+    standby_shutdown.cancel();
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(60), standby.stopped())
+        .await
+        .expect("the standby relay stops, its database silent");
+    eprintln!("stopped in {} ms", started.elapsed().as_millis());
+    serving_shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(60), serving.stopped())
+        .await
+        .expect("the serving relay stops");
+}

@@ -63,8 +63,14 @@ impl OutboxStore {
     pub async fn relay_stopped(&self, instance_id: &str) -> Result<(), Error> {
         let sql = "DELETE FROM switchyard_relays WHERE instance_id = $1";
         match &self.backend {
+            // Bounded: a relay's last statement on a database, sent on a
+            // session that may have stopped answering while it sat idle.
             AnyBackend::Postgres(pg) => {
-                sqlx::query(sql).bind(instance_id).execute(&pg.pool).await?;
+                pg.bounded("relay removal", async |session| {
+                    sqlx::query(sql).bind(instance_id).execute(session).await?;
+                    Ok(())
+                })
+                .await?;
             }
             AnyBackend::Sqlite(lite) => {
                 sqlx::query(sql).bind(instance_id).execute(&lite.pool).await?;
