@@ -1758,3 +1758,36 @@ async fn a_relay_session_does_not_compile_its_statements() {
         "20 ownership reads cost the server {cpu:?} of CPU"
     );
 }
+
+/// A relay's announcement forgets relays unseen for a day (killed ones, or
+/// fleets restarted under new names, leave their rows) and keeps the rest.
+#[tokio::test]
+async fn an_announcement_forgets_relays_unseen_for_a_day() {
+    for outbox in [TestOutbox::postgres().await, TestOutbox::sqlite().await] {
+        let day_ms = switchyard::store::FORGOTTEN_AFTER.as_millis();
+        let ago = |ms: u128| match outbox.kind {
+            "sqlite" => format!("CAST(unixepoch('subsec') * 1000 AS INTEGER) - {ms}"),
+            _ => format!("now() - {ms} * interval '1 millisecond'"),
+        };
+        outbox
+            .execute(&format!(
+                "INSERT INTO switchyard_relays (instance_id, seen_at) VALUES
+                 ('killed-long-ago', {}), ('quiet-an-hour', {})",
+                ago(day_ms + 60_000),
+                ago(3_600_000)
+            ))
+            .await;
+        outbox.store.announce_relay("me", None).await.unwrap();
+        let left: Vec<String> = outbox
+            .store
+            .running_relays(switchyard::store::FORGOTTEN_AFTER * 2)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|relay| relay.instance_id)
+            .collect();
+        let mut left = left;
+        left.sort();
+        assert_eq!(left, ["me", "quiet-an-hour"], "{}", outbox.kind);
+    }
+}

@@ -105,7 +105,7 @@ mod operations;
 mod ownership;
 mod relays;
 pub use ownership::Ownership;
-pub use relays::RunningRelay;
+pub use relays::{FORGOTTEN_AFTER, RunningRelay};
 
 /// Handle to the outbox table, on PostgreSQL (production: many relays share
 /// it) or SQLite (the embedded default: one relay, one file).

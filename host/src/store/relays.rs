@@ -6,6 +6,10 @@ use std::time::Duration;
 
 use super::{AnyBackend, Error, OutboxStore};
 
+/// How long a relay may go unseen before another one's announcement
+/// removes its row (`status` lists only those seen lately anyway).
+pub const FORGOTTEN_AFTER: Duration = Duration::from_secs(24 * 3600);
+
 /// A relay that said it is running.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RunningRelay {
@@ -19,21 +23,31 @@ pub struct RunningRelay {
 
 impl OutboxStore {
     /// Records (or refreshes) that relay `instance_id` runs, with its admin
-    /// endpoint's address.
+    /// endpoint's address, and forgets relays unseen for [`FORGOTTEN_AFTER`]:
+    /// a relay killed, or a database given up, leaves its row behind, and a
+    /// fleet that restarts under new names would otherwise grow the table
+    /// that every ownership read counts, without end.
     ///
     /// # Errors
     /// The database's (a schema not yet migrated has no such table).
     pub async fn announce_relay(&self, instance_id: &str, admin: Option<&str>) -> Result<(), Error> {
+        let forgotten_ms = FORGOTTEN_AFTER.as_millis() as i64;
         match &self.backend {
             AnyBackend::Postgres(pg) => {
                 pg.bounded("relay announcement", async |session| {
+                    // Its own row is left to the upsert: one statement may
+                    // not change a row twice.
                     sqlx::query(
-                        "INSERT INTO switchyard_relays (instance_id, admin_address) VALUES ($1, $2)
+                        "WITH forgotten AS (
+                             DELETE FROM switchyard_relays
+                              WHERE seen_at < now() - $3 * interval '1 millisecond' AND instance_id <> $1)
+                         INSERT INTO switchyard_relays (instance_id, admin_address) VALUES ($1, $2)
                          ON CONFLICT (instance_id)
                          DO UPDATE SET admin_address = EXCLUDED.admin_address, seen_at = now()",
                     )
                     .bind(instance_id)
                     .bind(admin)
+                    .bind(forgotten_ms as f64)
                     .execute(session)
                     .await?;
                     Ok(())
@@ -41,6 +55,13 @@ impl OutboxStore {
                 .await?;
             }
             AnyBackend::Sqlite(lite) => {
+                sqlx::query(
+                    "DELETE FROM switchyard_relays
+                      WHERE seen_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1",
+                )
+                .bind(forgotten_ms)
+                .execute(&lite.pool)
+                .await?;
                 sqlx::query(
                     "INSERT INTO switchyard_relays (instance_id, admin_address) VALUES (?1, ?2)
                      ON CONFLICT (instance_id)
