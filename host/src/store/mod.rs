@@ -155,7 +155,7 @@ impl OutboxStore {
         application_name: &str,
         statement_timeout: Option<Duration>,
     ) -> Result<OutboxStore, Error> {
-        OutboxStore::connect_pinging(url, max_connections, application_name, statement_timeout, true).await
+        OutboxStore::connect_with(url, max_connections, application_name, statement_timeout, true).await
     }
 
     /// One session for the few small statements a fleet's ownership needs,
@@ -172,10 +172,11 @@ impl OutboxStore {
         application_name: &str,
         statement_timeout: Duration,
     ) -> Result<OutboxStore, Error> {
-        OutboxStore::connect_pinging(url, 1, application_name, Some(statement_timeout), false).await
+        OutboxStore::connect_with(url, 1, application_name, Some(statement_timeout), false).await
     }
 
-    async fn connect_pinging(
+    /// The store for `url`; `ping_idle`: see [`postgres::SessionOptions`].
+    async fn connect_with(
         url: &str,
         max_connections: u32,
         application_name: &str,
