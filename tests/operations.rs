@@ -818,3 +818,47 @@ async fn status_finds_a_relay_whose_admin_port_the_system_chose() {
     assert!(report["relay"].is_null(), "{report}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Rows written to `switchyard_intake` wait as much as rows in the outbox:
+/// with no relay running to move them, `status` counts them pending (or
+/// delayed) and the oldest of them sets the oldest pending age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_rows_still_in_the_intake() {
+    init_logging();
+    let db = fresh_db().await;
+    let config = router_config(
+        &db.url,
+        "nats://127.0.0.1:1",
+        &plugin("route_by_type"),
+        "target = \"events\"\ntopic = \"orders.{event_type}\"",
+        "",
+    );
+    let dir = std::env::temp_dir().join(format!("sy-intake-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config_path = dir.join("relay.toml");
+    std::fs::write(&config_path, &config).unwrap();
+    for (created, not_before) in [
+        ("2 minutes", None),
+        ("1 second", None),
+        ("1 second", Some("1 hour")),
+    ] {
+        sqlx::query(
+            "INSERT INTO switchyard_intake (aggregate_type, aggregate_id, event_type, payload, created_at, not_before)
+             VALUES ('order', 'order-1', 'OrderCreated', '{}', now() - $1::interval, now() + $2::interval)",
+        )
+        .bind(created)
+        .bind(not_before)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let report = status_json(&config_path).await;
+    let outbox = &report["outbox"];
+    assert_eq!(
+        (outbox["pending"].as_i64(), outbox["delayed"].as_i64()),
+        (Some(2), Some(1)),
+        "{report}"
+    );
+    let oldest = outbox["oldest_pending_age_seconds"].as_f64().unwrap();
+    assert!((115.0..180.0).contains(&oldest), "{report}");
+}

@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{order_event, verify, write_orders};
-use switchyard_tests::postgres::{all_published, count_status, fresh_db, place_order_event};
+use switchyard_tests::orders::{Expected, order_event, verify, write_orders, write_orders_to};
+use switchyard_tests::postgres::{
+    Outbox, all_published, count_status, fresh_db, place_event, place_order_event,
+};
 use switchyard_tests::relay::{
     InProcess, Process, Settings, example_config, kill_while_holding_leases, parse,
 };
@@ -488,4 +490,214 @@ async fn sessions_that_stop_answering_are_replaced() {
         .filter_map(|m| m.header("Switchyard-Event-Id"))
         .collect();
     assert_eq!(ids.len(), 15, "every event arrived");
+}
+
+/// Writers insert into `switchyard_intake` while two relay processes claim
+/// (each claim moving rows into the outbox) and one is killed holding
+/// leases: every event arrives, each aggregate in order, and the intake
+/// ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_written_to_the_intake_arrive_in_order_across_two_relays_and_a_kill() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let settings = Settings::new(&db.url, &nats.url())
+        .relay("lease_duration_ms", "3000")
+        .relay("publish_timeout_ms", "1000");
+    let config = example_config(&settings);
+    let mut expected = write_orders_to(&db.pool, Outbox::Intake, 200, 30, 8).await;
+    // Written while the relays run, one task per aggregate: moves race
+    // the writers' commits.
+    let writers: Vec<_> = (0..7)
+        .map(|aggregate| {
+            let pool = db.pool.clone();
+            tokio::spawn(async move {
+                let mut written = Vec::new();
+                for seq in 30..330 {
+                    let event = order_event(aggregate, seq);
+                    let id = place_event(&pool, Outbox::Intake, &event, true).await;
+                    let want = Expected {
+                        aggregate_id: event.aggregate_id,
+                        seq: seq as u64,
+                        event_type: event.event_type,
+                    };
+                    written.push((id.to_string(), want));
+                }
+                written
+            })
+        })
+        .collect();
+    let mut b = None;
+    let orphaned = kill_while_holding_leases(RELAY_BIN, &config, &db.pool, || {
+        if b.is_none() {
+            b = Some(Process::spawn(RELAY_BIN, &config, "relay-b"));
+        }
+    })
+    .await;
+    assert!(orphaned > 0);
+    for writer in writers {
+        expected.extend(writer.await.unwrap());
+    }
+    all_published(&db.pool, 8_100, Duration::from_secs(180)).await;
+    if let Some(mut b) = b {
+        b.terminate();
+    }
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_intake")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "every intake row moved");
+    let received = nats.read_stream(STREAM).await;
+    let verdict = verify(&received, &expected);
+    assert_eq!(verdict.distinct, 8_100);
+}
+
+/// The key of the advisory lock a claim holds while it moves intake rows
+/// (`INTAKE_LOCK` in the PostgreSQL store).
+const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
+
+/// A row on its way from the intake in a transaction not yet committed
+/// keeps the next row of its aggregate in the intake: a claim that cannot
+/// take the movers' lock moves nothing, so it cannot lease that next row
+/// as the head of its aggregate (its statement would not see the first
+/// row in the outbox) and publish it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_in_progress_keeps_later_rows_of_its_aggregate_waiting() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let mut expected = std::collections::HashMap::new();
+    for seq in 0..2 {
+        let event = order_event(900, seq);
+        let id = place_event(&db.pool, Outbox::Intake, &event, true).await;
+        let want = Expected {
+            aggregate_id: event.aggregate_id,
+            seq: seq as u64,
+            event_type: event.event_type,
+        };
+        expected.insert(id.to_string(), want);
+    }
+    // Another mover, part way: the first row taken out of the intake and
+    // into the outbox, uncommitted.
+    let mut mover = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(INTAKE_LOCK)
+        .execute(&mut *mover)
+        .await
+        .unwrap();
+    sqlx::query(
+        "WITH first AS (DELETE FROM switchyard_intake
+                         WHERE id = (SELECT min(id) FROM switchyard_intake) RETURNING *)
+         INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+         SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM first",
+    )
+    .execute(&mut *mover)
+    .await
+    .unwrap();
+    let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "100");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    // The relay claims twenty times meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(count_status(&db.pool, "published").await, 0);
+    mover.commit().await.unwrap();
+    all_published(&db.pool, 2, Duration::from_secs(30)).await;
+    relay.stop().await;
+    let received = nats.read_stream(STREAM).await;
+    assert_eq!(verify(&received, &expected).distinct, 2);
+}
+
+/// Counts the notifications on the relays' channel within `window`.
+async fn notifications_within(listener: &mut sqlx::postgres::PgListener, window: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + window;
+    let mut heard = 0;
+    while let Ok(received) = tokio::time::timeout_at(deadline, listener.recv()).await {
+        received.unwrap();
+        heard += 1;
+    }
+    heard
+}
+
+/// A claim inserts into the outbox whenever it moves rows, and PostgreSQL
+/// runs the outbox's statement trigger even for an insert of none: a claim
+/// that woke every relay would keep them all claiming. Claiming ten times
+/// a second, the relay makes no notification of its own; a writer's
+/// insert into the intake makes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_that_move_rows_wake_nobody() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool).await.unwrap();
+    listener.listen("switchyard_outbox").await.unwrap();
+    let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "100");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    assert_eq!(
+        notifications_within(&mut listener, Duration::from_secs(2)).await,
+        0
+    );
+    place_event(&db.pool, Outbox::Intake, &order_event(1, 0), true).await;
+    all_published(&db.pool, 1, Duration::from_secs(10)).await;
+    assert_eq!(
+        notifications_within(&mut listener, Duration::from_secs(2)).await,
+        1,
+        "the writer's insert wakes the relays; moving and publishing it wakes nobody"
+    );
+    relay.stop().await;
+}
+
+/// An intake row whose `event_id` is already in the outbox cannot enter it
+/// under that id (the claim would fail on the unique index, every time):
+/// it is dead-lettered under a fresh id with the writer's in its reason,
+/// and the rows around it flow. A key over the outbox's bound is refused
+/// at the writer's own insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intake_row_with_a_taken_event_id_is_dead_lettered_and_others_flow() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let taken = place_event(&db.pool, Outbox::Switchyard, &order_event(1, 0), true).await;
+    let insert = "INSERT INTO switchyard_intake (event_id, aggregate_type, aggregate_id, event_type, payload)
+                  VALUES (COALESCE($1, gen_random_uuid()), 'order', $2, 'OrderCreated', '{}')";
+    for (event_id, aggregate) in [(None, "order-2"), (Some(taken), "order-3"), (None, "order-4")] {
+        sqlx::query(insert)
+            .bind(event_id)
+            .bind(aggregate)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let too_long = sqlx::query(insert)
+        .bind(None::<uuid::Uuid>)
+        .bind("x".repeat(1025))
+        .execute(&db.pool)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        too_long.contains("switchyard_intake_aggregate_id_at_most_1024_bytes"),
+        "{too_long}"
+    );
+    let relay = InProcess::start(&parse(&example_config(&Settings::new(&db.url, &nats.url())))).await;
+    all_published(&db.pool, 3, Duration::from_secs(30)).await;
+    let (aggregate, reason): (String, String) = eventually_dead(&db.pool).await;
+    relay.stop().await;
+    assert_eq!(aggregate, "order-3");
+    assert!(
+        reason.contains(&format!("event_id {taken} is already in the outbox")),
+        "{reason}"
+    );
+}
+
+async fn eventually_dead(pool: &sqlx::PgPool) -> (String, String) {
+    switchyard_tests::eventually("a dead-lettered row", Duration::from_secs(10), || async {
+        sqlx::query_as("SELECT aggregate_id, last_error FROM switchyard_outbox WHERE status = 'dead'")
+            .fetch_optional(pool)
+            .await
+            .unwrap()
+    })
+    .await
 }

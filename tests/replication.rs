@@ -650,3 +650,51 @@ async fn a_services_own_outbox_table_is_read_from_the_wal_with_its_trigger_turne
         "{copied:?}"
     );
 }
+
+/// Replication mode reads the outbox's inserts and claims nothing, so
+/// nothing would move a row written to `switchyard_intake`. Rows already
+/// there keep replication mode from starting, with what to do; `migrate`
+/// closes the intake (a writer's insert fails, naming why) and going back
+/// to claim mode opens it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_mode_closes_the_intake_and_will_not_start_over_rows_in_it() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_config(&db, &nats, &[]);
+    let write = || place_event_result(&db.pool, Outbox::Intake);
+    write().await.expect("claim mode: the intake is open");
+    migrate(&config).await;
+    let refused = write().await.expect_err("replication mode: the intake is closed");
+    assert!(
+        refused
+            .to_string()
+            .contains("switchyard_intake_is_closed_in_replication_mode"),
+        "{refused}"
+    );
+    let refused = switchyard::app::build(&parse(&config))
+        .await
+        .err()
+        .expect("refused");
+    let refused = format!("{refused:#}");
+    assert!(
+        refused.contains("switchyard_intake holds 1 rows written for claim mode"),
+        "{refused}"
+    );
+    let claim_mode = config
+        .replace("mode = \"replication\"", "mode = \"claim\"")
+        .replace(
+            &format!(
+                "[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
+                db.name
+            ),
+            "",
+        );
+    migrate(&claim_mode).await;
+    write().await.expect("claim mode again: the intake is open");
+}
+
+async fn place_event_result(pool: &sqlx::PgPool, outbox: Outbox) -> Result<uuid::Uuid, sqlx::Error> {
+    switchyard_tests::postgres::try_place_event(pool, outbox, &order_event(1, 0), true).await
+}

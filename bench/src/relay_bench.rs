@@ -719,9 +719,20 @@ struct Load {
     /// pg-transactional-outbox relays its own table instead (one event
     /// per transaction).
     peer: bool,
+    /// Writers insert into `switchyard_intake`, not `switchyard_outbox`.
+    intake: bool,
 }
 
 impl Load {
+    /// The table the writers insert into.
+    fn table(&self) -> &'static str {
+        if self.intake {
+            "switchyard_intake"
+        } else {
+            "switchyard_outbox"
+        }
+    }
+
     fn new(rate: u64, seconds: u64) -> Load {
         Load {
             rate,
@@ -731,6 +742,7 @@ impl Load {
             writer_only: false,
             one_per_transaction: false,
             peer: false,
+            intake: false,
         }
     }
 }
@@ -890,10 +902,10 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
                 (sent..sent + n).map(|at| peer::write(&pool, i64::try_from(at).unwrap_or(0), sent_us));
             futures::future::try_join_all(writes).await?;
         } else if load.one_per_transaction {
-            let writes = (sent..sent + n).map(|at| write_steady(&pool, at, 1));
+            let writes = (sent..sent + n).map(|at| write_steady(&pool, load.table(), at, 1));
             futures::future::try_join_all(writes).await?;
         } else {
-            write_steady(&pool, sent, n).await?;
+            write_steady(&pool, load.table(), sent, n).await?;
         }
         sent += n;
     }
@@ -934,29 +946,30 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
 /// PostgreSQL would plan it anew on every call (a plan for one row beats the
 /// generic one for a count it cannot see), about 0.1 ms of server CPU per
 /// event that no service pays.
-async fn write_steady(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
+async fn write_steady(pool: &PgPool, table: &str, from: u64, n: u64) -> anyhow::Result<()> {
     let from = i64::try_from(from)?;
     let sent_us = i64::try_from(now_us())?;
-    let query = if n == 1 {
-        sqlx::query(
-            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+    let sql = if n == 1 {
+        format!(
+            "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload)
              VALUES ('order', 'order-' || (($1::bigint * 7919) % 10000), 'OrderCreated',
                      jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint, 'currency', 'EUR',
-                                        'total_cents', 12900, 'customer_id', 'cust-42'))",
+                                        'total_cents', 12900, 'customer_id', 'cust-42'))"
         )
-        .bind(from)
-        .bind(sent_us)
     } else {
-        sqlx::query(
-            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+        format!(
+            "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload)
              SELECT 'order', 'order-' || ((($1::bigint + n) * 7919) % 10000), 'OrderCreated',
                     jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint + n, 'currency', 'EUR',
                                        'total_cents', 12900, 'customer_id', 'cust-42')
-               FROM generate_series(0, $3::bigint - 1) n",
+               FROM generate_series(0, $3::bigint - 1) n"
         )
-        .bind(from)
-        .bind(sent_us)
-        .bind(i64::try_from(n)?)
+    };
+    let query = sqlx::query(&sql).bind(from).bind(sent_us);
+    let query = if n == 1 {
+        query
+    } else {
+        query.bind(i64::try_from(n)?)
     };
     query.execute(pool).await?;
     Ok(())

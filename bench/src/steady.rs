@@ -2,8 +2,9 @@
 //! services run (100 and 500 events/s, each event its own transaction, so
 //! each is about its own batch), in claim mode and in replication mode,
 //! against the writes alone in the same run; and what a writer's INSERT
-//! costs against a plain table of the same columns, with and without the
-//! NOTIFY trigger, and into an outbox set up for replication mode.
+//! costs against a plain table of the same columns: into the intake, into
+//! the outbox with and without the NOTIFY trigger, and into an outbox set
+//! up for replication mode.
 
 use super::replication::{WRITERS, print_writers, write_events};
 use super::{Args, EVENT_FIELDS, Latency, Load, Services, admin_pool, drop_db, latency_in, recreate_db};
@@ -35,6 +36,15 @@ async fn writer_cost(services: &Services) -> anyhow::Result<Vec<super::replicati
         )
     };
     let mut costs = Vec::new();
+    costs.push(
+        write_events(
+            &pool,
+            "switchyard_intake",
+            &insert("switchyard_intake"),
+            "switchyard_intake",
+        )
+        .await?,
+    );
     costs.push(
         write_events(
             &pool,
@@ -125,6 +135,13 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
                 },
             ),
             ("claim v2", steady),
+            (
+                "claim, intake",
+                Load {
+                    intake: true,
+                    ..steady
+                },
+            ),
             (
                 "replication",
                 Load {

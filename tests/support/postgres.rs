@@ -192,6 +192,9 @@ pub struct NewEvent {
 pub enum Outbox {
     /// `switchyard_outbox`.
     Switchyard,
+    /// `switchyard_intake`: the event columns and a primary key; the claim
+    /// moves its rows into `switchyard_outbox`.
+    Intake,
     /// A table of the service's own in Debezium's outbox-router shape
     /// ([`DEBEZIUM_OUTBOX`]); the service knows nothing of Switchyard.
     Debezium,
@@ -265,10 +268,13 @@ pub async fn try_place_event(
     .execute(&mut *tx)
     .await?;
     let event_id: uuid::Uuid = match outbox {
-        Outbox::Switchyard => sqlx::query_scalar(
+        Outbox::Switchyard | Outbox::Intake => sqlx::query_scalar(if outbox == Outbox::Intake {
+            "INSERT INTO switchyard_intake (aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ($1, $2, $3, $4, $5) RETURNING event_id"
+        } else {
             "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
-             VALUES ($1, $2, $3, $4, $5) RETURNING event_id",
-        )
+             VALUES ($1, $2, $3, $4, $5) RETURNING event_id"
+        })
         .bind(&event.aggregate_type)
         .bind(&event.aggregate_id)
         .bind(&event.event_type)

@@ -13,8 +13,11 @@ use super::types::{DeadLetterFilter, Delivery, DeliveryKey, OutboxEntry};
 pub(super) enum Dialect {
     /// `queues`: the outbox has the v2 schema, whose partial indexes select
     /// on the computed `queue` column; an outbox not yet migrated has not.
+    /// `intake`: writers may insert into `switchyard_intake`, whose rows
+    /// count as pending until a claim moves them.
     Postgres {
         queues: bool,
+        intake: bool,
     },
     Sqlite,
 }
@@ -36,8 +39,8 @@ impl Dialect {
     /// names the partial index's predicate, so that index is used.
     pub(super) fn dead(self) -> &'static str {
         match self {
-            Dialect::Postgres { queues: true } => "status = 'dead' AND queue = 4",
-            Dialect::Postgres { queues: false } | Dialect::Sqlite => "status = 'dead'",
+            Dialect::Postgres { queues: true, .. } => "status = 'dead' AND queue = 4",
+            Dialect::Postgres { queues: false, .. } | Dialect::Sqlite => "status = 'dead'",
         }
     }
 
@@ -77,16 +80,27 @@ pub(super) fn status_counts_sql(dialect: Dialect) -> String {
     // The v2 schema: queued rows through the due index, and parked
     // rows, waiting behind an earlier event of their aggregate, as pending.
     let (parked, queued) = match dialect {
-        Dialect::Postgres { queues: true } => (
+        Dialect::Postgres { queues: true, .. } => (
             " + (SELECT count(*) FROM switchyard_outbox WHERE queue = 2)
               + (SELECT count(*) FROM switchyard_outbox WHERE queue = 3)",
             "queue = 1",
         ),
-        Dialect::Postgres { queues: false } | Dialect::Sqlite => ("", "status IN ('pending', 'in_flight')"),
+        Dialect::Postgres { queues: false, .. } | Dialect::Sqlite => {
+            ("", "status IN ('pending', 'in_flight')")
+        }
+    };
+    // Rows in the intake are pending (or delayed) until a claim moves them.
+    let (intake_due, intake_delayed) = if matches!(dialect, Dialect::Postgres { intake: true, .. }) {
+        (
+            " + (SELECT count(*) FROM switchyard_intake WHERE NOT coalesce(not_before > now(), false))",
+            " + (SELECT count(*) FROM switchyard_intake WHERE coalesce(not_before > now(), false))",
+        )
+    } else {
+        ("", "")
     };
     format!(
-        "SELECT count(CASE WHEN status = 'pending' AND NOT {delayed} THEN 1 END){parked},
-                count(CASE WHEN status = 'pending' AND {delayed} THEN 1 END),
+        "SELECT count(CASE WHEN status = 'pending' AND NOT {delayed} THEN 1 END){parked}{intake_due},
+                count(CASE WHEN status = 'pending' AND {delayed} THEN 1 END){intake_delayed},
                 count(CASE WHEN status = 'in_flight' THEN 1 END),
                 count(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 END)
            FROM switchyard_outbox WHERE {queued}"

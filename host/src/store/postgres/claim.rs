@@ -78,16 +78,28 @@ const DUE_FROM_CREATED_AT: &str = "GREATEST(o.next_attempt_at, o.not_before, o.c
 const BLOCKER_WAITING_ON: &str = "CASE WHEN e.status = 'pending' THEN e.waiting_on END";
 const NO_WAITING_ON: &str = "NULL::text[]";
 
-/// The claim statements, assembled once, by [due index][`waiting_on`
+/// The claim statements, assembled once, by [intake][due index][`waiting_on`
 /// column][dead letters block]: index 0 of the last lets later events of
 /// an aggregate pass a dead-lettered one, index 1 keeps them waiting.
-static CLAIM_STATEMENTS: std::sync::LazyLock<[[[String; 2]; 2]; 2]> = std::sync::LazyLock::new(|| {
-    [DUE, DUE_FROM_CREATED_AT]
-        .map(|due| [NO_WAITING_ON, BLOCKER_WAITING_ON].map(|w| claim_statements(due, w)))
+type ClaimStatements = [[[[String; 2]; 2]; 2]; 2];
+static CLAIM_STATEMENTS: std::sync::LazyLock<ClaimStatements> = std::sync::LazyLock::new(|| {
+    [false, true].map(|intake| {
+        [DUE, DUE_FROM_CREATED_AT]
+            .map(|due| [NO_WAITING_ON, BLOCKER_WAITING_ON].map(|w| claim_statements(intake, due, w)))
+    })
 });
 
-fn claim_statements(due: &str, waiting_on: &str) -> [String; 2] {
+fn claim_statements(intake: bool, due: &str, waiting_on: &str) -> [String; 2] {
+    let (moves, moved_rows, moved_figures) = if intake {
+        (MOVE_SQL, MOVED_ROWS, MOVED_FIGURES)
+    } else {
+        ("", "", NOTHING_MOVED)
+    };
     let base = CLAIM_SQL
+        .replace("__MOVE__", moves)
+        .replace("__OR_MOVED__", moved_rows)
+        .replace("__MOVED_FIGURES__", moved_figures)
+        .replace("__INTAKE_LOCK__", &INTAKE_LOCK.to_string())
         .replace("__WAITING_ON__", waiting_on)
         .replace("__DUE__", due)
         .replace("__TAKE_LEASE__", TAKE_LEASE)
@@ -221,13 +233,98 @@ WITH due AS MATERIALIZED (
 ), held_by AS MATERIALIZED (
     -- Empty unless a target is paused.
     SELECT p.id, p.held_by FROM probe p WHERE p.held_by IS NOT NULL
-)
+)__MOVE__
 SELECT c.*, h.held_by, (SELECT count(*) FROM parked) AS parked,
        (SELECT count(*) FROM probe p WHERE p.blocker IS NOT NULL AND p.held_by IS NULL) AS blocked,
        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s,
-       to_regclass('switchyard_outbox_due_idx') IS NOT NULL AS old_due_index
-  FROM (SELECT 1) AS one LEFT JOIN claimed c ON true LEFT JOIN held_by h ON h.id = c.id
+       to_regclass('switchyard_outbox_due_idx') IS NOT NULL AS old_due_index__MOVED_FIGURES__
+  FROM (SELECT 1) AS one
+  LEFT JOIN (SELECT * FROM claimed__OR_MOVED__) c ON true
+  LEFT JOIN held_by h ON h.id = c.id
 "#;
+
+/// The advisory lock a claim that moves intake rows holds to its commit:
+/// one mover at a time, so no claim leases a row of an aggregate while an
+/// earlier row of it is on its way from the intake in another transaction.
+/// A claim that does not get it moves nothing and claims as before.
+const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
+
+// Moving committed intake rows into the outbox, oldest first, up to `$1`
+// (see migration 20261204000000). A moved row is leased at once when it
+// is due, heads its aggregate (no unfinished row of the aggregate in the
+// outbox, none earlier among the moved) and there is room left under `$1`
+// after the claimed rows; the others enter the outbox pending, for the
+// next claim. A row whose `event_id` is already in the outbox (or earlier
+// in the same move) would fail the whole statement on the unique index:
+// it is dead-lettered under a fresh id, the writer's id in its reason.
+//
+// `guard` marks the transaction so the outbox's notification passes over
+// this insert (otherwise every claim would wake every relay). It must run
+// even when the intake is empty: the DELETE reads it in a condition of
+// its own (a one-time filter, evaluated before the intake is scanned), not
+// in a join that an empty intake would end before reaching it.
+const MOVE_SQL: &str = r#", mover AS MATERIALIZED (
+    SELECT set_config('switchyard.moving', 'on', true) AS guard,
+           pg_try_advisory_xact_lock(__INTAKE_LOCK__) AS moves
+), taken AS (
+    DELETE FROM switchyard_intake i
+     WHERE i.id = ANY (ARRAY(SELECT x.id FROM switchyard_intake x
+                              WHERE (SELECT m.moves AND m.guard = 'on' FROM mover m)
+                              ORDER BY x.id LIMIT $1))
+    RETURNING i.*
+), move_plan AS MATERIALIZED (
+    SELECT t.id,
+           row_number() OVER (PARTITION BY t.event_id ORDER BY t.id) > 1
+           OR EXISTS (SELECT 1 FROM switchyard_outbox e WHERE e.event_id = t.event_id) AS duplicate,
+           (t.not_before IS NULL OR t.not_before <= now())
+           AND lag(t.id) OVER (PARTITION BY t.aggregate_type, t.aggregate_id ORDER BY t.id) IS NULL
+           AND NOT EXISTS (
+               SELECT 1 FROM switchyard_outbox e
+                WHERE e.aggregate_type = t.aggregate_type
+                  AND e.aggregate_id = t.aggregate_id
+                  AND e.published_at IS NULL
+                  AND e.queue IS NOT NULL
+                  __DEAD_FILTER__) AS head
+      FROM taken t
+), leasing AS MATERIALIZED (
+    SELECT p.id, p.duplicate,
+           p.head AND NOT p.duplicate
+           AND row_number() OVER (PARTITION BY p.head AND NOT p.duplicate ORDER BY p.id)
+               <= $1 - (SELECT count(*) FROM probe q WHERE q.blocker IS NULL OR q.held_by IS NOT NULL)
+           AS lease
+      FROM move_plan p
+), moved AS (
+    INSERT INTO switchyard_outbox AS o
+           (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers,
+            tenant, created_at, not_before, status, lease_owner, lease_id, lease_expires_at,
+            attempts, last_error)
+    SELECT CASE WHEN l.duplicate THEN gen_random_uuid() ELSE t.event_id END,
+           t.aggregate_type, t.aggregate_id, t.event_type, t.payload, t.payload_bytes, t.headers,
+           t.tenant, t.created_at, t.not_before,
+           CASE WHEN l.duplicate THEN 'dead' WHEN l.lease THEN 'in_flight' ELSE 'pending' END,
+           CASE WHEN l.lease THEN $2 END,
+           CASE WHEN l.lease THEN $3 END,
+           CASE WHEN l.lease THEN now() + $4 * interval '1 millisecond' END,
+           CASE WHEN l.lease THEN 1 ELSE 0 END,
+           CASE WHEN l.duplicate THEN format(
+               'event_id %s is already in the outbox: moved from switchyard_intake (row %s) under a new event_id',
+               t.event_id, t.id) END
+      FROM taken t JOIN leasing l ON l.id = t.id
+     ORDER BY t.id
+    RETURNING __ROW_COLUMNS__, o.status = 'in_flight' AS leased
+)"#;
+
+/// The moved rows that were leased, in the claimed rows' columns.
+const MOVED_ROWS: &str = "
+    UNION ALL
+    SELECT m.id, m.event_id, m.aggregate_type, m.aggregate_id, m.event_type, m.payload_json,
+           m.payload_bytes, m.headers_json, m.tenant, m.created_at_ms, m.attempts, m.deliveries_json
+      FROM moved m WHERE m.leased";
+
+const MOVED_FIGURES: &str = ",
+       (SELECT count(*) FROM moved) AS moved,
+       (SELECT count(*) FROM moved m WHERE m.leased) AS moved_leased";
+const NOTHING_MOVED: &str = ", 0::bigint AS moved, 0::bigint AS moved_leased";
 
 // The v1 claim: a scan over every unfinished row with the head-of-line test
 // as NOT EXISTS, which the planner may turn into a join over the backlog.
@@ -303,6 +400,7 @@ pub(super) async fn claim(
     session: &mut PgConnection,
     planner_settings: bool,
     v2: bool,
+    intake: bool,
     waiting: bool,
     due_from_created_at: bool,
     dead_letter_blocks_aggregate: bool,
@@ -321,13 +419,14 @@ pub(super) async fn claim(
         tx.insert(session.begin_with(claim_begin(lease_ms, v2)).await?)
     };
     let statements = if v2 {
-        &CLAIM_STATEMENTS[usize::from(due_from_created_at)][usize::from(waiting)]
+        &CLAIM_STATEMENTS[usize::from(intake)][usize::from(due_from_created_at)][usize::from(waiting)]
     } else {
         &*CLAIM_V1_STATEMENTS
     };
     let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
     let mut parked = 0;
     let mut blocked = 0;
+    let mut moved = (0, 0);
     let mut statement = None;
     let mut old_due_index = None;
     let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
@@ -348,6 +447,10 @@ pub(super) async fn claim(
                     let seconds: f64 = record.try_get("statement_s")?;
                     statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
                     old_due_index = Some(record.try_get::<bool, _>("old_due_index")?);
+                    moved = (
+                        record.try_get::<i64, _>("moved")?,
+                        record.try_get::<i64, _>("moved_leased")?,
+                    );
                 }
                 if record.try_get::<Option<i64>, _>(0)?.is_none() {
                     continue;
@@ -376,8 +479,16 @@ pub(super) async fn claim(
     // UPDATE ... RETURNING gives no order guarantee.
     rows.sort_by_key(|row| row.id);
     // v2: rows behind a predecessor that were neither taken nor parked
-    // (it was being acked); v1 parks nothing, so any ack may free rows.
-    let look_again = if v2 { blocked > parked } else { !rows.is_empty() };
+    // (it was being acked), rows moved from the intake and not leased (the
+    // next claim parks or takes them; the move did not wake anyone) or a
+    // full move (the intake may hold more); v1 parks nothing, so any ack
+    // may free rows.
+    let (moved, moved_leased) = moved;
+    let look_again = if v2 {
+        blocked > parked || moved > moved_leased || moved >= i64::from(limit)
+    } else {
+        !rows.is_empty()
+    };
     let claim = Claim {
         lease: lease_id,
         rows,

@@ -152,8 +152,10 @@ impl Postgres {
 
     /// The dialect for this outbox's schema version.
     async fn dialect(&self) -> Result<Dialect, Error> {
+        let schema = self.schema().await?;
         Ok(Dialect::Postgres {
-            queues: self.v2().await?,
+            queues: schema & QUEUES != 0,
+            intake: schema & INTAKE != 0,
         })
     }
 
@@ -178,7 +180,8 @@ impl Postgres {
             Ok(sqlx::query_as(
                 "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on'),
                         to_regproc('switchyard_ack') IS NOT NULL,
-                        to_regclass('switchyard_outbox_due_idx') IS NOT NULL
+                        to_regclass('switchyard_outbox_due_idx') IS NOT NULL,
+                        to_regclass('switchyard_intake') IS NOT NULL
                    FROM (SELECT attname FROM pg_attribute
                           WHERE attrelid = to_regclass('switchyard_outbox') AND NOT attisdropped
                           UNION ALL SELECT '') a",
@@ -186,12 +189,14 @@ impl Postgres {
             .fetch_one(session)
             .await?)
         });
-        let (queues, waiting, ack_function, old_due_index): (bool, bool, bool, bool) = looked_up.await?;
+        let (queues, waiting, ack_function, old_due_index, intake): (bool, bool, bool, bool, bool) =
+            looked_up.await?;
         let bits = KNOWN
             | if queues { QUEUES } else { 0 }
             | if waiting { WAITING } else { 0 }
             | if ack_function { ACK_FUNCTION } else { 0 }
-            | if old_due_index { OLD_DUE_INDEX } else { 0 };
+            | if old_due_index { OLD_DUE_INDEX } else { 0 }
+            | if intake { INTAKE } else { 0 };
         self.schema.store(bits, Ordering::Relaxed);
         Ok(bits)
     }
@@ -199,12 +204,14 @@ impl Postgres {
 
 /// [`Postgres::schema`] bits: looked at, has `queue` (v2), has `waiting_on`,
 /// has `switchyard_ack()` (migration 20261202000000), the due index still
-/// reads `created_at` (before migration 20261126000000).
+/// reads `created_at` (before migration 20261126000000), has
+/// `switchyard_intake` (migration 20261204000000).
 const KNOWN: u8 = 1;
 const QUEUES: u8 = 2;
 const WAITING: u8 = 4;
 const ACK_FUNCTION: u8 = 8;
 const OLD_DUE_INDEX: u8 = 16;
+const INTAKE: u8 = 32;
 
 impl Backend for Postgres {
     async fn migrate(&self) -> Result<(), Error> {
@@ -268,8 +275,24 @@ impl Backend for Postgres {
                 AND isfinite(created_at)
               ORDER BY id LIMIT 1"
         };
+        if self.schema().await? & INTAKE == 0 {
+            return self
+                .bounded("oldest waiting row", async |session| {
+                    Ok(sqlx::query_scalar(sql).fetch_optional(session).await?)
+                })
+                .await;
+        }
+        // A row not yet moved from the intake waits too (all of them, when
+        // no relay runs).
+        let sql = format!(
+            "SELECT max(age) FROM (({sql}) UNION ALL (
+                 SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
+                   FROM switchyard_intake
+                  WHERE (not_before IS NULL OR not_before <= now()) AND isfinite(created_at)
+                  ORDER BY id LIMIT 1)) AS oldest (age)"
+        );
         self.bounded("oldest waiting row", async |session| {
-            Ok(sqlx::query_scalar(sql).fetch_optional(session).await?)
+            Ok(sqlx::query_scalar(&sql).fetch_one(session).await?)
         })
         .await
     }
@@ -300,6 +323,7 @@ impl Backend for Postgres {
     ) -> Result<Claim, Error> {
         let schema = self.schema().await?;
         let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
+        let intake = v2 && schema & INTAKE != 0;
         let due_from_created_at = v2 && schema & OLD_DUE_INDEX != 0;
         let mut session = self.sessions.take(None).await?;
         let within = self.sessions.answer_within;
@@ -308,6 +332,7 @@ impl Backend for Postgres {
                 session,
                 self.planner_settings,
                 v2,
+                intake,
                 waiting,
                 due_from_created_at,
                 dead_letter_blocks,
@@ -411,7 +436,7 @@ impl Backend for Postgres {
             .await?
             .rows_affected();
         // In `hold` mode rows may be parked behind the purged ones.
-        if purged > 0 && dialect == (Dialect::Postgres { queues: true }) {
+        if purged > 0 && matches!(dialect, Dialect::Postgres { queues: true, .. }) {
             let mut session = self.pool.acquire().await?;
             while ack::unpark_stranded(&mut session, true, 1000).await? == 1000 {}
         }

@@ -101,6 +101,13 @@ pub(crate) async fn setup_statements(
         // cost to every writer (a lock at commit) that nobody listens to.
         statements.push("ALTER TABLE switchyard_outbox DISABLE TRIGGER switchyard_outbox_notify".to_string());
     }
+    if intake_open(pool).await? == Some(true) {
+        // Replication mode reads the outbox's inserts from the WAL and
+        // claims nothing, so nothing would move a row written here.
+        statements.push(format!(
+            "ALTER TABLE switchyard_intake ADD CONSTRAINT {INTAKE_CLOSED} CHECK (false) NOT VALID"
+        ));
+    }
     statements.extend(publication_statements(pool, publication, source).await?);
     if let Some(source) = source
         && capture_enabled(pool, source).await?
@@ -148,7 +155,28 @@ pub(crate) async fn claim_mode_statements(pool: &PgPool) -> Result<Vec<String>, 
     if notify_enabled(pool).await? == Some(false) {
         statements.push("ALTER TABLE switchyard_outbox ENABLE TRIGGER switchyard_outbox_notify".to_string());
     }
+    if intake_open(pool).await? == Some(false) {
+        statements.push(format!(
+            "ALTER TABLE switchyard_intake DROP CONSTRAINT {INTAKE_CLOSED}"
+        ));
+    }
     Ok(statements)
+}
+
+/// The constraint that refuses writers' inserts into `switchyard_intake`
+/// in replication mode; its name is what such a writer reads.
+const INTAKE_CLOSED: &str = "switchyard_intake_is_closed_in_replication_mode";
+
+/// Whether `switchyard_intake` takes rows (`None`: no intake).
+async fn intake_open(pool: &PgPool) -> Result<Option<bool>, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT NOT EXISTS (SELECT 1 FROM pg_constraint
+                             WHERE conrelid = to_regclass('switchyard_intake') AND conname = $1)
+          WHERE to_regclass('switchyard_intake') IS NOT NULL",
+    )
+    .bind(INTAKE_CLOSED)
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// What makes `publication` publish the inserts of the outbox's streamed
@@ -342,6 +370,24 @@ pub(crate) async fn problems(
         problems.push(format!(
             "publication {publication:?} is missing or does not publish {tables} (only): run `switchyard migrate`"
         ));
+    }
+    if pending.iter().any(|s| s.contains(INTAKE_CLOSED)) {
+        problems.push(
+            "switchyard_intake still takes writers' rows, which only claim mode moves: run `switchyard migrate` \
+             (it closes the intake; write to switchyard_outbox)"
+                .into(),
+        );
+    }
+    if intake_open(pool).await?.is_some() {
+        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_intake")
+            .fetch_one(pool)
+            .await?;
+        if waiting > 0 {
+            problems.push(format!(
+                "switchyard_intake holds {waiting} rows written for claim mode, which replication mode does not \
+                 read: run a relay in claim mode until the intake is empty"
+            ));
+        }
     }
     if pending
         .iter()
