@@ -138,17 +138,23 @@ async fn a_nats_outage_of_ten_seconds_loses_nothing() {
     verify(&received, &expected);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_relay_processes_share_a_table_and_survive_a_kill() {
+/// A database, a stream and the config of relays with short leases, so a
+/// killed instance's rows come back quickly.
+async fn for_two_relays_and_a_kill() -> (switchyard_tests::postgres::TestDb, NatsServer, String) {
     init_logging();
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    // Short leases so the killed instance's rows come back quickly.
     let settings = Settings::new(&db.url, &nats.url())
         .relay("lease_duration_ms", "3000")
         .relay("publish_timeout_ms", "1000");
     let config = example_config(&settings);
+    (db, nats, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relay_processes_share_a_table_and_survive_a_kill() {
+    let (db, nats, config) = for_two_relays_and_a_kill().await;
     let expected = write_orders(&db.pool, 200, 50, 8).await;
 
     // A starts first so that it meets a full backlog: started after B, it
@@ -498,14 +504,7 @@ async fn sessions_that_stop_answering_are_replaced() {
 /// ends empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_written_to_the_intake_arrive_in_order_across_two_relays_and_a_kill() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let settings = Settings::new(&db.url, &nats.url())
-        .relay("lease_duration_ms", "3000")
-        .relay("publish_timeout_ms", "1000");
-    let config = example_config(&settings);
+    let (db, nats, config) = for_two_relays_and_a_kill().await;
     let mut expected = write_orders_to(&db.pool, Outbox::Intake, 200, 30, 8).await;
     // Written while the relays run, one task per aggregate: moves race
     // the writers' commits.

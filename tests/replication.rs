@@ -579,15 +579,7 @@ async fn a_services_own_outbox_table_is_read_from_the_wal_with_its_trigger_turne
         ))
     );
     // The table was relayed in claim mode before: its capture trigger is on.
-    let claim_mode = config
-        .replace("mode = \"replication\"", "mode = \"claim\"")
-        .replace(
-            &format!(
-                "[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
-                db.name
-            ),
-            "",
-        );
+    let claim_mode = in_claim_mode(&config, &db);
     migrate(&claim_mode).await;
     let out = dry_run(&config).await;
     for step in [
@@ -682,7 +674,14 @@ async fn replication_mode_closes_the_intake_and_will_not_start_over_rows_in_it()
         refused.contains("switchyard_intake holds 1 rows written for claim mode"),
         "{refused}"
     );
-    let claim_mode = config
+    let claim_mode = in_claim_mode(&config, &db);
+    migrate(&claim_mode).await;
+    write().await.expect("claim mode again: the intake is open");
+}
+
+/// `config` from [`replication_config`], in claim mode.
+fn in_claim_mode(config: &str, db: &TestDb) -> String {
+    config
         .replace("mode = \"replication\"", "mode = \"claim\"")
         .replace(
             &format!(
@@ -690,9 +689,7 @@ async fn replication_mode_closes_the_intake_and_will_not_start_over_rows_in_it()
                 db.name
             ),
             "",
-        );
-    migrate(&claim_mode).await;
-    write().await.expect("claim mode again: the intake is open");
+        )
 }
 
 async fn place_event_result(pool: &sqlx::PgPool, outbox: Outbox) -> Result<uuid::Uuid, sqlx::Error> {
