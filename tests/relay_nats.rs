@@ -700,3 +700,25 @@ async fn eventually_dead(pool: &sqlx::PgPool) -> (String, String) {
     })
     .await
 }
+
+/// A claim that finds another holding the movers' lock moves nothing. The
+/// holder's statement may have begun before a row's commit whose wake-up
+/// was this claim, and then nothing else would announce the row. Polling
+/// once a minute, the row still arrives within seconds of the lock's
+/// release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_while_another_claim_moves_is_not_left_for_the_poll() {
+    let (db, _nats, relay) = polling_once_a_minute().await;
+    let mut mover = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(INTAKE_LOCK)
+        .execute(&mut *mover)
+        .await
+        .unwrap();
+    place_event(&db.pool, Outbox::Intake, &order_event(1, 0), true).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count_status(&db.pool, "published").await, 0);
+    mover.rollback().await.unwrap();
+    all_published(&db.pool, 1, Duration::from_secs(10)).await;
+    relay.stop().await;
+}

@@ -321,10 +321,15 @@ const MOVED_ROWS: &str = "
            m.payload_bytes, m.headers_json, m.tenant, m.created_at_ms, m.attempts, m.deliveries_json
       FROM moved m WHERE m.leased";
 
+/// How many rows moved, and were leased; `mover_busy`: another claim held
+/// the movers' lock while this one saw rows in the intake. That claim's
+/// statement may have begun before they were committed, and the commit's
+/// wake-up was this claim: look again, or they wait for the next poll.
 const MOVED_FIGURES: &str = ",
        (SELECT count(*) FROM moved) AS moved,
-       (SELECT count(*) FROM moved m WHERE m.leased) AS moved_leased";
-const NOTHING_MOVED: &str = ", 0::bigint AS moved, 0::bigint AS moved_leased";
+       (SELECT count(*) FROM moved m WHERE m.leased) AS moved_leased,
+       (SELECT NOT m.moves AND EXISTS (SELECT 1 FROM switchyard_intake) FROM mover m) AS mover_busy";
+const NOTHING_MOVED: &str = ", 0::bigint AS moved, 0::bigint AS moved_leased, false AS mover_busy";
 
 // The v1 claim: a scan over every unfinished row with the head-of-line test
 // as NOT EXISTS, which the planner may turn into a join over the backlog.
@@ -426,7 +431,7 @@ pub(super) async fn claim(
     let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
     let mut parked = 0;
     let mut blocked = 0;
-    let mut moved = (0, 0);
+    let mut moved = (0, 0, false);
     let mut statement = None;
     let mut old_due_index = None;
     let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
@@ -450,6 +455,7 @@ pub(super) async fn claim(
                     moved = (
                         record.try_get::<i64, _>("moved")?,
                         record.try_get::<i64, _>("moved_leased")?,
+                        record.try_get::<bool, _>("mover_busy")?,
                     );
                 }
                 if record.try_get::<Option<i64>, _>(0)?.is_none() {
@@ -480,12 +486,12 @@ pub(super) async fn claim(
     rows.sort_by_key(|row| row.id);
     // v2: rows behind a predecessor that were neither taken nor parked
     // (it was being acked), rows moved from the intake and not leased (the
-    // next claim parks or takes them; the move did not wake anyone) or a
-    // full move (the intake may hold more); v1 parks nothing, so any ack
-    // may free rows.
-    let (moved, moved_leased) = moved;
+    // next claim parks or takes them; the move did not wake anyone), a
+    // full move (the intake may hold more) or intake rows another mover
+    // may not have seen; v1 parks nothing, so any ack may free rows.
+    let (moved, moved_leased, mover_busy) = moved;
     let look_again = if v2 {
-        blocked > parked || moved > moved_leased || moved >= i64::from(limit)
+        blocked > parked || moved > moved_leased || moved >= i64::from(limit) || mover_busy
     } else {
         !rows.is_empty()
     };
