@@ -5,14 +5,16 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|outage|pg-restart|stall|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
 //! of them is SIGKILLed (and restarted) ROUNDS times. `claim-kills`: the
 //! same, each SIGKILL sent the moment the victim's claim statement is seen
 //! running (`pg_stat_activity`), so that it lands while the claim runs or
-//! its rows are on their way. `outage`: two relays,
+//! its rows are on their way. `intake-kills`, `intake-claim-kills`: the
+//! same with the writers inserting into `switchyard_intake`, so the claims
+//! killed are moving rows into the outbox. `outage`: two relays,
 //! NATS stopped for 30 s mid-stream (JetStream store kept), ROUNDS runs.
 //! `pg-restart`: two relays drain a backlog while the project's PostgreSQL
 //! is restarted (fast mode: every connection cut) under them. `stall`: the
@@ -46,8 +48,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, Tally, tally, write_orders};
-use switchyard_tests::postgres::fresh_db;
+use switchyard_tests::orders::{Expected, Tally, tally, write_orders, write_orders_to};
+use switchyard_tests::postgres::{Outbox, fresh_db};
 use switchyard_tests::relay::{Process, Settings, example_config};
 use switchyard_tests::stall::StallingProxy;
 
@@ -128,13 +130,14 @@ async fn main() {
         return;
     }
     let mut rows = Vec::new();
-    if which == "kills" || which == "all" {
-        let kills = if rounds == 0 { 20 } else { rounds };
-        rows.push(kills_run(&relay_bin, events, kills).await);
-    }
-    if which == "claim-kills" || which == "all" {
-        let kills = if rounds == 0 { 20 } else { rounds };
-        rows.push(claim_kills_run(&relay_bin, events, kills).await);
+    let kills = if rounds == 0 { 20 } else { rounds };
+    for (outbox, prefix) in [(Outbox::Switchyard, ""), (Outbox::Intake, "intake-")] {
+        if which == format!("{prefix}kills") || which == "all" {
+            rows.push(kills_run(&relay_bin, outbox, events, kills).await);
+        }
+        if which == format!("{prefix}claim-kills") || which == "all" {
+            rows.push(claim_kills_run(&relay_bin, outbox, events, kills).await);
+        }
     }
     if which == "replication-kills" || which == "all" {
         let kills = if rounds == 0 { 10 } else { rounds };
@@ -230,7 +233,7 @@ async fn finish(
 }
 
 /// A fresh outbox and stream, `relays` relay processes, and a writer task
-/// putting `events` order events into the outbox while they run.
+/// putting `events` order events into `outbox` while they run.
 struct Scenario {
     db: switchyard_tests::postgres::TestDb,
     nats: NatsServer,
@@ -242,7 +245,7 @@ struct Scenario {
 }
 
 impl Scenario {
-    async fn start(relay_bin: &str, relays: usize, events: usize) -> Scenario {
+    async fn start(relay_bin: &str, outbox: Outbox, relays: usize, events: usize) -> Scenario {
         let db = fresh_db().await;
         let nats = NatsServer::start().await;
         nats.create_stream(STREAM, &["orders.>"]).await;
@@ -253,7 +256,7 @@ impl Scenario {
         let per_aggregate = events.div_ceil(AGGREGATES);
         let writer = tokio::spawn({
             let pool = db.pool.clone();
-            async move { write_orders(&pool, AGGREGATES, per_aggregate, 8).await }
+            async move { write_orders_to(&pool, outbox, AGGREGATES, per_aggregate, 8).await }
         });
         Scenario {
             db,
@@ -277,8 +280,8 @@ impl Scenario {
 }
 
 /// Three relays; one at a time SIGKILLed while holding leases, then restarted.
-async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
-    let mut run = Scenario::start(relay_bin, 3, events).await;
+async fn kills_run(relay_bin: &str, outbox: Outbox, events: usize, kills: usize) -> Row {
+    let mut run = Scenario::start(relay_bin, outbox, 3, events).await;
     let mut done = 0;
     let mut generation = 0;
     while done < kills {
@@ -305,7 +308,8 @@ async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
         done += 1;
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
-    run.finish(format!("{done} SIGKILLs, 3 relays")).await
+    run.finish(format!("{done} SIGKILLs, 3 relays{}", written_to(outbox)))
+        .await
 }
 
 /// Three relays; each SIGKILL is sent the moment the victim's claim is seen
@@ -313,8 +317,8 @@ async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
 /// their way. The claim commits on its own, so its
 /// leases may outlive the relay (the rows come back when they end), or the
 /// cut connection undoes it.
-async fn claim_kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
-    let mut run = Scenario::start(relay_bin, 3, events).await;
+async fn claim_kills_run(relay_bin: &str, outbox: Outbox, events: usize, kills: usize) -> Row {
+    let mut run = Scenario::start(relay_bin, outbox, 3, events).await;
     let (mut done, mut generation, mut looks) = (0, 0, 0u64);
     while done < kills {
         looks += 1;
@@ -347,13 +351,25 @@ async fn claim_kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
         run.relays[victim] = Process::spawn(relay_bin, &run.config, &format!("relay-{victim}-{generation}"));
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
-    run.finish(format!("{done} SIGKILLs during a claim, 3 relays"))
-        .await
+    run.finish(format!(
+        "{done} SIGKILLs during a claim, 3 relays{}",
+        written_to(outbox)
+    ))
+    .await
+}
+
+/// How a scenario's name says where its writers wrote.
+fn written_to(outbox: Outbox) -> &'static str {
+    if outbox == Outbox::Intake {
+        ", writers into the intake"
+    } else {
+        ""
+    }
 }
 
 /// Two relays; NATS stopped for 30 s while events are written and relayed.
 async fn outage_run(relay_bin: &str, events: usize, round: usize) -> Row {
-    let mut run = Scenario::start(relay_bin, 2, events).await;
+    let mut run = Scenario::start(relay_bin, Outbox::Switchyard, 2, events).await;
     while published(&run.db.pool).await < run.total / 4 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -390,6 +390,15 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
     Ok(records.iter().map(row_from_record).collect::<Result<_, _>>()?)
 }
 
+/// A claim, with what the statement saw beside it.
+pub(super) struct Claimed {
+    pub(super) claim: Claim,
+    /// Whether the due index still reads `created_at` (v2 claims only).
+    pub(super) old_due_index: Option<bool>,
+    /// Another claim held the movers' lock while this one saw intake rows.
+    pub(super) mover_busy: bool,
+}
+
 /// Claims up to `limit` rows for `owner`, leased for `lease`; `v2` picks
 /// the statements of the v2 schema, `waiting` those that read `waiting_on`,
 /// `due_from_created_at` those for the due index before migration
@@ -413,7 +422,7 @@ pub(super) async fn claim(
     limit: u32,
     lease: Duration,
     max_payload_bytes: usize,
-) -> Result<(Claim, Option<bool>), Error> {
+) -> Result<Claimed, Error> {
     let started = Instant::now();
     let lease_id = LeaseId(uuid::Uuid::new_v4());
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
@@ -504,5 +513,9 @@ pub(super) async fn claim(
         parked,
         look_again,
     };
-    Ok((claim, old_due_index))
+    Ok(Claimed {
+        claim,
+        old_due_index,
+        mover_busy,
+    })
 }

@@ -213,6 +213,10 @@ const ACK_FUNCTION: u8 = 8;
 const OLD_DUE_INDEX: u8 = 16;
 const INTAKE: u8 = 32;
 
+/// Claims in a row that found another moving intake rows and took nothing,
+/// before the worker waits (see `claim::Claimed::mover_busy`).
+const MOVER_BUSY_TRIES: u32 = 3;
+
 impl Backend for Postgres {
     async fn migrate(&self) -> Result<(), Error> {
         MIGRATOR.run(&self.pool).await?;
@@ -327,23 +331,33 @@ impl Backend for Postgres {
         let due_from_created_at = v2 && schema & OLD_DUE_INDEX != 0;
         let mut session = self.sessions.take(None).await?;
         let within = self.sessions.answer_within;
-        let (claim, old_due_index) = sessions::answered(&mut session, within, "claim", async |session| {
-            claim::claim(
-                session,
-                self.planner_settings,
-                v2,
-                intake,
-                waiting,
-                due_from_created_at,
-                dead_letter_blocks,
-                owner,
-                limit,
-                lease,
-                max_payload_bytes,
-            )
-            .await
+        let claimed = sessions::answered(&mut session, within, "claim", async |session| {
+            // Another claim moving intake rows usually commits within a
+            // millisecond: try again at once, before waiting for a wake-up.
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let claimed = claim::claim(
+                    session,
+                    self.planner_settings,
+                    v2,
+                    intake,
+                    waiting,
+                    due_from_created_at,
+                    dead_letter_blocks,
+                    owner,
+                    limit,
+                    lease,
+                    max_payload_bytes,
+                )
+                .await?;
+                if !claimed.mover_busy || !claimed.claim.rows.is_empty() || tries == MOVER_BUSY_TRIES {
+                    break Ok(claimed);
+                }
+            }
         })
         .await?;
+        let (claim, old_due_index) = (claimed.claim, claimed.old_due_index);
         if claim.rows.is_empty() {
             self.sessions.put_back(session);
         } else {
