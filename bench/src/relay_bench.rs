@@ -483,6 +483,16 @@ async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain
 
 /// Whether no unfinished row is left.
 async fn drained(pool: &sqlx::PgPool, schema: Schema) -> anyhow::Result<bool> {
+    let intake: bool = sqlx::query_scalar("SELECT to_regclass('switchyard_intake') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if intake
+        && sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM switchyard_intake)")
+            .fetch_one(pool)
+            .await?
+    {
+        return Ok(false);
+    }
     Ok(sqlx::query_scalar(schema.drained_sql()).fetch_one(pool).await?)
 }
 
@@ -602,6 +612,21 @@ struct DrainKind {
     native: bool,
     schema: Schema,
     published_rows: PublishedRows,
+    /// Where the backlog waits, and whether there is an intake at all.
+    intake: Intake,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Intake {
+    /// `switchyard_intake` dropped from the copy, so every claim is the
+    /// statement without the move (what the move costs a backlog written
+    /// into the outbox).
+    Without,
+    /// There, empty; the backlog in the outbox.
+    Empty,
+    /// The backlog in the intake (as writers into it leave it while no
+    /// relay runs): every row moved before it is claimed.
+    Backlog,
 }
 
 /// Runs a relay on a copy of the backlog until it is empty.
@@ -612,6 +637,7 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
         native,
         schema,
         published_rows,
+        intake,
     } = kind;
     let name = format!(
         "sy_bench_{}_{}",
@@ -619,6 +645,21 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
         if native { "native" } else { "wasm" }
     );
     let url = clone_db(services, &name, schema).await?;
+    let setup = match intake {
+        Intake::Without => "DROP TABLE IF EXISTS switchyard_intake",
+        Intake::Empty => "",
+        Intake::Backlog => {
+            "WITH taken AS (DELETE FROM switchyard_outbox RETURNING *)
+             INSERT INTO switchyard_intake (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+             SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM taken ORDER BY id;
+             VACUUM ANALYZE switchyard_outbox; VACUUM ANALYZE switchyard_intake;"
+        }
+    };
+    if !setup.is_empty() {
+        let pool = sqlx::PgPool::connect(&url).await?;
+        sqlx::raw_sql(setup).execute(&pool).await?;
+        pool.close().await;
+    }
     reset_brokers(services, target).await?;
     let plugin = workspace_root().join("plugins/target").join(plugin);
     let config = relay_config(&url, services, args, target, &plugin, published_rows)?;
@@ -1197,10 +1238,25 @@ async fn main() -> anyhow::Result<()> {
         native,
         schema,
         published_rows,
+        intake: Intake::Empty,
     };
     let mut plan: Vec<(&str, DrainKind)> = vec![
         ("nats_wasm_v1", nats(Schema::V1, false, PublishedRows::Keep)),
         ("nats_wasm", nats(Schema::V2, false, PublishedRows::Keep)),
+        (
+            "nats_wasm_no_intake",
+            DrainKind {
+                intake: Intake::Without,
+                ..nats(Schema::V2, false, PublishedRows::Keep)
+            },
+        ),
+        (
+            "nats_wasm_intake_backlog",
+            DrainKind {
+                intake: Intake::Backlog,
+                ..nats(Schema::V2, false, PublishedRows::Keep)
+            },
+        ),
         ("nats_native", nats(Schema::V2, true, PublishedRows::Keep)),
         ("nats_wasm_delete", nats(Schema::V2, false, PublishedRows::Delete)),
         (
@@ -1266,6 +1322,8 @@ async fn main() -> anyhow::Result<()> {
     let (nats_wasm, _) = median("nats_wasm").context("no NATS run")?;
     let (nats_native, _) = median("nats_native").context("no NATS run")?;
     let (nats_delete, _) = median("nats_wasm_delete").context("no NATS run")?;
+    let (nats_no_intake, _) = median("nats_wasm_no_intake").context("no NATS run")?;
+    let (nats_intake_backlog, _) = median("nats_wasm_intake_backlog").context("no NATS run")?;
     let (nats_archive, _) = median("nats_wasm_archive").context("no NATS run")?;
     let kafka = median("kafka_wasm")
         .zip(median("kafka_native"))
@@ -1321,6 +1379,19 @@ async fn main() -> anyhow::Result<()> {
             "drain, wasm -> NATS JetStream, v2",
             &nats_wasm,
             format!(", {:.2} x v1", nats_wasm.rate / nats_wasm_v1.rate),
+        ),
+        (
+            "drain, wasm -> NATS, v2, without the intake",
+            &nats_no_intake,
+            format!(", {:.2} x with", nats_no_intake.rate / nats_wasm.rate),
+        ),
+        (
+            "drain, wasm -> NATS, v2, backlog in the intake",
+            &nats_intake_backlog,
+            format!(
+                ", {:.2} x in the outbox",
+                nats_intake_backlog.rate / nats_wasm.rate
+            ),
         ),
         ("drain, native -> NATS JetStream, v2", &nats_native, String::new()),
         (
@@ -1462,6 +1533,7 @@ async fn interpreted(services: &Services, args: &Args) -> anyhow::Result<()> {
             native: false,
             schema: Schema::V2,
             published_rows: PublishedRows::Keep,
+            intake: Intake::Empty,
         };
         let drain = drain(services, args, kind).await?;
         println!(

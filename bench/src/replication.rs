@@ -166,6 +166,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
                 native: false,
                 schema: Schema::V2,
                 published_rows,
+                intake: super::Intake::Empty,
             };
             rows.push((label, drain(services, args, kind).await?));
         }
