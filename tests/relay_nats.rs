@@ -722,3 +722,37 @@ async fn a_row_committed_while_another_claim_moves_is_not_left_for_the_poll() {
     all_published(&db.pool, 1, Duration::from_secs(10)).await;
     relay.stop().await;
 }
+
+/// A row written to the intake with `not_before` ahead moves into the
+/// outbox with the next claim but is not leased on the way: it goes out
+/// when its time comes, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_intake_row_waits_for_its_time() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "100");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    let due_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "INSERT INTO switchyard_intake (aggregate_type, aggregate_id, event_type, payload, not_before)
+         VALUES ('order', 'order-1', 'OrderCreated', '{\"order_id\": \"order-1\", \"seq\": 0}',
+                 now() + interval '3 seconds')
+         RETURNING not_before",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    switchyard_tests::eventually("the row moved", Duration::from_secs(10), || async {
+        (count_status(&db.pool, "pending").await == 1).then_some(())
+    })
+    .await;
+    all_published(&db.pool, 1, Duration::from_secs(15)).await;
+    relay.stop().await;
+    let published_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT published_at FROM switchyard_outbox")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(published_at >= due_at, "published {published_at}, due {due_at}");
+}

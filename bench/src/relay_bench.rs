@@ -645,19 +645,23 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
         if native { "native" } else { "wasm" }
     );
     let url = clone_db(services, &name, schema).await?;
-    let setup = match intake {
-        Intake::Without => "DROP TABLE IF EXISTS switchyard_intake",
-        Intake::Empty => "",
-        Intake::Backlog => {
+    let setup: &[&str] = match intake {
+        Intake::Without => &["DROP TABLE IF EXISTS switchyard_intake"],
+        Intake::Empty => &[],
+        Intake::Backlog => &[
             "WITH taken AS (DELETE FROM switchyard_outbox RETURNING *)
              INSERT INTO switchyard_intake (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-             SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM taken ORDER BY id;
-             VACUUM ANALYZE switchyard_outbox; VACUUM ANALYZE switchyard_intake;"
-        }
+             SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM taken ORDER BY id",
+            // Each on its own: VACUUM runs in no transaction block.
+            "VACUUM ANALYZE switchyard_outbox",
+            "VACUUM ANALYZE switchyard_intake",
+        ],
     };
     if !setup.is_empty() {
         let pool = sqlx::PgPool::connect(&url).await?;
-        sqlx::raw_sql(setup).execute(&pool).await?;
+        for statement in setup {
+            sqlx::raw_sql(statement).execute(&pool).await?;
+        }
         pool.close().await;
     }
     reset_brokers(services, target).await?;
