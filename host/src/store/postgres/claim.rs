@@ -390,6 +390,18 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
     Ok(records.iter().map(row_from_record).collect::<Result<_, _>>()?)
 }
 
+/// Waits until no claim holds the movers' lock (taken and let go in one
+/// statement): the claim after it sees what that mover moved, and moves
+/// what it left. A claim that spun instead would run again and again while
+/// a large move commits.
+pub(super) async fn wait_for_mover(session: &mut PgConnection) -> Result<(), Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(INTAKE_LOCK)
+        .execute(session)
+        .await?;
+    Ok(())
+}
+
 /// A claim, with what the statement saw beside it.
 pub(super) struct Claimed {
     pub(super) claim: Claim,

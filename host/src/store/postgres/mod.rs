@@ -332,8 +332,8 @@ impl Backend for Postgres {
         let mut session = self.sessions.take(None).await?;
         let within = self.sessions.answer_within;
         let claimed = sessions::answered(&mut session, within, "claim", async |session| {
-            // Another claim moving intake rows usually commits within a
-            // millisecond: try again at once, before waiting for a wake-up.
+            // Another claim was moving intake rows: once it commits, this
+            // one may find rows it left, before waiting for a wake-up.
             let mut tries = 0;
             loop {
                 tries += 1;
@@ -354,6 +354,7 @@ impl Backend for Postgres {
                 if !claimed.mover_busy || !claimed.claim.rows.is_empty() || tries == MOVER_BUSY_TRIES {
                     break Ok(claimed);
                 }
+                claim::wait_for_mover(session).await?;
             }
         })
         .await?;
