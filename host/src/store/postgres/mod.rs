@@ -333,7 +333,9 @@ impl Backend for Postgres {
         let within = self.sessions.answer_within;
         let claimed = sessions::answered(&mut session, within, "claim", async |session| {
             // Another claim was moving intake rows: once it commits, this
-            // one may find rows it left, before waiting for a wake-up.
+            // one may find rows it left, before waiting for a wake-up. The
+            // mover of a row or two commits within moments: look again at
+            // once; a mover of a full batch takes milliseconds: wait for it.
             let mut tries = 0;
             loop {
                 tries += 1;
@@ -354,7 +356,9 @@ impl Backend for Postgres {
                 if !claimed.mover_busy || !claimed.claim.rows.is_empty() || tries == MOVER_BUSY_TRIES {
                     break Ok(claimed);
                 }
-                claim::wait_for_mover(session).await?;
+                if tries > 1 {
+                    claim::wait_for_mover(session).await?;
+                }
             }
         })
         .await?;
