@@ -257,6 +257,9 @@ const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
 // next claim. A row whose `event_id` is already in the outbox (or earlier
 // in the same move) would fail the whole statement on the unique index:
 // it is dead-lettered under a fresh id, the writer's id in its reason.
+// Both tests are LATERAL ... LIMIT 1 probes: as NOT EXISTS the planner
+// may make the second one pass over every unfinished row (14,500 rows
+// read for one claim, found with auto_explain).
 //
 // `guard` marks the transaction so the outbox's notification passes over
 // this insert (otherwise every claim would wake every relay). It must run
@@ -275,17 +278,21 @@ const MOVE_SQL: &str = r#", mover AS MATERIALIZED (
 ), move_plan AS MATERIALIZED (
     SELECT t.id,
            row_number() OVER (PARTITION BY t.event_id ORDER BY t.id) > 1
-           OR EXISTS (SELECT 1 FROM switchyard_outbox e WHERE e.event_id = t.event_id) AS duplicate,
+           OR COALESCE(d.taken, false) AS duplicate,
            (t.not_before IS NULL OR t.not_before <= now())
            AND lag(t.id) OVER (PARTITION BY t.aggregate_type, t.aggregate_id ORDER BY t.id) IS NULL
-           AND NOT EXISTS (
-               SELECT 1 FROM switchyard_outbox e
-                WHERE e.aggregate_type = t.aggregate_type
-                  AND e.aggregate_id = t.aggregate_id
-                  AND e.published_at IS NULL
-                  AND e.queue IS NOT NULL
-                  __DEAD_FILTER__) AS head
+           AND b.id IS NULL AS head
       FROM taken t
+      LEFT JOIN LATERAL (
+           SELECT true AS taken FROM switchyard_outbox e WHERE e.event_id = t.event_id LIMIT 1) d ON true
+      LEFT JOIN LATERAL (
+           SELECT e.id FROM switchyard_outbox e
+            WHERE e.aggregate_type = t.aggregate_type
+              AND e.aggregate_id = t.aggregate_id
+              AND e.published_at IS NULL
+              AND e.queue IS NOT NULL
+              __DEAD_FILTER__
+            LIMIT 1) b ON true
 ), leasing AS MATERIALIZED (
     SELECT p.id, p.duplicate,
            p.head AND NOT p.duplicate
