@@ -15,8 +15,10 @@
 
 use std::time::Duration;
 
-use switchyard::store::{Claim, OutboxStore, Outcome, RowOutcome};
-use switchyard_tests::backlog::{drained_statistics, heads_in_backoff_on_stale_statistics, write_backlog};
+use switchyard::store::{Claim, OutboxStore};
+use switchyard_tests::backlog::{
+    drained_statistics, heads_in_backoff_on_stale_statistics, published_outcomes, write_backlog,
+};
 use switchyard_tests::postgres::fresh_db;
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -77,17 +79,7 @@ async fn claim_until_quiet(
         );
         let quiet = claim.rows.is_empty() && claim.parked == 0;
         if ack {
-            let published: Vec<RowOutcome> = claim
-                .rows
-                .iter()
-                .map(|row| RowOutcome {
-                    id: row.id,
-                    outcome: Outcome::Published,
-                    deliveries: Default::default(),
-                    plugin_version: None,
-                })
-                .collect();
-            store.ack(claim.lease, &published).await.unwrap();
+            store.ack(claim.lease, &published_outcomes(&claim)).await.unwrap();
         }
         claims.push(claim);
         if quiet || claims.len() > 3_000 {

@@ -138,18 +138,42 @@ async fn a_nats_outage_of_ten_seconds_loses_nothing() {
     verify(&received, &expected);
 }
 
-/// A database, a stream and the config of relays with short leases, so a
-/// killed instance's rows come back quickly.
-async fn for_two_relays_and_a_kill() -> (switchyard_tests::postgres::TestDb, NatsServer, String) {
+/// A fresh database and a nats-server with the orders stream.
+async fn with_stream() -> (switchyard_tests::postgres::TestDb, NatsServer) {
     init_logging();
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
+    (db, nats)
+}
+
+/// A database, a stream and the config of relays with short leases, so a
+/// killed instance's rows come back quickly.
+async fn for_two_relays_and_a_kill() -> (switchyard_tests::postgres::TestDb, NatsServer, String) {
+    let (db, nats) = with_stream().await;
     let settings = Settings::new(&db.url, &nats.url())
         .relay("lease_duration_ms", "3000")
         .relay("publish_timeout_ms", "1000");
     let config = example_config(&settings);
     (db, nats, config)
+}
+
+/// Relay A, then relay B beside it once A runs; A SIGKILLed while it holds
+/// leases; B left to publish `total` rows, then stopped. Returns how many
+/// leases A held when it died.
+async fn two_relays_one_killed(config: &str, db: &switchyard_tests::postgres::TestDb, total: i64) -> i64 {
+    let mut b = None;
+    let orphaned = kill_while_holding_leases(RELAY_BIN, config, &db.pool, || {
+        if b.is_none() {
+            b = Some(Process::spawn(RELAY_BIN, config, "relay-b"));
+        }
+    })
+    .await;
+    all_published(&db.pool, total, Duration::from_secs(180)).await;
+    if let Some(mut b) = b {
+        b.terminate();
+    }
+    orphaned
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,17 +183,7 @@ async fn two_relay_processes_share_a_table_and_survive_a_kill() {
 
     // A starts first so that it meets a full backlog: started after B, it
     // could find B had drained most of it and never be caught holding leases.
-    let mut b = None;
-    let orphaned = kill_while_holding_leases(RELAY_BIN, &config, &db.pool, || {
-        if b.is_none() {
-            b = Some(Process::spawn(RELAY_BIN, &config, "relay-b"));
-        }
-    })
-    .await;
-    all_published(&db.pool, 10_000, Duration::from_secs(180)).await;
-    if let Some(mut b) = b {
-        b.terminate();
-    }
+    let orphaned = two_relays_one_killed(&config, &db, 10_000).await;
 
     let taken_over: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
         .fetch_one(&db.pool)
@@ -527,20 +541,9 @@ async fn events_written_to_the_intake_arrive_in_order_across_two_relays_and_a_ki
             })
         })
         .collect();
-    let mut b = None;
-    let orphaned = kill_while_holding_leases(RELAY_BIN, &config, &db.pool, || {
-        if b.is_none() {
-            b = Some(Process::spawn(RELAY_BIN, &config, "relay-b"));
-        }
-    })
-    .await;
-    assert!(orphaned > 0);
+    assert!(two_relays_one_killed(&config, &db, 8_100).await > 0);
     for writer in writers {
         expected.extend(writer.await.unwrap());
-    }
-    all_published(&db.pool, 8_100, Duration::from_secs(180)).await;
-    if let Some(mut b) = b {
-        b.terminate();
     }
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_intake")
         .fetch_one(&db.pool)
@@ -563,10 +566,7 @@ const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
 /// row in the outbox) and publish it first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_in_progress_keeps_later_rows_of_its_aggregate_waiting() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let (db, nats) = with_stream().await;
     let mut expected = std::collections::HashMap::new();
     for seq in 0..2 {
         let event = order_event(900, seq);
@@ -625,10 +625,7 @@ async fn notifications_within(listener: &mut sqlx::postgres::PgListener, window:
 /// insert into the intake makes one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_that_move_rows_wake_nobody() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let (db, nats) = with_stream().await;
     let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool).await.unwrap();
     listener.listen("switchyard_outbox").await.unwrap();
     let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "100");
@@ -654,10 +651,7 @@ async fn claims_that_move_rows_wake_nobody() {
 /// at the writer's own insert.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intake_row_with_a_taken_event_id_is_dead_lettered_and_others_flow() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let (db, nats) = with_stream().await;
     let taken = place_event(&db.pool, Outbox::Switchyard, &order_event(1, 0), true).await;
     let insert = "INSERT INTO switchyard_intake (event_id, aggregate_type, aggregate_id, event_type, payload)
                   VALUES (COALESCE($1, gen_random_uuid()), 'order', $2, 'OrderCreated', '{}')";
@@ -728,10 +722,7 @@ async fn a_row_committed_while_another_claim_moves_is_not_left_for_the_poll() {
 /// when its time comes, not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_intake_row_waits_for_its_time() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
+    let (db, nats) = with_stream().await;
     let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "100");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
     let due_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(

@@ -31,7 +31,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use sqlx::PgPool;
 use switchyard::plugin::{Event, Message};
-use switchyard::store::{OutboxStore, Outcome, PublishedRows, RowOutcome};
+use switchyard::store::{OutboxStore, PublishedRows};
 use switchyard::{Config, Relay};
 use switchyard_tests::postgres::{CLAIM_V2_MIGRATION, migrate_before};
 use tokio_util::sync::CancellationToken;
@@ -456,16 +456,7 @@ async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 }
-                let outcomes: Vec<RowOutcome> = claim
-                    .rows
-                    .iter()
-                    .map(|row| RowOutcome {
-                        id: row.id,
-                        outcome: Outcome::Published,
-                        deliveries: BTreeMap::new(),
-                        plugin_version: None,
-                    })
-                    .collect();
+                let outcomes = switchyard_tests::backlog::published_outcomes(&claim);
                 let acked = store.ack(claim.lease, &outcomes).await?;
                 done.fetch_add(acked.len() as u64, Ordering::Relaxed);
             }

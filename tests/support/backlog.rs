@@ -68,3 +68,18 @@ async fn execute(pool: &PgPool, sql: &str) {
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
+
+/// Every row of `claim` as published, the outcomes a relay acks when each
+/// of a batch's messages arrived.
+pub fn published_outcomes(claim: &switchyard::store::Claim) -> Vec<switchyard::store::RowOutcome> {
+    claim
+        .rows
+        .iter()
+        .map(|row| switchyard::store::RowOutcome {
+            id: row.id,
+            outcome: switchyard::store::Outcome::Published,
+            deliveries: Default::default(),
+            plugin_version: None,
+        })
+        .collect()
+}
