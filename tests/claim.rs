@@ -10,7 +10,8 @@ use std::time::Duration;
 use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
-    CLAIM_V2_MIGRATION, DUE_FROM_INSERT_MIGRATION, NewEvent, fresh_db, fresh_db_before, place_order_event,
+    CLAIM_V2_MIGRATION, DUE_FROM_INSERT_MIGRATION, INTAKE_MIGRATION, NewEvent, Outbox, fresh_db,
+    fresh_db_before, place_event, place_order_event,
 };
 use switchyard_tests::stall::StallingProxy;
 
@@ -1116,6 +1117,33 @@ async fn claims_follow_the_due_index_across_the_migration_that_changes_it() {
         (1..10).contains(&read),
         "after the migration, a claim of one row read {read} entries of the due index"
     );
+}
+
+/// Another process runs `migrate`, creating the intake, while this store
+/// claims: the claim that sees the table tells the next, which moves its
+/// rows (a relay deployed before the migration would otherwise never move
+/// them). An intake dropped under it costs one failed claim, not all.
+#[tokio::test]
+async fn claims_move_intake_rows_once_another_process_creates_the_intake() {
+    let db = fresh_db_before(INTAKE_MIGRATION).await;
+    let store = OutboxStore::new(db.pool.clone());
+    assert!(store.claim("a", 10, LEASE).await.unwrap().rows.is_empty());
+    OutboxStore::new(db.pool.clone()).migrate().await.unwrap();
+    place_event(&db.pool, Outbox::Intake, &event(1, 0), true).await;
+    let mut claimed = Vec::new();
+    for _ in 0..2 {
+        claimed.extend(store.claim("a", 10, LEASE).await.unwrap().rows);
+    }
+    assert_eq!(claimed.len(), 1, "the intake row moved and claimed");
+
+    sqlx::query("DROP TABLE switchyard_intake")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    place_order_event(&db.pool, &event(2, 0), true).await;
+    let refused = store.claim("a", 10, LEASE).await.unwrap_err().to_string();
+    assert!(refused.contains("switchyard_intake"), "{refused}");
+    assert_eq!(store.claim("a", 10, LEASE).await.unwrap().rows.len(), 1);
 }
 
 /// A claim that cannot finish in half its lease is of no use: its rows could

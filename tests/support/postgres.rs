@@ -116,6 +116,9 @@ pub const CLAIM_V2_MIGRATION: i64 = 20_261_124_000_000;
 /// the writer's `created_at`.
 pub const DUE_FROM_INSERT_MIGRATION: i64 = 20_261_126_000_000;
 
+/// The migration that created `switchyard_intake`.
+pub const INTAKE_MIGRATION: i64 = 20_261_204_000_000;
+
 /// Runs the outbox migrations older than `version`: an outbox as an older
 /// release left it.
 ///

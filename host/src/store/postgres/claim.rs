@@ -335,8 +335,11 @@ const MOVED_ROWS: &str = "
 const MOVED_FIGURES: &str = ",
        (SELECT count(*) FROM moved) AS moved,
        (SELECT count(*) FROM moved m WHERE m.leased) AS moved_leased,
-       (SELECT NOT m.moves AND EXISTS (SELECT 1 FROM switchyard_intake) FROM mover m) AS mover_busy";
-const NOTHING_MOVED: &str = ", 0::bigint AS moved, 0::bigint AS moved_leased, false AS mover_busy";
+       (SELECT NOT m.moves AND EXISTS (SELECT 1 FROM switchyard_intake) FROM mover m) AS mover_busy,
+       true AS intake_there";
+/// A claim without the move says whether the intake has appeared since.
+const NOTHING_MOVED: &str = ", 0::bigint AS moved, 0::bigint AS moved_leased, false AS mover_busy,
+       to_regclass('switchyard_intake') IS NOT NULL AS intake_there";
 
 // The v1 claim: a scan over every unfinished row with the head-of-line test
 // as NOT EXISTS, which the planner may turn into a join over the backlog.
@@ -416,6 +419,8 @@ pub(super) struct Claimed {
     pub(super) old_due_index: Option<bool>,
     /// Another claim held the movers' lock while this one saw intake rows.
     pub(super) mover_busy: bool,
+    /// Whether `switchyard_intake` exists (v2 claims only).
+    pub(super) intake_there: Option<bool>,
 }
 
 /// Claims up to `limit` rows for `owner`, leased for `lease`; `v2` picks
@@ -462,6 +467,7 @@ pub(super) async fn claim(
     let mut moved = (0, 0, false);
     let mut statement = None;
     let mut old_due_index = None;
+    let mut intake_there = None;
     let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
     let read = async {
         let query = sqlx::query(sql)
@@ -480,6 +486,7 @@ pub(super) async fn claim(
                     let seconds: f64 = record.try_get("statement_s")?;
                     statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
                     old_due_index = Some(record.try_get::<bool, _>("old_due_index")?);
+                    intake_there = Some(record.try_get::<bool, _>("intake_there")?);
                     moved = (
                         record.try_get::<i64, _>("moved")?,
                         record.try_get::<i64, _>("moved_leased")?,
@@ -536,5 +543,6 @@ pub(super) async fn claim(
         claim,
         old_due_index,
         mover_busy,
+        intake_there,
     })
 }

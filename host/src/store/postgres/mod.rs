@@ -143,10 +143,15 @@ impl Postgres {
     /// migrate while this one runs, and each claim tells the next (asking
     /// in a round trip of its own would cost one per claim).
     fn saw_due_index(&self, old: bool) {
-        if old {
-            self.schema.fetch_or(OLD_DUE_INDEX, Ordering::Relaxed);
+        self.saw(OLD_DUE_INDEX, old);
+    }
+
+    /// Sets or clears one of the [`Postgres::schema`] bits as a claim saw it.
+    fn saw(&self, bit: u8, there: bool) {
+        if there {
+            self.schema.fetch_or(bit, Ordering::Relaxed);
         } else {
-            self.schema.fetch_and(!OLD_DUE_INDEX, Ordering::Relaxed);
+            self.schema.fetch_and(!bit, Ordering::Relaxed);
         }
     }
 
@@ -212,6 +217,9 @@ const WAITING: u8 = 4;
 const ACK_FUNCTION: u8 = 8;
 const OLD_DUE_INDEX: u8 = 16;
 const INTAKE: u8 = 32;
+
+/// SQLSTATE of a relation that does not exist.
+const UNDEFINED_TABLE: &str = "42P01";
 
 /// Claims in a row that found another moving intake rows and took nothing,
 /// before the worker waits (see `claim::Claimed::mover_busy`).
@@ -361,15 +369,28 @@ impl Backend for Postgres {
                 }
             }
         })
-        .await?;
-        let (claim, old_due_index) = (claimed.claim, claimed.old_due_index);
+        .await
+        .inspect_err(|error| {
+            // The intake dropped under a claim that moves: look again.
+            if let Error::Database(sqlx::Error::Database(refused)) = error
+                && refused.code().as_deref() == Some(UNDEFINED_TABLE)
+            {
+                self.schema.store(0, Ordering::Relaxed);
+            }
+        })?;
+        let claim = claimed.claim;
         if claim.rows.is_empty() {
             self.sessions.put_back(session);
         } else {
             self.sessions.keep_for(claim.lease, session, claim.deadline);
         }
-        if let Some(old) = old_due_index {
+        if let Some(old) = claimed.old_due_index {
             self.saw_due_index(old);
+        }
+        // `migrate` run by another process while this one claims: the
+        // next claim moves intake rows.
+        if let Some(there) = claimed.intake_there {
+            self.saw(INTAKE, there);
         }
         Ok(claim)
     }
