@@ -555,9 +555,17 @@ async fn events_written_to_the_intake_arrive_in_order_across_two_relays_and_a_ki
     assert_eq!(verdict.distinct, 8_100);
 }
 
-/// The key of the advisory lock a claim holds while it moves intake rows
-/// (`INTAKE_LOCK` in the PostgreSQL store).
-const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
+/// A transaction holding the movers' lock, as a claim moving intake rows
+/// holds it, until it ends.
+async fn holding_the_movers_lock(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut mover = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(switchyard::store::INTAKE_LOCK)
+        .execute(&mut *mover)
+        .await
+        .unwrap();
+    mover
+}
 
 /// A row on its way from the intake in a transaction not yet committed
 /// keeps the next row of its aggregate in the intake: a claim that cannot
@@ -580,12 +588,7 @@ async fn a_move_in_progress_keeps_later_rows_of_its_aggregate_waiting() {
     }
     // Another mover, part way: the first row taken out of the intake and
     // into the outbox, uncommitted.
-    let mut mover = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(INTAKE_LOCK)
-        .execute(&mut *mover)
-        .await
-        .unwrap();
+    let mut mover = holding_the_movers_lock(&db.pool).await;
     sqlx::query(
         "WITH first AS (DELETE FROM switchyard_intake
                          WHERE id = (SELECT min(id) FROM switchyard_intake) RETURNING *)
@@ -703,12 +706,7 @@ async fn eventually_dead(pool: &sqlx::PgPool) -> (String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_committed_while_another_claim_moves_is_not_left_for_the_poll() {
     let (db, _nats, relay) = polling_once_a_minute().await;
-    let mut mover = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(INTAKE_LOCK)
-        .execute(&mut *mover)
-        .await
-        .unwrap();
+    let mover = holding_the_movers_lock(&db.pool).await;
     place_event(&db.pool, Outbox::Intake, &order_event(1, 0), true).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(count_status(&db.pool, "published").await, 0);
@@ -746,4 +744,30 @@ async fn a_delayed_intake_row_waits_for_its_time() {
             .await
             .unwrap();
     assert!(published_at >= due_at, "published {published_at}, due {due_at}");
+}
+
+/// The movers' lock held far longer than a move takes (a session holding
+/// it by hand, a mover stuck): each intake commit wakes a worker whose
+/// claim finds the lock taken. Those workers wait for it a moment, not
+/// until their statements time out, so an event written to the outbox
+/// still goes out within seconds while the lock is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_movers_lock_held_for_long_does_not_hold_up_the_outbox() {
+    let (db, nats) = with_stream().await;
+    // Statements bounded at 15 s (half the lease): a claim that waited for
+    // the lock until then would keep its worker that long.
+    let settings = Settings::new(&db.url, &nats.url())
+        .relay("poll_interval_ms", "60000")
+        .relay("lease_duration_ms", "30000");
+    let relay = InProcess::start(&parse(&example_config(&settings))).await;
+    let mover = holding_the_movers_lock(&db.pool).await;
+    for aggregate in 0..8 {
+        place_event(&db.pool, Outbox::Intake, &order_event(aggregate, 0), true).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    place_event(&db.pool, Outbox::Switchyard, &order_event(100, 0), true).await;
+    all_published(&db.pool, 1, Duration::from_secs(5)).await;
+    mover.rollback().await.unwrap();
+    all_published(&db.pool, 9, Duration::from_secs(10)).await;
+    relay.stop().await;
 }

@@ -105,6 +105,7 @@ mod operations;
 mod ownership;
 mod relays;
 pub use ownership::Ownership;
+pub use postgres::INTAKE_LOCK;
 pub use relays::{FORGOTTEN_AFTER, RunningRelay};
 
 /// Handle to the outbox table, on PostgreSQL (production: many relays share

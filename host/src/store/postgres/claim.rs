@@ -246,8 +246,9 @@ SELECT c.*, h.held_by, (SELECT count(*) FROM parked) AS parked,
 /// The advisory lock a claim that moves intake rows holds to its commit:
 /// one mover at a time, so no claim leases a row of an aggregate while an
 /// earlier row of it is on its way from the intake in another transaction.
-/// A claim that does not get it moves nothing and claims as before.
-const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
+/// A claim that does not get it moves nothing and claims as before. Public
+/// so that whatever else moves intake rows can take its turn too.
+pub const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
 
 // Moving committed intake rows into the outbox, oldest first, up to `$1`
 // (see migration 20261204000000). A moved row is leased at once when it
@@ -403,14 +404,28 @@ pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<Outbox
 /// Waits until no claim holds the movers' lock (taken and let go in one
 /// statement): the claim after it sees what that mover moved, and moves
 /// what it left. A claim that spun instead would run again and again while
-/// a large move commits.
-pub(super) async fn wait_for_mover(session: &mut PgConnection) -> Result<(), Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+/// a large move commits. Returns whether the lock came free within
+/// [`MOVER_WAIT`]: a lock held longer (a mover stuck, a session holding it
+/// by hand) must not hold up claims of rows already in the outbox.
+pub(super) async fn wait_for_mover(session: &mut PgConnection) -> Result<bool, Error> {
+    let waited = sqlx::query("SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock($1)")
         .bind(INTAKE_LOCK)
+        .bind(format!("{}ms", MOVER_WAIT.as_millis()))
         .execute(session)
-        .await?;
-    Ok(())
+        .await;
+    match waited {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
+
+/// How long a claim waits for another claim's move (one of 500 rows takes
+/// about 15 ms).
+const MOVER_WAIT: Duration = Duration::from_millis(100);
+
+/// SQLSTATE of a lock wait cut by `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// A claim, with what the statement saw beside it.
 pub(super) struct Claimed {

@@ -10,6 +10,7 @@
 mod ack;
 pub(crate) mod capture;
 mod claim;
+pub use claim::INTAKE_LOCK;
 mod connect;
 mod listen;
 pub(crate) mod replication;
@@ -364,8 +365,10 @@ impl Backend for Postgres {
                 if !claimed.mover_busy || !claimed.claim.rows.is_empty() || tries == MOVER_BUSY_TRIES {
                     break Ok(claimed);
                 }
-                if tries > 1 {
-                    claim::wait_for_mover(session).await?;
+                if tries > 1 && !claim::wait_for_mover(session).await? {
+                    // Held past the wait: leave the rows to the holder
+                    // and the worker's next look.
+                    break Ok(claimed);
                 }
             }
         })
