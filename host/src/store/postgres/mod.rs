@@ -288,22 +288,19 @@ impl Backend for Postgres {
                 AND isfinite(created_at)
               ORDER BY id LIMIT 1"
         };
-        if self.schema().await? & INTAKE == 0 {
-            return self
-                .bounded("oldest waiting row", async |session| {
-                    Ok(sqlx::query_scalar(sql).fetch_optional(session).await?)
-                })
-                .await;
-        }
         // A row not yet moved from the intake waits too (all of them, when
-        // no relay runs).
-        let sql = format!(
-            "SELECT max(age) FROM (({sql}) UNION ALL (
-                 SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
-                   FROM switchyard_intake
-                  WHERE (not_before IS NULL OR not_before <= now()) AND isfinite(created_at)
-                  ORDER BY id LIMIT 1)) AS oldest (age)"
-        );
+        // no relay runs). GREATEST passes over a side that has none.
+        let sql = if self.schema().await? & INTAKE == 0 {
+            format!("SELECT ({sql})")
+        } else {
+            format!(
+                "SELECT GREATEST(({sql}), (
+                     SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
+                       FROM switchyard_intake
+                      WHERE (not_before IS NULL OR not_before <= now()) AND isfinite(created_at)
+                      ORDER BY id LIMIT 1))"
+            )
+        };
         self.bounded("oldest waiting row", async |session| {
             Ok(sqlx::query_scalar(&sql).fetch_one(session).await?)
         })
