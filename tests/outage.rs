@@ -14,7 +14,7 @@ use switchyard_tests::fanout::{AUDIT_STREAM, Copies, fan_out_config, verify_kafk
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, tally, write_orders};
-use switchyard_tests::postgres::{TestDb, all_published, count_status, fresh_db, place_order_event};
+use switchyard_tests::postgres::{Outbox, TestDb, all_published, count_status, fresh_db, place_event};
 use switchyard_tests::relay::{InProcess, RelaySection, parse};
 use switchyard_tests::{eventually, exclusive, init_logging};
 
@@ -26,15 +26,16 @@ const ROUNDS: usize = 40;
 /// loaded two-core machine.
 const RESUME_BOUND: Duration = Duration::from_secs(5);
 
-/// One event per aggregate every 100 ms (200 events/s) in the background.
-fn write_steadily(db: &TestDb) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
+/// One event per aggregate every 100 ms (200 events/s) in the background,
+/// into `outbox`.
+fn write_steadily(db: &TestDb, outbox: Outbox) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
     let pool = db.pool.clone();
     tokio::spawn(async move {
         let mut expected = HashMap::new();
         for seq in 0..ROUNDS {
             for aggregate in 0..AGGREGATES {
                 let event = order_event(aggregate, seq);
-                let id = place_order_event(&pool, &event, true).await;
+                let id = place_event(&pool, outbox, &event, true).await;
                 let want = Expected {
                     aggregate_id: event.aggregate_id,
                     seq: seq as u64,
@@ -95,10 +96,11 @@ async fn check_outcomes(db: &TestDb, total: usize, back: chrono::DateTime<chrono
     );
 }
 
-/// The broker of `kind` stopped for a few seconds while writers go on:
-/// rows wait on it, the relay reports it paused, and when it is back every
-/// event arrives, in order per aggregate, with no attempt spent.
-async fn broker_down(kind: &str) {
+/// The broker of `kind` stopped for a few seconds while writers go on
+/// (into `outbox`): rows wait on it, the relay reports it paused, and when
+/// it is back every event arrives, in order per aggregate, with no attempt
+/// spent.
+async fn broker_down(kind: &str, outbox: Outbox) {
     init_logging();
     let _heavy = exclusive().await;
     let db = fresh_db().await;
@@ -110,7 +112,7 @@ async fn broker_down(kind: &str) {
         .set("lease_duration_ms", "12000");
     let config = broker.config(&db.url, &relay_section.toml(), "");
     let relay = InProcess::start(&parse(&config)).await;
-    let writer = write_steadily(&db);
+    let writer = write_steadily(&db, outbox);
 
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
@@ -136,6 +138,13 @@ async fn broker_down(kind: &str) {
 
     let expected = writer.await.unwrap();
     check_outcomes(&db, expected.len(), back).await;
+    if outbox == Outbox::Intake {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_intake")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "rows left in the intake");
+    }
     eventually("the target resumed", Duration::from_secs(10), || async {
         relay.relay.paused_targets().is_empty().then_some(())
     })
@@ -158,17 +167,24 @@ async fn broker_down(kind: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_down_costs_no_attempt_and_everything_arrives_in_order() {
-    broker_down("nats").await;
+    broker_down("nats", Outbox::Switchyard).await;
+}
+
+/// Rows moved out of the intake while the broker is down wait as the
+/// outbox's own do; the intake itself empties.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_down_with_writers_into_the_intake_costs_no_attempt() {
+    broker_down("nats", Outbox::Intake).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_down_costs_no_attempt_and_keeps_what_it_had() {
-    broker_down("kafka").await;
+    broker_down("kafka", Outbox::Switchyard).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_down_costs_no_attempt_and_everything_arrives_in_order() {
-    broker_down("rabbitmq").await;
+    broker_down("rabbitmq", Outbox::Switchyard).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,7 +253,7 @@ async fn a_fan_out_target_down_holds_back_only_its_own_deliveries() {
         &nats.url(),
     );
     let relay = InProcess::start(&parse(&config)).await;
-    let writer = write_steadily(&db);
+    let writer = write_steadily(&db, Outbox::Switchyard);
     tokio::time::sleep(Duration::from_millis(500)).await;
     nats.stop();
     // Longer than the bound below: a Kafka delivery held behind NATS shows.
