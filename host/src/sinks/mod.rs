@@ -12,6 +12,7 @@ pub mod stdout;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -177,6 +178,22 @@ pub trait Sink: Send + Sync {
     }
 }
 
+/// How long a target may take to answer its health check at startup. Each
+/// kind bounds its own connect; this bounds what comes after, a broker that
+/// took the connection and then stalled.
+const STARTUP_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// `sink`'s health check, answered within `bound`.
+async fn ready(name: &str, sink: &dyn Sink, bound: Duration) -> anyhow::Result<()> {
+    match tokio::time::timeout(bound, sink.healthcheck()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(anyhow::anyhow!("target {name:?} failed its health check: {e}")),
+        Err(_) => Err(anyhow::anyhow!(
+            "target {name:?} did not answer its health check within {bound:?}"
+        )),
+    }
+}
+
 /// All configured targets by name.
 #[derive(Clone, Default)]
 pub struct Sinks {
@@ -198,9 +215,7 @@ impl Sinks {
                 .build(name, settings)
                 .await
                 .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?;
-            sink.healthcheck()
-                .await
-                .map_err(|e| anyhow::anyhow!("target {name:?} failed its health check: {e}"))?;
+            ready(name, sink.as_ref(), STARTUP_CHECK_TIMEOUT).await?;
             tracing::info!(sink.name = %name, sink.kind = sink.kind(), "Target ready.");
             by_name.insert(name.clone(), sink);
         }
@@ -258,4 +273,43 @@ pub fn render_json_line(target: &str, message: &OutgoingMessage) -> String {
     };
     line[payload.0] = payload.1;
     line.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A broker that took the connection and answers nothing.
+    struct Stalled;
+
+    impl Sink for Stalled {
+        fn kind(&self) -> &'static str {
+            "stalled"
+        }
+
+        fn publish(&self, _messages: Vec<OutgoingMessage>) -> BoxFuture<'_, Vec<Result<(), SinkError>>> {
+            Box::pin(std::future::pending())
+        }
+
+        fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_target_that_never_answers_fails_startup_by_name() {
+        let started = std::time::Instant::now();
+        let error = ready("orders", &Stalled, Duration::from_millis(100))
+            .await
+            .expect_err("a stalled target is not ready");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            error.to_string(),
+            "target \"orders\" did not answer its health check within 100ms"
+        );
+    }
 }
