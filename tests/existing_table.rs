@@ -19,6 +19,7 @@ use switchyard_tests::postgres::{
     DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, all_published, count_status, fresh_db, fresh_db_before,
 };
 use switchyard_tests::relay::{Process, kill_while_holding_leases, parse};
+use switchyard_tests::stall::StallingProxy;
 use switchyard_tests::{cli, init_logging};
 
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
@@ -543,4 +544,56 @@ payload = "Pay%load"
         switchyard::app::build(&config).await.is_ok(),
         "the installed trigger is current"
     );
+}
+
+/// Readiness checks the capture trigger under its own 3 s and drops the
+/// check when that runs out. The check's session, sent its statement just
+/// before it stopped answering (a link that drops every packet), must not
+/// go back to the pool: sqlx pings a session on its way back and would wait
+/// there until the kernel gives up, and a pool of one would have nothing
+/// left. The store gives up on it at its own bound as well.
+#[tokio::test]
+async fn a_capture_check_on_a_session_that_stops_answering_leaves_no_session_behind() {
+    let db = fresh_db().await;
+    db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
+    let config = parse(&stdout_config(&db.url, DEBEZIUM_SOURCE));
+    let capture = install_capture(&db.url, &config).await;
+    let proxy = StallingProxy::in_front_of(&db.url).await;
+    let store = switchyard::OutboxStore::connect_bounded(
+        &proxy.url(&db.url),
+        1,
+        "switchyard-test",
+        Some(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.capture_problem(&capture).await.unwrap(), None);
+    // Back in the pool and used less than a second ago: handed out again
+    // without a ping, then stalled.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall_open_connections();
+    let gave_up = tokio::time::timeout(Duration::from_millis(500), store.capture_problem(&capture)).await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    tokio::time::timeout(Duration::from_secs(5), store.ping())
+        .await
+        .expect("a session within 5 s")
+        .expect("a new session answers");
+    // Not dropped by its caller: the store's bound ends it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall_open_connections();
+    let started = std::time::Instant::now();
+    let error = tokio::time::timeout(Duration::from_secs(30), store.capture_problem(&capture))
+        .await
+        .expect("the check gives up")
+        .unwrap_err();
+    assert!(
+        matches!(error, switchyard::store::Error::Unanswered { .. }),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    store.close().await;
 }

@@ -25,8 +25,14 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn capture_installed(&self, capture: &Capture) -> Result<Installed, Error> {
-        match self.pg_pool() {
-            Some(pool) => Ok(capture.installed(pool).await?),
+        match self.postgres() {
+            Some(backend) => {
+                backend
+                    .bounded("the capture trigger's check", async |session| {
+                        Ok(capture.installed(session).await?)
+                    })
+                    .await
+            }
             None => Ok(Installed::Missing),
         }
     }
@@ -37,8 +43,14 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn capture_problem(&self, capture: &Capture) -> Result<Option<String>, Error> {
-        match self.pg_pool() {
-            Some(pool) => Ok(capture.problem(pool).await?),
+        match self.postgres() {
+            Some(backend) => {
+                backend
+                    .bounded("the capture trigger's check", async |session| {
+                        Ok(capture.problem(session).await?)
+                    })
+                    .await
+            }
             None => Ok(None),
         }
     }

@@ -278,6 +278,15 @@ impl OutboxStore {
         }
     }
 
+    /// The PostgreSQL backend, when this is a PostgreSQL store: for the
+    /// store's own PostgreSQL-only parts that run bounded statements.
+    fn postgres(&self) -> Option<&postgres::Postgres> {
+        match &self.backend {
+            AnyBackend::Postgres(backend) => Some(backend),
+            AnyBackend::Sqlite(_) => None,
+        }
+    }
+
     /// Closes the pool: connections in use are closed as they come back,
     /// which ends any transaction a dropped task left open on them.
     pub async fn close(&self) {

@@ -2,7 +2,7 @@
 //! whether the installed one is it.
 
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::{Capture, Installed, PayloadKind, ident, literal};
 
@@ -213,14 +213,14 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {table}
     ///
     /// # Errors
     /// The database's.
-    pub(crate) async fn installed(&self, pool: &PgPool) -> Result<Installed, sqlx::Error> {
+    pub(crate) async fn installed(&self, session: &mut PgConnection) -> Result<Installed, sqlx::Error> {
         let trigger: Option<(Option<String>, bool)> = sqlx::query_as(
             "SELECT obj_description(t.oid, 'pg_trigger'), t.tgenabled <> 'D' FROM pg_trigger t
               WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2",
         )
         .bind(&self.display)
         .bind(TRIGGER)
-        .fetch_optional(pool)
+        .fetch_optional(session)
         .await?;
         Ok(match trigger {
             None => Installed::Missing,
@@ -236,10 +236,10 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {table}
     ///
     /// # Errors
     /// The database's.
-    pub(crate) async fn problem(&self, pool: &PgPool) -> Result<Option<String>, sqlx::Error> {
+    pub(crate) async fn problem(&self, session: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
         let fix = "review `switchyard migrate --dry-run --config FILE`, then run `switchyard migrate --config FILE`";
         let table = &self.display;
-        Ok(match self.installed(pool).await? {
+        Ok(match self.installed(session).await? {
             Installed::Current => None,
             Installed::Missing => Some(format!(
                 "{table} has no capture trigger, so no row written there is relayed: {fix}"
