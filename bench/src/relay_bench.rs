@@ -74,6 +74,10 @@ struct Args {
     /// Only the ceiling and the drains (no latency, reload or plot).
     #[arg(long, conflicts_with = "latency_only")]
     drains_only: bool,
+    /// With --drains-only: only these drains (comma-separated keys as
+    /// printed, e.g. `nats_wasm,nats_wasm_intake_backlog`); all when empty.
+    #[arg(long, value_delimiter = ',', requires = "drains_only")]
+    drain: Vec<String>,
     /// Only the hot reload of the large Python component under load (needs
     /// scripts/plugin-toolchains.sh).
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only"])]
@@ -592,6 +596,21 @@ struct Drain {
     rate: f64,
     cpu: CpuTimes,
     peak_rss: u64,
+}
+
+/// The drains `--drain` chose, each round as it ran: events/s and CPU
+/// per 1,000 events.
+fn print_chosen_drains(runs: &BTreeMap<&str, Vec<Drain>>, rows: u64) {
+    println!();
+    for (key, drains) in runs {
+        for drain in drains {
+            println!(
+                "{key:<28} {:>8.0} events/s  {}",
+                drain.rate,
+                drain.cpu.per_thousand(rows)
+            );
+        }
+    }
 }
 
 /// One drain measurement: where to, through what, on which schema.
@@ -1271,6 +1290,15 @@ async fn main() -> anyhow::Result<()> {
             ));
         }
     }
+    if !args.drain.is_empty() {
+        let unknown: Vec<_> = args
+            .drain
+            .iter()
+            .filter(|key| !plan.iter().any(|(k, _)| k == key))
+            .collect();
+        anyhow::ensure!(unknown.is_empty(), "no drain called {unknown:?}");
+        plan.retain(|(key, _)| args.drain.iter().any(|k| k == key));
+    }
     let mut runs: BTreeMap<&str, Vec<Drain>> = BTreeMap::new();
     for round in 0..args.repeat {
         eprintln!(
@@ -1303,6 +1331,10 @@ async fn main() -> anyhow::Result<()> {
                 .or_default()
                 .push(drain(&services, &args, kind).await?);
         }
+    }
+    if !args.drain.is_empty() {
+        print_chosen_drains(&runs, args.rows);
+        return Ok(());
     }
     let mut median = |key: &str| {
         let mut all = runs.remove(key)?;
