@@ -862,3 +862,62 @@ async fn status_counts_rows_still_in_the_intake() {
     let oldest = outbox["oldest_pending_age_seconds"].as_f64().unwrap();
     assert!((115.0..180.0).contains(&oldest), "{report}");
 }
+
+/// `plugin test --from-db` offers what the relay would route next: the
+/// outbox's unfinished rows, then the rows still in the intake, in the order
+/// the claims will move them; never a published row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_from_db_offers_rows_still_in_the_intake() {
+    init_logging();
+    let db = fresh_db().await;
+    let write = async |table: &str, aggregate: &str, status: &str| -> String {
+        let sql = if table == "switchyard_outbox" {
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status)
+             VALUES ('order', $1, 'OrderCreated', '{}', $2) RETURNING event_id::text"
+        } else {
+            "INSERT INTO switchyard_intake (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', $1, 'OrderCreated', '{}') RETURNING event_id::text"
+        };
+        sqlx::query_scalar(sql)
+            .bind(aggregate)
+            .bind(status)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let published = write("switchyard_outbox", "order-0", "published").await;
+    let intake_first = write("switchyard_intake", "order-1", "").await;
+    let outbox_row = write("switchyard_outbox", "order-2", "pending").await;
+    let intake_second = write("switchyard_intake", "order-3", "").await;
+    let router = plugin("route_by_type");
+    let offered = async |limit: &str| -> Vec<String> {
+        let args = [
+            "plugin",
+            "test",
+            router.to_str().unwrap(),
+            "--from-db",
+            "--database-url",
+            &db.url,
+            "--limit",
+            limit,
+            "--config",
+            "target=events",
+            "--json",
+        ];
+        let (code, out, err) = cli(SWITCHYARD, &args, &[]).await;
+        assert_eq!(code, 0, "{out}{err}");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        report["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|event| event["event"]["event_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        offered("10").await,
+        [outbox_row.clone(), intake_first.clone(), intake_second]
+    );
+    assert_eq!(offered("2").await, [outbox_row, intake_first]);
+    assert!(!offered("10").await.contains(&published));
+}

@@ -384,15 +384,33 @@ fn claim_begin(lease_ms: i64, v2: bool) -> String {
     format!("BEGIN; SET LOCAL statement_timeout = {timeout};{planner}")
 }
 
-/// Reads up to `limit` unfinished rows in id order without claiming or
-/// changing anything, in a read-only transaction (for dry runs).
+/// Reads up to `limit` unfinished rows without claiming or changing
+/// anything, in a read-only transaction (for dry runs): the outbox's in id
+/// order, then the intake's in the order the claims will move them.
 pub(super) async fn peek_pending(pool: &PgPool, limit: u32) -> Result<Vec<OutboxRow>, Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION READ ONLY").execute(&mut *tx).await?;
-    let sql = format!(
-        "SELECT {ROW_COLUMNS} FROM switchyard_outbox o
+    let intake: bool = sqlx::query_scalar("SELECT to_regclass('switchyard_intake') IS NOT NULL")
+        .fetch_one(&mut *tx)
+        .await?;
+    let outbox = format!(
+        "SELECT {ROW_COLUMNS}, 0 AS place FROM switchyard_outbox o
           WHERE o.status IN ('pending', 'parked', 'held', 'in_flight') ORDER BY o.id LIMIT $1"
     );
+    let sql = if intake {
+        // Not moved yet: no attempt, no delivery.
+        let columns = ROW_COLUMNS
+            .replace("o.attempts", "0 AS attempts")
+            .replace("o.deliveries::text", "'{}'::text");
+        format!(
+            "SELECT * FROM (({outbox})
+                UNION ALL
+                (SELECT {columns}, 1 AS place FROM switchyard_intake o ORDER BY o.id LIMIT $1)) r
+              ORDER BY r.place, r.id LIMIT $1"
+        )
+    } else {
+        outbox
+    };
     let records = sqlx::query(&sql)
         .bind(i64::from(limit))
         .fetch_all(&mut *tx)
