@@ -139,7 +139,7 @@ pub enum PluginCommand {
         /// ...with this name.
         #[arg(long)]
         plugin: Option<String>,
-        /// Dry-run on the oldest pending rows of the outbox instead.
+        /// Dry-run on the oldest pending rows of the outbox (then of the intake) instead.
         #[arg(long, conflicts_with = "event")]
         from_db: bool,
         /// How many rows with --from-db.
