@@ -25,7 +25,8 @@
 //! MINUTES (10 by default) and started again with its data (JetStream
 //! store, tansu on SQLite, a durable RabbitMQ queue). `down-pg MINUTES`
 //! (2 by default): the same with NATS up and PostgreSQL stopped.
-//! `replication-down-*` runs each of them in replication mode. These
+//! `replication-down-*` runs each of them in replication mode,
+//! `intake-down-*` in claim mode with writers into the intake. These
 //! print their own table (dead letters, first delivery after the return,
 //! drain rate). `replication-kills`: two relays in replication mode on
 //! one slot, the one reading it SIGKILLed ROUNDS times (10 by default)
@@ -123,9 +124,15 @@ async fn main() {
         return;
     }
     let replication_down = which.strip_prefix("replication-down-");
-    if let Some(down) = which.strip_prefix("down-").or(replication_down) {
+    let intake_down = which.strip_prefix("intake-down-");
+    if let Some(down) = which.strip_prefix("down-").or(replication_down).or(intake_down) {
         let minutes = second.unwrap_or(if down == "pg" { 2 } else { 10 });
-        let row = outage::down_run(&relay_bin, down, minutes, replication_down.is_some()).await;
+        let outbox = if intake_down.is_some() {
+            Outbox::Intake
+        } else {
+            Outbox::Switchyard
+        };
+        let row = outage::down_run(&relay_bin, down, minutes, replication_down.is_some(), outbox).await;
         outage::print(&[row]);
         return;
     }

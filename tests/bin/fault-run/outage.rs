@@ -26,10 +26,11 @@ pub struct Row {
     drain_rate: Option<f64>,
 }
 
-/// Writes at [`RATE`] until `stop` is cancelled; a write that fails (the
-/// database is down) is tried again until it goes through.
+/// Writes at [`RATE`] into `outbox` until `stop` is cancelled; a write
+/// that fails (the database is down) is tried again until it goes through.
 pub(super) fn writer(
     db: &TestDb,
+    outbox: Outbox,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
     let pool = db.pool.clone();
@@ -43,7 +44,7 @@ pub(super) fn writer(
             let aggregate = n % AGGREGATES;
             let event = order_event(aggregate, seqs[aggregate]);
             let id = loop {
-                match try_place_event(&pool, Outbox::Switchyard, &event, true).await {
+                match try_place_event(&pool, outbox, &event, true).await {
                     Ok(id) => break id,
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                 }
@@ -100,19 +101,21 @@ where
 }
 
 /// Rows not yet published: in replication mode, rows the fast path read
-/// stay `streamed`, and only what it handed over waits in the table.
+/// stay `streamed`, and only what it handed over waits in the table; in
+/// claim mode rows still in the intake count too.
 fn unfinished_sql(replication: bool) -> &'static str {
     if replication {
         "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight', 'parked', 'held')"
     } else {
-        "SELECT count(*) FROM switchyard_outbox WHERE status <> 'published'"
+        "SELECT (SELECT count(*) FROM switchyard_outbox WHERE status <> 'published')
+              + (SELECT count(*) FROM switchyard_intake)"
     }
 }
 
 /// One run: `down` is `nats`, `kafka`, `rabbitmq` (that broker down) or
-/// `pg` (PostgreSQL down, NATS up), for `minutes`; in claim mode or, with
-/// `replication`, reading the WAL.
-pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bool) -> Row {
+/// `pg` (PostgreSQL down, NATS up), for `minutes`; in claim mode (writers
+/// into `outbox`) or, with `replication`, reading the WAL.
+pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bool, outbox: Outbox) -> Row {
     let db = fresh_db().await;
     let mut broker = Broker::start(if down == "pg" { "nats" } else { down }).await;
     // The default retry settings: [relay] names the mode at most.
@@ -127,7 +130,7 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     };
     let mut relay = Process::spawn(relay_bin, &config, "relay-0");
     let stop = tokio_util::sync::CancellationToken::new();
-    let writing = writer(&db, stop.clone());
+    let writing = writer(&db, outbox, stop.clone());
     tokio::time::sleep(AROUND).await;
     let outage = Duration::from_secs(minutes * 60);
     eprintln!("{down}: down for {minutes} min");
@@ -212,7 +215,11 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     if counted.lost > 0 {
         report_lost(&db, &received, &expected).await;
     }
-    let mode = if replication { ", replication" } else { "" };
+    let mode = match (replication, outbox) {
+        (true, _) => ", replication",
+        (false, Outbox::Intake) => ", writers into the intake",
+        _ => "",
+    };
     let scenario = match down {
         "pg" => format!("PostgreSQL down {minutes} min (NATS{mode})"),
         broker => format!("{broker} down {minutes} min{mode}"),

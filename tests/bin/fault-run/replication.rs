@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::write_orders;
-use switchyard_tests::postgres::{TestDb, fresh_db};
+use switchyard_tests::postgres::{Outbox, TestDb, fresh_db};
 use switchyard_tests::relay::Process;
 
 use super::{AGGREGATES, Row, STREAM, restart_postgres, settings};
@@ -176,7 +176,7 @@ pub async fn relay_down_run(relay_bin: &str, minutes: u64) -> Row {
     migrate(relay_bin, &config).await;
     let mut relay = Process::spawn(relay_bin, &config, "relay-0");
     let stop = tokio_util::sync::CancellationToken::new();
-    let writer = super::outage::writer(&db, stop.clone());
+    let writer = super::outage::writer(&db, Outbox::Switchyard, stop.clone());
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(30)).await;
     relay.kill();
