@@ -90,6 +90,32 @@ impl StallingProxy {
     }
 }
 
+/// Awaits `statement`, sent on a session that has just stalled: the store
+/// must give up on it with [`switchyard::store::Error::Unanswered`] within
+/// 10 s, not wait for the kernel.
+///
+/// # Panics
+/// When it answers, fails otherwise, or takes longer.
+pub async fn gives_up_unanswered<T: std::fmt::Debug>(
+    what: &str,
+    statement: impl Future<Output = Result<T, switchyard::store::Error>>,
+) {
+    let started = std::time::Instant::now();
+    let error = tokio::time::timeout(Duration::from_secs(30), statement)
+        .await
+        .unwrap_or_else(|_| panic!("{what} gives up"))
+        .expect_err(what);
+    assert!(
+        matches!(error, switchyard::store::Error::Unanswered { .. }),
+        "{what}: {error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{what}: {:?}",
+        started.elapsed()
+    );
+}
+
 impl Drop for StallingProxy {
     fn drop(&mut self) {
         self.accept.abort();

@@ -44,13 +44,7 @@ impl OutboxStore {
     /// The database's.
     pub async fn capture_problem(&self, capture: &Capture) -> Result<Option<String>, Error> {
         match self.postgres() {
-            Some(backend) => {
-                backend
-                    .bounded("the capture trigger's check", async |session| {
-                        Ok(capture.problem(session).await?)
-                    })
-                    .await
-            }
+            Some(_) => Ok(capture.problem(self.capture_installed(capture).await?)),
             None => Ok(None),
         }
     }

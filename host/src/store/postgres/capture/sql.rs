@@ -230,16 +230,13 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {table}
         })
     }
 
-    /// What is wrong with the installed trigger, said for an operator
+    /// What is wrong with the `installed` trigger, said for an operator
     /// (`None`: nothing). Rows written meanwhile stay in the services' table
     /// and are not relayed.
-    ///
-    /// # Errors
-    /// The database's.
-    pub(crate) async fn problem(&self, session: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
+    pub(crate) fn problem(&self, installed: Installed) -> Option<String> {
         let fix = "review `switchyard migrate --dry-run --config FILE`, then run `switchyard migrate --config FILE`";
         let table = &self.display;
-        Ok(match self.installed(session).await? {
+        match installed {
             Installed::Current => None,
             Installed::Missing => Some(format!(
                 "{table} has no capture trigger, so no row written there is relayed: {fix}"
@@ -252,7 +249,7 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {table}
                  ALTER TABLE {table} ENABLE TRIGGER {TRIGGER}, then copy what was written \
                  meanwhile (rows inserted while it was off are not in switchyard_outbox)"
             )),
-        })
+        }
     }
 
     /// Installs (or replaces) the trigger, with an optional backfill, in one
