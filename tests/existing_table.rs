@@ -547,7 +547,7 @@ payload = "Pay%load"
 }
 
 /// Readiness checks the capture trigger under its own 3 s and drops the
-/// check when that runs out. The check's session, sent its statement just
+/// check when that runs out; startup checks `[source]` against the table. The check's session, sent its statement just
 /// before it stopped answering (a link that drops every packet), must not
 /// go back to the pool: sqlx pings a session on its way back and would wait
 /// there until the kernel gives up, and a pool of one would have nothing
@@ -582,5 +582,30 @@ async fn a_capture_check_on_a_session_that_stops_answering_leaves_no_session_beh
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.stall_open_connections();
     gives_up_unanswered("the capture check", store.capture_problem(&capture)).await;
+    // The same for the check of `[source]` against the table at startup.
+    store.ping().await.expect("a new session");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall_open_connections();
+    let started = std::time::Instant::now();
+    let checked = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.check_source(config.source.as_ref().unwrap()),
+    )
+    .await
+    .expect("the [source] check gives up");
+    assert!(
+        matches!(
+            checked,
+            Err(switchyard::store::capture::CheckError::Store(
+                switchyard::store::Error::Unanswered { .. }
+            ))
+        ),
+        "{checked:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     store.close().await;
 }

@@ -14,8 +14,15 @@ impl OutboxStore {
         &self,
         source: &crate::config::source::SourceConfig,
     ) -> Result<Option<Capture>, CheckError> {
-        match self.pg_pool() {
-            Some(pool) => postgres::capture::check(pool, source).await.map(Some),
+        match self.postgres() {
+            Some(backend) => {
+                let checked = backend
+                    .bounded("the [source] table's check", async |session| {
+                        Ok(postgres::capture::check(session, source).await)
+                    })
+                    .await?;
+                checked.map(Some)
+            }
             None => Ok(None),
         }
     }

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, Row};
 
 use crate::config::source::SourceConfig;
 
@@ -69,7 +69,7 @@ const KEY_TYPES: &[&str] = &["uuid", "smallint", "integer", "bigint", "numeric"]
 ///
 /// # Errors
 /// Every mismatch, one line each; or the database error that stopped the check.
-pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, CheckError> {
+pub async fn check(session: &mut PgConnection, source: &SourceConfig) -> Result<Capture, CheckError> {
     // The bare name (regnamespace's text form would come quoted already).
     let outbox_schema: String = sqlx::query_scalar(
         "SELECT coalesce((SELECT n.nspname::text FROM pg_class c
@@ -77,10 +77,10 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
                            WHERE c.oid = to_regclass('switchyard_outbox')),
                          current_schema())",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *session)
     .await?;
-    let (oid, display, schema) = locate(pool, source).await?;
-    let columns = columns(pool, oid).await?;
+    let (oid, display, schema) = locate(session, source).await?;
+    let columns = columns(session, oid).await?;
     let payload = mismatches(source, &columns, &display).map_err(CheckError::Mismatch)?;
     let payload = match payload.as_deref() {
         Some("jsonb") => PayloadKind::Jsonb,
@@ -97,7 +97,10 @@ pub async fn check(pool: &PgPool, source: &SourceConfig) -> Result<Capture, Chec
 }
 
 /// The table's oid, its `schema.table` for messages, and its schema.
-async fn locate(pool: &PgPool, source: &SourceConfig) -> Result<(i64, String, String), CheckError> {
+async fn locate(
+    session: &mut PgConnection,
+    source: &SourceConfig,
+) -> Result<(i64, String, String), CheckError> {
     let qualified = match &source.schema {
         Some(schema) => format!("{}.{}", ident(schema), ident(&source.table)),
         None => ident(&source.table),
@@ -107,7 +110,7 @@ async fn locate(pool: &PgPool, source: &SourceConfig) -> Result<(i64, String, St
            JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
     )
     .bind(&qualified)
-    .fetch_optional(pool)
+    .fetch_optional(session)
     .await?;
     let Some(table) = table else {
         return Err(CheckError::Mismatch(vec![format!(
@@ -127,7 +130,10 @@ async fn locate(pool: &PgPool, source: &SourceConfig) -> Result<(i64, String, St
 
 /// Each column's type (a domain's base type) and whether a unique index
 /// covers it alone.
-async fn columns(pool: &PgPool, oid: i64) -> Result<BTreeMap<String, (String, bool)>, CheckError> {
+async fn columns(
+    session: &mut PgConnection,
+    oid: i64,
+) -> Result<BTreeMap<String, (String, bool)>, CheckError> {
     let rows = sqlx::query(
         "SELECT a.attname::text,
                 format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL),
@@ -138,7 +144,7 @@ async fn columns(pool: &PgPool, oid: i64) -> Result<BTreeMap<String, (String, bo
           WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped",
     )
     .bind(oid)
-    .fetch_all(pool)
+    .fetch_all(session)
     .await?;
     let mut columns = BTreeMap::new();
     for row in rows {
@@ -249,6 +255,9 @@ pub enum CheckError {
     /// The database could not be asked.
     #[error("cannot read the source table's schema: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database did not answer in time (or no session could be had).
+    #[error("cannot read the source table's schema: {0}")]
+    Store(#[from] crate::store::Error),
 }
 
 /// What the database has installed for a [`Capture`].
