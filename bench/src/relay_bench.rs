@@ -776,12 +776,17 @@ struct Load {
     peer: bool,
     /// Writers insert into `switchyard_intake`, not `switchyard_outbox`.
     intake: bool,
+    /// Writers insert into a plain table of their own, which the relay
+    /// reads from the WAL as `[source]` (with `replication`).
+    source: bool,
 }
 
 impl Load {
     /// The table the writers insert into.
     fn table(&self) -> &'static str {
-        if self.intake {
+        if self.source {
+            replication::SERVICE_TABLE
+        } else if self.intake {
             "switchyard_intake"
         } else {
             "switchyard_outbox"
@@ -798,6 +803,7 @@ impl Load {
             one_per_transaction: false,
             peer: false,
             intake: false,
+            source: false,
         }
     }
 }
@@ -856,7 +862,9 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     let url = services.db_url(&name);
     let store = OutboxStore::connect(&url, 4).await?;
     store.migrate().await?;
-    if replication {
+    if replication && load.source {
+        replication::set_up_service_table(&store, &url, &name).await?;
+    } else if replication {
         replication::set_up(&store, &name).await?;
     }
     // The writer commits as a service does (the test server's default is
@@ -881,6 +889,9 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     )?;
     if replication {
         replication::configure(&mut config, &name);
+    }
+    if load.source {
+        config.source = Some(replication::service_source());
     }
     reset_peak_rss();
     let relay = if load.peer {

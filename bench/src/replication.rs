@@ -12,9 +12,12 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use sqlx::PgPool;
 use switchyard::Config;
+use switchyard::config::source::{SourceColumns, SourceConfig};
 use switchyard::config::{FeedMode, ReplicationConfig};
+use switchyard::store::replication::SourceTable;
 use switchyard::store::{OutboxStore, PublishedRows};
 
 use super::{
@@ -36,6 +39,55 @@ pub(super) async fn drop_slot(admin: &PgPool, name: &str) -> anyhow::Result<()> 
 pub(super) async fn set_up(store: &OutboxStore, slot: &str) -> anyhow::Result<()> {
     let statements = store
         .feed_statements(Some((slot, "switchyard_outbox")), None)
+        .await?;
+    store.run_feed_statements(&statements).await?;
+    Ok(())
+}
+
+/// The table a service writes its events into when the relay reads it as
+/// `[source]`: the intake's columns and defaults, a primary key, nothing
+/// else (a plain table, as a service's own outbox is).
+pub(super) const SERVICE_TABLE: &str = "service_outbox";
+
+/// `[source]` for [`SERVICE_TABLE`].
+pub(super) fn service_source() -> SourceConfig {
+    SourceConfig {
+        table: SERVICE_TABLE.to_string(),
+        schema: None,
+        columns: SourceColumns {
+            // Ids from WAL positions: a mapped event id column needs a
+            // unique index of its own, and the table has its key only.
+            event_id: None,
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            payload: "payload".into(),
+            headers: Some("headers".into()),
+            tenant: Some("tenant".into()),
+        },
+        header_columns: std::collections::BTreeMap::new(),
+        order_by: None,
+    }
+}
+
+/// Creates [`SERVICE_TABLE`] and puts a migrated outbox into replication
+/// mode through slot `slot`, reading that table as `[source]`.
+pub(super) async fn set_up_service_table(store: &OutboxStore, url: &str, slot: &str) -> anyhow::Result<()> {
+    let pool = PgPool::connect(url).await?;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {SERVICE_TABLE} (LIKE switchyard_intake INCLUDING DEFAULTS INCLUDING IDENTITY);
+         ALTER TABLE {SERVICE_TABLE} ADD PRIMARY KEY (id);"
+    ))
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    let capture = store
+        .check_source(&service_source())
+        .await?
+        .context("no [source] check on this database")?;
+    let table = SourceTable::new(&capture);
+    let statements = store
+        .feed_statements(Some((slot, "switchyard_outbox")), Some(&table))
         .await?;
     store.run_feed_statements(&statements).await?;
     Ok(())

@@ -4,7 +4,8 @@
 //! against the writes alone in the same run; and what a writer's INSERT
 //! costs against a plain table of the same columns: into the intake, into
 //! the outbox with and without the NOTIFY trigger, and into an outbox set
-//! up for replication mode.
+//! up for replication mode, and into a service's own plain table that
+//! replication mode reads as `[source]`.
 
 use super::replication::{WRITERS, print_writers, write_events};
 use super::{Args, EVENT_FIELDS, Latency, Load, Services, admin_pool, drop_db, latency_in, recreate_db};
@@ -77,17 +78,18 @@ async fn writer_cost(services: &Services) -> anyhow::Result<Vec<super::replicati
     );
     pool.close().await;
     drop_db(services, name).await?;
-    costs.push(replication_writer(services, &insert("switchyard_outbox")).await?);
+    costs.extend(replication_writer(services, &insert("switchyard_outbox")).await?);
     Ok(costs)
 }
 
-/// The writer's INSERT into an outbox set up for replication mode: each row
+/// The writer's INSERT into an outbox set up for replication mode (each row
 /// is written `streamed`, published at insert, so it enters none of the claim
-/// path's indexes, and `migrate` has turned the NOTIFY off.
+/// path's indexes, and `migrate` has turned the NOTIFY off), and into a
+/// service's own plain table that the relay reads as `[source]`.
 async fn replication_writer(
     services: &Services,
     insert: &str,
-) -> anyhow::Result<super::replication::WriterCost> {
+) -> anyhow::Result<Vec<super::replication::WriterCost>> {
     let admin = admin_pool(services).await?;
     let name = "sy_bench_steady_writers_wal";
     super::replication::drop_slot(&admin, name).await?;
@@ -95,23 +97,36 @@ async fn replication_writer(
     let url = services.db_url(name);
     let store = OutboxStore::connect(&url, 2).await?;
     store.migrate().await?;
-    super::replication::set_up(&store, name).await?;
+    super::replication::set_up_service_table(&store, &url, name).await?;
     store.close().await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(u32::try_from(WRITERS)?)
         .connect(&url)
         .await?;
-    let cost = write_events(
-        &pool,
-        "switchyard_outbox, replication",
-        insert,
-        "switchyard_outbox",
-    )
+    let service = super::replication::SERVICE_TABLE;
+    let costs = async {
+        Ok::<_, anyhow::Error>(vec![
+            write_events(
+                &pool,
+                "switchyard_outbox, replication",
+                insert,
+                "switchyard_outbox",
+            )
+            .await?,
+            write_events(
+                &pool,
+                "own table as [source], replication",
+                &insert.replace("switchyard_outbox", service),
+                service,
+            )
+            .await?,
+        ])
+    }
     .await;
     pool.close().await;
     super::replication::drop_slot(&admin, name).await?;
     drop_db(services, name).await?;
-    cost
+    costs
 }
 
 pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> {
@@ -149,6 +164,14 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
                     ..steady
                 },
             ),
+            (
+                "repl., [source]",
+                Load {
+                    replication: true,
+                    source: true,
+                    ..steady
+                },
+            ),
             ("peer (WAL)", Load { peer: true, ..steady }),
         ] {
             if load.peer && !args.peer {
@@ -164,7 +187,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         args.latency_seconds
     );
     println!(
-        "{:<14} {:>7} {:>10} {:>16} {:>10} {:>8} {:>8}",
+        "{:<15} {:>7} {:>10} {:>16} {:>10} {:>8} {:>8}",
         "mode", "rate", "PG CPU", "PG over writes", "relay CPU", "p50 ms", "p99 ms"
     );
     for rate in runs.chunk_by(|a, b| a.1.rate == b.1.rate) {
@@ -181,7 +204,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
                 )
             };
             println!(
-                "{:<14} {:>7} {:>10.3} {:>16.3} {:>10.3} {:>8} {:>8}",
+                "{:<15} {:>7} {:>10.3} {:>16.3} {:>10.3} {:>8} {:>8}",
                 mode,
                 run.rate,
                 postgres * 1000.0,

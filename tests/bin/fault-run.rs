@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -26,7 +26,9 @@
 //! store, tansu on SQLite, a durable RabbitMQ queue). `down-pg MINUTES`
 //! (2 by default): the same with NATS up and PostgreSQL stopped.
 //! `replication-down-*` runs each of them in replication mode,
-//! `intake-down-*` in claim mode with writers into the intake. These
+//! `replication-source-down-*` in replication mode with writers into a
+//! table of their own read as `[source]`, `intake-down-*` in claim mode
+//! with writers into the intake. These
 //! print their own table (dead letters, first delivery after the return,
 //! drain rate). `replication-kills`: two relays in replication mode on
 //! one slot, the one reading it SIGKILLed ROUNDS times (10 by default)
@@ -34,7 +36,9 @@
 //! `replication-pg-restart`: the same two relays drain a backlog from the
 //! slot while PostgreSQL restarts under them twice.
 //! `replication-outage`: two relays in replication mode, NATS stopped for
-//! 30 s mid-stream (at most 20,000 events). `replication-poison`: two
+//! 30 s mid-stream (at most 20,000 events). `replication-source-kills`,
+//! `replication-source-outage`: the same with the writers inserting into a
+//! table of their own (Debezium's shape) that the relays read as `[source]`. `replication-poison`: two
 //! relays in replication mode, a poison event (a plugin traps on it) and 20
 //! events of its aggregate among at most 10,000 others.
 //! `replication-relay-down MINUTES` (5 by default): one relay in
@@ -125,14 +129,23 @@ async fn main() {
     }
     let replication_down = which.strip_prefix("replication-down-");
     let intake_down = which.strip_prefix("intake-down-");
-    if let Some(down) = which.strip_prefix("down-").or(replication_down).or(intake_down) {
+    let source_down = which.strip_prefix("replication-source-down-");
+    if let Some(down) = which
+        .strip_prefix("down-")
+        .or(replication_down)
+        .or(intake_down)
+        .or(source_down)
+    {
         let minutes = second.unwrap_or(if down == "pg" { 2 } else { 10 });
         let outbox = if intake_down.is_some() {
             Outbox::Intake
+        } else if source_down.is_some() {
+            Outbox::Debezium
         } else {
             Outbox::Switchyard
         };
-        let row = outage::down_run(&relay_bin, down, minutes, replication_down.is_some(), outbox).await;
+        let replicates = replication_down.is_some() || source_down.is_some();
+        let row = outage::down_run(&relay_bin, down, minutes, replicates, outbox).await;
         outage::print(&[row]);
         return;
     }
@@ -146,12 +159,14 @@ async fn main() {
             rows.push(claim_kills_run(&relay_bin, outbox, events, kills).await);
         }
     }
-    if which == "replication-kills" || which == "all" {
-        let kills = if rounds == 0 { 10 } else { rounds };
-        rows.push(replication::kills_run(&relay_bin, events, kills).await);
-    }
-    if which == "replication-outage" || which == "all" {
-        rows.push(replication::outage_run(&relay_bin, events.min(20_000)).await);
+    for (outbox, prefix) in [(Outbox::Switchyard, ""), (Outbox::Debezium, "source-")] {
+        if which == format!("replication-{prefix}kills") || which == "all" {
+            let kills = if rounds == 0 { 10 } else { rounds };
+            rows.push(replication::kills_run(&relay_bin, outbox, events, kills).await);
+        }
+        if which == format!("replication-{prefix}outage") || which == "all" {
+            rows.push(replication::outage_run(&relay_bin, outbox, events.min(20_000)).await);
+        }
     }
     if which == "replication-poison" || which == "all" {
         rows.push(replication::poison_run(&relay_bin, events.min(10_000)).await);

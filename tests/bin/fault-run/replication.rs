@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::write_orders;
-use switchyard_tests::postgres::{Outbox, TestDb, fresh_db};
+use switchyard_tests::orders::{write_orders, write_orders_to};
+use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, TestDb, fresh_db};
 use switchyard_tests::relay::Process;
 
 use super::{AGGREGATES, Row, STREAM, restart_postgres, settings};
@@ -15,6 +15,30 @@ use super::{AGGREGATES, Row, STREAM, restart_postgres, settings};
 fn replication_settings(db: &TestDb, nats: &NatsServer) -> String {
     settings(&db.url, &nats.url()).replacen("[relay]", "[relay]\nmode = \"replication\"", 1)
         + &format!("\n[replication]\nslot = \"{}\"\n", db.name)
+}
+
+/// [`replication_settings`] for writers into `outbox`: with
+/// `Outbox::Debezium` the service's own table, created here and read from
+/// the WAL as `[source]`.
+async fn settings_for(db: &TestDb, nats: &NatsServer, outbox: Outbox) -> String {
+    let config = replication_settings(db, nats);
+    if outbox != Outbox::Debezium {
+        return config;
+    }
+    sqlx::query(DEBEZIUM_OUTBOX)
+        .execute(&db.pool)
+        .await
+        .expect("create the service's table");
+    config + DEBEZIUM_SOURCE
+}
+
+/// How a scenario names writers into `outbox`.
+fn written_to(outbox: Outbox) -> &'static str {
+    if outbox == Outbox::Debezium {
+        ", writers into their own table ([source])"
+    } else {
+        ""
+    }
 }
 
 pub(super) async fn migrate(relay_bin: &str, config: &str) {
@@ -49,14 +73,14 @@ async fn unfinished(db: &TestDb) -> i64 {
     .unwrap_or(i64::MAX)
 }
 
-/// Two relays on one slot while writers put `events` events in; the one
-/// reading it is SIGKILLed `kills` times (and started again, as a standby).
-/// Each takeover's time is printed.
-pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
+/// Two relays on one slot while writers put `events` events into
+/// `outbox`; the one reading it is SIGKILLed `kills` times (and started
+/// again, as a standby). Each takeover's time is printed.
+pub async fn kills_run(relay_bin: &str, outbox: Outbox, events: usize, kills: usize) -> Row {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_settings(&db, &nats);
+    let config = settings_for(&db, &nats, outbox).await;
     migrate(relay_bin, &config).await;
     let mut relays: Vec<(String, Process)> = (0..2)
         .map(|n| {
@@ -69,7 +93,7 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_orders(&pool, AGGREGATES, per_aggregate, 8).await }
+        async move { write_orders_to(&pool, outbox, AGGREGATES, per_aggregate, 8).await }
     });
     let mut takeovers = Vec::new();
     let mut generation = 0;
@@ -101,8 +125,9 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
     let worst_takeover = takeovers.iter().copied().fold(0.0, f64::max);
     eprintln!("replication kills: takeovers (s): {takeovers:.2?}");
     let scenario = format!(
-        "replication, {} SIGKILLs of the reader, 2 relays (takeover worst {worst_takeover:.1} s)",
-        takeovers.len()
+        "replication, {} SIGKILLs of the reader, 2 relays{} (takeover worst {worst_takeover:.1} s)",
+        takeovers.len(),
+        written_to(outbox)
     );
     let processes = relays.iter_mut().map(|(_, relay)| relay).collect();
     drain_and_count(scenario, &db, &nats, &expected, processes, started).await
@@ -215,14 +240,14 @@ async fn through_table(db: &TestDb) -> i64 {
         .unwrap_or(-1)
 }
 
-/// Two relays in replication mode while writers put `events` events in;
-/// NATS is stopped for 30 s once a quarter of them is in the stream (its
-/// JetStream store kept).
-pub async fn outage_run(relay_bin: &str, events: usize) -> Row {
+/// Two relays in replication mode while writers put `events` events into
+/// `outbox`; NATS is stopped for 30 s once a quarter of them is in the
+/// stream (its JetStream store kept).
+pub async fn outage_run(relay_bin: &str, outbox: Outbox, events: usize) -> Row {
     let db = fresh_db().await;
     let mut nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_settings(&db, &nats);
+    let config = settings_for(&db, &nats, outbox).await;
     migrate(relay_bin, &config).await;
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
@@ -230,7 +255,7 @@ pub async fn outage_run(relay_bin: &str, events: usize) -> Row {
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_orders(&pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await }
+        async move { write_orders_to(&pool, outbox, AGGREGATES, events.div_ceil(AGGREGATES), 8).await }
     });
     while nats.stream_len(STREAM).await < (events / 4) as u64 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -241,7 +266,7 @@ pub async fn outage_run(relay_bin: &str, events: usize) -> Row {
     nats.resume().await;
     eprintln!("replication outage: NATS back");
     let expected = writer.await.expect("writer");
-    let scenario = "replication, NATS down 30 s, 2 relays".to_string();
+    let scenario = format!("replication, NATS down 30 s, 2 relays{}", written_to(outbox));
     let row = drain_and_count(
         scenario,
         &db,
