@@ -50,6 +50,17 @@ async fn migrated(relay: &[(&str, &str)]) -> (TestDb, NatsServer, String) {
     (db, nats, config)
 }
 
+/// A fresh database holding a service's own outbox table in Debezium's
+/// shape (not migrated yet), and a nats-server with the orders stream.
+async fn with_a_services_table() -> (TestDb, NatsServer) {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    sqlx::query(DEBEZIUM_OUTBOX).execute(&db.pool).await.unwrap();
+    (db, nats)
+}
+
 /// Runs `switchyard migrate` on `config` and fails the test if it does.
 async fn migrate(config: &str) -> String {
     let path = std::env::temp_dir().join(format!("sy-migrate-{}.toml", uuid::Uuid::new_v4().simple()));
@@ -298,11 +309,7 @@ async fn a_killed_reader_is_replaced_by_its_standby_and_nothing_is_lost() {
 /// events have no row of the relay's unless they need the claim path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_reader_of_a_services_own_table_is_replaced_and_nothing_is_lost() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    sqlx::query(DEBEZIUM_OUTBOX).execute(&db.pool).await.unwrap();
+    let (db, nats) = with_a_services_table().await;
     let config = format!("{}{DEBEZIUM_SOURCE}", replication_config(&db, &nats, &[]));
     migrate(&config).await;
     killed_reader_replaced(&db, &nats, &config, Outbox::Debezium).await;
@@ -583,11 +590,7 @@ async fn events_written_without_a_row_keep_their_order_among_rows_and_fail_alone
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_services_own_outbox_table_is_read_from_the_wal_with_its_trigger_turned_off() {
-    init_logging();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    sqlx::query(DEBEZIUM_OUTBOX).execute(&db.pool).await.unwrap();
+    let (db, nats) = with_a_services_table().await;
     let config = format!(
         "{}{DEBEZIUM_SOURCE}",
         with_poison_plugin(&replication_config(
