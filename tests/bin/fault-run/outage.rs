@@ -121,15 +121,9 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     // The default retry settings: [relay] names the mode at most.
     let config = if replication {
         let relay = "[relay]\nmode = \"replication\"\n";
-        let mut extra = format!("[admin]\nlisten = \"\"\n[replication]\nslot = \"{}\"\n", db.name);
-        if outbox == Outbox::Debezium {
-            sqlx::query(switchyard_tests::postgres::DEBEZIUM_OUTBOX)
-                .execute(&db.pool)
-                .await
-                .expect("create the service's table");
-            extra.push_str(switchyard_tests::postgres::DEBEZIUM_SOURCE);
-        }
-        let config = broker.config(&db.url, relay, &extra);
+        let extra = format!("[admin]\nlisten = \"\"\n[replication]\nslot = \"{}\"\n", db.name);
+        let config =
+            super::replication::for_writers_into(&db, outbox, broker.config(&db.url, relay, &extra)).await;
         super::replication::migrate(relay_bin, &config).await;
         config
     } else {
@@ -226,8 +220,7 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
         report_lost(&db, &received, &expected).await;
     }
     let mode = match (replication, outbox) {
-        (true, Outbox::Debezium) => ", replication, writers into their own table ([source])",
-        (true, _) => ", replication",
+        (true, _) => &format!(", replication{}", super::replication::written_to(outbox)),
         (false, Outbox::Intake) => ", writers into the intake",
         _ => "",
     };

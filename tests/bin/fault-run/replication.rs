@@ -21,7 +21,13 @@ fn replication_settings(db: &TestDb, nats: &NatsServer) -> String {
 /// `Outbox::Debezium` the service's own table, created here and read from
 /// the WAL as `[source]`.
 async fn settings_for(db: &TestDb, nats: &NatsServer, outbox: Outbox) -> String {
-    let config = replication_settings(db, nats);
+    for_writers_into(db, outbox, replication_settings(db, nats)).await
+}
+
+/// `config` for writers into `outbox`: with `Outbox::Debezium` the
+/// service's table is created and `[source]` added, so the relays read it
+/// from the WAL.
+pub(super) async fn for_writers_into(db: &TestDb, outbox: Outbox, config: String) -> String {
     if outbox != Outbox::Debezium {
         return config;
     }
@@ -33,7 +39,7 @@ async fn settings_for(db: &TestDb, nats: &NatsServer, outbox: Outbox) -> String 
 }
 
 /// How a scenario names writers into `outbox`.
-fn written_to(outbox: Outbox) -> &'static str {
+pub(super) fn written_to(outbox: Outbox) -> &'static str {
     if outbox == Outbox::Debezium {
         ", writers into their own table ([source])"
     } else {
