@@ -628,6 +628,8 @@ async fn a_connection_budget_per_server_is_shared_out_and_never_exceeded() {
             name: db.name.clone(),
             url: db.url(),
             max_connections: 3,
+            tls: Default::default(),
+            password: None,
         });
     }
     for db in &databases[2..] {

@@ -106,7 +106,7 @@ pub async fn database_builder(
     // LISTEN's session is not the pool's (see `wake_on_commits`).
     let pooled = config.database.max_connections.saturating_sub(u32::from(listens));
     let store = OutboxStore::connect_bounded(
-        &config.database.url,
+        config.database.endpoint(),
         pooled,
         &format!("switchyard {owner}"),
         Some(config.relay.lease_duration() / 2),
@@ -132,7 +132,7 @@ pub async fn database_builder(
         Some(replication) => {
             check_replication(config, &store).await?;
             Some(crate::store::replication::StreamSettings {
-                url: config.database.url.clone(),
+                endpoint: config.database.endpoint(),
                 slot: replication.slot,
                 publication: replication.publication,
                 application_name: format!("switchyard {owner}"),

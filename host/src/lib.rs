@@ -11,6 +11,8 @@
 //! - [`router`]: pure checks and message assembly around the plugin call
 //!   (part of the relay's route stage).
 //! - [`redact`]: masking credentials wherever a URL is shown.
+//! - [`secret`]: passwords read from files or commands, again as they rotate.
+//! - [`tls`]: the one crypto provider, certificate checks, TLS failures explained.
 //! - [`sinks`]: publishing to brokers, with retryable/permanent errors.
 //! - [`relay`]: the worker loop tying the above together.
 //! - [`fleet`]: many outbox databases behind one process (`[[databases]]`,
@@ -36,9 +38,11 @@ pub mod plugin;
 pub mod redact;
 pub mod relay;
 pub mod retention;
+pub mod secret;
 pub mod sinks;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;
 
 pub use config::Config;

@@ -65,9 +65,9 @@ pub async fn run_each(args: Migrate, database: Option<&str>) -> anyhow::Result<(
 /// No database given, connection, a source mapping that does not fit the
 /// table, or a failed statement.
 pub async fn run(args: Migrate) -> anyhow::Result<()> {
-    let url = match (&args.config, &args.database_url) {
-        (Some(config), _) => config.database.url.clone(),
-        (None, Some(url)) => url.clone(),
+    let url: crate::store::Endpoint = match (&args.config, &args.database_url) {
+        (Some(config), _) => config.database.endpoint(),
+        (None, Some(url)) => url.into(),
         (None, None) => {
             anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
         }

@@ -172,6 +172,7 @@ pub fn main() -> ExitCode {
         "info"
     };
     crate::telemetry::init_with_default(cli.log_format, default_filter);
+    crate::tls::install_provider();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {

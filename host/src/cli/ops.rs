@@ -31,17 +31,15 @@ impl Database {
     pub(super) async fn open(&self) -> anyhow::Result<(OutboxStore, Option<Config>)> {
         let config = self.config.as_deref().map(Config::load).transpose()?;
         let url = match (&config, &self.database_url) {
-            (Some(config), _) => {
-                crate::fleet::catalog::pick(config, self.database.as_deref())
-                    .await?
-                    .url
-            }
-            (None, Some(url)) => url.clone(),
+            (Some(config), _) => crate::fleet::catalog::pick(config, self.database.as_deref())
+                .await?
+                .endpoint(),
+            (None, Some(url)) => url.into(),
             (None, None) => {
                 anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
             }
         };
-        let store = OutboxStore::connect(&url, 2)
+        let store = OutboxStore::connect(url, 2)
             .await
             .context("cannot connect to the database")?;
         anyhow::ensure!(
@@ -317,7 +315,7 @@ pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
 
 /// One database's live checks; `schema` also requires `migrate` to have run.
 async fn check_database(config: &Config, schema: bool) -> anyhow::Result<()> {
-    let store = OutboxStore::connect(&config.database.url, 2)
+    let store = OutboxStore::connect(config.database.endpoint(), 2)
         .await
         .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))
         .context("cannot connect to the database")?;

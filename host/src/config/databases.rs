@@ -20,6 +20,13 @@ pub struct NamedDatabase {
     /// Pool size for this database, as `database.max_connections`.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+    /// TLS to this database, as `database.tls`.
+    #[serde(default)]
+    pub tls: crate::store::PgTlsConfig,
+    /// A rotating password, as `database.password`. Also
+    /// `SWITCHYARD_DATABASE_<NAME>_PASSWORD_FILE`.
+    #[serde(default)]
+    pub password: Option<crate::secret::SecretConfig>,
 }
 
 /// The URL's password is never printed.
@@ -29,6 +36,8 @@ impl std::fmt::Debug for NamedDatabase {
             .field("name", &self.name)
             .field("url", &crate::redact::url(&self.url))
             .field("max_connections", &self.max_connections)
+            .field("tls", &self.tls)
+            .field("password", &self.password)
             .finish()
     }
 }
@@ -54,6 +63,21 @@ pub struct CatalogConfig {
     /// Run `migrate` on a database the catalog lists before serving it.
     #[serde(default)]
     pub migrate: bool,
+    /// TLS to the catalog, and the fleet's default for the databases it
+    /// lists: a parameter in a listed URL wins.
+    #[serde(default)]
+    pub tls: crate::store::PgTlsConfig,
+    /// A rotating password for the catalog, and for each listed database
+    /// whose URL has none.
+    #[serde(default)]
+    pub password: Option<crate::secret::SecretConfig>,
+}
+
+impl CatalogConfig {
+    /// What the catalog's own connection is made from.
+    pub fn endpoint(&self) -> crate::store::Endpoint {
+        crate::store::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
+    }
 }
 
 fn default_catalog_query() -> String {
@@ -73,6 +97,8 @@ impl std::fmt::Debug for CatalogConfig {
             .field("interval_seconds", &self.interval_seconds)
             .field("max_connections", &self.max_connections)
             .field("migrate", &self.migrate)
+            .field("tls", &self.tls)
+            .field("password", &self.password)
             .finish()
     }
 }
@@ -116,11 +142,18 @@ pub fn name_problem(name: &str) -> Option<String> {
 }
 
 impl NamedDatabase {
+    /// What every connection to this database is made from.
+    pub fn endpoint(&self) -> crate::store::Endpoint {
+        crate::store::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
+    }
+
     /// Its connection settings, as one `[database]`.
     pub fn settings(&self) -> DatabaseConfig {
         DatabaseConfig {
             url: self.url.clone(),
             max_connections: self.max_connections,
+            tls: self.tls.clone(),
+            password: self.password.clone(),
         }
     }
 }
@@ -130,6 +163,8 @@ impl Default for DatabaseConfig {
         DatabaseConfig {
             url: String::new(),
             max_connections: default_max_connections(),
+            tls: crate::store::PgTlsConfig::default(),
+            password: None,
         }
     }
 }
@@ -143,6 +178,8 @@ impl Config {
                 name: DEFAULT_DATABASE.to_string(),
                 url: self.database.url.clone(),
                 max_connections: self.database.max_connections,
+                tls: self.database.tls.clone(),
+                password: self.database.password.clone(),
             }]
         } else {
             self.databases.clone()
@@ -202,6 +239,11 @@ pub(super) fn list_problems(config: &Config) -> Vec<String> {
         if catalog.max_connections < 2 {
             problems.push("catalog.max_connections must be at least 2".to_string());
         }
+        problems.extend(super::validate::credential_problems(
+            "catalog",
+            &catalog.endpoint(),
+            catalog.password.as_ref(),
+        ));
     }
     if config.connections.as_ref().is_some_and(|c| c.per_server == 0) {
         problems.push("connections.per_server must be at least 1".to_string());

@@ -202,6 +202,21 @@ pub struct DatabaseConfig {
     /// Pool size. Each relay worker holds a connection only while it claims or acks.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+    /// TLS to PostgreSQL, for what the URL's `sslmode`, `sslrootcert`,
+    /// `sslcert` and `sslkey` do not say (the URL wins).
+    #[serde(default)]
+    pub tls: crate::store::PgTlsConfig,
+    /// A password that rotates, read from a file or a command, for a URL
+    /// without one. `SWITCHYARD_DATABASE_PASSWORD_FILE` sets its file.
+    #[serde(default)]
+    pub password: Option<crate::secret::SecretConfig>,
+}
+
+impl DatabaseConfig {
+    /// What every connection to this database is made from.
+    pub fn endpoint(&self) -> crate::store::Endpoint {
+        crate::store::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
+    }
 }
 
 /// The URL's password is never printed.
@@ -210,6 +225,8 @@ impl std::fmt::Debug for DatabaseConfig {
         f.debug_struct("DatabaseConfig")
             .field("url", &crate::redact::url(&self.url))
             .field("max_connections", &self.max_connections)
+            .field("tls", &self.tls)
+            .field("password", &self.password)
             .finish()
     }
 }
@@ -477,7 +494,10 @@ impl Config {
                 LoadError::Parse(whole.to_string())
             }
         })?;
-        config.apply_env(env);
+        let env_problems = config.apply_env(env);
+        if !env_problems.is_empty() {
+            return Err(LoadError::Invalid(env_problems));
+        }
         for plugin in &mut config.plugins {
             if plugin.path.is_relative() {
                 plugin.path = base.join(&plugin.path);
@@ -510,9 +530,17 @@ impl Config {
         warnings
     }
 
-    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+    /// Environment overrides. Each variable may instead name a file that
+    /// holds the value, as `NAME_FILE` (how Kubernetes and Docker hand
+    /// secrets over); a file that cannot be read is a problem returned.
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+        let problems = std::cell::RefCell::new(Vec::new());
+        let env = |name: &str| env_or_file(env, name, &mut problems.borrow_mut());
         if let Some(url) = env("SWITCHYARD_DATABASE_URL") {
             self.database.url = url;
+        }
+        if let Some(path) = env("SWITCHYARD_DATABASE_PASSWORD_FILE") {
+            self.database.password = Some(crate::secret::SecretConfig::from_file(path.into()));
         }
         if let Some(catalog) = &mut self.catalog
             && let Some(url) = env("SWITCHYARD_CATALOG_URL")
@@ -520,12 +548,48 @@ impl Config {
             catalog.url = url;
         }
         for database in &mut self.databases {
-            if let Some(url) = env(&format!("SWITCHYARD_DATABASE_{}_URL", env_name(&database.name))) {
+            let prefix = format!("SWITCHYARD_DATABASE_{}_", env_name(&database.name));
+            if let Some(url) = env(&format!("{prefix}URL")) {
                 database.url = url;
+            }
+            if let Some(path) = env(&format!("{prefix}PASSWORD_FILE")) {
+                database.password = Some(crate::secret::SecretConfig::from_file(path.into()));
             }
         }
         for (name, target) in &mut self.targets {
-            target.apply_env(&format!("SWITCHYARD_TARGET_{}_", env_name(name)), env);
+            target.apply_env(&format!("SWITCHYARD_TARGET_{}_", env_name(name)), &env);
+        }
+        problems.into_inner()
+    }
+}
+
+/// `env(name)`, or else the content of the file `env(name_FILE)` names
+/// (without its trailing newline). `*_PASSWORD_FILE` variables are paths
+/// themselves and are read again as the password rotates, so they are
+/// not followed here.
+fn env_or_file(
+    env: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    if let Some(value) = env(name) {
+        return Some(value);
+    }
+    if name.ends_with("_FILE") {
+        return None;
+    }
+    let variable = format!("{name}_FILE");
+    let path = env(&variable)?;
+    match std::fs::read_to_string(&path) {
+        Ok(mut text) => {
+            while text.ends_with(['\n', '\r']) {
+                text.pop();
+            }
+            Some(text)
+        }
+        Err(error) => {
+            problems.push(format!("{variable}: cannot read {path}: {error}"));
+            None
         }
     }
 }

@@ -96,6 +96,9 @@ fn connection(problems: &mut Problems, config: &Config, key: &str, env: &str, db
     if let Err(problem) = check_database_url(key, &db.url) {
         problems.check(false, problem);
     }
+    problems
+        .0
+        .extend(credential_problems(key, &db.endpoint(), db.password.as_ref()));
     problems.check(
         db.max_connections >= 2,
         format!("{key}.max_connections must be at least 2"),
@@ -229,6 +232,42 @@ fn targets(problems: &mut Problems, config: &Config) {
             problems.check(false, format!("targets.{name}: {problem}"));
         }
     }
+}
+
+/// What is wrong with a database's TLS files and password source: files
+/// that are missing or hold no certificate or key, a client certificate
+/// that is expired or does not match its key, a password set twice.
+pub(super) fn credential_problems(
+    key: &str,
+    endpoint: &crate::store::Endpoint,
+    password: Option<&crate::secret::SecretConfig>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if endpoint.is_sqlite() {
+        return problems;
+    }
+    let root = endpoint.parameter("sslrootcert").map(std::path::PathBuf::from);
+    let (cert, private_key) = (endpoint.parameter("sslcert"), endpoint.parameter("sslkey"));
+    let client = match (&cert, &private_key) {
+        (Some(cert), Some(private_key)) => {
+            Some((std::path::Path::new(cert), std::path::Path::new(private_key)))
+        }
+        (None, None) => None,
+        _ => {
+            problems.push(format!("{key}: a client certificate needs both sslcert and sslkey (tls.client_cert and tls.client_key)"));
+            None
+        }
+    };
+    problems.extend(crate::tls::file_problems(key, root.as_deref(), client));
+    if let Some(password) = password {
+        problems.extend(password.problems(&format!("{key}.password")));
+        if endpoint.password_source().is_none() {
+            problems.push(format!(
+                "{key}: the URL has a password and {key}.password is set too; keep one"
+            ));
+        }
+    }
+    problems
 }
 
 /// Parses the URL as the driver will, so a malformed one (`host:notaport`,

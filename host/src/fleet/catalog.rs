@@ -54,6 +54,8 @@ pub async fn read(catalog: &CatalogConfig) -> anyhow::Result<Listing> {
                     name,
                     url,
                     max_connections: catalog.max_connections,
+                    tls: catalog.tls.clone(),
+                    password: catalog.password.clone(),
                 },
             );
         }
@@ -74,8 +76,19 @@ async fn query(catalog: &CatalogConfig) -> Result<Vec<(String, String)>, sqlx::E
             .collect()
     } else {
         use sqlx::ConnectOptions;
-        let options: sqlx::postgres::PgConnectOptions = catalog.url.parse()?;
-        let mut connection = options.application_name("switchyard catalog").connect().await?;
+        crate::tls::install_provider();
+        let endpoint = catalog.endpoint();
+        let options = endpoint
+            .pg_options()
+            .await
+            .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
+        let mut connection = options
+            .application_name("switchyard catalog")
+            .connect()
+            .await
+            .map_err(|e| {
+                sqlx::Error::Configuration(crate::store::describe_connect_error(&endpoint, &e).into())
+            })?;
         let rows = sqlx::query(&catalog.query).fetch_all(&mut connection).await?;
         rows.iter()
             .map(|row| pair(&|i| row.try_get::<String, _>(i)))

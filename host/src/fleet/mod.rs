@@ -511,7 +511,7 @@ async fn build(
             .as_ref()
             .is_some_and(|catalog| catalog.migrate)
     {
-        let store = crate::store::OutboxStore::connect(&database.url, 2).await?;
+        let store = crate::store::OutboxStore::connect(database.endpoint(), 2).await?;
         store.migrate().await?;
         store.close().await;
     }

@@ -49,7 +49,8 @@ pub(super) async fn follow(
             // One session per database followed: the follower's statements
             // are one at a time. Each is bounded by the lease (none is of
             // use after it); `keep` stops serving sooner than that.
-            match OutboxStore::connect_unpinged(&database.url, &format!("switchyard {me}"), lease).await {
+            match OutboxStore::connect_unpinged(database.endpoint(), &format!("switchyard {me}"), lease).await
+            {
                 Ok(connected) => store = Some(connected),
                 Err(error) => {
                     let error = crate::redact::url(&error.to_string());

@@ -209,6 +209,7 @@ impl Sinks {
         targets: &BTreeMap<String, TargetConfig>,
         settings: &SinkSettings,
     ) -> anyhow::Result<Sinks> {
+        crate::tls::install_provider();
         let mut by_name = BTreeMap::new();
         for (name, target) in targets {
             let sink = target

@@ -17,6 +17,7 @@
 #[macro_use]
 mod backend;
 mod dialect;
+pub mod endpoint;
 mod postgres;
 mod sqlite;
 mod types;
@@ -34,6 +35,7 @@ use sqlx::sqlite::{
 };
 
 use backend::Backend;
+pub use endpoint::{Endpoint, PgTlsConfig, SslMode};
 pub use types::{
     Claim, DeadLetterFilter, Delivery, DeliveryKey, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome,
     PublishedRows, RetentionMode, RowId, RowOutcome, payload_over_limit,
@@ -106,6 +108,7 @@ mod ownership;
 mod relays;
 pub use ownership::Ownership;
 pub use postgres::INTAKE_LOCK;
+pub(crate) use postgres::describe_connect_error;
 pub use relays::{FORGOTTEN_AFTER, RunningRelay};
 
 /// Handle to the outbox table, on PostgreSQL (production: many relays share
@@ -124,7 +127,7 @@ impl OutboxStore {
     ///
     /// # Errors
     /// [`Error::Database`] when the database is unreachable or the URL is bad.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<OutboxStore, Error> {
+    pub async fn connect(url: impl Into<Endpoint>, max_connections: u32) -> Result<OutboxStore, Error> {
         OutboxStore::connect_as(url, max_connections, "switchyard").await
     }
 
@@ -136,7 +139,7 @@ impl OutboxStore {
     /// # Errors
     /// As [`OutboxStore::connect`].
     pub async fn connect_as(
-        url: &str,
+        url: impl Into<Endpoint>,
         max_connections: u32,
         application_name: &str,
     ) -> Result<OutboxStore, Error> {
@@ -151,7 +154,7 @@ impl OutboxStore {
     /// # Errors
     /// As [`OutboxStore::connect`].
     pub async fn connect_bounded(
-        url: &str,
+        url: impl Into<Endpoint>,
         max_connections: u32,
         application_name: &str,
         statement_timeout: Option<Duration>,
@@ -169,7 +172,7 @@ impl OutboxStore {
     /// # Errors
     /// As [`OutboxStore::connect`].
     pub async fn connect_unpinged(
-        url: &str,
+        url: impl Into<Endpoint>,
         application_name: &str,
         statement_timeout: Duration,
     ) -> Result<OutboxStore, Error> {
@@ -178,14 +181,15 @@ impl OutboxStore {
 
     /// The store for `url`; `ping_idle`: see [`postgres::SessionOptions`].
     async fn connect_with(
-        url: &str,
+        endpoint: impl Into<Endpoint>,
         max_connections: u32,
         application_name: &str,
         statement_timeout: Option<Duration>,
         ping_idle: bool,
     ) -> Result<OutboxStore, Error> {
-        if url.starts_with("sqlite:") {
-            let options = SqliteConnectOptions::from_str(url)?
+        let endpoint = endpoint.into();
+        if endpoint.is_sqlite() {
+            let options = SqliteConnectOptions::from_str(endpoint.url())?
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Normal)
@@ -197,7 +201,7 @@ impl OutboxStore {
             return Ok(OutboxStore::new_sqlite(pool));
         }
         let backend = postgres::Postgres::connect(
-            url,
+            &endpoint,
             &postgres::SessionOptions {
                 max_connections,
                 application_name,

@@ -49,14 +49,15 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                     .map(Ok)
                     .collect(),
                 (true, true) => {
-                    let url = match (&database, &relay) {
+                    let url: crate::store::Endpoint = match (&database, &relay) {
                         (Some(name), Some(relay)) => {
-                            crate::fleet::catalog::pick(relay, Some(name)).await?.url
+                            crate::fleet::catalog::pick(relay, Some(name)).await?.endpoint()
                         }
                         _ => database_url
-                            .context("--from-db needs --database-url or SWITCHYARD_DATABASE_URL")?,
+                            .context("--from-db needs --database-url or SWITCHYARD_DATABASE_URL")?
+                            .into(),
                     };
-                    let store = OutboxStore::connect(&url, 2)
+                    let store = OutboxStore::connect(url, 2)
                         .await
                         .context("cannot connect to the database")?;
                     let limits = limits();

@@ -2,14 +2,15 @@
 //! session gets once so that the relay's statements need no transaction of
 //! their own to carry them.
 
-use std::str::FromStr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::store::Error;
+use crate::store::endpoint::Endpoint;
 
 /// Bound on connecting to the database.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,35 +84,37 @@ static SESSION_SETTINGS: LazyLock<String> = LazyLock::new(|| {
 /// A pool whose sessions carry [`SESSION_SETTINGS`], and each statement
 /// its `statement_timeout` when given. The server is asked once first,
 /// alone: a pool reports an unreachable server or a missing database only
-/// as "pool timed out".
-pub(super) async fn pool(url: &str, sessions: &super::SessionOptions<'_>) -> Result<PgPool, Error> {
+/// as "pool timed out". With a password source, the pool's options are
+/// renewed while it lives (see [`renew_password`]); the returned guard
+/// stops that when the store goes.
+pub(super) async fn pool(
+    endpoint: &Endpoint,
+    sessions: &super::SessionOptions<'_>,
+) -> Result<(PgPool, Option<DropGuard>), Error> {
+    crate::tls::install_provider();
     // The relay logs slow claims itself, in one line; sqlx would add the
     // whole statement text at WARN each time.
-    let mut options =
-        PgConnectOptions::from_str(url)?.log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
+    let mut options = endpoint
+        .pg_options()
+        .await?
+        .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
     if options.get_application_name().is_none() {
         options = options.application_name(sessions.application_name);
     }
-    let at = format!(
-        "PostgreSQL at {}:{} (database {:?})",
-        options.get_host(),
-        options.get_port(),
-        options.get_database().unwrap_or(options.get_username())
-    );
     let connect_error = |reason: String| Error::Connect {
-        at: at.clone(),
+        at: endpoint.describe(),
         reason: crate::redact::url(&reason),
     };
     let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
         .await
         .map_err(|_| connect_error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())))?
-        .map_err(|e| connect_error(describe_connect_error(&e)))?;
+        .map_err(|e| connect_error(describe_connect_error(endpoint, &e)))?;
     let _ = probe.close().await;
     let timeout_ms = sessions
         .statement_timeout
         .map(|timeout| timeout.as_millis().max(1).to_string());
     let ping_idle = sessions.ping_idle;
-    Ok(PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(sessions.max_connections)
         .acquire_timeout(CONNECT_TIMEOUT)
         // sqlx pings every connection it hands out, a round trip as dear
@@ -131,11 +134,59 @@ pub(super) async fn pool(url: &str, sessions: &super::SessionOptions<'_>) -> Res
                     .map(drop)
             })
         })
-        .connect_lazy_with(options))
+        .connect_lazy_with(options);
+    let renewal = endpoint.password_source().map(|source| {
+        let stop = CancellationToken::new();
+        tokio::spawn(renew_password(
+            pool.clone(),
+            endpoint.clone(),
+            source.refresh(),
+            stop.clone(),
+        ));
+        stop.drop_guard()
+    });
+    Ok((pool, renewal))
 }
 
-/// The driver's error without its generic prefix.
-fn describe_connect_error(error: &sqlx::Error) -> String {
+/// Reads the password again every `every` and hands a changed one to the
+/// pool, for the sessions it opens next (LISTEN's too: it takes the pool's
+/// options). sqlx has no hook for each new connection; this is the one
+/// `Pool::set_connect_options` allows. A failed read is logged once per
+/// spell and the last good password kept.
+async fn renew_password(pool: PgPool, endpoint: Endpoint, every: Duration, stop: CancellationToken) {
+    let mut current = endpoint.password().await.ok().flatten();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
+        match endpoint.password().await {
+            Ok(Some(secret)) => {
+                failing = false;
+                if current.as_ref() != Some(&secret) {
+                    let options = (*pool.connect_options()).clone().password(secret.expose());
+                    pool.set_connect_options(options);
+                    tracing::info!(database = %endpoint.describe(), "Password renewed for new sessions.");
+                    current = Some(secret);
+                }
+            }
+            Ok(None) => return,
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(%error, "Cannot read the database password again; new sessions use the last one read.");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The driver's error without its generic prefix, and for a TLS failure
+/// what to do about it.
+pub(crate) fn describe_connect_error(endpoint: &Endpoint, error: &sqlx::Error) -> String {
+    if let Some(problem) = crate::tls::pg_problem(endpoint, error) {
+        return problem;
+    }
     match error {
         sqlx::Error::Database(e) => e.message().to_string(),
         sqlx::Error::Io(e) => e.to_string(),

@@ -51,6 +51,9 @@ async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
             .connect_lazy_with((*pool.connect_options()).clone());
         let listening = async {
             let mut listener = PgListener::connect_with(&own).await?;
+            // A lost session ends `hear`; the next comes from the pool's
+            // options as they are then (see `hear`).
+            listener.eager_reconnect(false);
             listener.listen(NOTIFY_CHANNEL).await?;
             Ok::<_, sqlx::Error>(listener)
         };
@@ -86,8 +89,13 @@ async fn hear(listener: &mut PgListener, wake: &Notify, shutdown: &CancellationT
         };
         match received {
             Ok(Ok(Some(_))) => wake.notify_one(),
-            // Connection lost; the next try_recv reconnects.
-            Ok(Ok(None)) => wake.notify_waiters(),
+            // Connection lost. Not left to the listener's own reconnect:
+            // its pool has the options of when it was made, and a password
+            // that rotated since would be refused.
+            Ok(Ok(None)) => {
+                wake.notify_waiters();
+                return;
+            }
             Ok(Err(error)) => {
                 warn!(%error, "LISTEN connection broke; reconnecting.");
                 return;

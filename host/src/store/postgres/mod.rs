@@ -12,6 +12,7 @@ pub(crate) mod capture;
 mod claim;
 pub use claim::INTAKE_LOCK;
 mod connect;
+pub(crate) use connect::describe_connect_error;
 mod listen;
 pub(crate) mod replication;
 mod sessions;
@@ -63,6 +64,8 @@ pub(super) struct Postgres {
     planner_settings: bool,
     /// Sessions the claims and acks keep out of the pool between uses.
     sessions: Arc<sessions::Sessions>,
+    /// Stops the pool's password renewal when the last clone goes.
+    _renewal: Option<Arc<tokio_util::sync::DropGuard>>,
 }
 
 impl Postgres {
@@ -73,6 +76,7 @@ impl Postgres {
             pool,
             schema: Arc::new(AtomicU8::new(0)),
             planner_settings: false,
+            _renewal: None,
         }
     }
 
@@ -91,8 +95,11 @@ impl Postgres {
 
     /// Connects a pool whose sessions carry the relay's settings; see
     /// [`connect::pool`].
-    pub(super) async fn connect(url: &str, sessions: &SessionOptions<'_>) -> Result<Postgres, Error> {
-        let pool = connect::pool(url, sessions).await?;
+    pub(super) async fn connect(
+        endpoint: &super::endpoint::Endpoint,
+        sessions: &SessionOptions<'_>,
+    ) -> Result<Postgres, Error> {
+        let (pool, renewal) = connect::pool(endpoint, sessions).await?;
         let statement_timeout = sessions.statement_timeout;
         // The server cancels a statement at its timeout; a session that has
         // not answered some time after that is not going to.
@@ -100,6 +107,7 @@ impl Postgres {
         Ok(Postgres {
             planner_settings: true,
             sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0, answer_within)),
+            _renewal: renewal.map(Arc::new),
             ..Postgres::new(pool)
         })
     }

@@ -54,8 +54,8 @@ impl StreamError {
 /// How to reach the slot.
 #[derive(Debug, Clone)]
 pub struct StreamSettings {
-    /// The database URL (its credentials too).
-    pub url: String,
+    /// The database: URL, TLS and password source.
+    pub endpoint: crate::store::Endpoint,
     /// The slot and publication.
     pub slot: String,
     /// The publication read.
@@ -103,10 +103,15 @@ impl WalStream {
     /// [`StreamError::Standby`] while another relay reads the slot,
     /// [`StreamError::Gone`] when it cannot be read, else `Broken`.
     pub async fn open(settings: &StreamSettings) -> Result<WalStream, StreamError> {
-        let config = replication_config(settings)?;
-        let mut client = ReplicationClient::connect(config)
-            .await
-            .map_err(|e| StreamError::from_wire(e, &settings.slot))?;
+        let config = replication_config(settings).await?;
+        let mut client = ReplicationClient::connect(config).await.map_err(|e| match e {
+            // Connecting again may succeed once the server or the
+            // settings are mended: the feed waits, as for any outage.
+            PgWireError::Tls(reason) => {
+                StreamError::Broken(crate::tls::wire_problem(&settings.endpoint, &reason))
+            }
+            e => StreamError::from_wire(e, &settings.slot),
+        })?;
         client
             .wait_started()
             .await
@@ -214,29 +219,42 @@ impl WalStream {
     }
 }
 
-/// The session's settings from the database URL.
-fn replication_config(
+/// The session's settings from the endpoint: the same host, login and TLS
+/// as the relay's pool, the password read now.
+async fn replication_config(
     settings: &StreamSettings,
 ) -> Result<pgwire_replication::ReplicationConfig, StreamError> {
-    use std::str::FromStr;
-    let options = sqlx::postgres::PgConnectOptions::from_str(&settings.url)
-        .map_err(|e| StreamError::Gone(format!("database.url cannot be read: {e}")))?;
-    if matches!(
-        options.get_ssl_mode(),
-        sqlx::postgres::PgSslMode::Require
-            | sqlx::postgres::PgSslMode::VerifyCa
-            | sqlx::postgres::PgSslMode::VerifyFull
-    ) {
-        return Err(StreamError::Gone(
-            "replication mode connects without TLS; database.url asks for sslmode=require or stricter".into(),
-        ));
-    }
-    let password = url_password(&settings.url)
-        .or_else(|| std::env::var("PGPASSWORD").ok())
-        .unwrap_or_default();
+    use pgwire_replication::{SslMode as Wire, TlsConfig};
+    use sqlx::postgres::PgSslMode;
+    crate::tls::install_provider();
+    let options = settings
+        .endpoint
+        .pg_options()
+        .await
+        .map_err(|e| StreamError::Broken(crate::redact::url(&e.to_string())))?;
+    let password = match settings.endpoint.password().await {
+        Ok(Some(secret)) => secret.expose().to_string(),
+        _ => url_password(settings.endpoint.url())
+            .or_else(|| std::env::var("PGPASSWORD").ok())
+            .unwrap_or_default(),
+    };
     let host = match options.get_socket() {
         Some(dir) => dir.display().to_string(),
         None => options.get_host().to_string(),
+    };
+    let path = |key: &str| settings.endpoint.parameter(key).map(std::path::PathBuf::from);
+    let tls = TlsConfig {
+        mode: match options.get_ssl_mode() {
+            PgSslMode::Disable | PgSslMode::Allow => Wire::Disable,
+            PgSslMode::Prefer => Wire::Prefer,
+            PgSslMode::Require => Wire::Require,
+            PgSslMode::VerifyCa => Wire::VerifyCa,
+            PgSslMode::VerifyFull => Wire::VerifyFull,
+        },
+        ca_pem_path: path("sslrootcert"),
+        sni_hostname: None,
+        client_cert_pem_path: path("sslcert"),
+        client_key_pem_path: path("sslkey"),
     };
     let mut config = pgwire_replication::ReplicationConfig::new(
         host,
@@ -247,7 +265,7 @@ fn replication_config(
         settings.publication.clone(),
     )
     .with_port(options.get_port())
-    .with_tls(pgwire_replication::TlsConfig::disabled())
+    .with_tls(tls)
     .with_status_interval(Duration::from_secs(1))
     .with_wakeup_interval(Duration::from_secs(10))
     // Bounded: a paused relay leaves the rest in the WAL, not in memory.

@@ -1,0 +1,274 @@
+//! Where a database is and how to log in: the one value every connection
+//! to it is built from (the relay's pool, LISTEN, the replication session,
+//! the ownership follower, the catalog, the CLI), so that none of them ends
+//! up without TLS or with a password that has since rotated.
+//!
+//! TLS settings travel as libpq's URL parameters (`sslmode`, `sslrootcert`,
+//! `sslcert`, `sslkey`); a `[database.tls]` table fills in those the URL
+//! leaves out, so a parameter in the URL always wins (a catalog row's URL
+//! over the fleet's defaults).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sqlx::postgres::PgConnectOptions;
+
+use crate::secret::{Secret, SecretConfig};
+
+/// libpq's `sslmode`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// No TLS.
+    Disable,
+    /// TLS when the server offers it, unverified (libpq's default).
+    Prefer,
+    /// TLS or no connection; the certificate is not verified.
+    Require,
+    /// TLS with the certificate signed by a trusted CA.
+    VerifyCa,
+    /// As `verify-ca`, and the certificate names the host connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The URL parameter's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// `[database.tls]`, `[[databases]] tls`, `[catalog.tls]`: TLS to
+/// PostgreSQL, for what the URL does not say itself.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PgTlsConfig {
+    /// `disable`, `prefer` (the default), `require`, `verify-ca` or
+    /// `verify-full` (what a managed database should get).
+    #[serde(default)]
+    pub mode: Option<SslMode>,
+    /// The CA certificates (PEM) that sign the server's. Without it the
+    /// Mozilla roots compiled into the relay are trusted.
+    #[serde(default)]
+    pub root_cert: Option<PathBuf>,
+    /// A client certificate (PEM), for certificate login.
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
+}
+
+impl PgTlsConfig {
+    /// The settings as `(parameter, value)` pairs.
+    fn parameters(&self) -> Vec<(&'static str, String)> {
+        let path = |p: &PathBuf| p.display().to_string();
+        [
+            ("sslmode", self.mode.map(|m| m.as_str().to_string())),
+            ("sslrootcert", self.root_cert.as_ref().map(path)),
+            ("sslcert", self.client_cert.as_ref().map(path)),
+            ("sslkey", self.client_key.as_ref().map(path)),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.map(|v| (key, v)))
+        .collect()
+    }
+}
+
+/// A database to connect to: its URL with the TLS settings folded in, and
+/// where its password comes from when the URL carries none.
+#[derive(Clone)]
+pub struct Endpoint {
+    url: String,
+    password: Option<Arc<SecretConfig>>,
+}
+
+impl Endpoint {
+    /// `url` with `tls` filling in the parameters it lacks, and `password`
+    /// read for each new connection unless the URL has a password of its own.
+    pub fn new(url: &str, tls: &PgTlsConfig, password: Option<&SecretConfig>) -> Endpoint {
+        if !is_postgres(url) {
+            return Endpoint::from(url);
+        }
+        let Ok(mut parsed) = url::Url::parse(url) else {
+            // Left as it is: the driver names what is wrong with it.
+            return Endpoint::from(url);
+        };
+        let present: Vec<String> = parsed.query_pairs().map(|(key, _)| key.into_owned()).collect();
+        let missing: Vec<_> = tls
+            .parameters()
+            .into_iter()
+            .filter(|(key, _)| !present.iter().any(|p| p == key))
+            .collect();
+        if !missing.is_empty() {
+            let mut query = parsed.query_pairs_mut();
+            for (key, value) in &missing {
+                query.append_pair(key, value);
+            }
+        }
+        let password = password
+            .filter(|_| parsed.password().is_none())
+            .cloned()
+            .map(Arc::new);
+        Endpoint {
+            url: parsed.to_string(),
+            password,
+        }
+    }
+
+    /// The URL, TLS parameters included; its password, if any, is shown
+    /// only through [`crate::redact::url`].
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Where the password comes from, when not from the URL.
+    pub fn password_source(&self) -> Option<&SecretConfig> {
+        self.password.as_deref()
+    }
+
+    /// The options for a new PostgreSQL connection, with the password read
+    /// now.
+    ///
+    /// # Errors
+    /// The URL does not parse, or the password cannot be read.
+    pub async fn pg_options(&self) -> Result<PgConnectOptions, super::Error> {
+        let options = PgConnectOptions::from_str(&self.url)?;
+        match self.password().await? {
+            Some(secret) => Ok(options.password(secret.expose())),
+            None => Ok(options),
+        }
+    }
+
+    /// The password from its source, read now (`None`: the URL's or none).
+    ///
+    /// # Errors
+    /// The source cannot be read.
+    pub async fn password(&self) -> Result<Option<Secret>, super::Error> {
+        match &self.password {
+            Some(source) => Ok(Some(source.read().await.map_err(|e| super::Error::Connect {
+                at: self.describe(),
+                reason: e.to_string(),
+            })?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `PostgreSQL at host:port (database "name")`, for messages.
+    pub fn describe(&self) -> String {
+        match PgConnectOptions::from_str(&self.url) {
+            Ok(options) => format!(
+                "PostgreSQL at {}:{} (database {:?})",
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or(options.get_username())
+            ),
+            Err(_) => crate::redact::url(&self.url),
+        }
+    }
+
+    /// Whether this is a SQLite database.
+    pub fn is_sqlite(&self) -> bool {
+        self.url.starts_with("sqlite:")
+    }
+
+    /// The value of URL parameter `key`.
+    pub fn parameter(&self, key: &str) -> Option<String> {
+        url::Url::parse(&self.url)
+            .ok()?
+            .query_pairs()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    }
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The password never shows.
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("url", &crate::redact::url(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl From<&str> for Endpoint {
+    fn from(url: &str) -> Endpoint {
+        Endpoint {
+            url: url.to_string(),
+            password: None,
+        }
+    }
+}
+
+impl From<String> for Endpoint {
+    fn from(url: String) -> Endpoint {
+        Endpoint { url, password: None }
+    }
+}
+
+impl From<&String> for Endpoint {
+    fn from(url: &String) -> Endpoint {
+        Endpoint::from(url.as_str())
+    }
+}
+
+impl From<&Endpoint> for Endpoint {
+    fn from(endpoint: &Endpoint) -> Endpoint {
+        endpoint.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_urls_own_parameters_win_over_the_tls_table() {
+        let tls = PgTlsConfig {
+            mode: Some(SslMode::VerifyFull),
+            root_cert: Some("/etc/ca.pem".into()),
+            client_cert: None,
+            client_key: None,
+        };
+        let endpoint = Endpoint::new("postgres://u@db.example.com/app?sslmode=require", &tls, None);
+        assert_eq!(endpoint.parameter("sslmode").as_deref(), Some("require"));
+        assert_eq!(endpoint.parameter("sslrootcert").as_deref(), Some("/etc/ca.pem"));
+        let plain = Endpoint::new("postgres://u@db.example.com/app", &tls, None);
+        assert_eq!(plain.parameter("sslmode").as_deref(), Some("verify-full"));
+    }
+
+    #[test]
+    fn a_password_in_the_url_wins_over_a_password_source() {
+        let source = SecretConfig::from_file("/run/secrets/pw".into());
+        let with = Endpoint::new("postgres://u:pw@h/db", &PgTlsConfig::default(), Some(&source));
+        assert!(with.password_source().is_none());
+        let without = Endpoint::new("postgres://u@h/db", &PgTlsConfig::default(), Some(&source));
+        assert!(without.password_source().is_some());
+        assert!(!format!("{with:?}").contains(":pw@"));
+    }
+
+    #[test]
+    fn sqlite_urls_are_left_alone() {
+        let tls = PgTlsConfig {
+            mode: Some(SslMode::Require),
+            ..PgTlsConfig::default()
+        };
+        assert_eq!(
+            Endpoint::new("sqlite:demo.db", &tls, None).url(),
+            "sqlite:demo.db"
+        );
+    }
+}
