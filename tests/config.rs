@@ -139,7 +139,63 @@ fn secrets_come_from_the_environment() {
         panic!("main-bus is a NATS target");
     };
     assert_eq!(nats.user.as_deref(), Some("relay"));
-    assert_eq!(nats.password.as_deref(), Some("s3cret"));
+    assert_eq!(
+        nats.password,
+        Some(switchyard::secret::SecretValue::Value("s3cret".into()))
+    );
+}
+
+#[tokio::test]
+async fn secrets_come_from_files_named_by_the_environment() {
+    let wasm = plugin("route_by_type");
+    let text = format!(
+        "[database]\nurl = \"postgres://file/db\"\n[[plugins]]\nname = \"r\"\npath = \"{}\"\n[targets.main-bus]\ntype = \"nats\"\nurl = \"nats://file:4222\"\nuser = \"relay\"\n",
+        wasm.display()
+    );
+    let dir = std::env::temp_dir().join(format!("sy-env-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url_file = dir.join("url");
+    std::fs::write(&url_file, "postgres://relay@from-file/db\n").unwrap();
+    let password_file = dir.join("nats-password");
+    std::fs::write(&password_file, "first\n").unwrap();
+    let (url_path, password_path) = (
+        url_file.display().to_string(),
+        password_file.display().to_string(),
+    );
+    let env = |name: &str| match name {
+        "SWITCHYARD_DATABASE_URL_FILE" => Some(url_path.clone()),
+        "SWITCHYARD_DATABASE_PASSWORD_FILE" => Some(password_path.clone()),
+        "SWITCHYARD_TARGET_MAIN_BUS_PASSWORD_FILE" => Some(password_path.clone()),
+        _ => None,
+    };
+    let config = Config::from_toml(&text, Path::new("."), &env).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(config.database.url, "postgres://relay@from-file/db");
+    let TargetConfig::Nats(nats) = &config.targets["main-bus"] else {
+        panic!("main-bus is a NATS target");
+    };
+    // Read for each connection: a rotated password is seen.
+    let password = nats.password.clone().expect("password from a file");
+    assert_eq!(password.read().await.unwrap().expose(), "first");
+    std::fs::write(&password_file, "rotated-pw-2\n").unwrap();
+    assert_eq!(password.read().await.unwrap().expose(), "rotated-pw-2");
+    let database = config.database.endpoint();
+    assert_eq!(
+        database.password().await.unwrap().unwrap().expose(),
+        "rotated-pw-2"
+    );
+    assert!(!format!("{config:?}").contains("rotated-pw-2"));
+
+    // A variable naming a file that is not there is a problem, named.
+    let missing =
+        |name: &str| (name == "SWITCHYARD_DATABASE_URL_FILE").then(|| "/nonexistent/url".to_string());
+    let problems = Config::from_toml(&text, Path::new("."), &missing)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        problems.contains("SWITCHYARD_DATABASE_URL_FILE: cannot read /nonexistent/url"),
+        "{problems}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

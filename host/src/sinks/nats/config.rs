@@ -1,8 +1,12 @@
 //! Config for the NATS target and the client options it builds.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
+
+use crate::secret::SecretValue;
+use crate::tls::BrokerTlsConfig;
 
 use crate::sinks::registry::{SinkSettings, TargetKind};
 use crate::sinks::{Sink, SinkError};
@@ -31,12 +35,27 @@ pub struct NatsSinkConfig {
     /// User name; overridden by `SWITCHYARD_TARGET_<NAME>_USER`.
     #[serde(default)]
     pub user: Option<String>,
-    /// Password; overridden by `SWITCHYARD_TARGET_<NAME>_PASSWORD`.
+    /// Password, or where to read it for each connection
+    /// (`{ file = "..." }`, `{ command = [...] }`); overridden by
+    /// `SWITCHYARD_TARGET_<NAME>_PASSWORD` (or `_PASSWORD_FILE`).
     #[serde(default)]
-    pub password: Option<String>,
-    /// Token; overridden by `SWITCHYARD_TARGET_<NAME>_TOKEN`.
+    pub password: Option<SecretValue>,
+    /// Token, or where to read it; overridden by
+    /// `SWITCHYARD_TARGET_<NAME>_TOKEN` (or `_TOKEN_FILE`).
     #[serde(default)]
-    pub token: Option<String>,
+    pub token: Option<SecretValue>,
+    /// A creds file (user JWT and nkey seed), as operator-mode clusters and
+    /// Synadia Cloud hand out; read again for each connection. Also
+    /// `SWITCHYARD_TARGET_<NAME>_CREDENTIALS_FILE`.
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    /// A file holding a user nkey seed (`SU...`), for nkey login; read
+    /// again for each connection. Also `SWITCHYARD_TARGET_<NAME>_NKEY_SEED_FILE`.
+    #[serde(default)]
+    pub nkey_seed_file: Option<PathBuf>,
+    /// A custom CA, a client certificate, and whether TLS is required.
+    #[serde(default)]
+    pub tls: BrokerTlsConfig,
     /// Name the connection shows on the server.
     #[serde(default = "default_connection_name")]
     pub connection_name: String,
@@ -107,9 +126,33 @@ impl NatsSinkConfig {
         if self.password.is_some() && self.user.is_none() {
             problems.push("password is set but user is not".to_string());
         }
-        if self.token.is_some() && self.user.is_some() {
-            problems.push("set either token or user/password, not both".to_string());
+        let logins = [
+            self.user.is_some(),
+            self.token.is_some(),
+            self.credentials_file.is_some(),
+            self.nkey_seed_file.is_some(),
+        ];
+        if logins.iter().filter(|set| **set).count() > 1 {
+            problems.push(
+                "set one way to log in: user/password, token, credentials_file or nkey_seed_file".to_string(),
+            );
         }
+        for (key, secret) in [("password", &self.password), ("token", &self.token)] {
+            if let Some(secret) = secret {
+                problems.extend(secret.problems(key));
+            }
+        }
+        for (key, file) in [
+            ("credentials_file", &self.credentials_file),
+            ("nkey_seed_file", &self.nkey_seed_file),
+        ] {
+            if let Some(path) = file
+                && let Err(error) = std::fs::metadata(path)
+            {
+                problems.push(format!("{key} {}: {error}", path.display()));
+            }
+        }
+        problems.extend(self.tls.problems("tls"));
         if let Some(stream) = &self.stream {
             if self.mode != NatsMode::Jetstream {
                 problems.push("stream is only meaningful with mode = \"jetstream\"".to_string());
@@ -135,15 +178,42 @@ impl NatsSinkConfig {
         std::time::Duration::from_secs(self.duplicate_window_seconds)
     }
 
-    pub(crate) fn connect_options(&self) -> async_nats::ConnectOptions {
+    /// The client's options, with every secret read now: each connection
+    /// the sink opens logs in with the current password, token, creds or
+    /// seed.
+    pub(crate) async fn connect_options(&self) -> Result<async_nats::ConnectOptions, String> {
         let mut options = async_nats::ConnectOptions::new().name(&self.connection_name);
         if let (Some(user), Some(password)) = (&self.user, &self.password) {
-            options = options.user_and_password(user.clone(), password.clone());
+            let password = password.read().await.map_err(|e| e.to_string())?;
+            options = options.user_and_password(user.clone(), password.expose().to_string());
         }
         if let Some(token) = &self.token {
-            options = options.token(token.clone());
+            let token = token.read().await.map_err(|e| e.to_string())?;
+            options = options.token(token.expose().to_string());
         }
-        options
+        if let Some(path) = &self.credentials_file {
+            options = options
+                .credentials_file(path)
+                .await
+                .map_err(|e| format!("credentials_file {}: {e}", path.display()))?;
+        }
+        if let Some(path) = &self.nkey_seed_file {
+            let seed = crate::secret::SecretConfig::from_file(path.clone())
+                .read()
+                .await
+                .map_err(|e| e.to_string())?;
+            options = options.nkey(seed.expose().trim().to_string());
+        }
+        if let Some(root) = &self.tls.root_cert {
+            options = options.add_root_certificates(root.clone());
+        }
+        if let (Some(cert), Some(key)) = (&self.tls.client_cert, &self.tls.client_key) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        if self.tls.required || self.url.contains("tls://") {
+            options = options.require_tls(true);
+        }
+        Ok(options)
     }
 }
 
@@ -163,11 +233,17 @@ impl TargetKind for NatsSinkConfig {
         if let Some(user) = env(&format!("{prefix}USER")) {
             self.user = Some(user);
         }
-        if let Some(password) = env(&format!("{prefix}PASSWORD")) {
+        if let Some(password) = SecretValue::from_env(env, &format!("{prefix}PASSWORD")) {
             self.password = Some(password);
         }
-        if let Some(token) = env(&format!("{prefix}TOKEN")) {
+        if let Some(token) = SecretValue::from_env(env, &format!("{prefix}TOKEN")) {
             self.token = Some(token);
+        }
+        if let Some(path) = env(&format!("{prefix}CREDENTIALS_FILE")) {
+            self.credentials_file = Some(path.into());
+        }
+        if let Some(path) = env(&format!("{prefix}NKEY_SEED_FILE")) {
+            self.nkey_seed_file = Some(path.into());
         }
     }
 
@@ -189,13 +265,15 @@ impl TargetKind for NatsSinkConfig {
 /// Credentials are never printed.
 impl std::fmt::Debug for NatsSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let masked = |secret: &Option<String>| secret.as_ref().map(|_| "***");
         f.debug_struct("NatsSinkConfig")
             .field("url", &crate::redact::url(&self.url))
             .field("mode", &self.mode)
             .field("user", &self.user)
-            .field("password", &masked(&self.password))
-            .field("token", &masked(&self.token))
+            .field("password", &self.password)
+            .field("token", &self.token)
+            .field("credentials_file", &self.credentials_file)
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("tls", &self.tls)
             .field("connection_name", &self.connection_name)
             .field("max_ack_inflight", &self.max_ack_inflight)
             .field("stream", &self.stream)

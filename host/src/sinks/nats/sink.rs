@@ -367,8 +367,11 @@ impl NatsSink {
 /// publishes it buffered while the connection dropped go out promptly or
 /// never (see the module docs).
 async fn open(config: &NatsSinkConfig, publish_timeout: Duration) -> Result<Connection, SinkError> {
-    let client = config
+    let options = config
         .connect_options()
+        .await
+        .map_err(|reason| SinkError::new(FailureKind::Unauthorized, format!("NATS login: {reason}")))?;
+    let client = options
         .connection_timeout(publish_timeout)
         .max_reconnects(Some(1))
         .connect(config.url.as_str())

@@ -4,6 +4,9 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use crate::secret::SecretValue;
+use crate::tls::BrokerTlsConfig;
+
 use crate::sinks::registry::{SinkSettings, TargetKind};
 use crate::sinks::{Sink, SinkError};
 
@@ -12,8 +15,17 @@ use crate::sinks::{Sink, SinkError};
 #[serde(deny_unknown_fields)]
 pub struct RabbitMqSinkConfig {
     /// AMQP URL, e.g. `amqp://user:password@127.0.0.1:5672/%2f` (`amqps://`
-    /// for TLS). Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
+    /// for TLS; `?auth_mechanism=external` logs in with the client
+    /// certificate). Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
     pub url: String,
+    /// The password, or where to read it for each connection, in place of
+    /// the URL's; overridden by `SWITCHYARD_TARGET_<NAME>_PASSWORD` (or
+    /// `_PASSWORD_FILE`).
+    #[serde(default)]
+    pub password: Option<SecretValue>,
+    /// A custom CA and a client certificate (`amqps://` only).
+    #[serde(default)]
+    pub tls: BrokerTlsConfig,
     /// The exchange every message of this target goes to; it must exist
     /// (the relay never declares it). `""` is the default exchange, where
     /// the routing key names a queue.
@@ -67,6 +79,13 @@ impl TargetKind for RabbitMqSinkConfig {
                 crate::redact::url(&error)
             ));
         }
+        if let Some(password) = &self.password {
+            problems.extend(password.problems("password"));
+        }
+        problems.extend(self.tls.problems("tls"));
+        if self.tls.is_set() && !self.url.starts_with("amqps://") {
+            problems.push("tls is set but the url is not amqps://".to_string());
+        }
         if self.exchange.len() > SHORT_STRING_MAX {
             problems.push(format!("exchange is longer than {SHORT_STRING_MAX} bytes"));
         }
@@ -84,6 +103,9 @@ impl TargetKind for RabbitMqSinkConfig {
         if let Some(url) = env(&format!("{prefix}URL")) {
             self.url = url;
         }
+        if let Some(password) = SecretValue::from_env(env, &format!("{prefix}PASSWORD")) {
+            self.password = Some(password);
+        }
     }
 
     fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
@@ -96,11 +118,45 @@ impl TargetKind for RabbitMqSinkConfig {
     }
 }
 
+impl RabbitMqSinkConfig {
+    /// The URL with the password read now, and the TLS settings with the
+    /// files read now: what one connection is made from.
+    pub(super) async fn connection(
+        &self,
+    ) -> Result<(lapin::uri::AMQPUri, lapin::tcp::OwnedTLSConfig), String> {
+        let mut uri: lapin::uri::AMQPUri = self.url.parse().map_err(|e: String| crate::redact::url(&e))?;
+        if let Some(password) = &self.password {
+            uri.authority.userinfo.password = password
+                .read()
+                .await
+                .map_err(|e| e.to_string())?
+                .expose()
+                .to_string();
+        }
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let mut tls = lapin::tcp::OwnedTLSConfig::default();
+        if let Some(root) = &self.tls.root_cert {
+            tls.cert_chain = Some(String::from_utf8_lossy(&read(root)?).into_owned());
+        }
+        if let (Some(cert), Some(key)) = (&self.tls.client_cert, &self.tls.client_key) {
+            tls.identity = Some(lapin::tcp::OwnedIdentity::PKCS8 {
+                pem: read(cert)?,
+                key: read(key)?,
+            });
+        }
+        Ok((uri, tls))
+    }
+}
+
 /// The password in the URL is never printed.
 impl std::fmt::Debug for RabbitMqSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RabbitMqSinkConfig")
             .field("url", &crate::redact::url(&self.url))
+            .field("password", &self.password)
+            .field("tls", &self.tls)
             .field("exchange", &self.exchange)
             .field("persistent", &self.persistent)
             .field("connection_name", &self.connection_name)
@@ -121,6 +177,8 @@ mod tests {
     fn config(url: &str, exchange: &str) -> RabbitMqSinkConfig {
         RabbitMqSinkConfig {
             url: url.to_string(),
+            password: None,
+            tls: BrokerTlsConfig::default(),
             exchange: exchange.to_string(),
             persistent: true,
             connection_name: default_connection_name(),

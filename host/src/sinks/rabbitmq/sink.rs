@@ -94,24 +94,31 @@ impl RabbitMqSink {
     async fn connect(&self) -> Result<(Connection, Channel), SinkError> {
         let properties =
             ConnectionProperties::default().with_connection_name(self.config.connection_name.as_str().into());
-        let connection =
-            tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&self.config.url, properties))
-                .await
-                .map_err(|_| {
-                    SinkError::timed_out(format!(
-                        "cannot connect to {}: no answer within {} s",
-                        crate::redact::url(&self.config.url),
-                        CONNECT_TIMEOUT.as_secs()
-                    ))
-                })?
-                .map_err(|error| {
-                    let text = format!(
-                        "cannot connect to {}: {}",
-                        crate::redact::url(&self.config.url),
-                        crate::redact::url(&error.to_string())
-                    );
-                    SinkError::new(kind_of(&error), text)
-                })?;
+        let (uri, tls) = self.config.connection().await.map_err(|reason| {
+            SinkError::new(FailureKind::Unauthorized, format!("RabbitMQ login: {reason}"))
+        })?;
+        let runtime = lapin::runtime::default_runtime()
+            .map_err(|e| SinkError::new(FailureKind::Unavailable, format!("no runtime for RabbitMQ: {e}")))?;
+        let connection = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect_uri_with_config(uri, properties, tls, runtime),
+        )
+        .await
+        .map_err(|_| {
+            SinkError::timed_out(format!(
+                "cannot connect to {}: no answer within {} s",
+                crate::redact::url(&self.config.url),
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(|error| {
+            let text = format!(
+                "cannot connect to {}: {}",
+                crate::redact::url(&self.config.url),
+                crate::redact::url(&error.to_string())
+            );
+            SinkError::new(kind_of(&error), text)
+        })?;
         let channel = confirm_channel(&connection).await?;
         Ok((connection, channel))
     }
