@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs (if missing) and starts or stops the local services the tests and
-# the relay use: PostgreSQL 15, nats-server with JetStream, tansu (a
+# the relay use: PostgreSQL 15 (and a second cluster that takes only TLS,
+# with certificates this script makes), nats-server with JetStream, tansu (a
 # Kafka-protocol broker) and RabbitMQ, as plain processes on loopback.
 # Idempotent: `start` on a running set is a no-op.
 #
 #   scripts/services.sh install|start|stop|status|env
 #
-# Ports and directories can be moved with SWITCHYARD_PG_PORT,
+# Ports and directories can be moved with SWITCHYARD_PG_PORT, SWITCHYARD_PG_TLS_PORT,
 # SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
 # (AMQP; the next port is its Erlang distribution port), SWITCHYARD_STATE_DIR and
 # SWITCHYARD_TOOLS_DIR (where tansu is installed).
@@ -22,6 +23,9 @@ TANSU_BIN="$TOOLS_DIR/bin/tansu"
 TANSU_VERSION=0.6.0
 PG_BIN="${SWITCHYARD_PG_BIN:-/usr/lib/postgresql/15/bin}"
 PG_DATA="$STATE_DIR/pg"
+PG_TLS_PORT="${SWITCHYARD_PG_TLS_PORT:-55433}"
+PG_TLS_DATA="$STATE_DIR/pg-tls"
+TLS_DIR="$STATE_DIR/tls"
 NATS_DIR="$STATE_DIR/nats"
 KAFKA_DIR="$STATE_DIR/kafka"
 RABBIT_DIR="$STATE_DIR/rabbitmq"
@@ -136,9 +140,77 @@ CONF
     pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t 60 start >/dev/null
 }
 
-pg_stop() {
-    if [ -f "$PG_DATA/PG_VERSION" ] && pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
-        pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null
+# Test certificates, made once: a CA; a server certificate that names
+# `localhost` only (so verify-full to 127.0.0.1 fails, as it should); one
+# that expired yesterday; a client certificate for the role
+# `switchyard_cert`; and a second CA that signed none of them.
+make_certificates() {
+    [ -f "$TLS_DIR/complete" ] && return 0
+    command -v openssl >/dev/null || apt_install openssl
+    mkdir -p "$TLS_DIR"
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+    (
+        cd "$TLS_DIR"
+        for ca in ca other-ca; do
+            openssl req -x509 "${ec[@]}" -keyout "$ca.key" -out "$ca.pem" -subj "/CN=switchyard test $ca" -days 3650 2>/dev/null
+        done
+        sign() { # name subject days [extensions]
+            openssl req "${ec[@]}" -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
+            printf '%s\n' "${4:-basicConstraints=CA:FALSE}" >"$1.ext"
+            openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -out "$1.pem" \
+                -days "$3" -extfile "$1.ext" 2>/dev/null
+            rm -f "$1.csr" "$1.ext"
+        }
+        sign server /CN=localhost 3650 "subjectAltName=DNS:localhost"
+        sign expired /CN=localhost -1 "subjectAltName=DNS:localhost"
+        sign client /CN=switchyard_cert 3650
+        chmod 600 ./*.key
+    )
+    touch "$TLS_DIR/complete"
+}
+
+# The TLS cluster: `hostssl` entries only (a plaintext connection is
+# refused), certificate login for `switchyard_cert`, passwords checked for
+# members of the role `switchyard_rotating` (scram-sha-256), trust for the rest.
+pg_tls_start() {
+    make_certificates
+    if [ "$(id -u)" = 0 ]; then chown -R postgres "$TLS_DIR"; fi
+    if [ ! -f "$PG_TLS_DATA/PG_VERSION" ]; then
+        pg_run "$PG_BIN/initdb" -D "$PG_TLS_DATA" -U postgres --auth=trust -E UTF8 >/dev/null
+        cat >>"$PG_TLS_DATA/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $PG_TLS_PORT
+unix_socket_directories = '$PG_TLS_DATA'
+max_connections = 300
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+wal_level = logical
+max_replication_slots = 20
+max_wal_senders = 20
+ssl = on
+ssl_cert_file = '$TLS_DIR/server.pem'
+ssl_key_file = '$TLS_DIR/server.key'
+ssl_ca_file = '$TLS_DIR/ca.pem'
+password_encryption = 'scram-sha-256'
+CONF
+        cat >"$PG_TLS_DATA/pg_hba.conf" <<HBA
+local   all          all                                   trust
+hostssl all          switchyard_cert      127.0.0.1/32     cert
+hostssl replication  switchyard_cert      127.0.0.1/32     cert
+hostssl all          +switchyard_rotating 127.0.0.1/32     scram-sha-256
+hostssl replication  +switchyard_rotating 127.0.0.1/32     scram-sha-256
+hostssl all          all                  127.0.0.1/32     trust
+hostssl replication  all                  127.0.0.1/32     trust
+HBA
+    fi
+    pg_run "$PG_BIN/pg_ctl" -D "$PG_TLS_DATA" status >/dev/null 2>&1 && return 0
+    pg_run "$PG_BIN/pg_ctl" -D "$PG_TLS_DATA" -l "$PG_TLS_DATA/server.log" -w -t 60 start >/dev/null
+}
+
+pg_stop() { # data-directory
+    if [ -f "$1/PG_VERSION" ] && pg_run "$PG_BIN/pg_ctl" -D "$1" status >/dev/null 2>&1; then
+        pg_run "$PG_BIN/pg_ctl" -D "$1" -m fast -w stop >/dev/null
     fi
 }
 
@@ -237,6 +309,8 @@ rabbit_stop() {
 
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+    echo "export SWITCHYARD_PG_TLS_URL='postgres://postgres@localhost:$PG_TLS_PORT/postgres?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem'"
+    echo "export SWITCHYARD_TLS_DIR=$TLS_DIR"
     echo "export SWITCHYARD_NATS_URL=nats://127.0.0.1:$NATS_PORT"
     echo "export SWITCHYARD_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT"
     echo "export SWITCHYARD_TANSU_BIN=$TANSU_BIN"
@@ -251,6 +325,7 @@ case "${1:-}" in
     start)
         install_missing
         pg_start
+        pg_tls_start
         nats_start
         kafka_start
         rabbit_start
@@ -260,7 +335,8 @@ case "${1:-}" in
         rabbit_stop
         pid_stop "$KAFKA_DIR/tansu.pid" tansu
         pid_stop "$NATS_DIR/nats.pid" nats-server
-        pg_stop
+        pg_stop "$PG_DATA"
+        pg_stop "$PG_TLS_DATA"
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true

@@ -17,11 +17,13 @@ eval "$services_env"
 
 # Test databases are dropped by the tests; a run killed midway leaves some,
 # and their replication slots (a database with a slot cannot be dropped).
-psql "$DATABASE_URL" -qAt -c "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database LIKE 'sy\_%' AND active_pid IS NOT NULL" >/dev/null
-sleep 0.5
-psql "$DATABASE_URL" -qAt -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database LIKE 'sy\_%' AND NOT active" >/dev/null
-psql "$DATABASE_URL" -qAt -c "SELECT 'DROP DATABASE IF EXISTS ' || quote_ident(datname) || ' WITH (FORCE);' FROM pg_database WHERE datname LIKE 'sy\_%'" \
-    | psql "$DATABASE_URL" -q >/dev/null
+for server in "$DATABASE_URL" "$SWITCHYARD_PG_TLS_URL"; do
+    psql "$server" -qAt -c "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database LIKE 'sy\_%' AND active_pid IS NOT NULL" >/dev/null
+    sleep 0.5
+    psql "$server" -qAt -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database LIKE 'sy\_%' AND NOT active" >/dev/null
+    psql "$server" -qAt -c "SELECT 'DROP DATABASE IF EXISTS ' || quote_ident(datname) || ' WITH (FORCE);' FROM pg_database WHERE datname LIKE 'sy\_%'" \
+        | psql "$server" -q >/dev/null
+done
 
 echo "== plugins (wasm32-wasip2)"
 (cd plugins && cargo build --release --quiet)

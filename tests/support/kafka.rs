@@ -33,6 +33,15 @@ pub struct KafkaServer {
     port: u16,
     storage: String,
     child: Option<Child>,
+    /// The TLS-terminating proxy in front, when there is one.
+    tls: Option<TlsProxy>,
+}
+
+/// A proxy that terminates TLS (the test CA's server certificate, for
+/// `localhost`) in front of the broker, which advertises the proxy.
+struct TlsProxy {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl KafkaServer {
@@ -76,9 +85,53 @@ impl KafkaServer {
             port,
             storage,
             child: None,
+            tls: None,
         };
         server.resume().await;
         server
+    }
+
+    /// A broker reached only through a TLS-terminating proxy: tansu 0.6
+    /// takes `--cert` and `--key` but does not use them, so the proxy
+    /// speaks TLS and tansu advertises the proxy's address, and every
+    /// client (the relay's and the test's) goes through TLS.
+    ///
+    /// # Panics
+    /// As [`KafkaServer::start`].
+    pub async fn start_behind_tls() -> KafkaServer {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let proxy = TlsProxy::start(port).await;
+        let mut server = KafkaServer {
+            port,
+            storage: "memory://tansu/".to_string(),
+            child: None,
+            tls: Some(proxy),
+        };
+        server.resume().await;
+        server
+    }
+
+    /// The librdkafka properties a client needs for this broker: TLS
+    /// verified against the test CA when behind the proxy.
+    pub fn client_properties(&self) -> Vec<(&'static str, String)> {
+        match self.tls {
+            Some(_) => vec![
+                ("security.protocol", "ssl".to_string()),
+                ("ssl.ca.location", super::postgres::tls_file("ca.pem")),
+            ],
+            None => Vec::new(),
+        }
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut config = client_config(&self.bootstrap());
+        for (key, value) in self.client_properties() {
+            config.set(key, value);
+        }
+        config
     }
 
     /// Starts the broker again on its port (after [`KafkaServer::stop`]).
@@ -86,13 +139,17 @@ impl KafkaServer {
         let port = self.port;
         let binary = tansu_binary();
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised = match &self.tls {
+            Some(proxy) => format!("tcp://localhost:{}", proxy.port),
+            None => url.clone(),
+        };
         let child = Command::new(&binary)
             .args([
                 "broker",
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
             ])
             .args(["--storage-engine", &self.storage])
             .env(
@@ -116,7 +173,7 @@ impl KafkaServer {
                 )
             });
         self.child = Some(child);
-        let bootstrap = self.bootstrap();
+        let probe = self.client_config();
         let ready = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             // Connect only once the port listens: librdkafka logs every refused attempt.
@@ -132,7 +189,7 @@ impl KafkaServer {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let consumer: BaseConsumer = client_config(&bootstrap).create().expect("client");
+            let consumer: BaseConsumer = probe.create().expect("client");
             while started.elapsed() < Duration::from_secs(20) {
                 if consumer.fetch_metadata(None, Duration::from_secs(1)).is_ok() {
                     return true;
@@ -146,9 +203,12 @@ impl KafkaServer {
         assert!(ready, "tansu on port {port} did not become ready");
     }
 
-    /// The `bootstrap_servers` value.
+    /// The `bootstrap_servers` value: the proxy, by name, when behind TLS.
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        match &self.tls {
+            Some(proxy) => format!("localhost:{}", proxy.port),
+            None => format!("127.0.0.1:{}", self.port),
+        }
     }
 
     /// Stops the broker (SIGKILL); in-memory topics are gone, durable ones stay.
@@ -164,8 +224,7 @@ impl KafkaServer {
     /// # Panics
     /// When the broker refuses.
     pub async fn create_topic(&self, name: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> =
-            client_config(&self.bootstrap()).create().expect("admin client");
+        let admin: AdminClient<DefaultClientContext> = self.client_config().create().expect("admin client");
         let results = admin
             .create_topics(
                 &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
@@ -186,9 +245,9 @@ impl KafkaServer {
     /// # Panics
     /// When fewer than `expected` arrive in time.
     pub async fn read_topic(&self, topic: &str, expected: usize, limit: Duration) -> Vec<KafkaReceived> {
-        let bootstrap = self.bootstrap();
+        let config = self.client_config();
         let topic = topic.to_string();
-        tokio::task::spawn_blocking(move || read_blocking(&bootstrap, &topic, expected, limit))
+        tokio::task::spawn_blocking(move || read_blocking(&config, &topic, expected, limit))
             .await
             .expect("reader")
     }
@@ -197,6 +256,48 @@ impl KafkaServer {
 impl Drop for KafkaServer {
     fn drop(&mut self) {
         self.stop();
+        if let Some(proxy) = &self.tls {
+            proxy.task.abort();
+        }
+    }
+}
+
+impl TlsProxy {
+    async fn start(broker: u16) -> TlsProxy {
+        use rustls::pki_types::pem::PemObject;
+        let file = super::postgres::tls_file;
+        let chain = rustls::pki_types::CertificateDer::pem_file_iter(file("server.pem"))
+            .expect("server certificate")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("server certificate");
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(file("server.key")).expect("server key");
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("proxy port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(client).await else {
+                        return;
+                    };
+                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
+                    }
+                });
+            }
+        });
+        TlsProxy { port, task }
     }
 }
 
@@ -210,8 +311,8 @@ fn client_config(bootstrap: &str) -> ClientConfig {
     config
 }
 
-fn read_blocking(bootstrap: &str, topic: &str, expected: usize, limit: Duration) -> Vec<KafkaReceived> {
-    let consumer: BaseConsumer = client_config(bootstrap).create().expect("consumer");
+fn read_blocking(config: &ClientConfig, topic: &str, expected: usize, limit: Duration) -> Vec<KafkaReceived> {
+    let consumer: BaseConsumer = config.create().expect("consumer");
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("topic metadata");

@@ -22,6 +22,19 @@ pub struct NatsServer {
     child: Option<Child>,
     /// A server config file (`-c`), for limits the command line cannot set.
     config_file: Option<PathBuf>,
+    /// How the test's own clients log in, on a server that asks.
+    login: Option<Login>,
+}
+
+/// A test client's TLS files and nkey seed, for a secured server.
+#[derive(Clone, Debug)]
+pub struct Login {
+    /// The CA that signed the server's certificate.
+    pub root_cert: PathBuf,
+    /// A client certificate and its key.
+    pub client: (PathBuf, PathBuf),
+    /// A user nkey seed.
+    pub seed: String,
 }
 
 impl NatsServer {
@@ -54,14 +67,66 @@ impl NatsServer {
             store_dir,
             child: None,
             config_file,
+            login: None,
         };
         server.resume().await;
         server
     }
 
-    /// The client URL.
+    /// A server with TLS that requires a client certificate signed by the
+    /// test CA and admits one user, by nkey: `login` is how to reach it.
+    ///
+    /// # Panics
+    /// As [`NatsServer::start`].
+    pub async fn start_secured(login: Login, public_key: &str, server_cert: (&str, &str)) -> NatsServer {
+        let config = format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}\nauthorization {{\n  users: [ {{ nkey: {public_key} }} ]\n}}\n",
+            server_cert.0,
+            server_cert.1,
+            login.root_cert.display()
+        );
+        let path = std::env::temp_dir().join(format!("sy-nats-{}.conf", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, config).expect("write nats config");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let mut server = NatsServer {
+            port,
+            store_dir: std::env::temp_dir().join(format!("sy-nats-{}", uuid::Uuid::new_v4().simple())),
+            child: None,
+            config_file: Some(path),
+            login: Some(login),
+        };
+        server.resume().await;
+        server
+    }
+
+    /// The client URL: by name over TLS on a secured server (its
+    /// certificate names localhost), else by address.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        match self.login {
+            Some(_) => format!("tls://localhost:{}", self.port),
+            None => format!("nats://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// A client of the test's own, logged in as the server asks.
+    ///
+    /// # Errors
+    /// When the server cannot be reached.
+    pub async fn client(&self) -> Result<async_nats::Client, async_nats::ConnectError> {
+        let Some(login) = &self.login else {
+            return async_nats::connect(self.url()).await;
+        };
+        switchyard::tls::install_provider();
+        async_nats::ConnectOptions::new()
+            .add_root_certificates(login.root_cert.clone())
+            .add_client_certificate(login.client.0.clone(), login.client.1.clone())
+            .nkey(login.seed.clone())
+            .require_tls(true)
+            .connect(self.url())
+            .await
     }
 
     /// Stops the server (kill), keeping its JetStream data.
@@ -90,7 +155,7 @@ impl NatsServer {
             });
         self.child = Some(child);
         for _ in 0..200 {
-            if let Ok(client) = async_nats::connect(self.url()).await {
+            if let Ok(client) = self.client().await {
                 // JetStream is ready once its API answers without an error.
                 if let Ok(reply) = client.request("$JS.API.INFO", "".into()).await {
                     let info: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
@@ -106,7 +171,7 @@ impl NatsServer {
 
     /// Creates a stream capturing `subjects`.
     pub async fn create_stream(&self, name: &str, subjects: &[&str]) {
-        let client = async_nats::connect(self.url()).await.expect("connect");
+        let client = self.client().await.expect("connect");
         jetstream::new(client)
             .create_stream(jetstream::stream::Config {
                 name: name.to_string(),
@@ -123,7 +188,7 @@ impl NatsServer {
 
     /// Reads every message in a stream, in stream order.
     pub async fn read_stream(&self, name: &str) -> Vec<Received> {
-        let client = async_nats::connect(self.url()).await.expect("connect");
+        let client = self.client().await.expect("connect");
         let js = jetstream::new(client);
         let mut stream = js.get_stream(name).await.expect("stream");
         let total = stream.info().await.expect("stream info").state.messages;
@@ -164,7 +229,7 @@ impl NatsServer {
 
     /// Number of messages in a stream.
     pub async fn stream_len(&self, name: &str) -> u64 {
-        let client = async_nats::connect(self.url()).await.expect("connect");
+        let client = self.client().await.expect("connect");
         let js = jetstream::new(client);
         let mut stream = js.get_stream(name).await.expect("stream");
         stream.info().await.expect("stream info").state.messages

@@ -10,12 +10,44 @@ pub fn server_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:55432/postgres".to_string())
 }
 
+/// The cluster that takes only TLS (`scripts/services.sh` makes its
+/// certificates and starts it): verify-full against its CA, by host name.
+pub fn tls_server_url() -> String {
+    std::env::var("SWITCHYARD_PG_TLS_URL").unwrap_or_else(|_| {
+        format!(
+            "postgres://postgres@localhost:55433/postgres?sslmode=verify-full&sslrootcert={}",
+            tls_file("ca.pem")
+        )
+    })
+}
+
+/// A file among the test certificates and keys.
+pub fn tls_file(name: &str) -> String {
+    let dir = std::env::var("SWITCHYARD_TLS_DIR").unwrap_or_else(|_| "/tmp/switchyard-services/tls".into());
+    format!("{dir}/{name}")
+}
+
+/// `server` with database `name` instead of its own, its parameters kept.
+pub fn on_database(server: &str, name: &str) -> String {
+    let mut url = url::Url::parse(server).unwrap_or_else(|e| panic!("{server} is not a URL: {e}"));
+    url.set_path(&format!("/{name}"));
+    url.to_string()
+}
+
 /// A one-connection pool on the server's default database, for admin statements.
 ///
 /// # Panics
 /// When PostgreSQL is not reachable: start it with `scripts/services.sh start`.
 pub async fn server_pool() -> PgPool {
-    let server = server_url();
+    admin_pool(&server_url()).await
+}
+
+/// [`server_pool`] on `server`.
+///
+/// # Panics
+/// As [`server_pool`].
+pub async fn admin_pool(server: &str) -> PgPool {
+    let server = server.to_string();
     PgPoolOptions::new()
         .max_connections(1)
         .connect(&server)
@@ -71,11 +103,13 @@ pub async fn drop_slots(admin: &mut sqlx::PgConnection, name: &str) -> Result<()
 
 pub struct DropDatabase {
     name: String,
+    server: String,
 }
 
 impl Drop for DropDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
+        let server = std::mem::take(&mut self.server);
         // Drop cannot await: a short-lived thread with a runtime of its own.
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -83,7 +117,7 @@ impl Drop for DropDatabase {
                 .build()?;
             runtime.block_on(async move {
                 use sqlx::Connection;
-                let mut admin = sqlx::PgConnection::connect(&server_url()).await?;
+                let mut admin = sqlx::PgConnection::connect(&server).await?;
                 drop_slots(&mut admin, &name).await?;
                 admin
                     .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
@@ -144,18 +178,26 @@ pub async fn migrate_before(pool: &PgPool, version: i64) -> Result<(), sqlx::mig
 /// # Panics
 /// When PostgreSQL is not reachable: start it with `scripts/services.sh start`.
 pub async fn fresh_db_before(version: i64) -> TestDb {
-    let server = server_url();
-    let admin = server_pool().await;
+    fresh_db_on(&server_url(), version).await
+}
+
+/// A fresh database on the TLS cluster ([`tls_server_url`]), migrated.
+///
+/// # Panics
+/// As [`fresh_db`].
+pub async fn fresh_tls_db() -> TestDb {
+    fresh_db_on(&tls_server_url(), i64::MAX).await
+}
+
+async fn fresh_db_on(server: &str, version: i64) -> TestDb {
+    let admin = admin_pool(server).await;
     let name = format!("sy_{}", uuid::Uuid::new_v4().simple());
     admin
         .execute(format!("CREATE DATABASE {name}").as_str())
         .await
         .expect("create test database");
     admin.close().await;
-    let url = match server.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{name}"),
-        None => panic!("DATABASE_URL {server} has no database part"),
-    };
+    let url = on_database(server, &name);
     let pool = PgPoolOptions::new()
         .max_connections(24)
         .connect(&url)
@@ -170,7 +212,10 @@ pub async fn fresh_db_before(version: i64) -> TestDb {
     TestDb {
         pool,
         url,
-        guard: DropDatabase { name: name.clone() },
+        guard: DropDatabase {
+            name: name.clone(),
+            server: server.to_string(),
+        },
         name,
     }
 }

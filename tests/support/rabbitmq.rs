@@ -43,13 +43,56 @@ impl RabbitMq {
     /// # Panics
     /// When the server cannot be started.
     pub async fn own() -> RabbitMq {
-        let port = super::free_port();
+        RabbitMq::own_with(super::free_port(), "", "").await
+    }
+
+    /// A node of the test's own with a TLS listener on `tls_port` too
+    /// (the test CA's server certificate, client certificates required)
+    /// and EXTERNAL login, for a user `switchyard_cert` named by the test
+    /// client certificate's common name.
+    ///
+    /// # Panics
+    /// As [`RabbitMq::own`].
+    pub async fn own_with_tls(tls_port: u16) -> RabbitMq {
+        let file = super::postgres::tls_file;
+        let conf = format!(
+            "listeners.ssl.1 = 127.0.0.1:{tls_port}\n\
+             ssl_options.cacertfile = {}\nssl_options.certfile = {}\nssl_options.keyfile = {}\n\
+             ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n\
+             auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = AMQPLAIN\nauth_mechanisms.3 = EXTERNAL\n\
+             ssl_cert_login_from = common_name\n",
+            file("ca.pem"),
+            file("server.pem"),
+            file("server.key")
+        );
+        let rabbit = RabbitMq::own_with(super::free_port(), &conf, "rabbitmq_auth_mechanism_ssl").await;
+        rabbit.ctl(&["add_user", "switchyard_cert", &uuid::Uuid::new_v4().to_string()]);
+        rabbit.ctl(&["set_permissions", "-p", "/", "switchyard_cert", ".*", ".*", ".*"]);
+        rabbit
+    }
+
+    /// Runs `rabbitmqctl` against this test's node.
+    fn ctl(&self, args: &[&str]) {
+        let node = self.node.as_ref().expect("only a test's own node");
+        let status = Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
+            .arg("-n")
+            .arg(format!("sy{}@localhost", node.port))
+            .args(args)
+            .env("HOME", &node.dir)
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .stdout(Stdio::null())
+            .status()
+            .expect("run rabbitmqctl");
+        assert!(status.success(), "rabbitmqctl {args:?} failed");
+    }
+
+    async fn own_with(port: u16, conf: &str, plugin: &str) -> RabbitMq {
         let dir = std::env::temp_dir().join(format!("sy-rabbit-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(dir.join("log")).expect("node directory");
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("plugins file");
+        std::fs::write(dir.join("enabled_plugins"), format!("[{plugin}].\n")).expect("plugins file");
         std::fs::write(
             dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.1 = 127.0.0.1:{port}\n"),
+            format!("listeners.tcp.1 = 127.0.0.1:{port}\n{conf}"),
         )
         .expect("conf");
         let mut rabbit = RabbitMq {

@@ -1,0 +1,739 @@
+//! TLS to PostgreSQL, on a cluster of `scripts/services.sh` that refuses
+//! every plaintext connection (`hostssl` entries only), verified in full
+//! against the CA the script made: every kind of session the relay and its
+//! CLI open works there, certificate login works, each TLS mistake is
+//! refused with its own message, and a password that rotates under a
+//! running relay reaches every new session.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use switchyard_tests::kafka::KafkaServer;
+use switchyard_tests::nats::{Login, NatsServer};
+use switchyard_tests::orders::{Expected, verify, write_orders};
+use switchyard_tests::postgres::{TestDb, admin_pool, fresh_tls_db, tls_file, tls_server_url};
+use switchyard_tests::rabbitmq::RabbitMq;
+use switchyard_tests::relay::{InProcess, Process, RelaySection, Settings, example_config, parse};
+use switchyard_tests::{cli, eventually, fleet, init_logging};
+
+const STREAM: &str = "ORDERS";
+const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
+
+/// A nats-server with the orders stream.
+async fn nats() -> NatsServer {
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    nats
+}
+
+/// Waits for `count` messages in the stream, then checks every expected
+/// event arrived once and in order per aggregate.
+async fn all_arrive(nats: &NatsServer, expected: &HashMap<String, Expected>, seconds: u64) {
+    let count = expected.len() as u64;
+    eventually(
+        "every event in the stream",
+        Duration::from_secs(seconds),
+        || async { (nats.stream_len(STREAM).await >= count).then_some(()) },
+    )
+    .await;
+    let verdict = verify(&nats.read_stream(STREAM).await, expected);
+    assert_eq!(verdict.distinct, expected.len());
+}
+
+/// `(application_name, ssl, backend_type, query)` of the relay's sessions
+/// on database `name`.
+async fn relay_sessions(admin: &PgPool, name: &str) -> Vec<(String, bool, String, String)> {
+    sqlx::query_as(
+        "SELECT a.application_name, s.ssl, a.backend_type, coalesce(a.query, '')
+           FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+          WHERE a.datname = $1 AND a.application_name LIKE 'switchyard%'",
+    )
+    .bind(name)
+    .fetch_all(admin)
+    .await
+    .unwrap()
+}
+
+/// Runs the CLI with `config` written to a file.
+async fn cli_with(config: &str, args: &[&str]) -> (i32, String, String) {
+    let path = std::env::temp_dir().join(format!("sy-tls-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, config).unwrap();
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--config", path.to_str().unwrap()]);
+    let result = cli(SWITCHYARD, &all, &[]).await;
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_mode_over_verify_full_relays_every_event_on_tls_sessions_only() {
+    init_logging();
+    let db = fresh_tls_db().await;
+    assert!(db.url.contains("sslmode=verify-full"), "{}", db.url);
+    let nats = nats().await;
+    let config = example_config(&Settings::new(&db.url, &nats.url()));
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 50, 4, 2).await;
+    all_arrive(&nats, &expected, 60).await;
+
+    let admin = admin_pool(&tls_server_url()).await;
+    let sessions = eventually(
+        "the pool's and LISTEN's sessions",
+        Duration::from_secs(10),
+        || async {
+            let sessions = relay_sessions(&admin, &db.name).await;
+            let listens = sessions.iter().any(|s| s.3.starts_with("LISTEN"));
+            (listens && sessions.len() >= 2).then_some(sessions)
+        },
+    )
+    .await;
+    assert!(
+        sessions.iter().all(|s| s.1),
+        "a session without TLS: {sessions:?}"
+    );
+    // The cluster refuses plaintext: a CLI command that answers used TLS.
+    let admin_off = format!("{config}\n[admin]\nlisten = \"\"\n");
+    for command in [&["status"][..], &["dlq", "list"], &["migrate"]] {
+        let (code, out, err) = cli_with(&admin_off, command).await;
+        assert_eq!(code, 0, "{command:?}: {out}{err}");
+    }
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_mode_over_verify_full_reads_the_slot_on_tls() {
+    init_logging();
+    let db = fresh_tls_db().await;
+    let nats = nats().await;
+    let config = format!(
+        "{}\n[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
+        example_config(&Settings::new(&db.url, &nats.url()).relay("mode", "\"replication\"")),
+        db.name
+    );
+    let (code, out, err) = cli_with(&config, &["migrate"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 40, 5, 2).await;
+    all_arrive(&nats, &expected, 60).await;
+    let admin = admin_pool(&tls_server_url()).await;
+    let walsender: Vec<bool> = sqlx::query_scalar(
+        "SELECT s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)
+          JOIN pg_replication_slots p ON p.active_pid = r.pid WHERE p.slot_name = $1",
+    )
+    .bind(&db.name)
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(walsender, vec![true], "the slot is read over TLS");
+    relay.stop().await;
+}
+
+/// Creates `role` (a superuser that may replicate) unless it exists. With
+/// a password it joins `switchyard_rotating`, whose members the TLS
+/// cluster asks for their password (the others are trusted).
+async fn ensure_role(admin: &PgPool, role: &str, password: Option<&str>) {
+    let create = |role: &str, attributes: &str| {
+        format!(
+            "DO $$ BEGIN CREATE ROLE {role} {attributes}; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+        )
+    };
+    sqlx::query(&create("switchyard_rotating", "NOLOGIN"))
+        .execute(admin)
+        .await
+        .unwrap();
+    sqlx::query(&create(role, "LOGIN SUPERUSER REPLICATION"))
+        .execute(admin)
+        .await
+        .unwrap();
+    if let Some(password) = password {
+        for statement in [
+            format!("GRANT switchyard_rotating TO {role}"),
+            format!("ALTER ROLE {role} PASSWORD '{password}'"),
+        ] {
+            sqlx::query(&statement).execute(admin).await.unwrap();
+        }
+    }
+}
+
+/// `url` logging in as `role`.
+fn as_role(url: &str, role: &str) -> String {
+    let mut url = url::Url::parse(url).unwrap();
+    url.set_username(role).unwrap();
+    url.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_logs_the_relay_in() {
+    init_logging();
+    let db = fresh_tls_db().await;
+    ensure_role(&admin_pool(&tls_server_url()).await, "switchyard_cert", None).await;
+    let nats = nats().await;
+    // The certificate from [database.tls]; the URL says only where.
+    let url = format!(
+        "postgres://switchyard_cert@localhost:{}/{}",
+        port(&db.url),
+        db.name
+    );
+    let config = example_config(&Settings::new(&url, &nats.url())).replacen(
+        "max_connections = 8\n",
+        &format!(
+            "max_connections = 8\n[database.tls]\nmode = \"verify-full\"\nroot_cert = \"{}\"\nclient_cert = \"{}\"\nclient_key = \"{}\"\n",
+            tls_file("ca.pem"),
+            tls_file("client.pem"),
+            tls_file("client.key")
+        ),
+        1,
+    );
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 20, 3, 2).await;
+    all_arrive(&nats, &expected, 60).await;
+    let users: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT usename::text FROM pg_stat_activity WHERE datname = $1 AND application_name LIKE 'switchyard%'",
+    )
+    .bind(&db.name)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(users, vec!["switchyard_cert".to_string()]);
+    relay.stop().await;
+    // Without the certificate the same role is refused.
+    let bare = format!("{url}?sslmode=verify-full&sslrootcert={}", tls_file("ca.pem"));
+    let refused = switchyard::OutboxStore::connect(bare.as_str(), 2)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("certificate"), "{refused}");
+}
+
+fn port(url: &str) -> u16 {
+    url::Url::parse(url).unwrap().port().unwrap()
+}
+
+/// What connecting to `url` says, as the relay's startup reports it.
+async fn refusal(url: &str) -> String {
+    switchyard::OutboxStore::connect(url, 2)
+        .await
+        .map(drop)
+        .expect_err("refused")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tls_mistake_is_refused_with_its_own_message() {
+    init_logging();
+    let good = tls_server_url();
+    let ca = tls_file("ca.pem");
+    let wrong_ca = good.replace(&ca, &tls_file("other-ca.pem"));
+    let message = refusal(&wrong_ca).await;
+    assert!(message.contains("not signed by a CA in sslrootcert"), "{message}");
+    assert!(message.contains("other-ca.pem"), "{message}");
+
+    // The certificate names localhost only.
+    let by_address = good.replace("@localhost:", "@127.0.0.1:");
+    let message = refusal(&by_address).await;
+    assert!(message.contains("does not name 127.0.0.1"), "{message}");
+    assert!(message.contains("verify-ca"), "{message}");
+
+    let expired = ExpiredServer::start().await;
+    let message = refusal(&format!(
+        "postgres://u@localhost:{}/db?sslmode=verify-full&sslrootcert={ca}",
+        expired.port
+    ))
+    .await;
+    assert!(message.contains("has expired"), "{message}");
+
+    // TLS asked of the plaintext cluster.
+    let plain = switchyard_tests::postgres::server_url();
+    let message = refusal(&format!("{plain}?sslmode=require")).await;
+    assert!(message.contains("does not offer TLS"), "{message}");
+    assert!(message.contains("sslmode=require"), "{message}");
+
+    // Plaintext offered to the TLS-only cluster.
+    let message = refusal(&good.replace("sslmode=verify-full", "sslmode=disable")).await;
+    assert!(message.contains("takes only TLS"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_names_every_bad_tls_file_at_once() {
+    let dir = std::env::temp_dir().join(format!("sy-tls-files-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let not_pem = dir.join("not-pem.crt");
+    std::fs::write(&not_pem, "hello").unwrap();
+    let missing = dir.join("missing.pem");
+    let config = |database: &str| {
+        format!(
+            "{database}\n[[plugins]]\nname = \"p\"\npath = \"{}\"\n[targets.out]\ntype = \"stdout\"\n",
+            switchyard_tests::plugins::plugin("route_by_type").display()
+        )
+    };
+    let databases = format!(
+        r#"[[databases]]
+name = "missing-ca"
+url = "postgres://u@db.example.com/a?sslmode=verify-full&sslrootcert={missing}"
+[[databases]]
+name = "not-pem"
+url = "postgres://u@db.example.com/b"
+tls = {{ mode = "verify-full", root_cert = "{not_pem}" }}
+[[databases]]
+name = "mismatch"
+url = "postgres://u@db.example.com/c"
+tls = {{ client_cert = "{client}", client_key = "{server_key}" }}
+[[databases]]
+name = "expired"
+url = "postgres://u@db.example.com/d"
+tls = {{ client_cert = "{expired}", client_key = "{expired_key}" }}
+[[databases]]
+name = "half"
+url = "postgres://u@db.example.com/e?sslcert={client}"
+[[databases]]
+name = "twice"
+url = "postgres://u:pw@db.example.com/f"
+password = {{ file = "{missing}" }}
+"#,
+        missing = missing.display(),
+        not_pem = not_pem.display(),
+        client = tls_file("client.pem"),
+        server_key = tls_file("server.key"),
+        expired = tls_file("expired.pem"),
+        expired_key = tls_file("expired.key"),
+    );
+    let (code, out, err) = cli_with(&config(&databases), &["validate"]).await;
+    let said = format!("{out}{err}");
+    assert_ne!(code, 0, "{said}");
+    for expected in [
+        "databases[0]: cannot read",
+        "missing.pem",
+        "databases[1]:",
+        "not-pem.crt holds no PEM certificate",
+        "databases[2]: client certificate",
+        "does not go with key",
+        "databases[3]: client certificate",
+        "expired on",
+        "databases[4]: a client certificate needs both sslcert and sslkey",
+        "databases[5]: the URL has a password and databases[5].password is set too",
+        "databases[5].password.file",
+    ] {
+        assert!(said.contains(expected), "{expected:?} missing from:\n{said}");
+    }
+    assert!(!said.contains(":pw@"), "{said}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A server that answers PostgreSQL's TLS request and then presents a
+/// certificate that expired yesterday (signed by the test CA, naming
+/// localhost): what a server whose certificate was not renewed looks like.
+struct ExpiredServer {
+    port: u16,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl ExpiredServer {
+    async fn start() -> ExpiredServer {
+        use rustls::pki_types::pem::PemObject;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let chain = rustls::pki_types::CertificateDer::pem_file_iter(tls_file("expired.pem"))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(tls_file("expired.key")).unwrap();
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 8];
+                    if socket.read_exact(&mut request).await.is_ok() && socket.write_all(b"S").await.is_ok() {
+                        let _ = acceptor.accept(socket).await;
+                    }
+                });
+            }
+        });
+        ExpiredServer { port, _task: task }
+    }
+}
+
+/// The TLS cluster's log, where each refused login leaves a line.
+fn server_log() -> std::path::PathBuf {
+    std::path::Path::new(&tls_file("ca.pem"))
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|state| state.join("pg-tls/server.log"))
+        .expect("state directory")
+}
+
+/// Logins of `role` the server refused for their password, in the log
+/// past byte `from`.
+fn refused_logins(role: &str, from: u64) -> usize {
+    let log = std::fs::read(server_log()).unwrap_or_default();
+    let since = String::from_utf8_lossy(log.get(from as usize..).unwrap_or_default()).into_owned();
+    since
+        .matches(&format!("password authentication failed for user \"{role}\""))
+        .count()
+}
+
+/// Rotates `role`'s password: the server's, then the file the relay's
+/// password command reads, then ends the role's sessions so every kind of
+/// connection has to log in again. Returns where the server's log stood
+/// then: from there on no login of the relay's may be refused.
+async fn rotate(admin: &PgPool, role: &str, file: &std::path::Path, password: &str) -> u64 {
+    sqlx::query(&format!("ALTER ROLE {role} PASSWORD '{password}'"))
+        .execute(admin)
+        .await
+        .unwrap();
+    std::fs::write(file, format!("{password}\n")).unwrap();
+    // Past a refresh of the relay's (1 s), so that sessions opened from
+    // here on log in with the new password.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let log_at = std::fs::metadata(server_log()).map_or(0, |m| m.len());
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1")
+        .bind(role)
+        .execute(admin)
+        .await
+        .unwrap();
+    log_at
+}
+
+/// A role with a checked password, a file holding it and the
+/// `[password]` table that runs a command to read it.
+async fn rotating_role(role: &str) -> (PgPool, std::path::PathBuf, String) {
+    let admin = admin_pool(&tls_server_url()).await;
+    ensure_role(&admin, role, Some("first-password")).await;
+    let file = std::env::temp_dir().join(format!("sy-{role}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&file, "first-password\n").unwrap();
+    let table = format!(
+        "{{ command = [\"cat\", \"{}\"], refresh_seconds = 1 }}",
+        file.display()
+    );
+    (admin, file, table)
+}
+
+/// The password is checked: the old one is refused after the rotation.
+async fn old_password_refused(db: &TestDb, role: &str) {
+    let mut url = url::Url::parse(&as_role(&db.url, role)).unwrap();
+    url.set_password(Some("first-password")).unwrap();
+    let refused = refusal(url.as_str()).await;
+    assert!(refused.contains("password authentication failed"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_password_reaches_the_pool_listen_and_the_ownership_follower() {
+    init_logging();
+    let role = "switchyard_rotating_fleet";
+    let (admin, file, password) = rotating_role(role).await;
+    let db = fresh_tls_db().await;
+    let nats = nats().await;
+    let url = as_role(&db.url, role);
+    let listed = vec![("a".to_string(), url)];
+    let relay_section = RelaySection::new().set("concurrency", "2");
+    let config = fleet::config(
+        &listed,
+        &nats.url(),
+        &relay_section,
+        "[ownership]\nlease_seconds = 3\n",
+    )
+    .replacen(
+        "max_connections = 3\n",
+        &format!("max_connections = 3\npassword = {password}\n"),
+        1,
+    );
+    let mut relay = Process::spawn(SWITCHYARD, &config, "relay-rotating");
+    let first = fleet_orders(&db.pool, 0, 10).await;
+    wait_for_stream(&nats, first, 60).await;
+    let log_at = rotate(&admin, role, &file, "second-password").await;
+    old_password_refused(&db, role).await;
+    let second = fleet_orders(&db.pool, 10, 10).await;
+    wait_for_stream(&nats, first + second, 60).await;
+    // Every kind came back: the pool, LISTEN and the ownership follower.
+    let sessions = eventually(
+        "the relay's sessions, logged in again",
+        Duration::from_secs(20),
+        || async {
+            let sessions = relay_sessions(&admin, &db.name).await;
+            let listens = sessions.iter().any(|s| s.3.starts_with("LISTEN"));
+            let follows = sessions.iter().any(|s| s.3.contains("switchyard_ownership"));
+            (listens && follows).then_some(sessions)
+        },
+    )
+    .await;
+    assert!(sessions.iter().all(|s| s.1), "{sessions:?}");
+    assert_eq!(
+        refused_logins(role, log_at),
+        1,
+        "only the test's own login with the old password"
+    );
+    relay.terminate();
+    let _ = std::fs::remove_file(&file);
+}
+
+/// Writes `count` orders of one event each, ids from `from`, in the
+/// subjects the fleet config routes to.
+async fn fleet_orders(pool: &PgPool, from: usize, count: usize) -> u64 {
+    for i in from..from + count {
+        switchyard_tests::postgres::place_order_event(
+            pool,
+            &switchyard_tests::orders::order_event(i, 0),
+            true,
+        )
+        .await;
+    }
+    count as u64
+}
+
+async fn wait_for_stream(nats: &NatsServer, count: u64, seconds: u64) {
+    eventually(
+        "the events in the stream",
+        Duration::from_secs(seconds),
+        || async { (nats.stream_len(STREAM).await >= count).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_password_reaches_the_replication_session() {
+    init_logging();
+    let role = "switchyard_rotating_slot";
+    let (admin, file, password) = rotating_role(role).await;
+    let db = fresh_tls_db().await;
+    let nats = nats().await;
+    let url = as_role(&db.url, role);
+    let config = format!(
+        "{}\n[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
+        example_config(&Settings::new(&url, &nats.url()).relay("mode", "\"replication\"")),
+        db.name
+    )
+    .replacen(
+        "max_connections = 8\n",
+        &format!("max_connections = 8\npassword = {password}\n"),
+        1,
+    );
+    let (code, out, err) = cli_with(&config, &["migrate"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 10, 2, 1).await;
+    all_arrive(&nats, &expected, 60).await;
+    let log_at = rotate(&admin, role, &file, "second-password").await;
+    old_password_refused(&db, role).await;
+    // New aggregates, written after the rotation.
+    for i in 100..120 {
+        let event = switchyard_tests::orders::order_event(i, 0);
+        switchyard_tests::postgres::place_order_event(&db.pool, &event, true).await;
+    }
+    let total = expected.len() as u64 + 20;
+    wait_for_stream(&nats, total, 60).await;
+    let reader: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT r.usename::text, s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)
+          JOIN pg_replication_slots p ON p.active_pid = r.pid WHERE p.slot_name = $1",
+    )
+    .bind(&db.name)
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        reader,
+        vec![(role.to_string(), true)],
+        "the slot is read again, as {role}, on TLS"
+    );
+    assert_eq!(
+        refused_logins(role, log_at),
+        1,
+        "only the test's own login with the old password"
+    );
+    relay.stop().await;
+    let _ = std::fs::remove_file(&file);
+}
+
+/// A user nkey, and a nats-server with TLS that requires a client
+/// certificate from the test CA and admits that user only.
+async fn secured_nats() -> (NatsServer, nkeys::KeyPair) {
+    switchyard::tls::install_provider();
+    let user = nkeys::KeyPair::new_user();
+    let login = Login {
+        root_cert: tls_file("ca.pem").into(),
+        client: (tls_file("client.pem").into(), tls_file("client.key").into()),
+        seed: user.seed().unwrap(),
+    };
+    let server_cert = (tls_file("server.pem"), tls_file("server.key"));
+    let nats = NatsServer::start_secured(login, &user.public_key(), (&server_cert.0, &server_cert.1)).await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    (nats, user)
+}
+
+/// `config` with `keys` added to its NATS target.
+fn nats_target_with(config: &str, keys: &str) -> String {
+    config.replacen("[targets.events]\n", &format!("[targets.events]\n{keys}\n"), 1)
+}
+
+/// Why the targets of `config` cannot be connected.
+async fn connect_targets(config: &str) -> String {
+    let config = parse(config);
+    let refused = switchyard::sinks::Sinks::connect(&config.targets, &config.relay.sink_settings())
+        .await
+        .err()
+        .expect("refused");
+    format!("{refused:#}")
+}
+
+/// A file holding `text`.
+fn secret_file(text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("sy-secret-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_with_a_client_certificate_and_an_nkey_seed() {
+    init_logging();
+    let (nats, user) = secured_nats().await;
+    let db = switchyard_tests::postgres::fresh_db().await;
+    let seed = secret_file(&format!("{}\n", user.seed().unwrap()));
+    let tls = format!(
+        "tls = {{ root_cert = \"{}\", client_cert = \"{}\", client_key = \"{}\" }}",
+        tls_file("ca.pem"),
+        tls_file("client.pem"),
+        tls_file("client.key")
+    );
+    let base = example_config(&Settings::new(&db.url, &nats.url()));
+    let config = nats_target_with(&base, &format!("nkey_seed_file = \"{}\"\n{tls}", seed.display()));
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 20, 3, 2).await;
+    all_arrive(&nats, &expected, 60).await;
+    relay.stop().await;
+
+    // No client certificate: refused at the handshake, and said so.
+    let without_cert = nats_target_with(
+        &base,
+        &format!(
+            "nkey_seed_file = \"{}\"\ntls = {{ root_cert = \"{}\" }}",
+            seed.display(),
+            tls_file("ca.pem")
+        ),
+    );
+    let refused = connect_targets(&without_cert).await;
+    assert!(refused.contains("cannot connect to NATS"), "{refused}");
+    // Another user's seed: refused as a login.
+    let stranger = secret_file(&nkeys::KeyPair::new_user().seed().unwrap());
+    let wrong_seed = nats_target_with(
+        &base,
+        &format!("nkey_seed_file = \"{}\"\n{tls}", stranger.display()),
+    );
+    let refused = connect_targets(&wrong_seed).await;
+    assert!(refused.to_lowercase().contains("authorization"), "{refused}");
+    assert!(!refused.contains(&user.seed().unwrap()), "{refused}");
+    let _ = std::fs::remove_file(&seed);
+    let _ = std::fs::remove_file(&stranger);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_over_tls_logs_in_with_the_client_certificate() {
+    init_logging();
+    let tls_port = switchyard_tests::free_port();
+    let rabbit = RabbitMq::own_with_tls(tls_port).await;
+    rabbit.declare("orders", "tls-orders", "orders.#").await;
+    let db = switchyard_tests::postgres::fresh_db().await;
+    let target = |tls: &str| {
+        format!(
+            r#"
+[database]
+url = "{db}"
+{relay}
+[[plugins]]
+name = "route"
+path = "{route}"
+[plugins.config]
+target = "rabbit"
+topic = "orders.{{event_type}}"
+
+[targets.rabbit]
+type = "rabbitmq"
+url = "amqps://localhost:{tls_port}/%2f?auth_mechanism=external"
+exchange = "orders"
+tls = {{ {tls} }}
+"#,
+            db = db.url,
+            relay = RelaySection::new().toml(),
+            route = switchyard_tests::plugins::plugin("route_by_type").display(),
+        )
+    };
+    let ca = format!("root_cert = \"{}\"", tls_file("ca.pem"));
+    let full = format!(
+        "{ca}, client_cert = \"{}\", client_key = \"{}\"",
+        tls_file("client.pem"),
+        tls_file("client.key")
+    );
+    let relay = InProcess::start(&parse(&target(&full))).await;
+    write_orders(&db.pool, 10, 2, 1).await;
+    let received = rabbit.drain("tls-orders", 20, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), 20);
+    relay.stop().await;
+
+    // Without a client certificate there is nothing to log in with.
+    let refused = connect_targets(&target(&ca)).await;
+    assert!(
+        refused.contains("cannot connect to amqps://localhost"),
+        "{refused}"
+    );
+    // The system's roots do not know the test CA.
+    let refused = connect_targets(&target(
+        &full.replace(&tls_file("ca.pem"), &tls_file("other-ca.pem")),
+    ))
+    .await;
+    assert!(refused.contains("cannot connect"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_over_tls_verifies_the_brokers_certificate() {
+    init_logging();
+    let kafka = KafkaServer::start_behind_tls().await;
+    kafka.create_topic("orders", 3).await;
+    let db = switchyard_tests::postgres::fresh_db().await;
+    let config = |ca: &str| {
+        format!(
+            r#"
+[database]
+url = "{db}"
+{relay}
+[[plugins]]
+name = "route"
+path = "{route}"
+[plugins.config]
+target = "kafka"
+topic = "orders"
+
+[targets.kafka]
+type = "kafka"
+bootstrap_servers = "{bootstrap}"
+[targets.kafka.properties]
+"security.protocol" = "ssl"
+"ssl.ca.location" = "{ca}"
+"linger.ms" = "2"
+"#,
+            db = db.url,
+            relay = RelaySection::new().toml(),
+            route = switchyard_tests::plugins::plugin("route_by_type").display(),
+            bootstrap = kafka.bootstrap(),
+        )
+    };
+    let relay = InProcess::start(&parse(&config(&tls_file("ca.pem")))).await;
+    write_orders(&db.pool, 10, 2, 1).await;
+    let received = kafka.read_topic("orders", 20, Duration::from_secs(60)).await;
+    let ids: std::collections::HashSet<_> = received
+        .iter()
+        .filter_map(|m| m.header("Switchyard-Event-Id"))
+        .collect();
+    assert_eq!(ids.len(), 20);
+    relay.stop().await;
+    // A CA that did not sign the broker's certificate: not connected.
+    let refused = connect_targets(&config(&tls_file("other-ca.pem"))).await;
+    assert!(refused.contains("kafka"), "{refused}");
+}
