@@ -96,21 +96,27 @@ pg_run() {
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-pg_start() {
+# A data directory for a cluster on loopback, made once: a test server,
+# durability off. Returns false when it existed already.
+pg_init() { # data-directory port max-connections
     mkdir -p "$STATE_DIR"
     if [ "$(id -u)" = 0 ]; then chown postgres "$STATE_DIR"; fi
-    if [ ! -f "$PG_DATA/PG_VERSION" ]; then
-        pg_run "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth=trust -E UTF8 >/dev/null
-        cat >>"$PG_DATA/postgresql.conf" <<CONF
+    [ -f "$1/PG_VERSION" ] && return 1
+    pg_run "$PG_BIN/initdb" -D "$1" -U postgres --auth=trust -E UTF8 >/dev/null
+    cat >>"$1/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
-port = $PG_PORT
-unix_socket_directories = '$PG_DATA'
-max_connections = 200
+port = $2
+unix_socket_directories = '$1'
+max_connections = $3
 fsync = off
 synchronous_commit = off
 full_page_writes = off
-shared_buffers = 256MB
 CONF
+}
+
+pg_start() {
+    if pg_init "$PG_DATA" "$PG_PORT" 200; then
+        echo "shared_buffers = 256MB" >>"$PG_DATA/postgresql.conf"
     fi
     # Replication mode reads the WAL: added to a data directory made before
     # it too, and a server running without it is restarted.
@@ -175,16 +181,8 @@ make_certificates() {
 pg_tls_start() {
     make_certificates
     if [ "$(id -u)" = 0 ]; then chown -R postgres "$TLS_DIR"; fi
-    if [ ! -f "$PG_TLS_DATA/PG_VERSION" ]; then
-        pg_run "$PG_BIN/initdb" -D "$PG_TLS_DATA" -U postgres --auth=trust -E UTF8 >/dev/null
+    if pg_init "$PG_TLS_DATA" "$PG_TLS_PORT" 300; then
         cat >>"$PG_TLS_DATA/postgresql.conf" <<CONF
-listen_addresses = '127.0.0.1'
-port = $PG_TLS_PORT
-unix_socket_directories = '$PG_TLS_DATA'
-max_connections = 300
-fsync = off
-synchronous_commit = off
-full_page_writes = off
 wal_level = logical
 max_replication_slots = 20
 max_wal_senders = 20

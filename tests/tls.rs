@@ -472,6 +472,34 @@ async fn a_rotated_password_reaches_the_pool_listen_and_the_ownership_follower()
         1,
         "only the test's own login with the old password"
     );
+
+    // Revoked: the server's password changes and the relay's source lags.
+    // Nothing is claimed, so nothing spends an attempt; once the source
+    // has the new password, the rows flow.
+    for statement in [
+        format!("ALTER ROLE {role} PASSWORD 'third-password'"),
+        format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"),
+    ] {
+        sqlx::query(&statement).execute(&admin).await.unwrap();
+    }
+    let third = fleet_orders(&db.pool, 20, 10).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let untouched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE attempts = 0 AND status = 'pending'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        untouched, 10,
+        "while its login is refused the relay takes nothing"
+    );
+    std::fs::write(&file, "third-password\n").unwrap();
+    wait_for_stream(&nats, first + second + third, 60).await;
+    assert_eq!(
+        switchyard_tests::postgres::count_status(&db.pool, "dead").await,
+        0
+    );
     relay.terminate();
     let _ = std::fs::remove_file(&file);
 }
@@ -574,6 +602,17 @@ fn nats_target_with(config: &str, keys: &str) -> String {
     config.replacen("[targets.events]\n", &format!("[targets.events]\n{keys}\n"), 1)
 }
 
+/// A relay on `db` whose one plugin sends every event to the target
+/// `name` (its section's keys: `section`) under `topic`.
+fn one_target(db: &str, name: &str, topic: &str, section: &str) -> String {
+    format!(
+        "[database]\nurl = \"{db}\"\n{relay}\n[[plugins]]\nname = \"route\"\npath = \"{route}\"\n\
+         [plugins.config]\ntarget = \"{name}\"\ntopic = \"{topic}\"\n\n[targets.{name}]\n{section}",
+        relay = RelaySection::new().toml(),
+        route = switchyard_tests::plugins::plugin("route_by_type").display(),
+    )
+}
+
 /// Why the targets of `config` cannot be connected.
 async fn connect_targets(config: &str) -> String {
     let config = parse(config);
@@ -642,27 +681,13 @@ async fn rabbitmq_over_tls_logs_in_with_the_client_certificate() {
     rabbit.declare("orders", "tls-orders", "orders.#").await;
     let db = switchyard_tests::postgres::fresh_db().await;
     let target = |tls: &str| {
-        format!(
-            r#"
-[database]
-url = "{db}"
-{relay}
-[[plugins]]
-name = "route"
-path = "{route}"
-[plugins.config]
-target = "rabbit"
-topic = "orders.{{event_type}}"
-
-[targets.rabbit]
-type = "rabbitmq"
-url = "amqps://localhost:{tls_port}/%2f?auth_mechanism=external"
-exchange = "orders"
-tls = {{ {tls} }}
-"#,
-            db = db.url,
-            relay = RelaySection::new().toml(),
-            route = switchyard_tests::plugins::plugin("route_by_type").display(),
+        one_target(
+            &db.url,
+            "rabbit",
+            "orders.{event_type}",
+            &format!(
+                "type = \"rabbitmq\"\nurl = \"amqps://localhost:{tls_port}/%2f?auth_mechanism=external\"\nexchange = \"orders\"\ntls = {{ {tls} }}\n"
+            ),
         )
     };
     let ca = format!("root_cert = \"{}\"", tls_file("ca.pem"));
@@ -698,30 +723,14 @@ async fn kafka_over_tls_verifies_the_brokers_certificate() {
     kafka.create_topic("orders", 3).await;
     let db = switchyard_tests::postgres::fresh_db().await;
     let config = |ca: &str| {
-        format!(
-            r#"
-[database]
-url = "{db}"
-{relay}
-[[plugins]]
-name = "route"
-path = "{route}"
-[plugins.config]
-target = "kafka"
-topic = "orders"
-
-[targets.kafka]
-type = "kafka"
-bootstrap_servers = "{bootstrap}"
-[targets.kafka.properties]
-"security.protocol" = "ssl"
-"ssl.ca.location" = "{ca}"
-"linger.ms" = "2"
-"#,
-            db = db.url,
-            relay = RelaySection::new().toml(),
-            route = switchyard_tests::plugins::plugin("route_by_type").display(),
-            bootstrap = kafka.bootstrap(),
+        one_target(
+            &db.url,
+            "kafka",
+            "orders",
+            &format!(
+                "type = \"kafka\"\nbootstrap_servers = \"{}\"\n[targets.kafka.properties]\n\"security.protocol\" = \"ssl\"\n\"ssl.ca.location\" = \"{ca}\"\n\"linger.ms\" = \"2\"\n",
+                kafka.bootstrap()
+            ),
         )
     };
     let relay = InProcess::start(&parse(&config(&tls_file("ca.pem")))).await;
