@@ -133,11 +133,9 @@ impl Services {
         }
     }
 
+    /// The server's URL on database `name`, its parameters (TLS) kept.
     fn db_url(&self, name: &str) -> String {
-        match self.server_url.rsplit_once('/') {
-            Some((base, _)) => format!("{base}/{name}"),
-            None => format!("{}/{name}", self.server_url),
-        }
+        switchyard_tests::postgres::on_database(&self.server_url, name)
     }
 }
 
