@@ -392,9 +392,10 @@ async fn rotate(admin: &PgPool, role: &str, file: &std::path::Path, password: &s
         .await
         .unwrap();
     std::fs::write(file, format!("{password}\n")).unwrap();
-    // Past a refresh of the relay's (1 s), so that sessions opened from
-    // here on log in with the new password.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Past three refreshes of the relay's (1 s each; a loaded machine may
+    // delay one), so that sessions opened from here on log in with the
+    // new password.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let log_at = std::fs::metadata(server_log()).map_or(0, |m| m.len());
     sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1")
         .bind(role)
@@ -745,4 +746,36 @@ async fn kafka_over_tls_verifies_the_brokers_certificate() {
     // A CA that did not sign the broker's certificate: not connected.
     let refused = connect_targets(&config(&tls_file("other-ca.pem"))).await;
     assert!(refused.contains("kafka"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_on_tls_lists_databases_served_with_the_fleets_tls_defaults() {
+    init_logging();
+    let control = fresh_tls_db().await;
+    let tenant = fresh_tls_db().await;
+    let nats = nats().await;
+    sqlx::query("CREATE TABLE tenants (name text, url text)")
+        .execute(&control.pool)
+        .await
+        .unwrap();
+    // Neither URL says anything of TLS, and the cluster refuses plaintext:
+    // only [catalog.tls], the fleet's default, lets either connect.
+    let bare = |db: &TestDb| format!("postgres://postgres@localhost:{}/{}", port(&db.url), db.name);
+    sqlx::query("INSERT INTO tenants VALUES ('tenant', $1)")
+        .bind(bare(&tenant))
+        .execute(&control.pool)
+        .await
+        .unwrap();
+    let catalog = format!(
+        "[catalog]\nurl = \"{}\"\nquery = \"SELECT name, url FROM tenants\"\ninterval_seconds = 1\nmax_connections = 3\n\
+         [catalog.tls]\nmode = \"verify-full\"\nroot_cert = \"{}\"\n",
+        bare(&control),
+        tls_file("ca.pem")
+    );
+    let relay_section = RelaySection::new().set("concurrency", "2");
+    let config = fleet::config(&[], &nats.url(), &relay_section, &catalog);
+    let mut relay = Process::spawn(SWITCHYARD, &config, "relay-catalog");
+    let written = fleet_orders(&tenant.pool, 0, 10).await;
+    wait_for_stream(&nats, written, 60).await;
+    relay.terminate();
 }
