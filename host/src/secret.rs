@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 /// Where a password comes from (`[database.password]`, `[catalog.password]`):
 /// exactly one of `file` and `command`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct SecretConfig {
     /// A file whose content (without its trailing newline) is the password.
@@ -33,6 +33,19 @@ pub struct SecretConfig {
     /// command (RDS IAM tokens live 15 minutes).
     #[serde(default)]
     pub refresh_seconds: Option<u64>,
+}
+
+/// The command's arguments may carry a token of their own (`--token=...`):
+/// only the program is shown.
+impl std::fmt::Debug for SecretConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretConfig")
+            .field("file", &self.file)
+            .field("program", &self.command.first())
+            .field("arguments", &self.command.len().saturating_sub(1))
+            .field("refresh_seconds", &self.refresh_seconds)
+            .finish()
+    }
 }
 
 const fn default_command_timeout_ms() -> u64 {
@@ -328,6 +341,13 @@ mod tests {
         assert!(error.contains("missing"), "{error}");
         assert_eq!(missing.problems("database.password").len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn debug_output_shows_the_program_but_not_its_arguments() {
+        let shown = format!("{:?}", command(&["vault", "read", "--token=s.hunter2", "secret/db"]));
+        assert!(shown.contains("vault"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
     }
 
     #[test]
