@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use switchyard_tests::kafka::KafkaServer;
-use switchyard_tests::nats::{Login, NatsServer};
+use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, verify, write_orders};
 use switchyard_tests::postgres::{TestDb, admin_pool, fresh_tls_db, tls_file, tls_server_url};
 use switchyard_tests::rabbitmq::RabbitMq;
@@ -587,13 +587,14 @@ async fn a_rotated_password_reaches_the_replication_session() {
 async fn secured_nats() -> (NatsServer, nkeys::KeyPair) {
     switchyard::tls::install_provider();
     let user = nkeys::KeyPair::new_user();
-    let login = Login {
-        root_cert: tls_file("ca.pem").into(),
-        client: (tls_file("client.pem").into(), tls_file("client.key").into()),
-        seed: user.seed().unwrap(),
-    };
-    let server_cert = (tls_file("server.pem"), tls_file("server.key"));
-    let nats = NatsServer::start_secured(login, &user.public_key(), (&server_cert.0, &server_cert.1)).await;
+    let nats = NatsServer::start_secured(
+        &tls_file("ca.pem"),
+        (&tls_file("client.pem"), &tls_file("client.key")),
+        &user.seed().unwrap(),
+        &user.public_key(),
+        (&tls_file("server.pem"), &tls_file("server.key")),
+    )
+    .await;
     nats.create_stream(STREAM, &["orders.>"]).await;
     (nats, user)
 }
@@ -778,4 +779,22 @@ async fn a_catalog_on_tls_lists_databases_served_with_the_fleets_tls_defaults() 
     let written = fleet_orders(&tenant.pool, 0, 10).await;
     wait_for_stream(&nats, written, 60).await;
     relay.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_in_operator_mode_takes_a_creds_file() {
+    init_logging();
+    let (nats, creds) = NatsServer::start_operator_mode().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let db = switchyard_tests::postgres::fresh_db().await;
+    let base = example_config(&Settings::new(&db.url, &nats.url()));
+    let config = nats_target_with(&base, &format!("credentials_file = \"{}\"", creds.display()));
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 20, 3, 2).await;
+    all_arrive(&nats, &expected, 60).await;
+    relay.stop().await;
+    // Without the creds there is no login.
+    let refused = connect_targets(&base).await;
+    assert!(refused.to_lowercase().contains("authorization"), "{refused}");
+    let _ = std::fs::remove_file(&creds);
 }

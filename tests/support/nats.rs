@@ -26,15 +26,20 @@ pub struct NatsServer {
     login: Option<Login>,
 }
 
-/// A test client's TLS files and nkey seed, for a secured server.
+/// How a test's own client logs in to a secured server.
 #[derive(Clone, Debug)]
-pub struct Login {
-    /// The CA that signed the server's certificate.
-    pub root_cert: PathBuf,
-    /// A client certificate and its key.
-    pub client: (PathBuf, PathBuf),
-    /// A user nkey seed.
-    pub seed: String,
+pub enum Login {
+    /// Mutual TLS and a user nkey.
+    Tls {
+        /// The CA that signed the server's certificate.
+        root_cert: PathBuf,
+        /// A client certificate and its key.
+        client: (PathBuf, PathBuf),
+        /// A user nkey seed.
+        seed: String,
+    },
+    /// A creds file (user JWT and seed), on a server in operator mode.
+    Creds(PathBuf),
 }
 
 impl NatsServer {
@@ -78,13 +83,82 @@ impl NatsServer {
     ///
     /// # Panics
     /// As [`NatsServer::start`].
-    pub async fn start_secured(login: Login, public_key: &str, server_cert: (&str, &str)) -> NatsServer {
+    pub async fn start_secured(
+        root_cert: &str,
+        client: (&str, &str),
+        seed: &str,
+        public_key: &str,
+        server_cert: (&str, &str),
+    ) -> NatsServer {
         let config = format!(
-            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}\nauthorization {{\n  users: [ {{ nkey: {public_key} }} ]\n}}\n",
-            server_cert.0,
-            server_cert.1,
-            login.root_cert.display()
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{root_cert}\"\n  verify: true\n}}\nauthorization {{\n  users: [ {{ nkey: {public_key} }} ]\n}}\n",
+            server_cert.0, server_cert.1,
         );
+        let login = Login::Tls {
+            root_cert: root_cert.into(),
+            client: (client.0.into(), client.1.into()),
+            seed: seed.to_string(),
+        };
+        NatsServer::start_logged_in(&config, login).await
+    }
+
+    /// A server in operator mode (accounts and users as JWTs, the account
+    /// preloaded, JetStream on for it) and the creds file of its one user:
+    /// what operator-mode clusters and Synadia Cloud hand out.
+    ///
+    /// # Panics
+    /// As [`NatsServer::start`].
+    pub async fn start_operator_mode() -> (NatsServer, PathBuf) {
+        let operator = nkeys::KeyPair::new_operator();
+        let account = nkeys::KeyPair::new_account();
+        // JetStream in operator mode needs a system account.
+        let system = nkeys::KeyPair::new_account();
+        let user = nkeys::KeyPair::new_user();
+        let unlimited = serde_json::json!({
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": true,
+            "conn": -1, "leaf": -1, "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1
+        });
+        let operator_jwt = jwt(
+            &operator,
+            &operator.public_key(),
+            serde_json::json!({"type": "operator", "version": 2}),
+        );
+        let account_jwt = jwt(
+            &operator,
+            &account.public_key(),
+            serde_json::json!({"type": "account", "version": 2, "limits": unlimited}),
+        );
+        let user_jwt = jwt(
+            &account,
+            &user.public_key(),
+            serde_json::json!({"type": "user", "version": 2, "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1}),
+        );
+        let system_jwt = jwt(
+            &operator,
+            &system.public_key(),
+            serde_json::json!({"type": "account", "version": 2}),
+        );
+        let config = format!(
+            "operator: {operator_jwt}\nsystem_account: {system}\nresolver: MEMORY\n\
+             resolver_preload: {{\n  {account}: {account_jwt}\n  {system}: {system_jwt}\n}}\n",
+            account = account.public_key(),
+            system = system.public_key(),
+        );
+        let creds = std::env::temp_dir().join(format!("sy-nats-{}.creds", uuid::Uuid::new_v4().simple()));
+        std::fs::write(
+            &creds,
+            format!(
+                "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+                user.seed().expect("seed")
+            ),
+        )
+        .expect("write creds");
+        let server = NatsServer::start_logged_in(&config, Login::Creds(creds.clone())).await;
+        (server, creds)
+    }
+
+    async fn start_logged_in(config: &str, login: Login) -> NatsServer {
         let path = std::env::temp_dir().join(format!("sy-nats-{}.conf", uuid::Uuid::new_v4().simple()));
         std::fs::write(&path, config).expect("write nats config");
         let port = TcpListener::bind("127.0.0.1:0")
@@ -106,8 +180,8 @@ impl NatsServer {
     /// certificate names localhost), else by address.
     pub fn url(&self) -> String {
         match self.login {
-            Some(_) => format!("tls://localhost:{}", self.port),
-            None => format!("nats://127.0.0.1:{}", self.port),
+            Some(Login::Tls { .. }) => format!("tls://localhost:{}", self.port),
+            _ => format!("nats://127.0.0.1:{}", self.port),
         }
     }
 
@@ -120,13 +194,22 @@ impl NatsServer {
             return async_nats::connect(self.url()).await;
         };
         switchyard::tls::install_provider();
-        async_nats::ConnectOptions::new()
-            .add_root_certificates(login.root_cert.clone())
-            .add_client_certificate(login.client.0.clone(), login.client.1.clone())
-            .nkey(login.seed.clone())
-            .require_tls(true)
-            .connect(self.url())
-            .await
+        let options = match login {
+            Login::Tls {
+                root_cert,
+                client,
+                seed,
+            } => async_nats::ConnectOptions::new()
+                .add_root_certificates(root_cert.clone())
+                .add_client_certificate(client.0.clone(), client.1.clone())
+                .nkey(seed.clone())
+                .require_tls(true),
+            Login::Creds(path) => async_nats::ConnectOptions::new()
+                .credentials_file(path)
+                .await
+                .map_err(|e| async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::Io, e))?,
+        };
+        options.connect(self.url()).await
     }
 
     /// Stops the server (kill), keeping its JetStream data.
@@ -264,4 +347,27 @@ impl Received {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.payload).expect("JSON payload")
     }
+}
+
+/// A JWT for `subject` with `nats` claims, signed by `issuer`, as the
+/// nats-server decodes them (header, claims, ed25519 signature by the
+/// issuer's nkey, each base64url without padding).
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, nats: serde_json::Value) -> String {
+    use base64::Engine;
+    let encode = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let claims = serde_json::json!({
+        "jti": uuid::Uuid::new_v4().simple().to_string().to_uppercase(),
+        "iat": chrono::Utc::now().timestamp(),
+        "iss": issuer.public_key(),
+        "name": subject,
+        "sub": subject,
+        "nats": nats,
+    });
+    let signed = format!(
+        "{}.{}",
+        encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#),
+        encode(claims.to_string().as_bytes())
+    );
+    let signature = issuer.sign(signed.as_bytes()).expect("sign");
+    format!("{signed}.{}", encode(&signature))
 }
