@@ -345,7 +345,10 @@ mod tests {
 
     #[test]
     fn debug_output_shows_the_program_but_not_its_arguments() {
-        let shown = format!("{:?}", command(&["vault", "read", "--token=s.hunter2", "secret/db"]));
+        let shown = format!(
+            "{:?}",
+            command(&["vault", "read", "--token=s.hunter2", "secret/db"])
+        );
         assert!(shown.contains("vault"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
     }
