@@ -146,10 +146,17 @@ impl RabbitMq {
             });
         node.child = Some(child);
         let started = Instant::now();
-        while Connection::connect(&self.url, ConnectionProperties::default())
+        // Each try bounded: a connect made while the node boots was seen
+        // to wait for ever (no socket left, the future never resolved).
+        let connected = || async {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                Connection::connect(&self.url, ConnectionProperties::default()),
+            )
             .await
-            .is_err()
-        {
+            .is_ok_and(|connection| connection.is_ok())
+        };
+        while !connected().await {
             assert!(
                 started.elapsed() < Duration::from_secs(60),
                 "RabbitMQ on port {} did not start; see {}",
