@@ -154,7 +154,7 @@ pub fn pg_problem(endpoint: &Endpoint, error: &sqlx::Error) -> Option<String> {
         }
         if db.code().as_deref() == Some("28P01") && endpoint.password_source().is_some() {
             return Some(format!(
-                "{message}: the password from [database.password] was refused (read again every refresh_seconds)"
+                "{message}: the password from its password source (file or command) was refused; it is read again every refresh_seconds"
             ));
         }
     }

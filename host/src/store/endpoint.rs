@@ -141,11 +141,20 @@ impl Endpoint {
     /// # Errors
     /// The URL does not parse, or the password cannot be read.
     pub async fn pg_options(&self) -> Result<PgConnectOptions, super::Error> {
+        self.pg_options_with(self.password().await?.as_ref())
+    }
+
+    /// The options for a new PostgreSQL connection with `secret` (read
+    /// from the source by the caller), or the URL's own password.
+    ///
+    /// # Errors
+    /// The URL does not parse.
+    pub fn pg_options_with(&self, secret: Option<&Secret>) -> Result<PgConnectOptions, super::Error> {
         let options = PgConnectOptions::from_str(&self.url)?;
-        match self.password().await? {
-            Some(secret) => Ok(options.password(secret.expose())),
-            None => Ok(options),
-        }
+        Ok(match secret {
+            Some(secret) => options.password(secret.expose()),
+            None => options,
+        })
     }
 
     /// The password from its source, read now (`None`: the URL's or none).

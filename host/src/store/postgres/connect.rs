@@ -94,9 +94,10 @@ pub(super) async fn pool(
     crate::tls::install_provider();
     // The relay logs slow claims itself, in one line; sqlx would add the
     // whole statement text at WARN each time.
+    // Read once here, and handed to the renewal as the password in use.
+    let secret = endpoint.password().await?;
     let mut options = endpoint
-        .pg_options()
-        .await?
+        .pg_options_with(secret.as_ref())?
         .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
     if options.get_application_name().is_none() {
         options = options.application_name(sessions.application_name);
@@ -142,6 +143,7 @@ pub(super) async fn pool(
             endpoint.clone(),
             source.refresh(),
             stop.clone(),
+            secret,
         ));
         stop.drop_guard()
     });
@@ -153,8 +155,13 @@ pub(super) async fn pool(
 /// options). sqlx has no hook for each new connection; this is the one
 /// `Pool::set_connect_options` allows. A failed read is logged once per
 /// spell and the last good password kept.
-async fn renew_password(pool: PgPool, endpoint: Endpoint, every: Duration, stop: CancellationToken) {
-    let mut current = endpoint.password().await.ok().flatten();
+async fn renew_password(
+    pool: PgPool,
+    endpoint: Endpoint,
+    every: Duration,
+    stop: CancellationToken,
+    mut current: Option<crate::secret::Secret>,
+) {
     let mut failing = false;
     loop {
         tokio::select! {
