@@ -31,15 +31,18 @@ async fn nats() -> NatsServer {
 /// Waits for `count` messages in the stream, then checks every expected
 /// event arrived once and in order per aggregate.
 async fn all_arrive(nats: &NatsServer, expected: &HashMap<String, Expected>, seconds: u64) {
-    let count = expected.len() as u64;
-    eventually(
-        "every event in the stream",
-        Duration::from_secs(seconds),
-        || async { (nats.stream_len(STREAM).await >= count).then_some(()) },
-    )
-    .await;
+    wait_for_stream(nats, expected.len() as u64, seconds).await;
     let verdict = verify(&nats.read_stream(STREAM).await, expected);
     assert_eq!(verdict.distinct, expected.len());
+}
+
+/// The example pipeline in replication mode on `url`, through a slot
+/// named after the database.
+fn replication_config(url: &str, slot: &str, nats: &NatsServer) -> String {
+    format!(
+        "{}\n[replication]\nslot = \"{slot}\"\npublication = \"switchyard_outbox\"\n",
+        example_config(&Settings::new(url, &nats.url()).relay("mode", "\"replication\"")),
+    )
 }
 
 /// `(application_name, ssl, backend_type, query)` of the relay's sessions
@@ -107,11 +110,7 @@ async fn replication_mode_over_verify_full_reads_the_slot_on_tls() {
     init_logging();
     let db = fresh_tls_db().await;
     let nats = nats().await;
-    let config = format!(
-        "{}\n[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
-        example_config(&Settings::new(&db.url, &nats.url()).relay("mode", "\"replication\"")),
-        db.name
-    );
+    let config = replication_config(&db.url, &db.name, &nats);
     let (code, out, err) = cli_with(&config, &["migrate"]).await;
     assert_eq!(code, 0, "{out}{err}");
     let relay = InProcess::start(&parse(&config)).await;
@@ -536,12 +535,7 @@ async fn a_rotated_password_reaches_the_replication_session() {
     let db = fresh_tls_db().await;
     let nats = nats().await;
     let url = as_role(&db.url, role);
-    let config = format!(
-        "{}\n[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
-        example_config(&Settings::new(&url, &nats.url()).relay("mode", "\"replication\"")),
-        db.name
-    )
-    .replacen(
+    let config = replication_config(&url, &db.name, &nats).replacen(
         "max_connections = 8\n",
         &format!("max_connections = 8\npassword = {password}\n"),
         1,
