@@ -676,7 +676,9 @@ fn kafka_health_probes_are_bounded_while_kafka_is_down() {
         let config: switchyard::sinks::kafka::KafkaSinkConfig =
             toml::from_str(&format!("bootstrap_servers = \"127.0.0.1:{port}\"")).unwrap();
         let sink = Arc::new(
-            switchyard::sinks::kafka::KafkaSink::new("down", &config, Duration::from_secs(10)).unwrap(),
+            switchyard::sinks::kafka::KafkaSink::connect("down", &config, Duration::from_secs(10))
+                .await
+                .unwrap(),
         );
         let started = Instant::now();
         assert!(sink.healthcheck().await.is_err());

@@ -3,9 +3,9 @@
 //! on the rdkafka crate's bundled librdkafka.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -42,6 +42,43 @@ pub struct KafkaServer {
 struct TlsProxy {
     port: u16,
     task: tokio::task::JoinHandle<()>,
+    /// The SASL PLAIN login it lets through, when it checks one.
+    login: Option<Arc<Login>>,
+}
+
+/// A SCRAM-SHA-512 user the broker checks for real. tansu refuses every
+/// request on an authenticating listener before the login, its user
+/// command included, so a second broker without authentication on the
+/// same store sets the password.
+struct Login {
+    user: String,
+    password: std::sync::Mutex<String>,
+    admin: Box<KafkaServer>,
+    /// Bumped to close every connection through the proxy.
+    revoked: tokio::sync::watch::Sender<u64>,
+    /// Where the store lives, removed with the login.
+    dir: PathBuf,
+}
+
+impl Drop for Login {
+    fn drop(&mut self) {
+        self.admin.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Login {
+    fn set_password(&self, password: &str) {
+        let status = Command::new(tansu_binary())
+            .args(["user", "create", "--mechanism", "scram512", "--broker"])
+            .arg(format!("tcp://127.0.0.1:{}", self.admin.port))
+            .args([&self.user, password])
+            .stdout(Stdio::null())
+            .status()
+            .expect("tansu user create");
+        assert!(status.success(), "tansu user create: {status}");
+        *self.password.lock().expect("password") = password.to_string();
+    }
 }
 
 impl KafkaServer {
@@ -77,10 +114,7 @@ impl KafkaServer {
     }
 
     async fn start_with_storage(storage: String) -> KafkaServer {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
+        let port = super::free_port();
         let mut server = KafkaServer {
             port,
             storage,
@@ -99,11 +133,40 @@ impl KafkaServer {
     /// # Panics
     /// As [`KafkaServer::start`].
     pub async fn start_behind_tls() -> KafkaServer {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        let proxy = TlsProxy::start(port).await;
+        let port = super::free_port();
+        KafkaServer::behind(TlsProxy::start(port, None).await, port).await
+    }
+
+    /// [`KafkaServer::start_behind_tls`] with SASL SCRAM-SHA-512 on top:
+    /// `user` logs in with `password` (see [`KafkaServer::rotate_password`]).
+    /// Topics live in a SQLite file, which the broker that sets passwords
+    /// shares.
+    pub async fn start_behind_tls_with_login(user: &str, password: &str) -> KafkaServer {
+        let dir = std::env::temp_dir().join(format!("sy-kafka-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("store directory");
+        let storage = format!("sqlite:///{}", dir.join("tansu.db").display());
+        let admin = KafkaServer::start_with_storage(storage.clone()).await;
+        let login = Arc::new(Login {
+            user: user.to_string(),
+            password: std::sync::Mutex::default(),
+            admin: Box::new(admin),
+            revoked: tokio::sync::watch::Sender::new(0),
+            dir,
+        });
+        login.set_password(password);
+        let port = super::free_port();
+        let proxy = TlsProxy::start(port, Some(login)).await;
+        let mut server = KafkaServer {
+            port,
+            storage,
+            child: None,
+            tls: Some(proxy),
+        };
+        server.resume().await;
+        server
+    }
+
+    async fn behind(proxy: TlsProxy, port: u16) -> KafkaServer {
         let mut server = KafkaServer {
             port,
             storage: "memory://tansu/".to_string(),
@@ -117,10 +180,19 @@ impl KafkaServer {
     /// The librdkafka properties a client needs for this broker: TLS
     /// verified against the test CA when behind the proxy.
     pub fn client_properties(&self) -> Vec<(&'static str, String)> {
-        match self.tls {
-            Some(_) => vec![
+        match &self.tls {
+            Some(TlsProxy { login: None, .. }) => vec![
                 ("security.protocol", "ssl".to_string()),
                 ("ssl.ca.location", super::postgres::tls_file("ca.pem")),
+            ],
+            Some(TlsProxy {
+                login: Some(login), ..
+            }) => vec![
+                ("security.protocol", "sasl_ssl".to_string()),
+                ("ssl.ca.location", super::postgres::tls_file("ca.pem")),
+                ("sasl.mechanisms", "SCRAM-SHA-512".to_string()),
+                ("sasl.username", login.user.clone()),
+                ("sasl.password", login.password.lock().expect("password").clone()),
             ],
             None => Vec::new(),
         }
@@ -132,6 +204,33 @@ impl KafkaServer {
             config.set(key, value);
         }
         config
+    }
+
+    /// Sets a new password for the user and closes every connection, as
+    /// revoking a credential does: from then on only the new one logs in.
+    ///
+    /// # Panics
+    /// Without a login.
+    pub fn rotate_password(&self, password: &str) {
+        let login = self.login().expect("a broker with a login");
+        login.set_password(password);
+        login.revoked.send_modify(|generation| *generation += 1);
+    }
+
+    /// Whether the broker lets `user` in with `password`.
+    pub async fn admits(&self, user: &str, password: &str) -> bool {
+        let mut config = self.client_config();
+        config.set("sasl.username", user).set("sasl.password", password);
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = config.create().expect("client");
+            consumer.fetch_metadata(None, Duration::from_secs(5)).is_ok()
+        })
+        .await
+        .expect("login probe")
+    }
+
+    fn login(&self) -> Option<&Arc<Login>> {
+        self.tls.as_ref().and_then(|proxy| proxy.login.as_ref())
     }
 
     /// Starts the broker again on its port (after [`KafkaServer::stop`]).
@@ -152,6 +251,7 @@ impl KafkaServer {
                 &advertised,
             ])
             .args(["--storage-engine", &self.storage])
+            .args(self.login().map(|_| "--authentication"))
             .env(
                 "RUST_LOG",
                 std::env::var("SWITCHYARD_TANSU_LOG").unwrap_or_else(|_| "error".into()),
@@ -263,7 +363,7 @@ impl Drop for KafkaServer {
 }
 
 impl TlsProxy {
-    async fn start(broker: u16) -> TlsProxy {
+    async fn start(broker: u16, login: Option<Arc<Login>>) -> TlsProxy {
         use rustls::pki_types::pem::PemObject;
         let file = super::postgres::tls_file;
         let chain = rustls::pki_types::CertificateDer::pem_file_iter(file("server.pem"))
@@ -284,20 +384,27 @@ impl TlsProxy {
             .await
             .expect("proxy port");
         let port = listener.local_addr().expect("proxy address").port();
+        let gate = login.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
+                let gate = gate.clone();
                 tokio::spawn(async move {
                     let Ok(mut tls) = acceptor.accept(client).await else {
                         return;
                     };
-                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker)).await {
-                        let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker)).await else {
+                        return;
+                    };
+                    let mut revoked = gate.as_ref().map(|login| login.revoked.subscribe());
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream) => {}
+                        _ = async { revoked.as_mut()?.changed().await.ok() }, if revoked.is_some() => {}
                     }
                 });
             }
         });
-        TlsProxy { port, task }
+        TlsProxy { port, task, login }
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use serde::Deserialize;
 
+use crate::secret::SecretValue;
 use crate::sinks::registry::{SinkSettings, TargetKind};
 use crate::sinks::{Sink, SinkError};
 
@@ -40,6 +41,12 @@ pub struct KafkaSinkConfig {
     /// without idempotence librdkafka's own retries can duplicate or reorder.
     #[serde(default)]
     pub allow_weaker_delivery: bool,
+    /// The SASL password (`sasl.password`), as a value or from a file or a
+    /// command read again every `refresh_seconds`: when it changes, the
+    /// relay builds a new producer with it and lets the old one finish its
+    /// deliveries. Also `SWITCHYARD_TARGET_<NAME>_PASSWORD(_FILE)`.
+    #[serde(default)]
+    pub password: Option<SecretValue>,
 }
 
 impl KafkaSinkConfig {
@@ -120,6 +127,15 @@ impl TargetKind for KafkaSinkConfig {
                 ));
             }
         }
+        if self.password.is_some() && self.properties.contains_key("sasl.password") {
+            problems.push(
+                "the SASL password is set twice (password and properties.\"sasl.password\"): keep one"
+                    .to_string(),
+            );
+        }
+        if let Some(password) = &self.password {
+            problems.extend(password.problems("password"));
+        }
         for (name, reason) in OWNED {
             if self.properties.contains_key(*name) {
                 problems.push(format!("properties may not set {name:?}: {reason}"));
@@ -147,8 +163,9 @@ impl TargetKind for KafkaSinkConfig {
         if let Some(user) = env(&format!("{prefix}USER")) {
             self.properties.insert("sasl.username".into(), user);
         }
-        if let Some(password) = env(&format!("{prefix}PASSWORD")) {
-            self.properties.insert("sasl.password".into(), password);
+        if let Some(password) = SecretValue::from_env(env, &format!("{prefix}PASSWORD")) {
+            self.properties.remove("sasl.password");
+            self.password = Some(password);
         }
     }
 
@@ -157,7 +174,7 @@ impl TargetKind for KafkaSinkConfig {
     }
 
     async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        let sink = super::KafkaSink::new(name, self, settings.publish_timeout)?;
+        let sink = super::KafkaSink::connect(name, self, settings.publish_timeout).await?;
         Ok(Arc::new(sink) as Arc<dyn Sink>)
     }
 }
@@ -180,6 +197,7 @@ impl std::fmt::Debug for KafkaSinkConfig {
             .field("bootstrap_servers", &crate::redact::url(&self.bootstrap_servers))
             .field("properties", &properties)
             .field("allow_weaker_delivery", &self.allow_weaker_delivery)
+            .field("password", &self.password)
             .finish()
     }
 }
@@ -201,6 +219,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             allow_weaker_delivery: allow,
+            password: None,
         }
     }
 
@@ -236,5 +255,30 @@ mod tests {
         );
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("relay"));
+        let mut with_password = config(&[], false);
+        with_password.password = Some(SecretValue::Value("hunter2".into()));
+        assert!(!format!("{with_password:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_password_comes_from_one_place_and_its_file_is_read_again() {
+        let mut target = config(&[("sasl.password", "inline")], false);
+        target.password = Some(SecretValue::Value("also".into()));
+        let problems = target.validate(&SETTINGS);
+        assert!(problems.iter().any(|p| p.contains("set twice")), "{problems:?}");
+
+        // The environment's file replaces an inline password, and is a
+        // source read again, not a value read once.
+        let mut target = config(&[("sasl.password", "inline")], false);
+        target.apply_env("SWITCHYARD_TARGET_KAFKA_", &|name| {
+            (name == "SWITCHYARD_TARGET_KAFKA_PASSWORD_FILE").then(|| "/run/secrets/kafka".to_string())
+        });
+        assert!(!target.properties.contains_key("sasl.password"));
+        assert!(matches!(&target.password, Some(SecretValue::From(source)) if source.file.is_some()));
+        let problems = target.validate(&SETTINGS);
+        assert!(
+            problems.iter().any(|p| p.contains("/run/secrets/kafka")),
+            "a missing file is named: {problems:?}"
+        );
     }
 }

@@ -11,17 +11,24 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
+use tokio_util::sync::{CancellationToken, DropGuard};
+
 use super::config::KafkaSinkConfig;
+use crate::secret::{Secret, SecretValue};
 use crate::sinks::{FailureKind, OutgoingMessage, Sink, SinkError};
 use crate::telemetry::{Occurrence, Repeats};
 
-/// Sends librdkafka's log lines and client errors to `tracing`, tagged with the target.
+/// Sends librdkafka's log lines and client errors to `tracing`, tagged
+/// with the target; every producer of a target shares one.
+#[derive(Clone)]
 struct LogContext {
     target: String,
     /// Connection trouble, which librdkafka reports on every reconnect
     /// attempt while a broker is down: one line when it starts, one a
     /// minute, one when a delivery or health check gets through.
     unreachable: Arc<Repeats>,
+    /// Wakes the password renewal: the cluster refused the login.
+    refused: Arc<tokio::sync::Notify>,
 }
 
 impl LogContext {
@@ -75,6 +82,10 @@ impl ClientContext for LogContext {
             Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve | C::BrokerNotAvailable) => {
                 self.unreachable(&format_args!("{reason} ({error})"));
             }
+            Some(C::Authentication | C::SaslAuthenticationFailed) => {
+                tracing::warn!(sink.name = %self.target, %error, "Kafka refused the login: {reason}");
+                self.refused.notify_one();
+            }
             _ => tracing::warn!(sink.name = %self.target, %error, "Kafka client error: {reason}"),
         }
     }
@@ -89,7 +100,9 @@ const HEALTH_TIMEOUT: Duration = Duration::from_millis(2500);
 /// A Kafka cluster as a target.
 pub struct KafkaSink {
     name: String,
-    client_config: ClientConfig,
+    /// What every new producer is built from; the SASL password in it
+    /// changes when the password rotates (see [`renew_password`]).
+    client_config: Arc<RwLock<ClientConfig>>,
     /// Shared with the blocking thread that replaces a failed producer.
     producer: Arc<RwLock<Arc<Client>>>,
     publish_timeout: Duration,
@@ -100,33 +113,77 @@ pub struct KafkaSink {
     /// Shared with the health check's blocking thread, which sets it even
     /// when the caller stopped waiting for the check.
     lost_brokers: Arc<std::sync::atomic::AtomicBool>,
-    /// Shared with every producer's log context (see [`LogContext`]).
-    unreachable: Arc<Repeats>,
+    /// Shared with every producer of this target.
+    context: LogContext,
+    /// Stops the password renewal with the sink.
+    _renewal: Option<DropGuard>,
 }
 
 impl KafkaSink {
-    /// Builds the producer. librdkafka connects lazily, so an unreachable
-    /// cluster shows in the health check, not here.
+    /// Reads the SASL password, if the target has one, and builds the
+    /// producer. librdkafka connects lazily, so an unreachable cluster
+    /// shows in the health check, not here. A password read from a file or
+    /// a command is read again while the sink lives (see [`renew_password`]).
     ///
     /// # Errors
-    /// A property librdkafka rejects.
-    pub fn new(
+    /// A property librdkafka rejects; a password that cannot be read.
+    pub async fn connect(
         name: &str,
         config: &KafkaSinkConfig,
         publish_timeout: Duration,
     ) -> Result<KafkaSink, SinkError> {
-        let client_config = config.client_config(publish_timeout);
-        let unreachable = Arc::new(Repeats::default());
-        let producer = create(name, &client_config, &unreachable)?;
-        Ok(KafkaSink {
+        let mut client_config = config.client_config(publish_timeout);
+        let password = match &config.password {
+            Some(source) => {
+                let secret = source
+                    .read()
+                    .await
+                    .map_err(|e| SinkError::unavailable(format!("{name}: {e}")))?;
+                client_config.set("sasl.password", secret.expose());
+                Some((source.clone(), secret))
+            }
+            None => None,
+        };
+        let context = LogContext {
+            target: name.to_string(),
+            unreachable: Arc::new(Repeats::default()),
+            refused: Arc::new(tokio::sync::Notify::new()),
+        };
+        let producer = create(&client_config, &context)?;
+        let mut sink = KafkaSink {
             name: name.to_string(),
-            client_config,
+            client_config: Arc::new(RwLock::new(client_config)),
             producer: Arc::new(RwLock::new(Arc::new(producer))),
             publish_timeout,
             probe: tokio::sync::Mutex::new(()),
             lost_brokers: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            unreachable,
-        })
+            context,
+            _renewal: None,
+        };
+        if let Some((SecretValue::From(source), secret)) = password {
+            let stop = CancellationToken::new();
+            tokio::spawn(renew_password(
+                Renewal {
+                    config: Arc::clone(&sink.client_config),
+                    producer: Arc::clone(&sink.producer),
+                    context: sink.context.clone(),
+                    every: source.refresh(),
+                    source,
+                    stop: stop.clone(),
+                },
+                secret,
+            ));
+            sink._renewal = Some(stop.drop_guard());
+        }
+        Ok(sink)
+    }
+
+    /// The config a new producer is built from.
+    fn client_config(&self) -> ClientConfig {
+        match self.client_config.read() {
+            Ok(config) => config.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     fn producer(&self) -> Arc<Client> {
@@ -145,14 +202,13 @@ impl KafkaSink {
         if !self.lost_brokers.swap(false, std::sync::atomic::Ordering::AcqRel) {
             return;
         }
-        let (name, config, slot, unreachable) = (
-            self.name.clone(),
-            self.client_config.clone(),
+        let (config, slot, context) = (
+            self.client_config(),
             Arc::clone(&self.producer),
-            Arc::clone(&self.unreachable),
+            self.context.clone(),
         );
         let renewed = tokio::task::spawn_blocking(move || {
-            let fresh = Arc::new(create(&name, &config, &unreachable)?);
+            let fresh = Arc::new(create(&config, &context)?);
             let old = match slot.write() {
                 Ok(mut slot) => std::mem::replace(&mut *slot, fresh),
                 Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), fresh),
@@ -183,15 +239,14 @@ impl KafkaSink {
             return;
         };
         tracing::warn!(sink.name = %self.name, ?code, %reason, "Kafka producer failed fatally; creating a new one.");
-        let (name, config, current, unreachable) = (
-            self.name.clone(),
-            self.client_config.clone(),
+        let (config, current, context) = (
+            self.client_config(),
             Arc::clone(&self.producer),
-            Arc::clone(&self.unreachable),
+            self.context.clone(),
         );
         let failed = Arc::clone(producer);
         let replaced = tokio::task::spawn_blocking(move || {
-            let fresh = create(&name, &config, &unreachable)?;
+            let fresh = create(&config, &context)?;
             let mut slot = match current.write() {
                 Ok(slot) => slot,
                 Err(poisoned) => poisoned.into_inner(),
@@ -217,7 +272,7 @@ impl KafkaSink {
 
     /// A delivery or health check got through: ends a run of connection errors.
     fn reached(&self) {
-        if let Some((errors, lasted)) = self.unreachable.ended() {
+        if let Some((errors, lasted)) = self.context.unreachable.ended() {
             tracing::info!(
                 sink.name = %self.name,
                 errors,
@@ -263,12 +318,85 @@ impl KafkaSink {
     }
 }
 
-fn create(name: &str, config: &ClientConfig, unreachable: &Arc<Repeats>) -> Result<Client, SinkError> {
-    config
-        .create_with_context(LogContext {
-            target: name.to_string(),
-            unreachable: Arc::clone(unreachable),
+/// What the password renewal works on: the sink's shared parts.
+struct Renewal {
+    config: Arc<RwLock<ClientConfig>>,
+    producer: Arc<RwLock<Arc<Client>>>,
+    context: LogContext,
+    source: crate::secret::SecretConfig,
+    every: Duration,
+    stop: CancellationToken,
+}
+
+/// Reads the SASL password every `every`, and at once when a login was
+/// refused. librdkafka reads `sasl.password` only when a producer is built,
+/// so a changed password means a new producer: it takes every message from
+/// then on, while publishes that hold the old one await their delivery
+/// reports from it; the old one is flushed and closed when the last of them
+/// lets go (see [`release`]). Nothing in flight is lost or sent twice. A
+/// failed read keeps the last good password and says so once per spell.
+async fn renew_password(renewal: Renewal, mut current: Secret) {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(renewal.every) => {}
+            () = renewal.context.refused.notified() => {}
+            () = renewal.stop.cancelled() => return,
+        }
+        let secret = match renewal.source.read().await {
+            Ok(secret) => {
+                failing = false;
+                secret
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(sink.name = %renewal.context.target, %error, "Cannot read the Kafka password again; new connections keep the last one.");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        if secret == current {
+            continue;
+        }
+        let config = {
+            let mut shared = match renewal.config.write() {
+                Ok(config) => config,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            shared.set("sasl.password", secret.expose());
+            shared.clone()
+        };
+        let (slot, context) = (Arc::clone(&renewal.producer), renewal.context.clone());
+        let replaced = tokio::task::spawn_blocking(move || {
+            let fresh = Arc::new(create(&config, &context)?);
+            let old = match slot.write() {
+                Ok(mut slot) => std::mem::replace(&mut *slot, fresh),
+                Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), fresh),
+            };
+            // Publishes still holding the old producer release it last.
+            drop(old);
+            Ok::<(), SinkError>(())
         })
+        .await;
+        match replaced {
+            Ok(Ok(())) => {
+                tracing::info!(sink.name = %renewal.context.target, "Kafka password renewed; publishing with a new producer.");
+                current = secret;
+            }
+            Ok(Err(error)) => {
+                tracing::error!(sink.name = %renewal.context.target, %error, "Cannot create a Kafka producer with the renewed password.");
+            }
+            Err(error) => {
+                tracing::error!(sink.name = %renewal.context.target, %error, "Replacing the Kafka producer failed.");
+            }
+        }
+    }
+}
+
+fn create(config: &ClientConfig, context: &LogContext) -> Result<Client, SinkError> {
+    config
+        .create_with_context(context.clone())
         .map_err(|e| SinkError::permanent(format!("cannot create a Kafka producer: {e}")))
 }
 
@@ -382,6 +510,12 @@ impl Sink for KafkaSink {
             if results.iter().any(Result::is_ok) {
                 self.reached();
             }
+            if results
+                .iter()
+                .any(|r| matches!(r, Err(e) if e.kind == FailureKind::Unauthorized))
+            {
+                self.context.refused.notify_one();
+            }
             if results.iter().any(Result::is_err) {
                 let lost = results.iter().any(|r| {
                     matches!(r, Err(e) if matches!(e.kind, FailureKind::Unavailable | FailureKind::TimedOut))
@@ -439,6 +573,7 @@ mod tests {
         let context = LogContext {
             target: "orders".into(),
             unreachable: Arc::new(Repeats::default()),
+            refused: Arc::new(tokio::sync::Notify::new()),
         };
         let text = crate::telemetry::testing::capture("info".parse().unwrap(), || {
             // What librdkafka reports in a few seconds of a broker down.
