@@ -15,8 +15,10 @@ use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, tally, write_orders};
 use switchyard_tests::postgres::{Outbox, TestDb, all_published, count_status, fresh_db, place_event};
-use switchyard_tests::relay::{InProcess, RelaySection, parse};
-use switchyard_tests::{eventually, exclusive, init_logging};
+use switchyard_tests::relay::{InProcess, Process, RelaySection, parse};
+use switchyard_tests::{eventually, exclusive, free_port, init_logging, try_http_get};
+
+const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 
 const AGGREGATES: usize = 20;
 const ROUNDS: usize = 40;
@@ -236,6 +238,18 @@ async fn the_database_gone_for_a_while_costs_no_attempt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_target_down_holds_back_only_its_own_deliveries() {
+    fan_out_with_nats_down(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_target_down_at_start_holds_back_only_its_own_deliveries() {
+    fan_out_with_nats_down(true).await;
+}
+
+/// Fan-out to two Kafka targets and NATS, NATS down for 8 s while writers
+/// go on (from before the relay starts, with `at_start`): Kafka gets every
+/// event on time, NATS every event once it is back.
+async fn fan_out_with_nats_down(at_start: bool) {
     init_logging();
     let _heavy = exclusive().await;
     let db = fresh_db().await;
@@ -252,10 +266,15 @@ async fn a_fan_out_target_down_holds_back_only_its_own_deliveries() {
         &kafka.bootstrap(),
         &nats.url(),
     );
+    if at_start {
+        nats.stop();
+    }
     let relay = InProcess::start(&parse(&config)).await;
     let writer = write_steadily(&db, Outbox::Switchyard);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    nats.stop();
+    if !at_start {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        nats.stop();
+    }
     // Longer than the bound below: a Kafka delivery held behind NATS shows.
     tokio::time::sleep(Duration::from_secs(8)).await;
     nats.resume().await;
@@ -286,6 +305,121 @@ async fn a_fan_out_target_down_holds_back_only_its_own_deliveries() {
     verify_kafka(&copies, &expected, Copies::Once);
     // NATS got everything after its return, each aggregate in order.
     let tally = tally(&nats.read_stream(AUDIT_STREAM).await, &expected);
+    assert_eq!(
+        (tally.lost, tally.duplicates, tally.reordered, tally.unknown),
+        (0, 0, 0, 0),
+        "{tally:?}"
+    );
+}
+
+/// `config` with its admin endpoint on `port`.
+fn admin_on(config: &str, port: u16) -> (String, std::net::SocketAddr) {
+    (
+        format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+    )
+}
+
+/// Waits until `/readyz` at `admin` answers `status`, and returns its body.
+async fn readyz_says(admin: std::net::SocketAddr, status: u16, what: &str) -> String {
+    eventually(what, Duration::from_secs(60), || async {
+        try_http_get(admin, "/readyz")
+            .await
+            .and_then(|(code, body)| (code == status).then_some(body))
+    })
+    .await
+}
+
+/// A relay process started while the broker of `kind` is down: it starts
+/// and stays up, says why it is not ready, and once the broker is back
+/// becomes ready and publishes everything written meanwhile, in order,
+/// with no attempt spent.
+async fn started_with_the_broker_down(kind: &str) {
+    init_logging();
+    let _heavy = exclusive().await;
+    let db = fresh_db().await;
+    let mut broker = Broker::start(kind).await;
+    broker.stop();
+    let (config, admin) = admin_on(
+        &broker.config(&db.url, &RelaySection::quick().toml(), ""),
+        free_port(),
+    );
+    let mut relay = Process::spawn(SWITCHYARD, &config, "started-while-down");
+    let body = readyz_says(admin, 503, "up and not ready").await;
+    assert!(body.contains("\"out\""), "/readyz names the target: {body}");
+    let expected = write_orders(&db.pool, 10, 5, 2).await;
+    rows_wait_for_the_target(&db).await;
+    assert!(!relay.has_exited(), "the relay stays up while its broker is down");
+
+    broker.resume().await;
+    let returned = Instant::now();
+    let back = db_now(&db).await;
+    readyz_says(admin, 200, "ready once the broker is back").await;
+    let ready = returned.elapsed();
+    check_outcomes(&db, expected.len(), back).await;
+    eprintln!(
+        "{kind}: ready {ready:?} and everything published {:?} after the broker's return",
+        returned.elapsed()
+    );
+    relay.terminate();
+    let tally = tally(&broker.received(expected.len()).await, &expected);
+    assert_eq!(
+        (tally.lost, tally.duplicates, tally.reordered, tally.unknown),
+        (0, 0, 0, 0),
+        "{tally:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_nats_is_down_waits_and_publishes_on_its_return() {
+    started_with_the_broker_down("nats").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_kafka_is_down_waits_and_publishes_on_its_return() {
+    started_with_the_broker_down("kafka").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_rabbitmq_is_down_waits_and_publishes_on_its_return() {
+    started_with_the_broker_down("rabbitmq").await;
+}
+
+/// A relay process started while its database refuses connections: up,
+/// not ready with the database's error, and serving as soon as it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_the_database_is_down_waits_and_serves_on_its_return() {
+    init_logging();
+    let _heavy = exclusive().await;
+    let db = fresh_db().await;
+    let broker = Broker::start("nats").await;
+    let expected = write_orders(&db.pool, 10, 5, 2).await;
+    let server = switchyard_tests::postgres::server_pool().await;
+    let allow = |allowed: bool| format!("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}", db.name);
+    sqlx::query(&allow(false)).execute(&server).await.unwrap();
+    let (config, admin) = admin_on(
+        &broker.config(&db.url, &RelaySection::quick().toml(), ""),
+        free_port(),
+    );
+    let mut relay = Process::spawn(SWITCHYARD, &config, "started-without-db");
+    let body = readyz_says(admin, 503, "up and not ready").await;
+    assert!(
+        body.contains("not currently accepting connections"),
+        "/readyz says why: {body}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !relay.has_exited(),
+        "the relay stays up while its database is down"
+    );
+
+    sqlx::query(&allow(true)).execute(&server).await.unwrap();
+    let returned = Instant::now();
+    readyz_says(admin, 200, "ready once the database is back").await;
+    all_published(&db.pool, expected.len() as i64, Duration::from_secs(60)).await;
+    eprintln!("served {:?} after the database's return", returned.elapsed());
+    relay.terminate();
+    let tally = tally(&broker.received(expected.len()).await, &expected);
     assert_eq!(
         (tally.lost, tally.duplicates, tally.reordered, tally.unknown),
         (0, 0, 0, 0),

@@ -720,3 +720,122 @@ fn in_claim_mode(config: &str, db: &TestDb) -> String {
 async fn place_event_result(pool: &sqlx::PgPool, outbox: Outbox) -> Result<uuid::Uuid, sqlx::Error> {
     switchyard_tests::postgres::try_place_event(pool, outbox, &order_event(1, 0), true).await
 }
+
+/// A replication-mode relay started while its database refuses
+/// connections: up, not ready with the reason, and reading the slot as
+/// soon as the database is back, every event in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_the_database_is_down_reads_the_slot_on_its_return() {
+    let (db, nats, config) = migrated(&[]).await;
+    let expected = write_orders(&db.pool, 10, 5, 2).await;
+    let server = switchyard_tests::postgres::server_pool().await;
+    let allow = |allowed: bool| format!("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}", db.name);
+    sqlx::query(&allow(false)).execute(&server).await.unwrap();
+    let port = switchyard_tests::free_port();
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n");
+    let mut relay = Process::spawn(SWITCHYARD, &config, "started-without-db");
+    let readyz = |status: u16| async move {
+        eventually("/readyz", Duration::from_secs(60), || async {
+            switchyard_tests::try_http_get(admin, "/readyz")
+                .await
+                .and_then(|(code, body)| (code == status).then_some(body))
+        })
+        .await
+    };
+    let body = readyz(503).await;
+    assert!(body.contains("not currently accepting connections"), "{body}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !relay.has_exited(),
+        "the relay stays up while its database is down"
+    );
+
+    sqlx::query(&allow(true)).execute(&server).await.unwrap();
+    readyz(200).await;
+    stream_holds(&nats, expected.len() as u64, "every event streamed", 60).await;
+    relay.terminate();
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!(
+        (verdict.distinct, verdict.duplicates),
+        (expected.len(), 0),
+        "{verdict:?}"
+    );
+}
+
+/// `config` as a file, for the command line.
+fn config_file(config: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("sy-mode-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+/// A relay process on `config` whose database is set up for the other
+/// mode: `validate` names the mismatch and fails; the relay starts, stays
+/// up and is not ready, naming it; once `migrate` on `config` switches the
+/// database, it serves what is written from then on, and `/readyz` is ready.
+async fn mismatch_named_then_served(db: &TestDb, nats: &NatsServer, config: &str, says: &str) {
+    let file = config_file(config);
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", file.to_str().unwrap()], &[]).await;
+    assert_ne!(
+        code, 0,
+        "validate passes a database set up for the other mode: {out}"
+    );
+    assert!(err.contains(says), "validate names the mismatch: {err}");
+
+    let port = switchyard_tests::free_port();
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut relay = Process::spawn(
+        SWITCHYARD,
+        &format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
+        "mismatched",
+    );
+    let readyz = |status: u16| async move {
+        eventually("/readyz", Duration::from_secs(60), || async {
+            switchyard_tests::try_http_get(admin, "/readyz")
+                .await
+                .and_then(|(code, body)| (code == status).then_some(body))
+        })
+        .await
+    };
+    let body = readyz(503).await;
+    assert!(body.contains(says), "/readyz names the mismatch: {body}");
+    assert!(body.contains("switchyard migrate"), "and what to do: {body}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!relay.has_exited(), "the relay stays up, not ready");
+
+    migrate(config).await;
+    let expected = write_orders(&db.pool, 10, 3, 2).await;
+    readyz(200).await;
+    stream_holds(nats, expected.len() as u64, "served once migrated", 60).await;
+    relay.terminate();
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!(
+        (verdict.distinct, verdict.duplicates),
+        (expected.len(), 0),
+        "{verdict:?}"
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_mode_relay_on_a_replication_mode_database_names_the_mismatch() {
+    let (db, nats, _replication) = migrated(&[]).await;
+    let claim = example_config(&Settings::new(&db.url, &nats.url()));
+    // Without a config, migrate keeps the mode and says which it is.
+    let (code, out, err) = cli(SWITCHYARD, &["migrate", "--database-url", &db.url], &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("replication mode kept"), "{out}");
+    mismatch_named_then_served(&db, &nats, &claim, "set up for replication mode").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replication_mode_relay_on_a_claim_mode_database_names_the_mismatch() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    migrate(&example_config(&Settings::new(&db.url, &nats.url()))).await;
+    let replication = replication_config(&db, &nats, &[]);
+    mismatch_named_then_served(&db, &nats, &replication, "set up for claim mode").await;
+}

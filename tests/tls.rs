@@ -609,14 +609,21 @@ fn one_target(db: &str, name: &str, topic: &str, section: &str) -> String {
     )
 }
 
-/// Why the targets of `config` cannot be connected.
+/// Why the targets of `config` cannot be reached: the relay starts
+/// without them, and their health checks (what `/readyz` shows) say why.
 async fn connect_targets(config: &str) -> String {
     let config = parse(config);
-    let refused = switchyard::sinks::Sinks::connect(&config.targets, &config.relay.sink_settings())
+    let sinks = switchyard::sinks::Sinks::connect(&config.targets, &config.relay.sink_settings())
         .await
-        .err()
-        .expect("refused");
-    format!("{refused:#}")
+        .expect("an unreachable target does not stop the start");
+    let checks = switchyard::admin::target_checks(&sinks).await;
+    let refused: Vec<String> = checks
+        .into_iter()
+        .filter(|(_, check)| !check.is_ok())
+        .map(|(name, check)| format!("{name}: {check}"))
+        .collect();
+    assert!(!refused.is_empty(), "refused");
+    refused.join("\n")
 }
 
 /// A file holding `text`.

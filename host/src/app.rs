@@ -118,6 +118,9 @@ pub async fn database_builder(
     .with_max_payload_bytes(config.relay.max_payload_bytes)
     .keeping_sessions(kept_sessions(config, pooled));
     check_schema(&store).await?;
+    if config.replication_feed().is_none() {
+        check_claim_mode(&store).await?;
+    }
     let capture = match check_source(config, &store).await? {
         Some((_, Some(problem))) => anyhow::bail!(problem),
         Some((capture, None)) => Some(capture),
@@ -210,22 +213,53 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the relay until SIGINT or SIGTERM.
+/// In claim mode: the database is not set up for replication mode, whose
+/// rows a claiming relay would never see.
 ///
 /// # Errors
-/// Startup failures from [`build`], or a failure to release leases at the end.
+/// The mismatch, saying what to do, or the database's error.
+pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
+    match store
+        .mode_mismatch(false)
+        .await
+        .context("cannot read the outbox's relay mode")?
+    {
+        Some(problem) => anyhow::bail!(problem),
+        None => Ok(()),
+    }
+}
+
+/// Runs the relay until SIGINT or SIGTERM.
+///
+/// What is unreachable or not set up yet (the database, a target) does not
+/// stop it: the relay starts, says on `/readyz` why it is not ready, and
+/// serves what it can as soon as it can. Only its own configuration (a
+/// plugin that does not load, a refused target setting, an admin address
+/// it cannot bind) stops the start.
+///
+/// # Errors
+/// Those configuration failures, or a failure to release leases at the end.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.serves_many() {
         return run_fleet(config).await;
     }
-    let relay = build(&config).await?;
     let shutdown = CancellationToken::new();
-    let admin = if config.admin.listen.is_empty() {
+    cancel_on_signal(shutdown.clone());
+    let mut shared = Shared::start(&config).await?;
+    let watcher = shared.watcher.take();
+    let listener = if config.admin.listen.is_empty() {
         None
     } else {
-        Some(crate::admin::serve(&config.admin.listen, relay.clone(), shutdown.clone()).await?)
+        Some(crate::admin::bind(&config.admin.listen).await?)
     };
-    cancel_on_signal(shutdown.clone());
+    let Some((builder, listener)) = wait_for_database(&config, &shared, listener, &shutdown).await? else {
+        return Ok(());
+    };
+    let relay = builder.watcher(watcher).build();
+    let admin = match listener {
+        Some(listener) => Some(crate::admin::serve_on(listener, relay.clone(), shutdown.clone())?),
+        None => None,
+    };
     let announcer = tokio::spawn(announce(
         relay.store().clone(),
         relay.owner().to_string(),
@@ -249,6 +283,69 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         admin.stopped().await;
     }
     result
+}
+
+/// Longest pause between two tries at a database that cannot be served.
+const DATABASE_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The relay for the database, once it can be served: tried at once, then
+/// again with a growing pause while it is unreachable, not migrated or set
+/// up for the other mode, the admin endpoint meanwhile answering not ready
+/// with the reason. `None` when shut down first. The listener comes back
+/// for the relay's own admin endpoint (bound again, on the same address,
+/// when the waiting one served it).
+async fn wait_for_database(
+    config: &Config,
+    shared: &Shared,
+    mut listener: Option<tokio::net::TcpListener>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<(RelayBuilder, Option<tokio::net::TcpListener>)>> {
+    let waiting = crate::admin::starting::Waiting::default();
+    let mut endpoint = None;
+    let (mut attempts, mut pause) = (0u32, Duration::from_millis(500));
+    let builder = loop {
+        attempts += 1;
+        let error = match database_builder(config, crate::metrics::DEFAULT_DATABASE, shared).await {
+            Ok(builder) => break builder,
+            Err(error) => crate::redact::url(&format!("{error:#}")),
+        };
+        // The first failure and then every tenth: a database down for
+        // hours is a line every few minutes.
+        if attempts % 10 == 1 {
+            tracing::warn!(attempts, %error, retry_in_ms = pause.as_millis() as u64, "Cannot serve the database yet; not ready, trying again.");
+        }
+        waiting.set(error);
+        shared
+            .metrics
+            .for_database(crate::metrics::DEFAULT_DATABASE)
+            .set_database_served(false);
+        if endpoint.is_none()
+            && let Some(bound) = listener.take()
+        {
+            let stop = shutdown.child_token();
+            let address = bound.local_addr()?;
+            let server = crate::admin::starting::serve(bound, shared, waiting.clone(), stop.clone())?;
+            endpoint = Some((server, stop, address));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = shutdown.cancelled() => return Ok(None),
+        }
+        pause = (pause * 2).min(DATABASE_RETRY_MAX);
+    };
+    if attempts > 1 {
+        tracing::info!(attempts, "The database can be served now.");
+    }
+    shared
+        .metrics
+        .for_database(crate::metrics::DEFAULT_DATABASE)
+        .set_database_served(true);
+    if let Some((server, stop, address)) = endpoint {
+        stop.cancel();
+        server.stopped_within(Duration::from_secs(2)).await;
+        listener = Some(crate::admin::bind(&address.to_string()).await?);
+    }
+    Ok(Some((builder, listener)))
 }
 
 /// Serves every database of a `[[databases]]` config until SIGINT or SIGTERM.

@@ -53,6 +53,12 @@ pub mod names {
     pub const REPLICATION_RETAINED_WAL: &str = "switchyard_replication_retained_wal_bytes";
     /// Replication mode: 1 while this relay reads the slot, 0 on a standby.
     pub const REPLICATION_READING: &str = "switchyard_replication_reading";
+    /// 1 while the database is served, 0 while the relay cannot serve it
+    /// (unreachable, not migrated, set up for the other mode).
+    pub const DATABASE_SERVED: &str = "switchyard_database_served";
+    /// Replication mode: `replication.max_retained_wal_bytes`, for alerts
+    /// on the retained WAL nearing it.
+    pub const REPLICATION_MAX_RETAINED_WAL: &str = "switchyard_replication_max_retained_wal_bytes";
 }
 
 /// `database` label: the outbox database a figure is about (`default`
@@ -153,6 +159,8 @@ struct Families {
     target_waiting_rows: Family<TargetLabels, Gauge>,
     replication_retained_wal: Family<DatabaseLabel, Gauge>,
     replication_reading: Family<DatabaseLabel, Gauge>,
+    database_served: Family<DatabaseLabel, Gauge>,
+    replication_max_retained_wal: Family<DatabaseLabel, Gauge>,
 }
 
 impl Families {
@@ -174,10 +182,12 @@ impl Families {
             target_waiting_rows: Family::default(),
             replication_retained_wal: Family::default(),
             replication_reading: Family::default(),
+            database_served: Family::default(),
+            replication_max_retained_wal: Family::default(),
         }
     }
 
-    fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Named<'_>) {
         use names::*;
         let f = self;
         registry.register(
@@ -248,6 +258,16 @@ impl Families {
             "1 while this relay reads the replication slot, 0 while it stands by",
             f.replication_reading.clone(),
         );
+        registry.register(
+            DATABASE_SERVED,
+            "1 while the database is served, 0 while the relay cannot serve it yet",
+            f.database_served.clone(),
+        );
+        registry.register(
+            REPLICATION_MAX_RETAINED_WAL,
+            "replication.max_retained_wal_bytes: past it the relay reports not ready",
+            f.replication_max_retained_wal.clone(),
+        );
     }
 }
 
@@ -262,7 +282,21 @@ pub const DEFAULT_DATABASE: &str = "default";
 pub struct Metrics {
     registry: Arc<Registry>,
     families: Arc<Families>,
+    names: Arc<[&'static str]>,
     database: String,
+}
+
+/// The registry, noting each name registered: what [`Metrics::names`] lists.
+struct Named<'a> {
+    registry: &'a mut Registry,
+    names: Vec<&'static str>,
+}
+
+impl Named<'_> {
+    fn register(&mut self, name: &'static str, help: &str, metric: impl prometheus_client::registry::Metric) {
+        self.names.push(name);
+        self.registry.register(name, help, metric);
+    }
 }
 
 impl Metrics {
@@ -271,15 +305,27 @@ impl Metrics {
     pub fn new(plugins: Option<Plugins>) -> Metrics {
         let mut registry = Registry::default();
         let families = Families::new();
-        families.register(&mut registry);
+        let mut named = Named {
+            registry: &mut registry,
+            // Read from the plugins at scrape time (see `ReloadCollector`).
+            names: vec![names::PLUGIN_RELOADS, names::PLUGIN_RELOADS_REJECTED],
+        };
+        families.register(&mut named);
+        let names = named.names.into();
         if let Some(plugins) = plugins {
             registry.register_collector(Box::new(ReloadCollector { plugins }));
         }
         Metrics {
             registry: Arc::new(registry),
             families: Arc::new(families),
+            names,
             database: DEFAULT_DATABASE.to_string(),
         }
+    }
+
+    /// Every metric's name (without the `_total` a counter is exported with).
+    pub fn names(&self) -> &[&'static str] {
+        &self.names
     }
 
     /// The same metrics, recorded for `database`.
@@ -287,6 +333,7 @@ impl Metrics {
         Metrics {
             registry: self.registry.clone(),
             families: self.families.clone(),
+            names: self.names.clone(),
             database: database.to_string(),
         }
     }
@@ -433,12 +480,16 @@ impl Metrics {
             .set(rows);
     }
 
-    /// Sets the WAL the server keeps for the slot (read at scrape time).
-    pub fn set_retained_wal(&self, bytes: i64) {
+    /// Sets the WAL the server keeps for the slot (read at scrape time) and the configured limit.
+    pub fn set_retained_wal(&self, bytes: i64, limit: u64) {
         self.families
             .replication_retained_wal
             .get_or_create(&self.label())
             .set(bytes);
+        self.families
+            .replication_max_retained_wal
+            .get_or_create(&self.label())
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
     /// Records whether this relay reads the slot.
@@ -447,6 +498,14 @@ impl Metrics {
             .replication_reading
             .get_or_create(&self.label())
             .set(i64::from(reading));
+    }
+
+    /// Records whether the database is served.
+    pub fn set_database_served(&self, served: bool) {
+        self.families
+            .database_served
+            .get_or_create(&self.label())
+            .set(i64::from(served));
     }
 
     /// Whether this relay reads the slot.
@@ -508,6 +567,8 @@ impl Metrics {
         f.claims.remove(&label);
         f.replication_retained_wal.remove(&label);
         f.replication_reading.remove(&label);
+        f.database_served.remove(&label);
+        f.replication_max_retained_wal.remove(&label);
     }
 }
 

@@ -66,22 +66,25 @@ pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
 /// # Panics
 /// When the server cannot be reached or answers garbage.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    try_http_get(addr, path)
+        .await
+        .unwrap_or_else(|| panic!("no HTTP answer from {addr}{path}"))
+}
+
+/// [`http_get`], `None` while nothing answers (not listening yet).
+pub async fn try_http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("bad response: {response}"));
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
     let body = response
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (status, body)
+    Some((status, body))
 }
 
 /// Runs the `switchyard` command line to completion: exit code, stdout,

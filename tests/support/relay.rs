@@ -277,6 +277,11 @@ impl Process {
         assert!(status.success(), "kill -{signal}");
     }
 
+    /// Whether the process has exited by itself.
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// SIGKILL: no chance to finish or release anything.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

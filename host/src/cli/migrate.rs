@@ -128,6 +128,18 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
 
     store.migrate().await.context("migration failed")?;
     println!("outbox schema is up to date");
+    if args.config.is_none()
+        && store
+            .mode_mismatch(false)
+            .await
+            .context("cannot read the outbox's relay mode")?
+            .is_some()
+    {
+        println!(
+            "replication mode kept: rows are written `streamed` for a replication slot (without a config the \
+             mode is left as it is; migrate with a claim-mode config to switch)"
+        );
+    }
     if let Some(capture) = install {
         let copied = store
             .install_capture(capture, args.backfill)

@@ -300,6 +300,20 @@ pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
         check_database(&loaded, false)
             .await
             .with_context(|| path.display().to_string())?;
+    } else if !loaded.database.endpoint().is_sqlite() {
+        // Claim mode: the config holds without the database, but one set
+        // up for replication mode would be served silently wrong.
+        match OutboxStore::connect(loaded.database.endpoint(), 1).await {
+            Ok(store) => {
+                let checked = crate::app::check_claim_mode(&store).await;
+                store.close().await;
+                checked.with_context(|| path.display().to_string())?;
+            }
+            Err(error) => println!(
+                "warning: cannot reach the database to check which mode it is set up for: {}",
+                crate::redact::url(&error.to_string())
+            ),
+        }
     }
     // A plugin may refuse its own config (a placeholder it does
     // not know): only its `init` can say.
@@ -329,6 +343,9 @@ async fn check_database(config: &Config, schema: bool) -> anyhow::Result<()> {
         && let Some((_, Some(problem))) = crate::app::check_source(config, &store).await?
     {
         println!("warning: {problem}");
+    }
+    if config.replication_feed().is_none() {
+        crate::app::check_claim_mode(&store).await?;
     }
     crate::app::check_replication(config, &store).await
 }

@@ -401,6 +401,12 @@ async fn follow_catalog(fleet: Fleet, catalog: crate::config::CatalogConfig) {
     }
 }
 
+/// Sets a database's state, and the served gauge with it.
+fn set_state(state: &Mutex<DatabaseState>, metrics: &crate::metrics::Metrics, next: DatabaseState) {
+    metrics.set_database_served(matches!(next, DatabaseState::Running(_)));
+    *state.lock().unwrap_or_else(PoisonError::into_inner) = next;
+}
+
 /// Serves one database until `stop`: builds its relay (trying again, with
 /// a growing pause, while it cannot), runs it, and starts over if the relay
 /// ends on its own, or smaller when the connection budget needs room.
@@ -413,7 +419,8 @@ async fn serve(
 ) {
     let config = fleet.inner.config.for_database(&database);
     let want = want.unwrap_or_else(|| fleet.inner.budget.want(&database.url));
-    let set = |next: DatabaseState| *state.lock().unwrap_or_else(PoisonError::into_inner) = next;
+    let metrics = fleet.metrics().for_database(&database.name);
+    let set = |next: DatabaseState| set_state(&state, &metrics, next);
     let mut attempts = 0_u32;
     let mut since = Instant::now();
     let mut pause = Duration::from_secs(1);

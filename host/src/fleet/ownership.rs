@@ -39,7 +39,8 @@ pub(super) async fn follow(
     let tick = lease / 3;
     let me = fleet.owner().to_string();
     let started = Instant::now();
-    let set = |next: DatabaseState| *state.lock().unwrap_or_else(PoisonError::into_inner) = next;
+    let metrics = fleet.metrics().for_database(&database.name);
+    let set = |next: DatabaseState| super::set_state(&state, &metrics, next);
     let mut store: Option<OutboxStore> = None;
     let mut held: Option<Held> = None;
     let mut attempts = 0;

@@ -3,6 +3,7 @@
 //! decide the fate of its neighbours, and classifies failures as retryable or
 //! permanent.
 
+mod deferred;
 pub mod file;
 pub mod kafka;
 pub mod nats;
@@ -201,10 +202,13 @@ pub struct Sinks {
 }
 
 impl Sinks {
-    /// Connects every configured target and runs its health check.
+    /// Connects every configured target and runs its health check. A
+    /// target that cannot be reached (down, refusing the login, failing its
+    /// check) does not stop the start: the relay serves the others, pauses
+    /// that one as after any outage, and connects it when it answers.
     ///
     /// # Errors
-    /// The first target that cannot be built or fails its health check.
+    /// A target whose settings its client refuses outright.
     pub async fn connect(
         targets: &BTreeMap<String, TargetConfig>,
         settings: &SinkSettings,
@@ -212,12 +216,24 @@ impl Sinks {
         crate::tls::install_provider();
         let mut by_name = BTreeMap::new();
         for (name, target) in targets {
-            let sink = target
-                .build(name, settings)
-                .await
-                .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?;
-            ready(name, sink.as_ref(), STARTUP_CHECK_TIMEOUT).await?;
-            tracing::info!(sink.name = %name, sink.kind = sink.kind(), "Target ready.");
+            let sink: Arc<dyn Sink> = match target.build(name, settings).await {
+                Ok(sink) => sink,
+                Err(e) if e.kind == FailureKind::Refused => {
+                    return Err(anyhow::anyhow!("target {name:?}: {e}"));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        sink.name = %name,
+                        error = %e,
+                        "Target unreachable at start: starting without it; its events wait until it answers."
+                    );
+                    Arc::new(deferred::Deferred::new(name, target, settings, e))
+                }
+            };
+            match ready(name, sink.as_ref(), STARTUP_CHECK_TIMEOUT).await {
+                Ok(()) => tracing::info!(sink.name = %name, sink.kind = sink.kind(), "Target ready."),
+                Err(e) => tracing::warn!(sink.name = %name, "{e:#}; its events wait until it answers."),
+            }
             by_name.insert(name.clone(), sink);
         }
         Ok(Sinks { by_name })

@@ -43,6 +43,19 @@ impl OutboxStore {
         }
     }
 
+    /// A database set up for the other mode than the relay's (`replication`
+    /// or claim), with what to do; `None` when they agree. SQLite has only
+    /// claim mode.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
+        match self.pg_pool() {
+            Some(pool) => pg::mode_mismatch(pool, replication).await,
+            None => Ok(None),
+        }
+    }
+
     /// Everything that keeps replication mode from working here, each
     /// saying what to do.
     ///

@@ -163,6 +163,34 @@ pub(crate) async fn claim_mode_statements(pool: &PgPool) -> Result<Vec<String>, 
     Ok(statements)
 }
 
+/// A replication-mode relay on a database set up for claim mode.
+const REPLICATION_ON_CLAIM: &str = "this database is set up for claim mode: switchyard_outbox writes its rows for \
+     claiming (status defaults to 'pending'), which a replication-mode relay does not read. Run \
+     `switchyard migrate` with this replication-mode config to switch the database (it sets up the slot and \
+     the publication), or run the relay in claim mode";
+
+/// A claim-mode relay on a database set up for replication mode.
+const CLAIM_ON_REPLICATION: &str = "this database is set up for replication mode: switchyard_outbox writes its \
+     rows `streamed`, for a replication slot, and a claim-mode relay never claims them. Run the relay in \
+     replication mode (relay.mode = \"replication\" with the [replication] section that set the database up), \
+     or switch the database with `switchyard migrate` on this claim-mode config once its replication-mode \
+     relays have stopped and drained the slot";
+
+/// What keeps a relay in the given mode from working on this database
+/// because it is set up for the other one; `None` when the two agree (or
+/// there is no outbox yet, which `migrate` is asked for first).
+pub(crate) async fn mode_mismatch(pool: &PgPool, replication: bool) -> Result<Option<&'static str>, Error> {
+    let Some(default) = status_default(pool).await? else {
+        return Ok(None);
+    };
+    let streamed = default == STREAMED_DEFAULT;
+    Ok(match (replication, streamed) {
+        (false, true) => Some(CLAIM_ON_REPLICATION),
+        (true, false) => Some(REPLICATION_ON_CLAIM),
+        _ => None,
+    })
+}
+
 /// The constraint that refuses writers' inserts into `switchyard_intake`
 /// in replication mode; its name is what such a writer reads.
 const INTAKE_CLOSED: &str = "switchyard_intake_is_closed_in_replication_mode";
@@ -354,10 +382,7 @@ pub(crate) async fn problems(
     }
     let pending = setup_statements(pool, slot, publication, source).await?;
     if pending.iter().any(|s| s.contains("SET DEFAULT 'streamed'")) {
-        problems.push(
-            "switchyard_outbox still writes rows for claiming (status defaults to 'pending'): run `switchyard migrate`"
-                .into(),
-        );
+        problems.push(REPLICATION_ON_CLAIM.into());
     }
     if pending.iter().any(|s| s.contains("PUBLICATION")) {
         let tables = match source {

@@ -18,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::relay::Relay;
 
+pub mod starting;
+
 /// Bound on each readiness check, so a hung broker makes `/readyz` say
 /// not-ready instead of hanging the probe.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -34,6 +36,16 @@ impl AdminServer {
     pub async fn stopped(self) {
         let _ = self.handle.await;
     }
+
+    /// Waits up to `bound` for the server to stop (after its shutdown
+    /// token fires), then drops the connections a client keeps open: its
+    /// address is free again either way.
+    pub async fn stopped_within(mut self, bound: Duration) {
+        if tokio::time::timeout(bound, &mut self.handle).await.is_err() {
+            self.handle.abort();
+            let _ = self.handle.await;
+        }
+    }
 }
 
 /// Binds `listen` and serves the admin endpoints for `relay` until `shutdown`.
@@ -41,22 +53,25 @@ impl AdminServer {
 /// # Errors
 /// The address cannot be bound (in use, not local, bad syntax).
 pub async fn serve(listen: &str, relay: Relay, shutdown: CancellationToken) -> anyhow::Result<AdminServer> {
+    serve_on(bind(listen).await?, relay, shutdown)
+}
+
+/// [`serve`] on a bound listener.
+///
+/// # Errors
+/// The listener has no local address.
+pub fn serve_on(
+    listener: tokio::net::TcpListener,
+    relay: Relay,
+    shutdown: CancellationToken,
+) -> anyhow::Result<AdminServer> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .with_state(relay);
-    serve_router(listen, app, shutdown).await
-}
-
-/// Binds `listen` and serves `app` until `shutdown`.
-pub(crate) async fn serve_router(
-    listen: &str,
-    app: Router,
-    shutdown: CancellationToken,
-) -> anyhow::Result<AdminServer> {
-    serve_listener(bind(listen).await?, app, shutdown)
+    serve_listener(listener, app, shutdown)
 }
 
 /// Binds the admin endpoint's address (port 0: one the system chooses).
@@ -103,9 +118,10 @@ pub(crate) async fn refresh_scraped(relay: &Relay) {
         && let Ok(Ok(Some(slot))) =
             tokio::time::timeout(CHECK_TIMEOUT, relay.store().slot_status(&settings.slot)).await
     {
-        relay
-            .metrics()
-            .set_retained_wal(slot.retained_wal_bytes.unwrap_or(0));
+        relay.metrics().set_retained_wal(
+            slot.retained_wal_bytes.unwrap_or(0),
+            settings.max_retained_wal_bytes,
+        );
     }
     if let Ok(Ok(waiting)) = tokio::time::timeout(CHECK_TIMEOUT, relay.store().waiting_by_target()).await {
         for name in relay.sinks().names() {
@@ -325,8 +341,16 @@ pub struct DatabaseReadiness {
 /// Runs one database's readiness checks at once.
 pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
     let database = async {
-        match tokio::time::timeout(CHECK_TIMEOUT, relay.store().ping()).await {
-            Ok(result) => Check::from_result(result),
+        // The database answers, and is still set up for this relay's mode
+        // (a `migrate` for the other one may have run since it started).
+        let checked = async {
+            relay.store().ping().await?;
+            relay.store().mode_mismatch(relay.replication().is_some()).await
+        };
+        match tokio::time::timeout(CHECK_TIMEOUT, checked).await {
+            Ok(Ok(None)) => Check::Ok,
+            Ok(Ok(Some(mismatch))) => Check::Failed(mismatch.to_string()),
+            Ok(Err(error)) => Check::Failed(error.to_string()),
             Err(_) => Check::Failed("no answer in time".to_string()),
         }
     };
