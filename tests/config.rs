@@ -43,6 +43,46 @@ fn every_example_config_is_valid() {
 }
 
 #[test]
+fn every_kubernetes_overlay_config_is_valid() {
+    // Their plugins and secrets are mounted in the pod: stand-ins here.
+    let plugins = plugin("route_by_type");
+    let plugins = plugins.parent().unwrap();
+    let secrets = std::env::temp_dir().join(format!("sy-k8s-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&secrets).unwrap();
+    for (file, text) in [
+        ("nats.creds", "-----BEGIN NATS USER JWT-----\n"),
+        ("kafka-password", "secret\n"),
+    ] {
+        std::fs::write(secrets.join(file), text).unwrap();
+    }
+    let overlays = workspace_root().join("deploy/kubernetes/overlays");
+    let mut modes = Vec::new();
+    for entry in std::fs::read_dir(&overlays).unwrap() {
+        let path = entry.unwrap().path().join("switchyard.toml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("/plugins/", &format!("{}/", plugins.display()))
+            .replace("/run/secrets/switchyard/", &format!("{}/", secrets.display()));
+        let config = Config::from_toml(&text, Path::new("."), &|_| None)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(
+            config.admin.listen,
+            "0.0.0.0:9187",
+            "{}: probes reach it",
+            path.display()
+        );
+        modes.push((config.replication_feed().is_some(), config.serves_many()));
+    }
+    let _ = std::fs::remove_dir_all(&secrets);
+    modes.sort_unstable();
+    assert_eq!(
+        modes,
+        [(false, false), (false, true), (true, false)],
+        "claim, fleet, replication"
+    );
+}
+
+#[test]
 fn every_problem_is_reported_at_once() {
     let text = r#"
 [database]
@@ -217,7 +257,10 @@ fn kafka_servers_and_credentials_come_from_the_environment() {
     };
     assert_eq!(kafka.bootstrap_servers, "broker-1:9093,broker-2:9093");
     assert_eq!(kafka.properties["sasl.username"], "relay");
-    assert_eq!(kafka.properties["sasl.password"], "s3cret");
+    assert_eq!(
+        kafka.password,
+        Some(switchyard::secret::SecretValue::Value("s3cret".into()))
+    );
     assert_eq!(kafka.properties["sasl.mechanisms"], "PLAIN");
 }
 
@@ -446,4 +489,36 @@ type = "stdout"
     let one = config.for_database(&config.databases[1]);
     assert!(!one.serves_many());
     assert_eq!(one.database.url, "sqlite:///tmp/b.db");
+}
+
+#[test]
+fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
+    let metrics = switchyard::metrics::Metrics::new(None);
+    let exported = metrics.names();
+    let mut used = std::collections::BTreeSet::new();
+    for file in [
+        "deploy/prometheus/switchyard-alerts.yml",
+        "deploy/grafana/switchyard.json",
+    ] {
+        let text = std::fs::read_to_string(workspace_root().join(file)).unwrap();
+        for (at, _) in text.match_indices("switchyard_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            used.insert((file, name));
+        }
+    }
+    assert!(used.len() > 10, "{used:?}");
+    for (file, name) in &used {
+        // Counters and histograms are exported under their base name.
+        let base = ["_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        assert!(
+            exported.contains(&base),
+            "{file} uses {name}, which the relay does not export ({exported:?})"
+        );
+    }
 }

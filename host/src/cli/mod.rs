@@ -22,7 +22,7 @@ pub use dlq::DlqCommand;
 #[command(name = "switchyard", version, about)]
 pub struct Cli {
     /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SWITCHYARD_LOG_FORMAT")]
     pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
