@@ -2,8 +2,10 @@
 # The whole test suite, from a fresh machine with Rust: installs what is
 # missing (apt packages, the wasm32-wasip2 target, the tansu broker), starts
 # PostgreSQL, nats-server, tansu and RabbitMQ on loopback, builds the example
-# plugins (Rust, and the Python port through scripts/plugin-toolchains.sh)
-# and runs every test.
+# plugins (Rust, and the Python port through scripts/plugin-toolchains.sh),
+# checks deploy/ (scripts/deploy-check.sh), builds the container image
+# (scripts/image.sh; SWITCHYARD_IMAGE names a ready one instead) and runs
+# every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +32,16 @@ echo "== plugins (wasm32-wasip2)"
 scripts/plugin-toolchains.sh
 host="$(rustc -vV | sed -n 's/^host: //p')"
 (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
+
+echo "== deploy (manifests, alert rules, systemd unit)"
+scripts/deploy-check.sh
+
+# The image tests/container.rs runs (a release build), unless one is named.
+if [ -z "${SWITCHYARD_IMAGE:-}" ]; then
+    echo "== image"
+    scripts/image.sh build
+    export SWITCHYARD_IMAGE=switchyard:dev
+fi
 
 echo "== relay"
 log="$(mktemp)"

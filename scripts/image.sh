@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The container image, built from this machine's release build (no base
+# image is pulled: deploy/image/Containerfile starts from scratch).
+#
+#   scripts/image.sh build    release build, assemble target/image/rootfs, build the image
+#   scripts/image.sh tools    install and configure podman (Debian) if no engine is there
+#
+# IMAGE names the image (default switchyard:dev). Uses podman, or docker
+# when podman is missing and docker answers. Prints the image's size and
+# how long each step took.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+image="${IMAGE:-switchyard:dev}"
+
+engine() {
+    if command -v podman >/dev/null; then
+        echo podman
+    elif command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+        echo docker
+    fi
+}
+
+tools() {
+    if [ -n "$(engine)" ]; then
+        return
+    fi
+    echo "image: installing podman (runc, cgroupfs)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        podman runc uidmap fuse-overlayfs slirp4netns >/dev/null
+    # crun fails on hybrid cgroups and on setting rlimits on these machines.
+    if [ ! -f /etc/containers/containers.conf ]; then
+        mkdir -p /etc/containers
+        cat >/etc/containers/containers.conf <<'CONF'
+[containers]
+default_ulimits = []
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+CONF
+    fi
+}
+
+build() {
+    tools
+    local started step root bin
+    started=$(date +%s)
+    echo "== release build"
+    cargo build --release --locked --quiet -p switchyard --bin switchyard
+    (cd plugins && cargo build --release --quiet)
+    step=$(date +%s)
+    echo "release build: $((step - started)) s"
+
+    echo "== rootfs"
+    root=target/image/rootfs
+    rm -rf target/image
+    mkdir -p "$root/usr/local/bin" "$root/etc/ssl/certs" "$root/usr/share/switchyard/plugins" \
+        "$root/etc/switchyard" "$root/tmp" target/image/writable/var/cache/switchyard \
+        target/image/writable/var/lib/switchyard
+    chmod 1777 "$root/tmp"
+    bin=target/release/switchyard
+    # Symbols go to a debug file beside the image (for a backtrace from a
+    # core), not into it.
+    objcopy --only-keep-debug "$bin" target/image/switchyard.debug
+    objcopy --strip-all --add-gnu-debuglink=target/image/switchyard.debug "$bin" "$root/usr/local/bin/switchyard"
+    # The shared libraries it links, at the paths the loader looks in.
+    ldd "$bin" | awk '/=> \// { print $3 } /^\t\/lib/ { print $1 }' | while read -r lib; do
+        cp --parents -L "$lib" "$root/"
+    done
+    cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
+    cp plugins/target/wasm32-wasip2/release/*.wasm "$root/usr/share/switchyard/plugins/"
+    printf 'root:x:0:0:root:/root:/sbin/nologin\nswitchyard:x:65532:65532:switchyard:/var/lib/switchyard:/sbin/nologin\n' \
+        >"$root/etc/passwd"
+    printf 'root:x:0:\nswitchyard:x:65532:\n' >"$root/etc/group"
+
+    echo "== image $image"
+    "$(engine)" build --quiet -t "$image" -f deploy/image/Containerfile target/image >/dev/null
+    echo "image build: $(($(date +%s) - step)) s"
+    "$(engine)" image inspect "$image" --format 'image size: {{.Size}} bytes' |
+        awk '{ printf "%s %s %.1f MB\n", $1, $2, $3 / 1000000 }'
+    echo "symbols: target/image/switchyard.debug ($(du -h target/image/switchyard.debug | cut -f1))"
+}
+
+case "${1:-build}" in
+build) build ;;
+tools) tools ;;
+*)
+    echo "usage: scripts/image.sh [build|tools]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,217 @@
+//! The container image, as a user runs it: `demo` publishes every event, the
+//! relay runs as a non-root user on a read-only root filesystem, and a relay
+//! sent SIGTERM mid-stream hands over to a second container with nothing
+//! lost or duplicated. Runs when `SWITCHYARD_IMAGE` names an image built by
+//! `scripts/image.sh build` (CI builds it); says it skipped otherwise.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::{verify, write_orders};
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::postgres::{all_published, count_status, fresh_db};
+use switchyard_tests::relay::{Settings, example_config};
+use switchyard_tests::{eventually, init_logging};
+
+/// Where the image keeps the example plugins.
+const IMAGE_PLUGINS: &str = "/usr/share/switchyard/plugins";
+
+/// The image under test, or `None` (and a line saying so) when none was built.
+fn image() -> Option<String> {
+    let image = std::env::var("SWITCHYARD_IMAGE").ok().filter(|i| !i.is_empty());
+    if image.is_none() {
+        eprintln!("skipped: no image (set SWITCHYARD_IMAGE after scripts/image.sh build)");
+    }
+    image
+}
+
+fn engine() -> &'static str {
+    if Command::new("podman").arg("--version").output().is_ok() {
+        "podman"
+    } else {
+        "docker"
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(engine())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{} {args:?}: {e}", engine()))
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// A container removed when the test ends, however it ends.
+struct Container(String);
+
+impl Container {
+    /// Starts the relay in `image` on the host's network with `config`
+    /// mounted, read-only root, a tmpfs for `/tmp`.
+    fn relay(image: &str, name: &str, config: &std::path::Path) -> Container {
+        let name = format!("{name}-{}", uuid::Uuid::new_v4().simple());
+        let mount = format!("{}:/etc/switchyard/switchyard.toml:ro", config.display());
+        let started = run(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            "host",
+            "--read-only",
+            "--tmpfs",
+            "/tmp",
+            "-v",
+            &mount,
+            "-e",
+            "SWITCHYARD_LOG=info",
+            image,
+        ]);
+        assert!(started.status.success(), "start {name}: {}", text(&started));
+        Container(name)
+    }
+
+    fn inspect(&self, format: &str) -> String {
+        let output = run(&["inspect", &self.0, "--format", format]);
+        assert!(output.status.success(), "{}", text(&output));
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    }
+
+    fn running(&self) -> bool {
+        self.inspect("{{.State.Running}}") == "true"
+    }
+
+    fn logs(&self) -> String {
+        text(&run(&["logs", &self.0]))
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = run(&["rm", "-f", "-t", "0", &self.0]);
+    }
+}
+
+/// The example config for the image: its baked-in plugins, loopback
+/// services (host network), admin on a free port.
+fn config_for_image(db_url: &str, nats_url: &str) -> std::path::PathBuf {
+    let host_plugins = plugin("route_by_type");
+    let host_plugins = host_plugins.parent().unwrap().display().to_string();
+    let config = example_config(&Settings::new(db_url, nats_url).relay("shutdown_timeout_ms", "20000"))
+        .replace(&host_plugins, IMAGE_PLUGINS);
+    let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let path = std::env::temp_dir().join(format!("sy-image-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, config).unwrap();
+    // The container's user reads it.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    path
+}
+
+#[test]
+fn the_demo_publishes_every_event_as_a_non_root_user_on_a_read_only_root() {
+    let Some(image) = image() else { return };
+    let demo = run(&["run", "--rm", "--read-only", "--tmpfs", "/tmp", &image, "demo"]);
+    let shown = text(&demo);
+    assert!(demo.status.success(), "{shown}");
+    assert!(shown.contains("11 of 11"), "{shown}");
+
+    // The root filesystem takes no write, even where the relay's user owns
+    // the directory.
+    let write = run(&[
+        "run",
+        "--rm",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        &image,
+        "demo",
+        "--dir",
+        "/var/lib/switchyard/demo",
+    ]);
+    assert!(
+        !write.status.success(),
+        "wrote to a read-only root: {}",
+        text(&write)
+    );
+    assert!(text(&write).contains("Read-only file system"), "{}", text(&write));
+
+    let user = run(&["image", "inspect", &image, "--format", "{{.Config.User}}"]);
+    assert_eq!(String::from_utf8_lossy(&user.stdout).trim(), "65532:65532");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_hands_over_to_a_second_container() {
+    let Some(image) = image() else { return };
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream("ORDERS", &["orders.>"]).await;
+    let config = config_for_image(&db.url, &nats.url());
+    let mount = format!("{}:/etc/switchyard/switchyard.toml:ro", config.display());
+    let migrated = run(&[
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--read-only",
+        "-v",
+        &mount,
+        &image,
+        "migrate",
+        "--config",
+        "/etc/switchyard/switchyard.toml",
+    ]);
+    assert!(
+        migrated.status.success(),
+        "migrate in the image: {}",
+        text(&migrated)
+    );
+
+    let expected = write_orders(&db.pool, 100, 100, 4).await;
+    assert_eq!(expected.len(), 10_000);
+    let first = Container::relay(&image, "sy-first", &config);
+    // A process in the container, not root: what `ps` shows for it.
+    let user = run(&["top", &first.0, "user"]);
+    let user = text(&user);
+    assert!(!user.lines().skip(1).any(|line| line.trim() == "root"), "{user}");
+    assert_eq!(first.inspect("{{.HostConfig.ReadonlyRootfs}}"), "true");
+
+    eventually("the first relay publishing", Duration::from_secs(60), || async {
+        (count_status(&db.pool, "published").await >= 1_000).then_some(())
+    })
+    .await;
+    let second = Container::relay(&image, "sy-second", &config);
+    // SIGTERM mid-stream, SIGKILL only past the grace given.
+    let grace = Duration::from_secs(40);
+    let stopping = Instant::now();
+    let stopped = run(&["stop", "-t", &grace.as_secs().to_string(), &first.0]);
+    let took = stopping.elapsed();
+    assert!(stopped.status.success(), "{}", text(&stopped));
+    assert!(!first.running());
+    assert_eq!(
+        first.inspect("{{.State.ExitCode}}"),
+        "0",
+        "a clean exit, not the kill past the grace: {}",
+        first.logs()
+    );
+    assert!(took < grace, "exit within the grace: {took:?}");
+    let left = count_status(&db.pool, "published").await;
+    assert!(left < 10_000, "SIGTERM came mid-stream ({left} published)");
+
+    all_published(&db.pool, 10_000, Duration::from_secs(120)).await;
+    assert!(second.running(), "{}", second.logs());
+    let verdict = verify(&nats.read_stream("ORDERS").await, &expected);
+    assert_eq!((verdict.distinct, verdict.duplicates), (10_000, 0), "{verdict:?}");
+    eprintln!(
+        "first relay exited {took:?} after SIGTERM with {left} of 10000 published; the second took over"
+    );
+    let _ = std::fs::remove_file(config);
+}
