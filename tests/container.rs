@@ -96,7 +96,7 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
-        let _ = run(&["rm", "-f", "-t", "0", &self.0]);
+        let _ = run(&["rm", "-f", "-v", "-t", "0", &self.0]);
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -33,6 +33,13 @@
 //! drain rate). `replication-kills`: two relays in replication mode on
 //! one slot, the one reading it SIGKILLed ROUNDS times (10 by default)
 //! while EVENTS events are written; prints each takeover's time.
+//! `upgrade EVENTS`: a rolling upgrade from the relay-process binary that
+//! `SWITCHYARD_OLD_RELAY` names (an older version's build): two old relays
+//! drain while writers go on, the new version migrates the database under
+//! them, then new relays replace them one at a time.
+//! `replication-kills-broker-down`: the same with NATS stopped before the
+//! first kill and started after the last (5 by default), so every restart
+//! meets the broker down; counts relays that exit by themselves.
 //! `replication-pg-restart`: the same two relays drain a backlog from the
 //! slot while PostgreSQL restarts under them twice.
 //! `replication-outage`: two relays in replication mode, NATS stopped for
@@ -162,7 +169,11 @@ async fn main() {
     for (outbox, prefix) in [(Outbox::Switchyard, ""), (Outbox::Debezium, "source-")] {
         if which == format!("replication-{prefix}kills") || which == "all" {
             let kills = if rounds == 0 { 10 } else { rounds };
-            rows.push(replication::kills_run(&relay_bin, outbox, events, kills).await);
+            rows.push(replication::kills_run(&relay_bin, outbox, events, kills, false).await);
+        }
+        if which == format!("replication-{prefix}kills-broker-down") || which == "all" {
+            let kills = if rounds == 0 { 5 } else { rounds };
+            rows.push(replication::kills_run(&relay_bin, outbox, events, kills, true).await);
         }
         if which == format!("replication-{prefix}outage") || which == "all" {
             rows.push(replication::outage_run(&relay_bin, outbox, events.min(20_000)).await);
@@ -173,6 +184,11 @@ async fn main() {
     }
     if which == "replication-pg-restart" || which == "all" {
         rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000)).await);
+    }
+    if which == "upgrade" {
+        let old = std::env::var("SWITCHYARD_OLD_RELAY")
+            .expect("SWITCHYARD_OLD_RELAY: the relay-process binary of the older version");
+        rows.push(upgrade_run(&old, &relay_bin, events.min(50_000)).await);
     }
     if which == "pg-restart" || which == "all" {
         rows.push(pg_restart_run(&relay_bin, events.min(20_000)).await);
@@ -299,6 +315,52 @@ impl Scenario {
         }
         row
     }
+}
+
+/// A rolling upgrade: two relays of an older build (`old_bin`) drain while
+/// writers go on; the new build migrates the database under them, then
+/// replaces them one at a time (the new one started, then the old one sent
+/// SIGTERM), as a Kubernetes rollout with one surge does.
+async fn upgrade_run(old_bin: &str, relay_bin: &str, events: usize) -> Row {
+    // Not migrated: the old version migrates it as it knew the schema.
+    let db = switchyard_tests::postgres::fresh_db_before(0).await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = settings(&db.url, &nats.url());
+    replication::migrate(old_bin, &config).await;
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(old_bin, &config, &format!("old-{n}")))
+        .collect();
+    let per_aggregate = events.div_ceil(AGGREGATES);
+    let started = Instant::now();
+    let writer = tokio::spawn({
+        let pool = db.pool.clone();
+        async move { write_orders_to(&pool, Outbox::Switchyard, AGGREGATES, per_aggregate, 8).await }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    replication::migrate(relay_bin, &config).await;
+    eprintln!("migrated by the new version under the old relays");
+    for (n, relay) in relays.iter_mut().enumerate() {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let new = Process::spawn(relay_bin, &config, &format!("new-{n}"));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        relay.terminate();
+        eprintln!("old-{n} stopped (SIGTERM), new-{n} serving");
+        *relay = new;
+    }
+    let expected = writer.await.expect("writer");
+    let row = finish(
+        "rolling upgrade: 2 old relays, new migrate under them, replaced one by one".into(),
+        &db.pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
 }
 
 /// Three relays; one at a time SIGKILLed while holding leases, then restarted.

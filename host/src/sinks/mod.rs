@@ -227,7 +227,9 @@ impl Sinks {
                         error = %e,
                         "Target unreachable at start: starting without it; its events wait until it answers."
                     );
-                    Arc::new(deferred::Deferred::new(name, target, settings, e))
+                    let deferred = Arc::new(deferred::Deferred::new(name, target, settings, e));
+                    by_name.insert(name.clone(), deferred as Arc<dyn Sink>);
+                    continue;
                 }
             };
             match ready(name, sink.as_ref(), STARTUP_CHECK_TIMEOUT).await {

@@ -82,9 +82,19 @@ async fn unfinished(db: &TestDb) -> i64 {
 /// Two relays on one slot while writers put `events` events into
 /// `outbox`; the one reading it is SIGKILLed `kills` times (and started
 /// again, as a standby). Each takeover's time is printed.
-pub async fn kills_run(relay_bin: &str, outbox: Outbox, events: usize, kills: usize) -> Row {
+/// With `broker_down`, NATS is stopped before the first kill and started
+/// again after the last: every restart then meets the broker down, and a
+/// relay that exits by itself (as one did on a target down at start) is
+/// counted and started again.
+pub async fn kills_run(
+    relay_bin: &str,
+    outbox: Outbox,
+    events: usize,
+    kills: usize,
+    broker_down: bool,
+) -> Row {
     let db = fresh_db().await;
-    let nats = NatsServer::start().await;
+    let mut nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
     let config = settings_for(&db, &nats, outbox).await;
     migrate(relay_bin, &config).await;
@@ -103,8 +113,22 @@ pub async fn kills_run(relay_bin: &str, outbox: Outbox, events: usize, kills: us
     });
     let mut takeovers = Vec::new();
     let mut generation = 0;
+    let mut exits = 0;
     for kill in 1..=kills {
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        if broker_down && kill == 1 {
+            nats.stop();
+            eprintln!("NATS stopped");
+        }
+        for (name, relay) in &mut relays {
+            if relay.has_exited() {
+                exits += 1;
+                eprintln!("{name} exited by itself; starting it again");
+                generation += 1;
+                *name = format!("{name}-{generation}");
+                *relay = Process::spawn(relay_bin, &config, name);
+            }
+        }
         let Some(active) = reader(&db).await else {
             continue;
         };
@@ -127,14 +151,27 @@ pub async fn kills_run(relay_bin: &str, outbox: Outbox, events: usize, kills: us
         eprintln!("kill {kill}: {active} killed, slot read again after {took:.2} s");
         takeovers.push(took);
     }
+    if broker_down {
+        nats.resume().await;
+        eprintln!("NATS started again");
+    }
     let expected = writer.await.expect("writer");
     let worst_takeover = takeovers.iter().copied().fold(0.0, f64::max);
     eprintln!("replication kills: takeovers (s): {takeovers:.2?}");
-    let scenario = format!(
-        "replication, {} SIGKILLs of the reader, 2 relays{} (takeover worst {worst_takeover:.1} s)",
-        takeovers.len(),
-        written_to(outbox)
-    );
+    let scenario = if broker_down {
+        format!(
+            "replication, {} SIGKILLs of the reader with NATS down throughout, 2 relays{} \
+             (takeover worst {worst_takeover:.1} s, {exits} relays exited by themselves)",
+            takeovers.len(),
+            written_to(outbox)
+        )
+    } else {
+        format!(
+            "replication, {} SIGKILLs of the reader, 2 relays{} (takeover worst {worst_takeover:.1} s)",
+            takeovers.len(),
+            written_to(outbox)
+        )
+    };
     let processes = relays.iter_mut().map(|(_, relay)| relay).collect();
     drain_and_count(scenario, &db, &nats, &expected, processes, started).await
 }
