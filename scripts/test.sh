@@ -3,7 +3,8 @@
 # missing (apt packages, the wasm32-wasip2 target, the tansu broker), starts
 # PostgreSQL, nats-server, tansu and RabbitMQ on loopback, builds the example
 # plugins (Rust, and the Python port through scripts/plugin-toolchains.sh),
-# checks deploy/ (scripts/deploy-check.sh), builds the container image
+# checks deploy/ (scripts/deploy-check.sh) and the book (scripts/docs.sh),
+# builds the container image
 # (scripts/image.sh; SWITCHYARD_IMAGE names a ready one instead) and runs
 # every test.
 set -euo pipefail
@@ -35,6 +36,9 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 
 echo "== deploy (manifests, alert rules, systemd unit)"
 scripts/deploy-check.sh
+
+echo "== docs (the book, its links and module map)"
+scripts/docs.sh
 
 # The image tests/container.rs runs (a release build), unless one is named.
 if [ -z "${SWITCHYARD_IMAGE:-}" ]; then

@@ -522,3 +522,56 @@ fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
         );
     }
 }
+
+#[test]
+fn every_toml_snippet_in_the_book_is_a_valid_config() {
+    let route = plugin("route_by_type");
+    let mut checked = 0;
+    let mut pages = vec![workspace_root().join("docs/src")];
+    while let Some(dir) = pages.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pages.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "md") {
+                continue;
+            }
+            let page = std::fs::read_to_string(&path).unwrap();
+            for block in page.split("```toml\n").skip(1) {
+                let snippet = block.split("\n```").next().unwrap();
+                let has = |section: &str| snippet.lines().any(|l| l.trim_start().starts_with(section));
+                // A snippet shows part of a config: the smallest rest completes it.
+                let mut text = String::new();
+                if !has("[database]") && !has("[[databases]]") && !has("[catalog]") {
+                    text.push_str("[database]\nurl = \"postgres://relay@db.example.com/app\"\n");
+                }
+                text.push_str(snippet);
+                if !has("[[plugins]]") {
+                    text.push_str(&format!(
+                        "\n[[plugins]]\nname = \"book\"\npath = \"{}\"\n",
+                        route.display()
+                    ));
+                }
+                if !has("[targets.") {
+                    text.push_str("\n[targets.book]\ntype = \"stdout\"\n");
+                }
+                match Config::from_toml(&text, Path::new("."), &|_| None) {
+                    Ok(_) => {}
+                    // Files on the user's machine (secrets, certificates, plugins) are not here.
+                    Err(LoadError::Invalid(problems)) => {
+                        let wrong: Vec<_> = problems
+                            .iter()
+                            .filter(|p| !p.contains("No such file or directory"))
+                            .collect();
+                        assert!(wrong.is_empty(), "{}: {wrong:?}\n{text}", path.display());
+                    }
+                    Err(error) => panic!("{}: {error}\n{text}", path.display()),
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 9, "{checked} snippets");
+}

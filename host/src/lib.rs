@@ -18,7 +18,7 @@
 //! - [`fleet`]: many outbox databases behind one process (`[[databases]]`,
 //!   `[catalog]`), and relays sharing them out (`[ownership]`).
 //! - [`retention`]: removing published rows past their age.
-//! - [`source`]: relaying an outbox table the services already write.
+//! - [`store::capture`]: relaying an outbox table the services already write (`[source]`).
 //! - [`trace`]: continuing the writer's W3C `traceparent` through the relay.
 //! - [`admin`], [`metrics`]: the HTTP endpoint, Prometheus metrics, status.
 //! - [`demo`]: `switchyard demo`, the embedded default end to end.

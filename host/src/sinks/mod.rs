@@ -45,7 +45,7 @@ pub struct OutgoingMessage {
 
 /// Why a delivery failed, and so whose fault it is. The relay decides from
 /// the kind (through `[relay.failures]` for the ambiguous ones) whether a
-/// failure spends one of the event's attempts; see the README's table.
+/// failure spends one of the event's attempts; see the book's Failures page (docs/src/concepts/failures.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureKind {
     /// The target cannot be reached or is not serving: connection refused
