@@ -494,7 +494,7 @@ type = "stdout"
 #[test]
 fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
     let metrics = switchyard::metrics::Metrics::new(None);
-    let exported = metrics.names();
+    let exported: Vec<&str> = metrics.described().iter().map(|m| m.name).collect();
     let mut used = std::collections::BTreeSet::new();
     for file in [
         "deploy/prometheus/switchyard-alerts.yml",
@@ -574,4 +574,54 @@ fn every_toml_snippet_in_the_book_is_a_valid_config() {
         }
     }
     assert!(checked >= 9, "{checked} snippets");
+}
+
+#[test]
+fn the_generated_reference_pages_are_current() {
+    use switchyard::cli::ReferencePage;
+    let bless = std::env::var_os("SWITCHYARD_BLESS").is_some();
+    for page in [ReferencePage::Config, ReferencePage::Cli, ReferencePage::Metrics] {
+        let path = workspace_root().join(page.path());
+        let generated = page.markdown();
+        if bless {
+            std::fs::write(&path, &generated).unwrap();
+            continue;
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{} is stale: regenerate it with `SWITCHYARD_BLESS=1 cargo test -p switchyard-tests --test config \
+             the_generated_reference_pages_are_current`",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn the_schema_takes_every_example_config_and_names_a_misspelt_key_by_its_path() {
+    let schema = switchyard::config::reference::schema();
+    let validator = jsonschema::validator_for(&schema).expect("a valid JSON Schema");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(workspace_root().join("examples")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let config: serde_json::Value = toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let errors: Vec<String> = validator.iter_errors(&config).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{}: {errors:?}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5);
+    let misspelt: serde_json::Value =
+        toml::from_str("[database]\nurl = \"postgres://db/app\"\n[relay]\nbatch_sise = 10\n").unwrap();
+    let errors: Vec<(String, String)> = validator
+        .iter_errors(&misspelt)
+        .map(|e| (e.instance_path().to_string(), e.to_string()))
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|(at, why)| at == "/relay" && why.contains("batch_sise")),
+        "{errors:?}"
+    );
 }

@@ -282,19 +282,49 @@ pub const DEFAULT_DATABASE: &str = "default";
 pub struct Metrics {
     registry: Arc<Registry>,
     families: Arc<Families>,
-    names: Arc<[&'static str]>,
+    described: Arc<[Described]>,
     database: String,
 }
 
-/// The registry, noting each name registered: what [`Metrics::names`] lists.
+/// A metric as the reference lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    /// Its name (a counter is exported with `_total` after it).
+    pub name: &'static str,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: String,
+    /// Its help text.
+    pub help: &'static str,
+}
+
+/// The plugin reload counters, read from the plugins at scrape time (see
+/// [`ReloadCollector`]).
+const RELOAD_COUNTERS: [(&str, &str); 2] = [
+    (
+        names::PLUGIN_RELOADS,
+        "Plugin versions that went live after a file change",
+    ),
+    (names::PLUGIN_RELOADS_REJECTED, "Plugin files refused on reload"),
+];
+
+/// The registry, noting each metric registered: what [`Metrics::described`] lists.
 struct Named<'a> {
     registry: &'a mut Registry,
-    names: Vec<&'static str>,
+    described: Vec<Described>,
 }
 
 impl Named<'_> {
-    fn register(&mut self, name: &'static str, help: &str, metric: impl prometheus_client::registry::Metric) {
-        self.names.push(name);
+    fn register(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        self.described.push(Described {
+            name,
+            kind: metric.metric_type().as_str().to_string(),
+            help,
+        });
         self.registry.register(name, help, metric);
     }
 }
@@ -307,25 +337,32 @@ impl Metrics {
         let families = Families::new();
         let mut named = Named {
             registry: &mut registry,
-            // Read from the plugins at scrape time (see `ReloadCollector`).
-            names: vec![names::PLUGIN_RELOADS, names::PLUGIN_RELOADS_REJECTED],
+            described: RELOAD_COUNTERS
+                .iter()
+                .map(|(name, help)| Described {
+                    name,
+                    kind: "counter".into(),
+                    help,
+                })
+                .collect(),
         };
         families.register(&mut named);
-        let names = named.names.into();
+        let described = named.described.into();
         if let Some(plugins) = plugins {
             registry.register_collector(Box::new(ReloadCollector { plugins }));
         }
         Metrics {
             registry: Arc::new(registry),
             families: Arc::new(families),
-            names,
+            described,
             database: DEFAULT_DATABASE.to_string(),
         }
     }
 
-    /// Every metric's name (without the `_total` a counter is exported with).
-    pub fn names(&self) -> &[&'static str] {
-        &self.names
+    /// Every metric: name (without the `_total` a counter is exported
+    /// with), kind and help, in registration order.
+    pub fn described(&self) -> &[Described] {
+        &self.described
     }
 
     /// The same metrics, recorded for `database`.
@@ -333,7 +370,7 @@ impl Metrics {
         Metrics {
             registry: self.registry.clone(),
             families: self.families.clone(),
-            names: self.names.clone(),
+            described: self.described.clone(),
             database: database.to_string(),
         }
     }
@@ -585,18 +622,11 @@ impl std::fmt::Debug for ReloadCollector {
 
 impl Collector for ReloadCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, read) in [
-            (
-                names::PLUGIN_RELOADS,
-                "Plugin versions that went live after a file change",
-                crate::plugin::PluginSlot::reloads as fn(&crate::plugin::PluginSlot) -> u64,
-            ),
-            (
-                names::PLUGIN_RELOADS_REJECTED,
-                "Plugin files refused on reload",
-                crate::plugin::PluginSlot::rejected,
-            ),
-        ] {
+        let reads = [
+            crate::plugin::PluginSlot::reloads as fn(&crate::plugin::PluginSlot) -> u64,
+            crate::plugin::PluginSlot::rejected,
+        ];
+        for ((name, help), read) in RELOAD_COUNTERS.into_iter().zip(reads) {
             let mut family = encoder.encode_descriptor(
                 name,
                 help,

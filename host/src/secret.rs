@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 /// Where a password comes from (`[database.password]`, `[catalog.password]`):
 /// exactly one of `file` and `command`.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SecretConfig {
     /// A file whose content (without its trailing newline) is the password.
@@ -151,7 +151,7 @@ impl SecretConfig {
 
 /// A broker's secret: the value itself, or where to read it each time a
 /// connection is made (`password = { file = "/run/secrets/nats" }`).
-#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum SecretValue {
     /// The value, in the file or from the environment.

@@ -23,7 +23,7 @@ pub fn install_provider() {
 
 /// `[targets.NAME.tls]` for NATS and RabbitMQ: whom to trust and which
 /// certificate to show.
-#[derive(Clone, Debug, Default, serde::Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, serde::Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerTlsConfig {
     /// CA certificates (PEM) that sign the server's, instead of the

@@ -12,6 +12,7 @@ mod dlq;
 mod migrate;
 mod ops;
 mod plugin;
+pub mod reference;
 mod scaffold;
 mod terminal;
 
@@ -80,6 +81,9 @@ pub enum Command {
     /// Check or dry-run a routing plugin.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// The config file's schema and reference.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Backlog, retries and dead letters from the database; plugins and
     /// target health from the running relay's admin endpoint.
     Status {
@@ -96,6 +100,54 @@ pub enum Command {
     /// Inspect, replay and purge dead letters.
     #[command(subcommand)]
     Dlq(DlqCommand),
+}
+
+/// `switchyard config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the JSON Schema of the config file, for editors that complete
+    /// and check TOML (Taplo, Even Better TOML).
+    Schema,
+    /// Print a reference page (Markdown) the book carries, generated from
+    /// the code.
+    Reference {
+        /// Which page: the config file's keys, the command line, or the metrics.
+        #[arg(long, value_enum, default_value_t = ReferencePage::Config)]
+        page: ReferencePage,
+    },
+}
+
+/// The generated reference pages.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ReferencePage {
+    /// `docs/src/reference/config-keys.md`.
+    Config,
+    /// `docs/src/reference/cli.md`.
+    Cli,
+    /// `docs/src/reference/metrics-list.md`.
+    Metrics,
+}
+
+impl ReferencePage {
+    /// Where the book keeps the page, from the repository's root.
+    #[must_use]
+    pub fn path(self) -> &'static str {
+        match self {
+            ReferencePage::Config => "docs/src/reference/config-keys.md",
+            ReferencePage::Cli => "docs/src/reference/cli.md",
+            ReferencePage::Metrics => "docs/src/reference/metrics-list.md",
+        }
+    }
+
+    /// The page, generated now.
+    #[must_use]
+    pub fn markdown(self) -> String {
+        match self {
+            ReferencePage::Config => crate::config::reference::markdown(),
+            ReferencePage::Cli => reference::cli_markdown(),
+            ReferencePage::Metrics => reference::metrics_markdown(),
+        }
+    }
 }
 
 /// `switchyard plugin ...`
@@ -207,6 +259,14 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
         Command::Run { config } => crate::app::run(Config::load(&config)?).await,
         Command::Validate { config } => ops::validate(&config).await,
         Command::Plugin(command) => plugin::run(command).await,
+        Command::Config(ConfigCommand::Schema) => {
+            println!("{:#}", crate::config::reference::schema());
+            Ok(())
+        }
+        Command::Config(ConfigCommand::Reference { page }) => {
+            print!("{}", page.markdown());
+            Ok(())
+        }
         Command::Demo { dir, plugins } => crate::demo::run(dir, plugins).await,
         Command::Migrate {
             config,

@@ -7,7 +7,7 @@ use super::{Config, DatabaseConfig, default_max_connections};
 use crate::metrics::DEFAULT_DATABASE;
 
 /// One outbox database among several.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NamedDatabase {
     /// How metrics, readiness, logs and `--database` name it: letters,
@@ -44,7 +44,7 @@ impl std::fmt::Debug for NamedDatabase {
 
 /// `[catalog]`: a query, run on a timer, that lists outbox databases as
 /// rows of `(name, url)`; databases appear and go as its rows do.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CatalogConfig {
     /// Where the catalog table is (PostgreSQL or SQLite). Overridden by
@@ -105,7 +105,7 @@ impl std::fmt::Debug for CatalogConfig {
 
 /// `[ownership]`: several relays share the databases out, each database
 /// served by one relay at a time, held under a lease in the database itself.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OwnershipConfig {
     /// How long a database stays with a relay that stopped renewing (was
@@ -120,7 +120,7 @@ const fn default_ownership_lease_seconds() -> u64 {
 
 /// `[connections]`: what this relay may open to one PostgreSQL server, over
 /// all the databases it serves there.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectionsConfig {
     /// The most sessions this relay's databases hold on one server (a

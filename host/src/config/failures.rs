@@ -7,7 +7,7 @@ use serde::Deserialize;
 use crate::sinks::FailureKind;
 
 /// What a failed delivery does to its row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Handling {
     /// The target is paused: nothing more is sent to it, its rows wait in
@@ -27,7 +27,7 @@ pub enum Handling {
 /// The handling of the kinds whose fault depends on the deployment. The
 /// others are fixed: a target that cannot be reached pauses, an event's
 /// own transient failure spends an attempt, a refusal dead-letters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailurePolicy {
     /// No answer within `publish_timeout_ms`: almost always a target in

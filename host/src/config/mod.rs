@@ -5,6 +5,7 @@ pub mod databases;
 mod sections;
 use sections::section_errors;
 mod failures;
+pub mod reference;
 pub mod replication;
 pub mod source;
 mod validate;
@@ -52,7 +53,7 @@ pub enum Error {
 }
 
 /// The whole relay config.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Where the outbox lives, for a relay that serves one database.
@@ -104,7 +105,7 @@ pub struct Config {
 /// `[retention]`: published rows older than `published_max_age_seconds` are
 /// deleted or archived by every running relay, a bounded batch at a time.
 /// Dead letters are never touched (they wait for `dlq replay` or `dlq purge`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionConfig {
     /// Age after publication, in seconds, at which a row goes.
@@ -130,7 +131,7 @@ const fn default_retention_batch_size() -> u32 {
 }
 
 /// `[admin]`: where `/metrics`, `/healthz` and `/readyz` are served.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// `host:port`; loopback by default. Empty turns the endpoint off; port 0
@@ -152,7 +153,7 @@ fn default_admin_listen() -> String {
 }
 
 /// Hot reload and compiled-component caching.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PluginRuntimeConfig {
     /// Watch plugin directories and swap in changed files while running.
@@ -192,7 +193,7 @@ impl PluginRuntimeConfig {
 }
 
 /// Database connection settings.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// Connection URL, e.g. `postgres://user@host/db`. Overridden by the
@@ -232,7 +233,7 @@ impl std::fmt::Debug for DatabaseConfig {
 }
 
 /// What to do with an event that no plugin's filters match.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UnmatchedPolicy {
     /// Dead-letter it so an operator sees it (default: nothing vanishes silently).
@@ -243,7 +244,7 @@ pub enum UnmatchedPolicy {
 }
 
 /// Claiming, leasing and retry settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RelayConfig {
     /// Identity written into `lease_owner`; defaults to host name, pid and a random suffix.
@@ -364,7 +365,7 @@ impl RelayConfig {
 }
 
 /// One routing plugin.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PluginConfig {
     /// Name used in logs, metrics and `last_error`.
@@ -386,6 +387,7 @@ pub struct PluginConfig {
     pub max_memory_bytes: usize,
     /// Handed to the plugin's `init` as a JSON object.
     #[serde(default)]
+    #[schemars(with = "serde_json::Map<String, serde_json::Value>")]
     pub config: toml::Table,
 }
 

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 /// How the relay finds new events.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FeedMode {
     /// Claim rows from the outbox table under a lease (PostgreSQL, SQLite).
@@ -17,7 +17,7 @@ pub enum FeedMode {
 }
 
 /// `[replication]`: the slot and publication of `mode = "replication"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplicationConfig {
     /// The logical replication slot (`pgoutput`); one relay reads it at a

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 /// `[source]`: an existing outbox table and which of its columns hold what.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// The table's name, as written in its `CREATE TABLE` (case matters).
@@ -29,7 +29,7 @@ pub struct SourceConfig {
 }
 
 /// Event field -> column of the source table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceColumns {
     /// A unique `uuid` column used as the event id (consumers deduplicate on

@@ -14,7 +14,7 @@ use super::registry::{SinkSettings, TargetKind};
 use super::{OutgoingMessage, Sink, SinkError, render_json_line};
 
 /// `[targets.NAME]` with `type = "file"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSinkConfig {
     /// The file to append to; created if missing.

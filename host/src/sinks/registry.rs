@@ -52,7 +52,7 @@ pub(crate) trait TargetKind {
 }
 
 /// A broker plugins can publish to, picked by `type`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TargetConfig {
     /// A NATS server, core or JetStream.

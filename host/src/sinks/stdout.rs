@@ -12,7 +12,7 @@ use super::registry::{SinkSettings, TargetKind};
 use super::{OutgoingMessage, Sink, SinkError, render_json_line};
 
 /// How the `stdout` target prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StdoutFormat {
     /// One readable line per message plus the payload.
@@ -23,7 +23,7 @@ pub enum StdoutFormat {
 }
 
 /// `[targets.NAME]` with `type = "stdout"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StdoutSinkConfig {
     /// Output format.

@@ -18,7 +18,7 @@ use sqlx::postgres::PgConnectOptions;
 use crate::secret::{Secret, SecretConfig};
 
 /// libpq's `sslmode`.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum SslMode {
     /// No TLS.
@@ -48,7 +48,7 @@ impl SslMode {
 
 /// `[database.tls]`, `[[databases]] tls`, `[catalog.tls]`: TLS to
 /// PostgreSQL, for what the URL does not say itself.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PgTlsConfig {
     /// `disable`, `prefer` (the default), `require`, `verify-ca` or

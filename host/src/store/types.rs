@@ -280,7 +280,7 @@ pub struct OutboxEntry {
 }
 
 /// What retention does with published rows past their age.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RetentionMode {
     /// Delete them.
@@ -291,7 +291,7 @@ pub enum RetentionMode {
 }
 
 /// What an ack does with a row every target took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PublishedRows {
     /// Keeps it, marked published (for `[retention]` to remove later).

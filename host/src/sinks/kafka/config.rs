@@ -25,7 +25,7 @@ const OWNED: &[(&str, &str)] = &[
 ];
 
 /// `[targets.NAME]` with `type = "kafka"`.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
     /// `host:port` list, comma-separated. Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.

@@ -12,7 +12,7 @@ use crate::sinks::registry::{SinkSettings, TargetKind};
 use crate::sinks::{Sink, SinkError};
 
 /// How messages are published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NatsMode {
     /// JetStream publish, awaiting the stream's ack (at-least-once, deduplicated).
@@ -23,7 +23,7 @@ pub enum NatsMode {
 }
 
 /// `[targets.NAME]` with `type = "nats"`.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSinkConfig {
     /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`.
@@ -82,7 +82,7 @@ const fn default_duplicate_window_seconds() -> u64 {
 }
 
 /// A JetStream stream the relay makes sure exists.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSpec {
     /// Stream name, e.g. `ORDERS`.

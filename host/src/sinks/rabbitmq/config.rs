@@ -11,7 +11,7 @@ use crate::sinks::registry::{SinkSettings, TargetKind};
 use crate::sinks::{Sink, SinkError};
 
 /// `[targets.NAME]` with `type = "rabbitmq"`.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RabbitMqSinkConfig {
     /// AMQP URL, e.g. `amqp://user:password@127.0.0.1:5672/%2f` (`amqps://`
