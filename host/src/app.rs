@@ -302,7 +302,8 @@ async fn wait_for_database(
 ) -> anyhow::Result<Option<(RelayBuilder, Option<tokio::net::TcpListener>)>> {
     let waiting = crate::admin::starting::Waiting::default();
     let mut endpoint = None;
-    let (mut attempts, mut pause) = (0u32, Duration::from_millis(500));
+    let mut attempts = 0u32;
+    let mut pause = crate::backoff::Doubling::new(Duration::from_millis(500), DATABASE_RETRY_MAX);
     let builder = loop {
         attempts += 1;
         let error = match database_builder(config, crate::metrics::DEFAULT_DATABASE, shared).await {
@@ -311,8 +312,9 @@ async fn wait_for_database(
         };
         // The first failure and then every tenth: a database down for
         // hours is a line every few minutes.
+        let wait = pause.next_pause();
         if attempts % 10 == 1 {
-            tracing::warn!(attempts, %error, retry_in_ms = pause.as_millis() as u64, "Cannot serve the database yet; not ready, trying again.");
+            tracing::warn!(attempts, %error, retry_in_ms = wait.as_millis() as u64, "Cannot serve the database yet; not ready, trying again.");
         }
         waiting.set(error);
         shared
@@ -328,10 +330,9 @@ async fn wait_for_database(
             endpoint = Some((server, stop, address));
         }
         tokio::select! {
-            () = tokio::time::sleep(pause) => {}
+            () = tokio::time::sleep(wait) => {}
             () = shutdown.cancelled() => return Ok(None),
         }
-        pause = (pause * 2).min(DATABASE_RETRY_MAX);
     };
     if attempts > 1 {
         tracing::info!(attempts, "The database can be served now.");

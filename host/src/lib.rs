@@ -29,6 +29,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -423,7 +423,7 @@ async fn serve(
     let set = |next: DatabaseState| set_state(&state, &metrics, next);
     let mut attempts = 0_u32;
     let mut since = Instant::now();
-    let mut pause = Duration::from_secs(1);
+    let mut pause = crate::backoff::Doubling::new(Duration::from_secs(1), CONNECT_RETRY_MAX);
     while !stop.is_cancelled() {
         attempts += 1;
         let round = stop.child_token();
@@ -451,7 +451,8 @@ async fn serve(
                         if stop.is_cancelled() {
                             return;
                         }
-                        (attempts, since, pause) = (0, Instant::now(), Duration::from_secs(1));
+                        (attempts, since) = (0, Instant::now());
+                        pause.reset();
                         if round.is_cancelled() {
                             tracing::info!(
                                 "Starting over with fewer connections: another database needs room."
@@ -470,8 +471,9 @@ async fn serve(
         };
         // The first failure and then every tenth: a database down for hours
         // is one line per few minutes, not one per try.
+        let wait = pause.next_pause();
         if attempts % 10 == 1 {
-            tracing::warn!(attempts, error = %error, retry_in_ms = pause.as_millis() as u64, "Cannot serve the database; trying again.");
+            tracing::warn!(attempts, error = %error, retry_in_ms = wait.as_millis() as u64, "Cannot serve the database; trying again.");
         }
         set(DatabaseState::Starting {
             since,
@@ -479,10 +481,9 @@ async fn serve(
             last_error: Some(error),
         });
         tokio::select! {
-            () = tokio::time::sleep(pause) => {}
+            () = tokio::time::sleep(wait) => {}
             () = stop.cancelled() => return,
         }
-        pause = (pause * 2).min(CONNECT_RETRY_MAX);
     }
 }
 

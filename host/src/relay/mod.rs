@@ -389,7 +389,7 @@ impl Relay {
     /// fences the ack, so rows another relay took meanwhile are left alone.
     async fn record(&self, lease: store::LeaseId, outcomes: &[store::RowOutcome]) -> Vec<store::RowId> {
         let inner = &self.inner;
-        let mut pause = Duration::from_millis(100);
+        let mut pause = crate::backoff::Doubling::new(Duration::from_millis(100), ACK_RETRY_MAX);
         let mut since: Option<Instant> = None;
         loop {
             match inner.store.ack(lease, outcomes).await {
@@ -430,8 +430,7 @@ impl Relay {
                     } else {
                         debug!(%error, "Recording outcomes failed again.");
                     }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(ACK_RETRY_MAX);
+                    tokio::time::sleep(pause.next_pause()).await;
                 }
             }
         }

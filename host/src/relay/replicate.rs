@@ -121,7 +121,8 @@ impl Relay {
     ) -> anyhow::Result<()> {
         let broken = Repeats::default();
         let mut standing_by = false;
-        let mut pause = Duration::from_millis(100);
+        // The first pause after a break is 200 ms.
+        let mut pause = crate::backoff::Doubling::new(Duration::from_millis(200), RETRY_MAX);
         while !shutdown.is_cancelled() {
             let opened = tokio::select! {
                 opened = WalStream::open(&settings) => opened,
@@ -135,7 +136,7 @@ impl Relay {
                         info!(slot = %settings.slot, "Reading the replication slot.");
                     }
                     standing_by = false;
-                    pause = Duration::from_millis(100);
+                    pause.reset();
                     self.inner.metrics.set_replication_reading(true);
                     let ended = self.read(stream, &shutdown).await;
                     self.inner.metrics.set_replication_reading(false);
@@ -168,8 +169,7 @@ impl Relay {
                         ),
                         Occurrence::Quiet => debug!(error = %why, "Replication stream broke again."),
                     }
-                    pause = (pause * 2).min(RETRY_MAX);
-                    pause
+                    pause.next_pause()
                 }
             };
             tokio::select! {
@@ -391,7 +391,7 @@ impl Relay {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, crate::store::Error>>,
     {
-        let mut pause = Duration::from_millis(100);
+        let mut pause = crate::backoff::Doubling::new(Duration::from_millis(100), RETRY_MAX);
         let mut warned = false;
         loop {
             match attempt().await {
@@ -406,8 +406,7 @@ impl Relay {
                         warn!(%error, "Cannot {what}; the replication stream waits until the database answers.");
                         warned = true;
                     }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
+                    tokio::time::sleep(pause.next_pause()).await;
                 }
             }
         }

@@ -180,9 +180,10 @@ impl Relay {
     async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
         let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
         let idle_poll_max = self.inner.config.idle_poll_max();
-        let mut idle_poll = poll;
+        let mut idle_poll = crate::backoff::Doubling::new(poll, idle_poll_max);
         let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
-        let mut db_backoff = Duration::from_millis(100);
+        let mut db_backoff =
+            crate::backoff::Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
         while !shutdown.is_cancelled() {
             // A panicking batch must not take the worker with it.
             let batch = std::panic::AssertUnwindSafe(self.run_once()).catch_unwind().await;
@@ -191,7 +192,7 @@ impl Relay {
                 Err(panic) => {
                     self.record_panic(worker, panic.as_ref());
                     tokio::select! {
-                        () = tokio::time::sleep(db_backoff) => {}
+                        () = tokio::time::sleep(db_backoff.peek()) => {}
                         () = shutdown.cancelled() => {}
                     }
                     continue;
@@ -208,8 +209,8 @@ impl Relay {
                         || report.parked > 0
                         || (report.claimed > 0 && report.look_again) =>
                 {
-                    db_backoff = Duration::from_millis(100);
-                    idle_poll = poll;
+                    db_backoff.reset();
+                    idle_poll.reset();
                     if report.claimed >= full {
                         wake.notify_one();
                     }
@@ -218,7 +219,7 @@ impl Relay {
                 // Nothing taken: rows behind a predecessor being acked right
                 // now. Its ack commits within moments.
                 Ok(report) if report.look_again => {
-                    db_backoff = Duration::from_millis(100);
+                    db_backoff.reset();
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(2)) => {}
                         () = shutdown.cancelled() => {}
@@ -230,32 +231,32 @@ impl Relay {
                 // poll per interval, not one per worker. Polls that keep
                 // finding nothing come further apart, up to `idle_poll_max`.
                 Ok(report) if worker == 0 => {
-                    db_backoff = Duration::from_millis(100);
+                    db_backoff.reset();
                     if report.claimed > 0 {
-                        idle_poll = poll;
+                        idle_poll.reset();
                     }
                     tokio::select! {
-                        () = wake.notified() => idle_poll = poll,
-                        () = tokio::time::sleep(idle_poll) => {
-                            idle_poll = (idle_poll * 2).min(idle_poll_max);
+                        () = wake.notified() => idle_poll.reset(),
+                        () = tokio::time::sleep(idle_poll.peek()) => {
+                            idle_poll.next_pause();
                         }
                         () = shutdown.cancelled() => {}
                     }
                 }
                 Ok(_) => {
-                    db_backoff = Duration::from_millis(100);
+                    db_backoff.reset();
                     tokio::select! {
                         () = wake.notified() => {}
                         () = shutdown.cancelled() => {}
                     }
                 }
                 Err(error) => {
-                    warn!(%error, worker, retry_ms = db_backoff.as_millis() as u64, "Batch failed, will retry.");
+                    let wait = db_backoff.next_pause();
+                    warn!(%error, worker, retry_ms = wait.as_millis() as u64, "Batch failed, will retry.");
                     tokio::select! {
-                        () = tokio::time::sleep(db_backoff) => {}
+                        () = tokio::time::sleep(wait) => {}
                         () = shutdown.cancelled() => {}
                     }
-                    db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }

@@ -144,7 +144,8 @@ impl NatsSink {
         tokio::spawn(async move {
             // Short: the target is paused meanwhile and resumes only once
             // connected; a refused connect costs nothing.
-            let mut delay = Duration::from_millis(100);
+            let mut delay =
+                crate::backoff::Doubling::new(Duration::from_millis(100), Duration::from_millis(500));
             let mut failures = 0u64;
             loop {
                 // The old client's own single attempt may have worked.
@@ -166,8 +167,7 @@ impl NatsSink {
                             tracing::warn!(sink.name = %name, %error, failures, "NATS is still unreachable; reconnecting.");
                         }
                         failures += 1;
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_millis(500));
+                        tokio::time::sleep(delay.next_pause()).await;
                     }
                 }
             }

@@ -39,7 +39,7 @@ impl OutboxStore {
 }
 
 async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
-    let mut retry = Duration::from_millis(100);
+    let mut retry = crate::backoff::Doubling::new(Duration::from_millis(100), MAX_RETRY);
     while !shutdown.is_cancelled() {
         // A pool of its own, one session, new for each listener: sqlx sends
         // UNLISTEN from a dropped listener and pools the session after, so
@@ -64,16 +64,16 @@ async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
                     Ok(Err(error)) => error.to_string(),
                     _ => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
                 };
-                warn!(%error, retry_ms = retry.as_millis() as u64, "LISTEN failed; polling meanwhile.");
+                let wait = retry.next_pause();
+                warn!(%error, retry_ms = wait.as_millis() as u64, "LISTEN failed; polling meanwhile.");
                 tokio::select! {
-                    () = tokio::time::sleep(retry) => {}
+                    () = tokio::time::sleep(wait) => {}
                     () = shutdown.cancelled() => return,
                 }
-                retry = (retry * 2).min(MAX_RETRY);
                 continue;
             }
         };
-        retry = Duration::from_millis(100);
+        retry.reset();
         wake.notify_waiters();
         hear(&mut listener, wake, shutdown).await;
     }
