@@ -16,7 +16,7 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, tally, write_orders};
 use switchyard_tests::postgres::{Outbox, TestDb, all_published, count_status, fresh_db, place_event};
 use switchyard_tests::relay::{InProcess, Process, RelaySection, parse};
-use switchyard_tests::{eventually, exclusive, free_port, init_logging, try_http_get};
+use switchyard_tests::{eventually, exclusive, init_logging, readyz_answers, with_admin};
 
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 
@@ -312,24 +312,6 @@ async fn fan_out_with_nats_down(at_start: bool) {
     );
 }
 
-/// `config` with its admin endpoint on `port`.
-fn admin_on(config: &str, port: u16) -> (String, std::net::SocketAddr) {
-    (
-        format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
-        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-    )
-}
-
-/// Waits until `/readyz` at `admin` answers `status`, and returns its body.
-async fn readyz_says(admin: std::net::SocketAddr, status: u16, what: &str) -> String {
-    eventually(what, Duration::from_secs(60), || async {
-        try_http_get(admin, "/readyz")
-            .await
-            .and_then(|(code, body)| (code == status).then_some(body))
-    })
-    .await
-}
-
 /// A relay process started while the broker of `kind` is down: it starts
 /// and stays up, says why it is not ready, and once the broker is back
 /// becomes ready and publishes everything written meanwhile, in order,
@@ -340,12 +322,9 @@ async fn started_with_the_broker_down(kind: &str) {
     let db = fresh_db().await;
     let mut broker = Broker::start(kind).await;
     broker.stop();
-    let (config, admin) = admin_on(
-        &broker.config(&db.url, &RelaySection::quick().toml(), ""),
-        free_port(),
-    );
+    let (config, admin) = with_admin(&broker.config(&db.url, &RelaySection::quick().toml(), ""));
     let mut relay = Process::spawn(SWITCHYARD, &config, "started-while-down");
-    let body = readyz_says(admin, 503, "up and not ready").await;
+    let body = readyz_answers(admin, 503).await;
     assert!(body.contains("\"out\""), "/readyz names the target: {body}");
     let expected = write_orders(&db.pool, 10, 5, 2).await;
     rows_wait_for_the_target(&db).await;
@@ -354,7 +333,7 @@ async fn started_with_the_broker_down(kind: &str) {
     broker.resume().await;
     let returned = Instant::now();
     let back = db_now(&db).await;
-    readyz_says(admin, 200, "ready once the broker is back").await;
+    readyz_answers(admin, 200).await;
     let ready = returned.elapsed();
     check_outcomes(&db, expected.len(), back).await;
     eprintln!(
@@ -397,12 +376,9 @@ async fn a_relay_started_while_the_database_is_down_waits_and_serves_on_its_retu
     let server = switchyard_tests::postgres::server_pool().await;
     let allow = |allowed: bool| format!("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}", db.name);
     sqlx::query(&allow(false)).execute(&server).await.unwrap();
-    let (config, admin) = admin_on(
-        &broker.config(&db.url, &RelaySection::quick().toml(), ""),
-        free_port(),
-    );
+    let (config, admin) = with_admin(&broker.config(&db.url, &RelaySection::quick().toml(), ""));
     let mut relay = Process::spawn(SWITCHYARD, &config, "started-without-db");
-    let body = readyz_says(admin, 503, "up and not ready").await;
+    let body = readyz_answers(admin, 503).await;
     assert!(
         body.contains("not currently accepting connections"),
         "/readyz says why: {body}"
@@ -415,7 +391,7 @@ async fn a_relay_started_while_the_database_is_down_waits_and_serves_on_its_retu
 
     sqlx::query(&allow(true)).execute(&server).await.unwrap();
     let returned = Instant::now();
-    readyz_says(admin, 200, "ready once the database is back").await;
+    readyz_answers(admin, 200).await;
     all_published(&db.pool, expected.len() as i64, Duration::from_secs(60)).await;
     eprintln!("served {:?} after the database's return", returned.elapsed());
     relay.terminate();

@@ -731,19 +731,9 @@ async fn a_relay_started_while_the_database_is_down_reads_the_slot_on_its_return
     let server = switchyard_tests::postgres::server_pool().await;
     let allow = |allowed: bool| format!("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}", db.name);
     sqlx::query(&allow(false)).execute(&server).await.unwrap();
-    let port = switchyard_tests::free_port();
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n");
+    let (config, admin) = switchyard_tests::with_admin(&config);
     let mut relay = Process::spawn(SWITCHYARD, &config, "started-without-db");
-    let readyz = |status: u16| async move {
-        eventually("/readyz", Duration::from_secs(60), || async {
-            switchyard_tests::try_http_get(admin, "/readyz")
-                .await
-                .and_then(|(code, body)| (code == status).then_some(body))
-        })
-        .await
-    };
-    let body = readyz(503).await;
+    let body = switchyard_tests::readyz_answers(admin, 503).await;
     assert!(body.contains("not currently accepting connections"), "{body}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
@@ -752,7 +742,7 @@ async fn a_relay_started_while_the_database_is_down_reads_the_slot_on_its_return
     );
 
     sqlx::query(&allow(true)).execute(&server).await.unwrap();
-    readyz(200).await;
+    switchyard_tests::readyz_answers(admin, 200).await;
     stream_holds(&nats, expected.len() as u64, "every event streamed", 60).await;
     relay.terminate();
     let verdict = verify(&nats.read_stream(STREAM).await, &expected);
@@ -783,22 +773,9 @@ async fn mismatch_named_then_served(db: &TestDb, nats: &NatsServer, config: &str
     );
     assert!(err.contains(says), "validate names the mismatch: {err}");
 
-    let port = switchyard_tests::free_port();
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut relay = Process::spawn(
-        SWITCHYARD,
-        &format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
-        "mismatched",
-    );
-    let readyz = |status: u16| async move {
-        eventually("/readyz", Duration::from_secs(60), || async {
-            switchyard_tests::try_http_get(admin, "/readyz")
-                .await
-                .and_then(|(code, body)| (code == status).then_some(body))
-        })
-        .await
-    };
-    let body = readyz(503).await;
+    let (with_admin, admin) = switchyard_tests::with_admin(config);
+    let mut relay = Process::spawn(SWITCHYARD, &with_admin, "mismatched");
+    let body = switchyard_tests::readyz_answers(admin, 503).await;
     assert!(body.contains(says), "/readyz names the mismatch: {body}");
     assert!(body.contains("switchyard migrate"), "and what to do: {body}");
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -806,7 +783,7 @@ async fn mismatch_named_then_served(db: &TestDb, nats: &NatsServer, config: &str
 
     migrate(config).await;
     let expected = write_orders(&db.pool, 10, 3, 2).await;
-    readyz(200).await;
+    switchyard_tests::readyz_answers(admin, 200).await;
     stream_holds(nats, expected.len() as u64, "served once migrated", 60).await;
     relay.terminate();
     let verdict = verify(&nats.read_stream(STREAM).await, &expected);

@@ -87,6 +87,33 @@ pub async fn try_http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16
     Some((status, body))
 }
 
+/// `config` with its admin endpoint on a free loopback port, and that address.
+pub fn with_admin(config: &str) -> (String, std::net::SocketAddr) {
+    let port = free_port();
+    (
+        format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+    )
+}
+
+/// Waits (a minute at most) until `/readyz` at `admin` answers `status`,
+/// and returns its body.
+///
+/// # Panics
+/// When it does not in time.
+pub async fn readyz_answers(admin: std::net::SocketAddr, status: u16) -> String {
+    eventually(
+        &format!("/readyz answering {status}"),
+        Duration::from_secs(60),
+        || async {
+            try_http_get(admin, "/readyz")
+                .await
+                .and_then(|(code, body)| (code == status).then_some(body))
+        },
+    )
+    .await
+}
+
 /// Runs the `switchyard` command line to completion: exit code, stdout,
 /// stderr. `binary` is the test's `env!("CARGO_BIN_EXE_relay-process")`.
 ///

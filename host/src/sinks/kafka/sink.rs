@@ -202,30 +202,13 @@ impl KafkaSink {
         if !self.lost_brokers.swap(false, std::sync::atomic::Ordering::AcqRel) {
             return;
         }
-        let (config, slot, context) = (
-            self.client_config(),
-            Arc::clone(&self.producer),
-            self.context.clone(),
-        );
-        let renewed = tokio::task::spawn_blocking(move || {
-            let fresh = Arc::new(create(&config, &context)?);
-            let old = match slot.write() {
-                Ok(mut slot) => std::mem::replace(&mut *slot, fresh),
-                Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), fresh),
-            };
-            drop(old);
-            Ok::<(), SinkError>(())
-        })
-        .await;
+        let renewed = swap(&self.producer, self.client_config(), &self.context, None).await;
         match renewed {
-            Ok(Ok(())) => {
+            Ok(()) => {
                 tracing::info!(sink.name = %self.name, "Kafka is back; publishing with a new producer.")
             }
-            Ok(Err(e)) => {
-                tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.")
-            }
             Err(e) => {
-                tracing::error!(sink.name = %self.name, error = %e, "Replacing the Kafka producer failed.")
+                tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.")
             }
         }
     }
@@ -239,34 +222,15 @@ impl KafkaSink {
             return;
         };
         tracing::warn!(sink.name = %self.name, ?code, %reason, "Kafka producer failed fatally; creating a new one.");
-        let (config, current, context) = (
+        let replaced = swap(
+            &self.producer,
             self.client_config(),
-            Arc::clone(&self.producer),
-            self.context.clone(),
-        );
-        let failed = Arc::clone(producer);
-        let replaced = tokio::task::spawn_blocking(move || {
-            let fresh = create(&config, &context)?;
-            let mut slot = match current.write() {
-                Ok(slot) => slot,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            if Arc::ptr_eq(&slot, &failed) {
-                let old = std::mem::replace(&mut *slot, Arc::new(fresh));
-                drop(slot);
-                drop(old);
-            }
-            Ok::<(), SinkError>(())
-        })
+            &self.context,
+            Some(Arc::clone(producer)),
+        )
         .await;
-        match replaced {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.")
-            }
-            Err(e) => {
-                tracing::error!(sink.name = %self.name, error = %e, "Replacing the Kafka producer failed.")
-            }
+        if let Err(e) = replaced {
+            tracing::error!(sink.name = %self.name, error = %e, "Cannot create a new Kafka producer.");
         }
     }
 
@@ -367,31 +331,47 @@ async fn renew_password(renewal: Renewal, mut current: Secret) {
             shared.set("sasl.password", secret.expose());
             shared.clone()
         };
-        let (slot, context) = (Arc::clone(&renewal.producer), renewal.context.clone());
-        let replaced = tokio::task::spawn_blocking(move || {
-            let fresh = Arc::new(create(&config, &context)?);
-            let old = match slot.write() {
-                Ok(mut slot) => std::mem::replace(&mut *slot, fresh),
-                Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), fresh),
-            };
-            // Publishes still holding the old producer release it last.
-            drop(old);
-            Ok::<(), SinkError>(())
-        })
-        .await;
+        let replaced = swap(&renewal.producer, config, &renewal.context, None).await;
         match replaced {
-            Ok(Ok(())) => {
+            Ok(()) => {
                 tracing::info!(sink.name = %renewal.context.target, "Kafka password renewed; publishing with a new producer.");
                 current = secret;
             }
-            Ok(Err(error)) => {
-                tracing::error!(sink.name = %renewal.context.target, %error, "Cannot create a Kafka producer with the renewed password.");
-            }
             Err(error) => {
-                tracing::error!(sink.name = %renewal.context.target, %error, "Replacing the Kafka producer failed.");
+                tracing::error!(sink.name = %renewal.context.target, %error, "Cannot create a Kafka producer with the renewed password.");
             }
         }
     }
+}
+
+/// Builds a producer from `config` and puts it in `slot`, unless `only_if`
+/// names a producer that is no longer the one there (another swap came
+/// first). On a blocking thread: creating a producer starts librdkafka's
+/// threads, and dropping the last handle of the old one flushes and joins
+/// them. Publishes still holding the old one release it last (see
+/// [`release`]), after their delivery reports.
+async fn swap(
+    slot: &Arc<RwLock<Arc<Client>>>,
+    config: ClientConfig,
+    context: &LogContext,
+    only_if: Option<Arc<Client>>,
+) -> Result<(), SinkError> {
+    let (slot, context) = (Arc::clone(slot), context.clone());
+    tokio::task::spawn_blocking(move || {
+        let fresh = Arc::new(create(&config, &context)?);
+        let mut current = match slot.write() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if only_if.is_none_or(|expected| Arc::ptr_eq(&current, &expected)) {
+            let old = std::mem::replace(&mut *current, fresh);
+            drop(current);
+            drop(old);
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| SinkError::permanent(format!("replacing the Kafka producer failed: {e}")))?
 }
 
 fn create(config: &ClientConfig, context: &LogContext) -> Result<Client, SinkError> {
