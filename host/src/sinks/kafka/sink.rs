@@ -282,6 +282,10 @@ impl KafkaSink {
     }
 }
 
+/// The shortest time between two reads of the password that refused
+/// logins ask for.
+const REREAD_AFTER_REFUSAL: Duration = Duration::from_secs(5);
+
 /// What the password renewal works on: the sink's shared parts.
 struct Renewal {
     config: Arc<RwLock<ClientConfig>>,
@@ -301,12 +305,23 @@ struct Renewal {
 /// failed read keeps the last good password and says so once per spell.
 async fn renew_password(renewal: Renewal, mut current: Secret) {
     let mut failing = false;
+    let mut read_at = Instant::now();
     loop {
         tokio::select! {
             () = tokio::time::sleep(renewal.every) => {}
-            () = renewal.context.refused.notified() => {}
+            () = renewal.context.refused.notified() => {
+                // librdkafka retries a refused login every second: a
+                // password command (a token service) runs at most once in
+                // REREAD_AFTER_REFUSAL for them.
+                let wait = REREAD_AFTER_REFUSAL.saturating_sub(read_at.elapsed());
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = renewal.stop.cancelled() => return,
+                }
+            }
             () = renewal.stop.cancelled() => return,
         }
+        read_at = Instant::now();
         let secret = match renewal.source.read().await {
             Ok(secret) => {
                 failing = false;
