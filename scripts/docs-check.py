@@ -3,6 +3,9 @@
 
 - every link to a file resolves, and every #anchor names a heading of
   its page (anchors made as mdBook makes them);
+- no page of the book links to a file outside docs/src: the built HTML
+  holds only the book (reference/files.md includes the repository's
+  files the pages refer to);
 - every page under docs/src is in SUMMARY.md, and every SUMMARY entry exists;
 - the module map (concepts/architecture.md) names every top-level module
   of host/src (each `pub mod` in lib.rs, as `name/` or `name.rs`).
@@ -23,22 +26,23 @@ def anchor(text):
     return "".join(c if (c.isalnum() or c in "-_") else "-" if c == " " else "" for c in text)
 
 
-def outside_code(text):
-    """The text with fenced code blocks and inline code blanked out."""
+def outside_code(text, inline=True):
+    """The text with fenced code blocks (and inline code, if `inline`) blanked out."""
     out, fenced = [], False
     for line in text.split("\n"):
         if line.lstrip().startswith("```"):
             fenced = not fenced
             out.append("")
             continue
-        out.append("" if fenced else re.sub(r"`[^`]*`", "``", line))
+        out.append("" if fenced else re.sub(r"`[^`]*`", "``", line) if inline else line)
     return "\n".join(out)
 
 
 def anchors_of(path, cache={}):
     if path not in cache:
         seen, found = {}, set()
-        for line in outside_code(open(path, encoding="utf-8").read()).split("\n"):
+        # A heading's inline code is part of its anchor.
+        for line in outside_code(open(path, encoding="utf-8").read(), inline=False).split("\n"):
             m = re.match(r"^#{1,6} (.*)", line)
             if m:
                 a = anchor(m.group(1))
@@ -61,8 +65,18 @@ def check_links(path, problems):
         if not os.path.exists(dest):
             problems.append(f"{where}: link to {target}: no such file")
             continue
+        if path.startswith(SRC) and not dest.startswith(SRC + os.sep):
+            problems.append(f"{where}: link to {target}: outside the book (include it in reference/files.md)")
+            continue
         if frag and dest.endswith(".md") and frag not in anchors_of(dest):
             problems.append(f"{where}: link to {target}: no heading #{frag} there")
+
+
+def check_includes(path, problems):
+    """Every {{#include FILE}} names a file that exists."""
+    for target in re.findall(r"\{\{#include ([^}:]+)", open(path, encoding="utf-8").read()):
+        if not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(path), target.strip()))):
+            problems.append(f"{os.path.relpath(path, ROOT)}: include of {target}: no such file")
 
 
 def main():
@@ -72,6 +86,8 @@ def main():
         pages += [os.path.join(dirpath, f) for f in files if f.endswith(".md")]
     for page in pages + [os.path.join(ROOT, "README.md")]:
         check_links(page, problems)
+    for page in pages:
+        check_includes(page, problems)
 
     summary = open(os.path.join(SRC, "SUMMARY.md"), encoding="utf-8").read()
     listed = {os.path.normpath(os.path.join(SRC, t)) for t in re.findall(r"\]\(([^)]+\.md)\)", summary)}

@@ -34,6 +34,9 @@ scripts/plugin-toolchains.sh
 host="$(rustc -vV | sed -n 's/^host: //p')"
 (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
 
+echo "== demo (the README's first command, on its own build)"
+scripts/demo.sh --dir "$(mktemp -d)" | tail -3
+
 echo "== deploy (manifests, alert rules, systemd unit)"
 scripts/deploy-check.sh
 

@@ -541,6 +541,10 @@ fn every_toml_snippet_in_the_book_is_a_valid_config() {
             let page = std::fs::read_to_string(&path).unwrap();
             for block in page.split("```toml\n").skip(1) {
                 let snippet = block.split("\n```").next().unwrap();
+                if snippet.starts_with("{{#include ") {
+                    // A repository file, validated as such (examples/*.toml).
+                    continue;
+                }
                 let has = |section: &str| snippet.lines().any(|l| l.trim_start().starts_with(section));
                 // A snippet shows part of a config: the smallest rest completes it.
                 let mut text = String::new();
@@ -624,4 +628,118 @@ fn the_schema_takes_every_example_config_and_names_a_misspelt_key_by_its_path() 
             .any(|(at, why)| at == "/relay" && why.contains("batch_sise")),
         "{errors:?}"
     );
+}
+
+/// Every `x-env` beside a field names a variable the loader reads, and the
+/// loader reads no variable that no field names: the reference page, made
+/// from the annotations, lists exactly the overrides there are.
+#[test]
+fn the_environment_overrides_are_the_ones_the_fields_name() {
+    fn annotated(value: &serde_json::Value, into: &mut std::collections::BTreeSet<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(name) = map
+                    .get(switchyard::config::reference::ENV_KEY)
+                    .and_then(|n| n.as_str())
+                {
+                    into.insert(name.to_string());
+                }
+                map.values().for_each(|v| annotated(v, into));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| annotated(v, into)),
+            _ => {}
+        }
+    }
+    let mut named = std::collections::BTreeSet::new();
+    annotated(&switchyard::config::reference::schema(), &mut named);
+
+    // One of everything the loader overrides: both database forms, the
+    // catalog and a target of each kind that has overrides.
+    let text = r#"
+        [database]
+        url = "postgres://db/app"
+        [catalog]
+        url = "postgres://db/catalog"
+        [[databases]]
+        name = "orders-eu"
+        url = "postgres://db/orders"
+        [targets.bus]
+        type = "nats"
+        url = "nats://127.0.0.1:4222"
+        [targets.log-k]
+        type = "kafka"
+        bootstrap_servers = "127.0.0.1:9092"
+        [targets.rabbit]
+        type = "rabbitmq"
+        url = "amqp://127.0.0.1:5672/%2f"
+        exchange = "events"
+    "#;
+    let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let loaded = Config::from_toml(text, Path::new("."), &|name| {
+        asked.borrow_mut().insert(name.to_string());
+        None
+    });
+    assert!(!matches!(loaded, Err(LoadError::Parse(_))), "{:?}", loaded.err());
+    let asked = asked.into_inner();
+    let read: std::collections::BTreeSet<String> = asked
+        .iter()
+        // `X_FILE` beside `X` is the file form every variable has.
+        .filter(|name| {
+            !name
+                .strip_suffix("_FILE")
+                .is_some_and(|bare| asked.contains(bare))
+        })
+        .map(|name| {
+            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT"]
+                .iter()
+                .fold(name.clone(), |name, each| {
+                    name.replace(&format!("_{each}_"), "_<NAME>_")
+                })
+        })
+        .collect();
+    assert_eq!(read, named);
+}
+
+/// Every shell snippet of the getting-started pages is run as written: by
+/// a test (the first-plugin pages), or by the test command itself.
+#[test]
+fn every_getting_started_snippet_is_run_somewhere() {
+    use switchyard_tests::book;
+    let test_command = std::fs::read_to_string(workspace_root().join("scripts/test.sh")).unwrap();
+    let ci = std::fs::read_to_string(workspace_root().join(".ci/run")).unwrap();
+    // The marker a snippet carries, and who runs it.
+    let run_by: [(&str, &str); 5] = [
+        (
+            "--lang rust",
+            "plugin_runtime: a_new_rust_plugin_project_builds_and_passes_plugin_test_unchanged",
+        ),
+        (
+            "--lang python ",
+            "plugin_languages: new_python_and_js_plugin_projects_build_and_pass_plugin_test_unchanged",
+        ),
+        (
+            "--lang js ",
+            "plugin_languages: new_python_and_js_plugin_projects_build_and_pass_plugin_test_unchanged",
+        ),
+        ("scripts/test.sh", ".ci/run"),
+        ("scripts/demo.sh", "scripts/test.sh"),
+    ];
+    assert!(ci.contains("\nscripts/test.sh"), ".ci/run runs the test command");
+    assert!(
+        test_command.contains("\nscripts/demo.sh "),
+        "scripts/test.sh runs the demo script"
+    );
+    let mut seen = 0;
+    for page in [
+        "getting-started/demo.md",
+        "getting-started/examples.md",
+        "plugins/writing.md",
+    ] {
+        for snippet in book::snippets(page) {
+            let runner = run_by.iter().find(|(marker, _)| snippet.contains(marker));
+            assert!(runner.is_some(), "{page}: no test runs this snippet:\n{snippet}");
+            seen += 1;
+        }
+    }
+    assert!(seen >= 5, "{seen} snippets");
 }

@@ -685,76 +685,37 @@ fn compiled_plugins_are_cached_across_engines() {
     let _ = std::fs::remove_dir_all(cache);
 }
 
-/// A newcomer's path: `plugin new`, build, `plugin test`, with nothing edited.
+/// A newcomer's path, as the book's first-plugin page gives it: `plugin
+/// new`, build, `plugin test`, with nothing edited.
 #[tokio::test]
 async fn a_new_rust_plugin_project_builds_and_passes_plugin_test_unchanged() {
+    use switchyard_tests::book;
     let parent = std::env::temp_dir().join(format!("sy-plugin-new-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&parent).unwrap();
-    let name = format!("new-router-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let switchyard = env!("CARGO_BIN_EXE_relay-process");
-    let (code, out, err) = switchyard_tests::cli(
-        switchyard,
-        &[
-            "plugin",
-            "new",
-            &name,
-            "--lang",
-            "rust",
-            "--dir",
-            parent.to_str().unwrap(),
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("cargo build --release"), "{out}");
-    let project = parent.join(&name);
-    assert!(
-        project.join("wit/switchyard.wit").is_file(),
-        "the WIT is vendored in"
+    let snippet = book::snippet("plugins/writing.md", "--lang rust");
+    let (code, out, err) = book::run(&snippet, &parent, switchyard, &[]).await;
+    assert_eq!(
+        code, 0,
+        "the page's commands run as written:\n{snippet}\n{out}\n{err}"
     );
-
-    // The plugins' target directory holds wit-bindgen built already.
-    let target_dir = switchyard_tests::workspace_root().join("plugins/target");
-    let built = tokio::process::Command::new("cargo")
-        .args(["build", "--release", "--quiet"])
-        .current_dir(&project)
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .status()
-        .await
-        .expect("cargo runs");
-    assert!(built.success(), "the new project builds as written");
-    let wasm = target_dir.join(format!("wasm32-wasip2/release/{}.wasm", name.replace('-', "_")));
-    let sample = project.join("events/sample.json");
-    let (code, out, err) = switchyard_tests::cli(
-        switchyard,
-        &[
-            "plugin",
-            "test",
-            wasm.to_str().unwrap(),
-            "--event",
-            sample.to_str().unwrap(),
-            "--config",
-            "target=events",
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains("-> target=events topic=order.OrderPlaced key=order-42"),
         "{out}"
+    );
+    assert!(
+        parent.join("my-router/wit/switchyard.wit").is_file(),
+        "the WIT is vendored in"
     );
 
     // A second `new` with the same name refuses to overwrite it.
     let (code, _, err) = switchyard_tests::cli(
         switchyard,
-        &["plugin", "new", &name, "--dir", parent.to_str().unwrap()],
+        &["plugin", "new", "my-router", "--dir", parent.to_str().unwrap()],
         &[],
     )
     .await;
     assert_ne!(code, 0);
     assert!(err.contains("already exists"), "{err}");
-    let _ = std::fs::remove_file(wasm);
     let _ = std::fs::remove_dir_all(parent);
 }

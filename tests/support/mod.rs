@@ -3,6 +3,7 @@
 //! helpers to write events the way an application would.
 
 pub mod backlog;
+pub mod book;
 pub mod brokers;
 pub mod fanout;
 pub mod fleet;

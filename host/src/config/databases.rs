@@ -13,9 +13,9 @@ pub struct NamedDatabase {
     /// How metrics, readiness, logs and `--database` name it: letters,
     /// digits, `-` and `_`.
     pub name: String,
-    /// Connection URL, as `database.url`. Overridden by
-    /// `SWITCHYARD_DATABASE_<NAME>_URL` (`<NAME>` upper-cased, `-` as `_`).
+    /// Connection URL, as `database.url`.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_DATABASE_<NAME>_URL"))]
     pub url: String,
     /// Pool size for this database, as `database.max_connections`.
     #[serde(default = "default_max_connections")]
@@ -23,9 +23,9 @@ pub struct NamedDatabase {
     /// TLS to this database, as `database.tls`.
     #[serde(default)]
     pub tls: crate::store::PgTlsConfig,
-    /// A rotating password, as `database.password`. Also
-    /// `SWITCHYARD_DATABASE_<NAME>_PASSWORD_FILE`.
+    /// A rotating password, as `database.password`.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_DATABASE_<NAME>_PASSWORD_FILE"))]
     pub password: Option<crate::secret::SecretConfig>,
 }
 
@@ -47,9 +47,9 @@ impl std::fmt::Debug for NamedDatabase {
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CatalogConfig {
-    /// Where the catalog table is (PostgreSQL or SQLite). Overridden by
-    /// `SWITCHYARD_CATALOG_URL`.
+    /// Where the catalog table is (PostgreSQL or SQLite).
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_CATALOG_URL"))]
     pub url: String,
     /// Returns two text columns, a database's name and its URL.
     #[serde(default = "default_catalog_query")]

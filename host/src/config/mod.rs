@@ -196,9 +196,10 @@ impl PluginRuntimeConfig {
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// Connection URL, e.g. `postgres://user@host/db`. Overridden by the
-    /// `SWITCHYARD_DATABASE_URL` environment variable so secrets stay out of files.
+    /// Connection URL, e.g. `postgres://user@host/db`. The environment
+    /// may override it, so secrets stay out of files.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_DATABASE_URL"))]
     pub url: String,
     /// Pool size. Each relay worker holds a connection only while it claims or acks.
     #[serde(default = "default_max_connections")]
@@ -208,8 +209,9 @@ pub struct DatabaseConfig {
     #[serde(default)]
     pub tls: crate::store::PgTlsConfig,
     /// A password that rotates, read from a file or a command, for a URL
-    /// without one. `SWITCHYARD_DATABASE_PASSWORD_FILE` sets its file.
+    /// without one. The environment may name its file.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_DATABASE_PASSWORD_FILE"))]
     pub password: Option<crate::secret::SecretConfig>,
 }
 

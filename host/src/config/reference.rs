@@ -6,6 +6,9 @@ use serde_json::{Map, Value};
 
 use super::Config;
 
+/// The schema keyword that names the environment variable overriding a key.
+pub const ENV_KEY: &str = "x-env";
+
 /// The JSON Schema of `switchyard.toml` (`switchyard config schema`), for
 /// editors that complete and check TOML against one.
 #[must_use]
@@ -28,8 +31,11 @@ pub fn markdown() -> String {
          <!-- Generated from the config types by `switchyard config reference --page config`: do not edit. -->\n\n\
          Every key of `switchyard.toml`, section by section, from the types the relay reads it into. \
          Unknown keys are refused. `switchyard config schema` prints the same as a JSON Schema for \
-         editors. Secrets and addresses can also come from the environment \
-         ([Configuration](configuration.md)).\n",
+         editors.\n\n\
+         A key with an environment variable is overridden by it ([Configuration](configuration.md)): \
+         `<NAME>` is the database's or target's name upper-cased, with `-` as `_`. A variable may \
+         instead be given as `VARIABLE_FILE`, naming a file that holds the value; for a password \
+         that file is read again for each connection, so the secret may rotate.\n",
     );
     section(&mut out, "", &schema, defs, 2);
     out
@@ -119,6 +125,15 @@ fn default_of(schema: &Value) -> String {
     }
 }
 
+/// The variable that overrides a key (`x-env`, set beside the field).
+fn environment(schema: &Value) -> String {
+    schema
+        .get(ENV_KEY)
+        .and_then(Value::as_str)
+        .map(|name| format!(" Environment: `{name}`."))
+        .unwrap_or_default()
+}
+
 /// The keys of one table, then the tables inside it, each under its TOML header.
 fn section(out: &mut String, path: &str, schema: &Value, defs: &Map<String, Value>, depth: usize) {
     let schema = resolve(schema, defs);
@@ -160,10 +175,11 @@ fn section(out: &mut String, path: &str, schema: &Value, defs: &Map<String, Valu
                 ""
             };
             rows.push_str(&format!(
-                "| `{key}` | {} | {}{need} | {} |\n",
+                "| `{key}` | {} | {}{need} | {}{} |\n",
                 kind(property, defs),
                 default_of(property),
-                describe(property)
+                describe(property),
+                environment(property)
             ));
         }
     }

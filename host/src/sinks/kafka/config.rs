@@ -28,12 +28,15 @@ const OWNED: &[(&str, &str)] = &[
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
-    /// `host:port` list, comma-separated. Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
+    /// `host:port` list, comma-separated.
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_URL"))]
     pub bootstrap_servers: String,
     /// librdkafka producer properties, passed through as given (TLS, SASL,
     /// compression, batching, ...). They override the relay's defaults,
-    /// except the delivery guarantees (see `allow_weaker_delivery`).
+    /// except the delivery guarantees (see `allow_weaker_delivery`). The
+    /// environment may set `sasl.username`.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_USER"))]
     pub properties: BTreeMap<String, String>,
     /// Lets `properties` weaken `acks = all` or turn the idempotent producer
     /// off. Without it such a config is refused: with `acks = 1` a broker
@@ -44,8 +47,9 @@ pub struct KafkaSinkConfig {
     /// The SASL password (`sasl.password`), as a value or from a file or a
     /// command read again every `refresh_seconds`: when it changes, the
     /// relay builds a new producer with it and lets the old one finish its
-    /// deliveries. Also `SWITCHYARD_TARGET_<NAME>_PASSWORD(_FILE)`.
+    /// deliveries.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_PASSWORD"))]
     pub password: Option<SecretValue>,
 }
 

@@ -27,31 +27,33 @@ pub enum NatsMode {
 #[serde(deny_unknown_fields)]
 pub struct NatsSinkConfig {
     /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`.
-    /// Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_URL"))]
     pub url: String,
     /// Core or JetStream publishing.
     #[serde(default)]
     pub mode: NatsMode,
-    /// User name; overridden by `SWITCHYARD_TARGET_<NAME>_USER`.
+    /// User name.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_USER"))]
     pub user: Option<String>,
     /// Password, or where to read it for each connection
-    /// (`{ file = "..." }`, `{ command = [...] }`); overridden by
-    /// `SWITCHYARD_TARGET_<NAME>_PASSWORD` (or `_PASSWORD_FILE`).
+    /// (`{ file = "..." }`, `{ command = [...] }`).
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_PASSWORD"))]
     pub password: Option<SecretValue>,
-    /// Token, or where to read it; overridden by
-    /// `SWITCHYARD_TARGET_<NAME>_TOKEN` (or `_TOKEN_FILE`).
+    /// Token, or where to read it for each connection.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_TOKEN"))]
     pub token: Option<SecretValue>,
     /// A creds file (user JWT and nkey seed), as operator-mode clusters and
-    /// Synadia Cloud hand out; read again for each connection. Also
-    /// `SWITCHYARD_TARGET_<NAME>_CREDENTIALS_FILE`.
+    /// Synadia Cloud hand out; read again for each connection.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_CREDENTIALS_FILE"))]
     pub credentials_file: Option<PathBuf>,
     /// A file holding a user nkey seed (`SU...`), for nkey login; read
-    /// again for each connection. Also `SWITCHYARD_TARGET_<NAME>_NKEY_SEED_FILE`.
+    /// again for each connection.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_NKEY_SEED_FILE"))]
     pub nkey_seed_file: Option<PathBuf>,
     /// A custom CA, a client certificate, and whether TLS is required.
     #[serde(default)]

@@ -16,12 +16,13 @@ use crate::sinks::{Sink, SinkError};
 pub struct RabbitMqSinkConfig {
     /// AMQP URL, e.g. `amqp://user:password@127.0.0.1:5672/%2f` (`amqps://`
     /// for TLS; `?auth_mechanism=external` logs in with the client
-    /// certificate). Overridden by `SWITCHYARD_TARGET_<NAME>_URL`.
+    /// certificate).
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_URL"))]
     pub url: String,
     /// The password, or where to read it for each connection, in place of
-    /// the URL's; overridden by `SWITCHYARD_TARGET_<NAME>_PASSWORD` (or
-    /// `_PASSWORD_FILE`).
+    /// the URL's.
     #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_PASSWORD"))]
     pub password: Option<SecretValue>,
     /// A custom CA and a client certificate (`amqps://` only).
     #[serde(default)]
