@@ -27,9 +27,11 @@ pub mod replication;
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use sqlx::PgPool;
+use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -41,11 +43,37 @@ pub use types::{
     PublishedRows, RetentionMode, RowId, RowOutcome, payload_over_limit,
 };
 
+/// `migrations/*/`: (version, description, SQL), embedded by `build.rs`.
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+}
+
 /// The PostgreSQL outbox migrations, embedded in the binary.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| migrator(embedded::POSTGRES));
 
 /// The SQLite outbox migrations (embedded default), embedded in the binary.
-pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+pub static SQLITE_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| migrator(embedded::SQLITE));
+
+/// A migrator as `sqlx::migrate!` builds one: simple (up-only) migrations,
+/// each in a transaction unless its SQL starts with `-- no-transaction`,
+/// checksummed over its SQL.
+fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator {
+    Migrator {
+        migrations: files
+            .iter()
+            .map(|&(version, description, sql)| {
+                sqlx::migrate::Migration::new(
+                    version,
+                    description.into(),
+                    sqlx::migrate::MigrationType::Simple,
+                    sql.into(),
+                    sql.starts_with("-- no-transaction"),
+                )
+            })
+            .collect(),
+        ..Migrator::DEFAULT
+    }
+}
 
 /// The channel the insert trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "switchyard_outbox";

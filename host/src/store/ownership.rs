@@ -18,14 +18,9 @@ pub struct Ownership {
     pub live_relays: u64,
 }
 
-/// The ownership row as both backends' statements name its columns.
-#[derive(sqlx::FromRow)]
-struct OwnershipRow {
-    owner: Option<String>,
-    held: bool,
-    free_ms: i64,
-    live: i64,
-}
+/// The ownership row as both backends' statements select it: owner,
+/// held, free for (ms), live relays.
+type OwnershipRow = (Option<String>, bool, i64, i64);
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
@@ -181,12 +176,12 @@ impl OutboxStore {
 }
 
 impl From<OwnershipRow> for Ownership {
-    fn from(row: OwnershipRow) -> Ownership {
+    fn from((owner, held, free_ms, live): OwnershipRow) -> Ownership {
         Ownership {
-            owner: row.owner,
-            held: row.held,
-            free_for: Duration::from_millis(u64::try_from(row.free_ms).unwrap_or(0)),
-            live_relays: u64::try_from(row.live).unwrap_or(0),
+            owner,
+            held,
+            free_for: Duration::from_millis(u64::try_from(free_ms).unwrap_or(0)),
+            live_relays: u64::try_from(live).unwrap_or(0),
         }
     }
 }

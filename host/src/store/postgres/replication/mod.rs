@@ -320,7 +320,7 @@ async fn status_default(pool: &PgPool) -> Result<Option<String>, Error> {
 }
 
 /// A replication slot as `pg_replication_slots` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SlotStatus {
     /// Its output plugin.
     pub plugin: String,
@@ -343,7 +343,16 @@ pub(crate) async fn slot_status<'e>(
     db: impl sqlx::PgExecutor<'e>,
     slot: &str,
 ) -> Result<Option<SlotStatus>, Error> {
-    Ok(sqlx::query_as(
+    type Row = (
+        String,
+        String,
+        Option<i32>,
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+    );
+    let row: Option<Row> = sqlx::query_as(
         "SELECT COALESCE(plugin::text, '') AS plugin, COALESCE(database::text, '') AS database,
                 active_pid, (SELECT a.application_name FROM pg_stat_activity a WHERE a.pid = active_pid) AS reader,
                 wal_status,
@@ -353,7 +362,20 @@ pub(crate) async fn slot_status<'e>(
     )
     .bind(slot)
     .fetch_optional(db)
-    .await?)
+    .await?;
+    Ok(row.map(
+        |(plugin, database, active_pid, reader, wal_status, retained_wal_bytes, confirmed_flush_lsn)| {
+            SlotStatus {
+                plugin,
+                database,
+                active_pid,
+                reader,
+                wal_status,
+                retained_wal_bytes,
+                confirmed_flush_lsn,
+            }
+        },
+    ))
 }
 
 /// Everything that keeps replication mode from working, each naming what
