@@ -2,8 +2,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+#[cfg(feature = "kafka")]
 use std::time::Duration;
 
+#[cfg(feature = "kafka")]
 use rdkafka::ClientConfig;
 use serde::Deserialize;
 
@@ -84,6 +86,7 @@ impl KafkaSinkConfig {
 
     /// The producer config: the relay's safe defaults, then the user's
     /// properties on top.
+    #[cfg(feature = "kafka")]
     pub(crate) fn client_config(&self, publish_timeout: Duration) -> ClientConfig {
         let mut config = ClientConfig::new();
         config
@@ -151,6 +154,7 @@ impl TargetKind for KafkaSinkConfig {
                 problems.push(format!("{what}; set allow_weaker_delivery = true to accept this"));
             }
         }
+        #[cfg(feature = "kafka")]
         if problems.is_empty() {
             // librdkafka checks every name and value without connecting.
             if let Err(e) = self.client_config(Duration::from_secs(10)).create_native_config() {
@@ -174,12 +178,20 @@ impl TargetKind for KafkaSinkConfig {
     }
 
     fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
-        super::sink::check_topic(topic)
+        check_topic(topic)
     }
 
+    #[cfg(feature = "kafka")]
     async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         let sink = super::KafkaSink::connect(name, self, settings.publish_timeout).await?;
         Ok(Arc::new(sink) as Arc<dyn Sink>)
+    }
+
+    #[cfg(not(feature = "kafka"))]
+    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
+        Err(SinkError::permanent(format!(
+            "target {name:?}: this switchyard was built without Kafka (cargo feature `kafka`, on by default)"
+        )))
     }
 }
 
@@ -203,6 +215,24 @@ impl std::fmt::Debug for KafkaSinkConfig {
             .field("allow_weaker_delivery", &self.allow_weaker_delivery)
             .field("password", &self.password)
             .finish()
+    }
+}
+
+/// Kafka topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub(crate) fn check_topic(topic: &str) -> Result<(), SinkError> {
+    let valid = !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(SinkError::permanent(format!(
+            "invalid Kafka topic name {topic:?} (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')"
+        )))
     }
 }
 

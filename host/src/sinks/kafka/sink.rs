@@ -13,7 +13,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::config::KafkaSinkConfig;
+use super::config::{KafkaSinkConfig, check_topic};
 use crate::secret::{Secret, SecretValue};
 use crate::sinks::{FailureKind, OutgoingMessage, Sink, SinkError};
 use crate::telemetry::{Occurrence, Repeats};
@@ -400,24 +400,6 @@ fn create(config: &ClientConfig, context: &LogContext) -> Result<Client, SinkErr
 fn release(producer: Arc<Client>) {
     if let Some(last) = Arc::into_inner(producer) {
         tokio::task::spawn_blocking(move || drop(last));
-    }
-}
-
-/// Kafka topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
-pub(crate) fn check_topic(topic: &str) -> Result<(), SinkError> {
-    let valid = !topic.is_empty()
-        && topic.len() <= 249
-        && topic != "."
-        && topic != ".."
-        && topic
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if valid {
-        Ok(())
-    } else {
-        Err(SinkError::permanent(format!(
-            "invalid Kafka topic name {topic:?} (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')"
-        )))
     }
 }
 
