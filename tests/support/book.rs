@@ -73,9 +73,5 @@ pub async fn run(script: &str, dir: &Path, switchyard: &str, env: &[(&str, &Path
         .output()
         .await
         .expect("bash runs");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    crate::outcome(&output)
 }

@@ -129,6 +129,13 @@ pub async fn cli(binary: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, Str
         .output()
         .await
         .expect("run the switchyard binary");
+    outcome(&output)
+}
+
+/// A finished process as tests read it: exit code (-1 when killed by a
+/// signal), stdout, stderr.
+#[must_use]
+pub fn outcome(output: &std::process::Output) -> (i32, String, String) {
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
