@@ -389,51 +389,47 @@ impl Relay {
     /// fences the ack, so rows another relay took meanwhile are left alone.
     async fn record(&self, lease: store::LeaseId, outcomes: &[store::RowOutcome]) -> Vec<store::RowId> {
         let inner = &self.inner;
-        let mut pause = crate::backoff::Doubling::new(Duration::from_millis(100), ACK_RETRY_MAX);
-        let mut since: Option<Instant> = None;
-        loop {
-            match inner.store.ack(lease, outcomes).await {
-                Ok(acked) => {
-                    if let Some(since) = since {
-                        // The last batch held clears the time: another may still wait.
-                        let mut waiting_since = inner
-                            .acks_waiting_since
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner);
-                        if inner.acks_pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-                            *waiting_since = None;
-                        }
-                        drop(waiting_since);
-                        info!(
-                            rows = outcomes.len(),
-                            waited_ms = since.elapsed().as_millis() as u64,
-                            "The database took the batch's outcomes."
-                        );
-                    }
-                    return acked;
+        let pause = crate::backoff::Doubling::new(Duration::from_millis(100), ACK_RETRY_MAX);
+        let (acked, waited) = crate::backoff::until_ok(
+            pause,
+            || inner.store.ack(lease, outcomes),
+            |error, failures| {
+                if failures > 1 {
+                    debug!(%error, "Recording outcomes failed again.");
+                    return;
                 }
-                Err(error) => {
-                    if since.is_none() {
-                        since = Some(Instant::now());
-                        let mut waiting_since = inner
-                            .acks_waiting_since
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner);
-                        inner.acks_pending.fetch_add(1, Ordering::AcqRel);
-                        waiting_since.get_or_insert_with(Instant::now);
-                        drop(waiting_since);
-                        warn!(
-                            %error,
-                            rows = outcomes.len(),
-                            "Cannot record the batch's outcomes; holding them until the database takes them. No batch is claimed meanwhile."
-                        );
-                    } else {
-                        debug!(%error, "Recording outcomes failed again.");
-                    }
-                    tokio::time::sleep(pause.next_pause()).await;
-                }
+                let mut waiting_since = inner
+                    .acks_waiting_since
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                inner.acks_pending.fetch_add(1, Ordering::AcqRel);
+                waiting_since.get_or_insert_with(Instant::now);
+                drop(waiting_since);
+                warn!(
+                    %error,
+                    rows = outcomes.len(),
+                    "Cannot record the batch's outcomes; holding them until the database takes them. No batch is claimed meanwhile."
+                );
+            },
+        )
+        .await;
+        if let Some(waited) = waited {
+            // The last batch held clears the time: another may still wait.
+            let mut waiting_since = inner
+                .acks_waiting_since
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if inner.acks_pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                *waiting_since = None;
             }
+            drop(waiting_since);
+            info!(
+                rows = outcomes.len(),
+                waited_ms = waited.as_millis() as u64,
+                "The database took the batch's outcomes."
+            );
         }
+        acked
     }
 
     /// Whether a batch's outcomes are waiting for the database.

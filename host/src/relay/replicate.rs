@@ -391,25 +391,17 @@ impl Relay {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, crate::store::Error>>,
     {
-        let mut pause = crate::backoff::Doubling::new(Duration::from_millis(100), RETRY_MAX);
-        let mut warned = false;
-        loop {
-            match attempt().await {
-                Ok(value) => {
-                    if warned {
-                        info!("The database answers again; the replication stream goes on.");
-                    }
-                    return value;
-                }
-                Err(error) => {
-                    if !warned {
-                        warn!(%error, "Cannot {what}; the replication stream waits until the database answers.");
-                        warned = true;
-                    }
-                    tokio::time::sleep(pause.next_pause()).await;
-                }
+        let pause = crate::backoff::Doubling::new(Duration::from_millis(100), RETRY_MAX);
+        let (value, waited) = crate::backoff::until_ok(pause, attempt, |error, failures| {
+            if failures == 1 {
+                warn!(%error, "Cannot {what}; the replication stream waits until the database answers.");
             }
+        })
+        .await;
+        if waited.is_some() {
+            info!("The database answers again; the replication stream goes on.");
         }
+        value
     }
 }
 
