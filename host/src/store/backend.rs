@@ -168,3 +168,34 @@ macro_rules! dialect_queries {
         }
     };
 }
+
+/// The statements a fleet of relays shares a database by: the ownership
+/// lease (one relay serves a database at a time) and the running relays'
+/// announcements. Each backend says them in its own SQL, beside its other
+/// statements.
+pub(super) trait Fleet {
+    /// The ownership row: its owner, whether the lease still runs, how long
+    /// it has been free (ms), and how many relays announced themselves
+    /// within `live_within`.
+    async fn ownership_row(&self, live_within: Duration) -> Result<(Option<String>, bool, i64, i64), Error>;
+    /// Takes the database for `owner` if it is free or its lease ran out;
+    /// the new token.
+    async fn take_ownership(&self, owner: &str, lease: Duration) -> Result<Option<i64>, Error>;
+    /// Extends the lease if `owner` still holds `token`; rows changed.
+    async fn renew_ownership(&self, owner: &str, token: i64, lease: Duration) -> Result<u64, Error>;
+    /// Frees the database if `owner` still holds `token`.
+    async fn release_ownership(&self, owner: &str, token: i64) -> Result<(), Error>;
+    /// Upserts `instance_id`'s announcement and deletes those unseen for
+    /// `forgotten_ms`.
+    async fn announce_relay(
+        &self,
+        instance_id: &str,
+        admin: Option<&str>,
+        forgotten_ms: i64,
+    ) -> Result<(), Error>;
+    /// Deletes `instance_id`'s announcement.
+    async fn relay_stopped(&self, instance_id: &str) -> Result<(), Error>;
+    /// Relays seen within `within_ms`: id, admin address, seconds since
+    /// seen; empty when the schema predates the table.
+    async fn running_relays(&self, within_ms: i64) -> Result<Vec<(String, Option<String>, f64)>, Error>;
+}

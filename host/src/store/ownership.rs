@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::backend::Fleet;
 use super::{AnyBackend, Error, OutboxStore};
 
 /// The ownership row as a relay deciding whether to take it sees it.
@@ -22,46 +23,13 @@ pub struct Ownership {
 /// held, free for (ms), live relays.
 type OwnershipRow = (Option<String>, bool, i64, i64);
 
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
 impl OutboxStore {
     /// Reads the ownership row, with the relays seen here recently.
     ///
     /// # Errors
     /// The database's.
     pub async fn ownership(&self, live_within: Duration) -> Result<Ownership, Error> {
-        let row: OwnershipRow = match &self.backend {
-            AnyBackend::Postgres(pg) => {
-                pg.bounded("ownership read", async |session| {
-                    Ok(sqlx::query_as(
-                        "SELECT owner, expires_at > now() AS held,
-                                least(greatest(0, (extract(epoch FROM now()) - extract(epoch FROM expires_at)) * 1000), 9e15)::bigint
-                                  AS free_ms,
-                                (SELECT count(*) FROM switchyard_relays
-                                  WHERE seen_at > now() - $1 * interval '1 millisecond') AS live
-                         FROM switchyard_ownership WHERE id = 1",
-                    )
-                    .bind(millis(live_within) as f64)
-                    .fetch_one(session)
-                    .await?)
-                })
-                .await?
-            }
-            AnyBackend::Sqlite(lite) => {
-                sqlx::query_as(
-                    "SELECT owner, expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AS held,
-                        max(0, CAST(unixepoch('subsec') * 1000 AS INTEGER) - expires_at) AS free_ms,
-                        (SELECT count(*) FROM switchyard_relays
-                          WHERE seen_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1) AS live
-                 FROM switchyard_ownership WHERE id = 1",
-                )
-                .bind(millis(live_within))
-                .fetch_one(&lite.pool)
-                .await?
-            }
-        };
+        let row = dispatch!(self, backend => backend.ownership_row(live_within).await)?;
         Ok(Ownership::from(row))
     }
 
@@ -71,37 +39,7 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn take_ownership(&self, owner: &str, lease: Duration) -> Result<Option<i64>, Error> {
-        let token = match &self.backend {
-            AnyBackend::Postgres(pg) => {
-                pg.bounded("ownership take", async |session| {
-                    Ok(sqlx::query_scalar(
-                        "UPDATE switchyard_ownership
-                            SET owner = $1, token = token + 1, expires_at = now() + $2 * interval '1 millisecond'
-                          WHERE id = 1 AND (owner IS NULL OR expires_at <= now())
-                          RETURNING token",
-                    )
-                    .bind(owner)
-                    .bind(millis(lease) as f64)
-                    .fetch_optional(session)
-                    .await?)
-                })
-                .await?
-            }
-            AnyBackend::Sqlite(lite) => {
-                sqlx::query_scalar(
-                    "UPDATE switchyard_ownership
-                        SET owner = ?1, token = token + 1,
-                            expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?2
-                      WHERE id = 1 AND (owner IS NULL OR expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
-                      RETURNING token",
-                )
-                .bind(owner)
-                .bind(millis(lease))
-                .fetch_optional(&lite.pool)
-                .await?
-            }
-        };
-        Ok(token)
+        dispatch!(self, backend => backend.take_ownership(owner, lease).await)
     }
 
     /// Extends `owner`'s lease; false when it no longer holds `token`.
@@ -109,33 +47,7 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn renew_ownership(&self, owner: &str, token: i64, lease: Duration) -> Result<bool, Error> {
-        let renewed = match &self.backend {
-            AnyBackend::Postgres(pg) => {
-                pg.bounded("ownership renewal", async |session| {
-                    Ok(sqlx::query(
-                        "UPDATE switchyard_ownership SET expires_at = now() + $3 * interval '1 millisecond'
-                          WHERE id = 1 AND owner = $1 AND token = $2",
-                    )
-                    .bind(owner)
-                    .bind(token)
-                    .bind(millis(lease) as f64)
-                    .execute(session)
-                    .await?
-                    .rows_affected())
-                })
-                .await?
-            }
-            AnyBackend::Sqlite(lite) => sqlx::query(
-                "UPDATE switchyard_ownership SET expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3
-                  WHERE id = 1 AND owner = ?1 AND token = ?2",
-            )
-            .bind(owner)
-            .bind(token)
-            .bind(millis(lease))
-            .execute(&lite.pool)
-            .await?
-            .rows_affected(),
-        };
+        let renewed = dispatch!(self, backend => backend.renew_ownership(owner, token, lease).await)?;
         Ok(renewed == 1)
     }
 
@@ -144,34 +56,7 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn release_ownership(&self, owner: &str, token: i64) -> Result<(), Error> {
-        match &self.backend {
-            AnyBackend::Postgres(pg) => {
-                pg.bounded("ownership release", async |session| {
-                    sqlx::query(
-                        "UPDATE switchyard_ownership SET owner = NULL, expires_at = now()
-                          WHERE id = 1 AND owner = $1 AND token = $2",
-                    )
-                    .bind(owner)
-                    .bind(token)
-                    .execute(session)
-                    .await?;
-                    Ok(())
-                })
-                .await?;
-            }
-            AnyBackend::Sqlite(lite) => {
-                sqlx::query(
-                    "UPDATE switchyard_ownership SET owner = NULL,
-                            expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
-                      WHERE id = 1 AND owner = ?1 AND token = ?2",
-                )
-                .bind(owner)
-                .bind(token)
-                .execute(&lite.pool)
-                .await?;
-            }
-        }
-        Ok(())
+        dispatch!(self, backend => backend.release_ownership(owner, token).await)
     }
 }
 

@@ -12,6 +12,7 @@ pub(crate) mod capture;
 mod claim;
 pub use claim::INTAKE_LOCK;
 mod connect;
+mod fleet;
 pub(crate) use connect::describe_connect_error;
 mod listen;
 pub(crate) mod replication;

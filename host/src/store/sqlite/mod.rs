@@ -3,6 +3,8 @@
 //! write lock serialises claimers, with the same head-of-line rule, lease,
 //! lease token and outcome states as on PostgreSQL.
 
+mod fleet;
+
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
