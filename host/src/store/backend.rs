@@ -195,7 +195,8 @@ pub(super) trait Fleet {
     ) -> Result<(), Error>;
     /// Deletes `instance_id`'s announcement.
     async fn relay_stopped(&self, instance_id: &str) -> Result<(), Error>;
-    /// Relays seen within `within_ms`: id, admin address, seconds since
-    /// seen; empty when the schema predates the table.
+    /// Whether the schema has the announcements' table (older ones do not).
+    async fn has_relays_table(&self) -> Result<bool, Error>;
+    /// Relays seen within `within_ms`: id, admin address, seconds since seen.
     async fn running_relays(&self, within_ms: i64) -> Result<Vec<(String, Option<String>, f64)>, Error>;
 }

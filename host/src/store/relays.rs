@@ -51,6 +51,9 @@ impl OutboxStore {
     /// The database's.
     pub async fn running_relays(&self, within: Duration) -> Result<Vec<RunningRelay>, Error> {
         let within_ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+        if !dispatch!(self, backend => backend.has_relays_table().await)? {
+            return Ok(Vec::new());
+        }
         let rows = dispatch!(self, backend => backend.running_relays(within_ms).await)?;
         Ok(rows
             .into_iter()

@@ -112,13 +112,15 @@ impl Fleet for Postgres {
         .await
     }
 
+    async fn has_relays_table(&self) -> Result<bool, Error> {
+        Ok(
+            sqlx::query_scalar("SELECT to_regclass('switchyard_relays') IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
     async fn running_relays(&self, within_ms: i64) -> Result<Vec<(String, Option<String>, f64)>, Error> {
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass('switchyard_relays') IS NOT NULL")
-            .fetch_one(&self.pool)
-            .await?;
-        if !exists {
-            return Ok(Vec::new());
-        }
         Ok(sqlx::query_as(
             "SELECT instance_id, admin_address, extract(epoch FROM now() - seen_at)::float8
                FROM switchyard_relays

@@ -95,15 +95,15 @@ impl Fleet for Sqlite {
         Ok(())
     }
 
-    async fn running_relays(&self, within_ms: i64) -> Result<Vec<(String, Option<String>, f64)>, Error> {
-        let exists: bool = sqlx::query_scalar(
+    async fn has_relays_table(&self) -> Result<bool, Error> {
+        Ok(sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'switchyard_relays')",
         )
         .fetch_one(&self.pool)
-        .await?;
-        if !exists {
-            return Ok(Vec::new());
-        }
+        .await?)
+    }
+
+    async fn running_relays(&self, within_ms: i64) -> Result<Vec<(String, Option<String>, f64)>, Error> {
         Ok(sqlx::query_as(
             "SELECT instance_id, admin_address,
                     (CAST(unixepoch('subsec') * 1000 AS INTEGER) - seen_at) / 1000.0
