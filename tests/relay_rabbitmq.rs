@@ -400,3 +400,85 @@ async fn an_unroutable_message_just_after_a_reconnect_is_retried() {
     let queued = rabbit.drain("late-consumer", 1, Duration::from_secs(30)).await;
     assert_eq!(queued.len(), 1);
 }
+
+/// Forwards to `upstream` (host:port), passing the server's first three
+/// AMQP method frames (Connection.Start, Tune, Open-Ok: the handshake) and
+/// nothing after: a broker that took the connection and then went silent,
+/// as one still booting can. Returns the local port.
+async fn silent_after_the_handshake(upstream: String) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut server_write).await });
+                // Frames: type (1), channel (2), size (4), payload, 0xCE.
+                let mut methods = 0;
+                let mut header = [0u8; 7];
+                while methods < 3 && server_read.read_exact(&mut header).await.is_ok() {
+                    let size = u32::from_be_bytes([header[3], header[4], header[5], header[6]]) as usize;
+                    let mut rest = vec![0u8; size + 1];
+                    if server_read.read_exact(&mut rest).await.is_err() {
+                        return;
+                    }
+                    methods += usize::from(header[0] == 1);
+                    if client_write.write_all(&header).await.is_err()
+                        || client_write.write_all(&rest).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                // Read on and drop: the client sees an open, silent broker.
+                let mut sink = [0u8; 4096];
+                while matches!(server_read.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    port
+}
+
+/// A broker silent after the handshake fails the sink's health check, with
+/// the sink's own timeout, and again the next time: no call waits on it for
+/// ever holding the connection's lock, which every publish and probe takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_silent_after_the_handshake_fails_the_health_check_in_seconds() {
+    init_logging();
+    let rabbit = RabbitMq::shared();
+    let parsed = url::Url::parse(rabbit.url()).unwrap();
+    let upstream = format!("{}:{}", parsed.host_str().unwrap(), parsed.port().unwrap_or(5672));
+    let port = silent_after_the_handshake(upstream).await;
+    let mut silent = parsed.clone();
+    silent.set_port(Some(port)).unwrap();
+    let config: switchyard::sinks::TargetConfig = toml::from_str(&format!(
+        "type = \"rabbitmq\"\nurl = \"{silent}\"\nexchange = \"amq.topic\"\n"
+    ))
+    .unwrap();
+    let settings = switchyard::sinks::SinkSettings {
+        publish_timeout: Duration::from_secs(2),
+        retry_horizon: Duration::from_secs(60),
+    };
+    let sink = config.build("silent", &settings).await.unwrap();
+    for round in 1..=2 {
+        let started = std::time::Instant::now();
+        let checked = tokio::time::timeout(Duration::from_secs(30), sink.healthcheck())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the health check waited on a silent broker"));
+        let error = checked.expect_err("a silent broker is not healthy");
+        assert!(
+            error.to_string().contains("no answer within"),
+            "round {round}: {error}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "round {round}: {:?}",
+            started.elapsed()
+        );
+    }
+}

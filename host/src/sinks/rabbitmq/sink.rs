@@ -279,16 +279,27 @@ fn message_route(exchange: &str) -> String {
     }
 }
 
+/// A channel with publisher confirms, within [`CONNECT_TIMEOUT`]: a broker
+/// that took the connection but does not answer (one still booting) must
+/// not hold the link's lock, and with it every publish and probe, forever.
 async fn confirm_channel(connection: &Connection) -> Result<Channel, SinkError> {
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(|e| SinkError::unavailable(format!("cannot open a channel: {e}")))?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .map_err(|e| SinkError::unavailable(format!("cannot enable publisher confirms: {e}")))?;
-    Ok(channel)
+    let open = async {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| SinkError::unavailable(format!("cannot open a channel: {e}")))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| SinkError::unavailable(format!("cannot enable publisher confirms: {e}")))?;
+        Ok(channel)
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, open).await.map_err(|_| {
+        SinkError::timed_out(format!(
+            "cannot open a channel with publisher confirms: no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))
+    })?
 }
 
 /// The AMQP message id: the message's dedup id, unless that is longer than a
@@ -354,31 +365,41 @@ impl Sink for RabbitMqSink {
             if self.config.exchange.is_empty() {
                 return Ok(());
             }
-            let connection = {
-                let link = self.link.lock().await;
-                match link.as_ref() {
-                    Some(link) => link
-                        .connection
-                        .create_channel()
-                        .await
-                        .map_err(|e| self.classify(&e))?,
-                    None => return Err(SinkError::unavailable("not connected")),
-                }
+            let declare = async {
+                let connection = {
+                    let link = self.link.lock().await;
+                    match link.as_ref() {
+                        Some(link) => link
+                            .connection
+                            .create_channel()
+                            .await
+                            .map_err(|e| self.classify(&e))?,
+                        None => return Err(SinkError::unavailable("not connected")),
+                    }
+                };
+                let options = ExchangeDeclareOptions {
+                    passive: true,
+                    ..ExchangeDeclareOptions::default()
+                };
+                let declared = connection
+                    .exchange_declare(
+                        self.config.exchange.as_str().into(),
+                        ExchangeKind::Topic,
+                        options,
+                        FieldTable::default(),
+                    )
+                    .await;
+                let _ = connection.close(200, "".into()).await;
+                declared.map_err(|e| self.classify(&e))
             };
-            let options = ExchangeDeclareOptions {
-                passive: true,
-                ..ExchangeDeclareOptions::default()
-            };
-            let declared = connection
-                .exchange_declare(
-                    self.config.exchange.as_str().into(),
-                    ExchangeKind::Topic,
-                    options,
-                    FieldTable::default(),
-                )
-                .await;
-            let _ = connection.close(200, "".into()).await;
-            declared.map_err(|e| self.classify(&e))
+            tokio::time::timeout(CONNECT_TIMEOUT, declare)
+                .await
+                .map_err(|_| {
+                    SinkError::timed_out(format!(
+                        "the exchange check got no answer within {} s",
+                        CONNECT_TIMEOUT.as_secs()
+                    ))
+                })?
         })
     }
 }
