@@ -62,4 +62,11 @@ cargo test --workspace --lib --bins --tests --no-fail-fast ${args[@]+"${args[@]}
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^test .* \.\.\. FAILED$/ { failed[++n] = $2 }
      END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"
+# Why each one failed, after the summary: a CI log is often read from its
+# end, and the panic sits above thousands of lines of other tests' output.
+awk '/^---- .* stdout ----$/ { name = $2; next }
+     name != "" && / panicked at / { print "why " name ":"; shown = 0; grab = 1 }
+     grab && /^$/ { grab = 0 }
+     grab && shown < 6 { print "  " $0; shown++ }
+     /^failures:$/ { name = "" }' "$log" | cut -c1-400
 exit "$status"

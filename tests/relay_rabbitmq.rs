@@ -378,13 +378,14 @@ async fn an_unroutable_message_just_after_a_reconnect_is_retried() {
     rabbit.start().await;
     write_orders_of(&db.pool, &["Placed"]).await;
 
-    let error: String = eventually(
-        "an unroutable attempt retried",
+    // Unroutable, or dead-lettered: either way the row says which and why.
+    let (status, attempts, error): (String, i32, String) = eventually(
+        "an unroutable attempt recorded",
         Duration::from_secs(60),
         || async {
-            sqlx::query_scalar(
-                "SELECT last_error FROM switchyard_outbox
-              WHERE status = 'pending' AND attempts = 0 AND last_error LIKE '%NO_ROUTE%'",
+            sqlx::query_as(
+                "SELECT status, attempts, last_error FROM switchyard_outbox
+                  WHERE last_error LIKE '%NO_ROUTE%' OR status = 'dead'",
             )
             .fetch_optional(&db.pool)
             .await
@@ -392,6 +393,7 @@ async fn an_unroutable_message_just_after_a_reconnect_is_retried() {
         },
     )
     .await;
+    assert_eq!((status.as_str(), attempts), ("pending", 0), "{error}");
     assert!(error.contains("restoring its bindings"), "{error}");
     rabbit.declare("late", "late-consumer", "orders.#").await;
     all_published(&db.pool, 1, Duration::from_secs(60)).await;
