@@ -7,11 +7,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use switchyard::store::{Delivery, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome};
+use switchyard::store::{
+    Delivery, Generation, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome,
+};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
-    CLAIM_V2_MIGRATION, DUE_FROM_INSERT_MIGRATION, INTAKE_MIGRATION, NewEvent, Outbox, fresh_db,
-    fresh_db_before, place_event, place_order_event,
+    INTAKE_MIGRATION, NewEvent, Outbox, fresh_db, fresh_db_before, place_event, place_order_event,
 };
 use switchyard_tests::stall::{StallingProxy, gives_up_unanswered};
 
@@ -1013,110 +1014,118 @@ async fn a_row_waiting_on_a_paused_target_lets_the_next_through_held_by_it() {
     assert!(again.rows[0].held_by.is_empty());
 }
 
-/// An outbox still on the schema an older release left (before the v2
-/// migration) keeps working until `switchyard migrate` runs: claims and acks
-/// use the v1 statements, and `status` and the dead-letter commands answer
-/// (they used to name the v2 `queue` column and fail).
+/// Every schema an older release could have left, on both backends: one
+/// older than the previous generation is refused with what to do, the
+/// previous generation is served as it is, and `migrate` brings each to the
+/// current generation with its events claimed in order.
 #[tokio::test]
-async fn an_outbox_not_yet_migrated_is_relayed_and_operated_with_the_v1_statements() {
-    let db = fresh_db_before(CLAIM_V2_MIGRATION).await;
-    for (aggregate, seq) in [(0, 0), (0, 1), (1, 0)] {
-        place_order_event(&db.pool, &event(aggregate, seq), true).await;
+async fn migrate_brings_every_older_schema_forward_and_serves_its_events() {
+    for migration in switchyard::store::MIGRATOR.iter().skip(1) {
+        let db = fresh_db_before(migration.version).await;
+        for (aggregate, seq) in [(0, 0), (1, 0), (0, 1)] {
+            place_order_event(&db.pool, &event(aggregate, seq), true).await;
+        }
+        let store = OutboxStore::new(db.pool.clone());
+        let what = format!("PostgreSQL before {}", migration.version);
+        serve_then_migrate(&store, migration.version > 20_261_202_000_000, &what).await;
     }
-    let store = OutboxStore::new(db.pool.clone());
-    let first = store.claim("old", 10, LEASE).await.unwrap();
-    assert_eq!(first.rows.len(), 2, "one head per aggregate: {:?}", first.rows);
-    let outcomes: Vec<RowOutcome> = first
+    for migration in switchyard::store::SQLITE_MIGRATOR.iter().skip(1) {
+        let path = std::env::temp_dir().join(format!("sy-{}.db", uuid::Uuid::new_v4().simple()));
+        let url = format!("sqlite://{}", path.display());
+        let store = OutboxStore::connect(&url, 2).await.unwrap();
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let older: Vec<_> = switchyard::store::SQLITE_MIGRATOR
+            .iter()
+            .filter(|m| m.version < migration.version)
+            .cloned()
+            .collect();
+        sqlx::migrate::Migrator {
+            migrations: older.into(),
+            ..sqlx::migrate::Migrator::DEFAULT
+        }
+        .run(&pool)
+        .await
+        .unwrap();
+        for (aggregate, seq) in [(0, 0), (1, 0), (0, 1)] {
+            sqlx::query(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('order', $1, 'OrderUpdated', $2)",
+            )
+            .bind(format!("o-{aggregate}"))
+            .bind(format!("{{\"seq\": {seq}}}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        let what = format!("SQLite before {}", migration.version);
+        serve_then_migrate(&store, migration.version > 20_261_129_000_000, &what).await;
+        pool.close().await;
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Claims from `store` before `migrate` when it is `served` (else checks
+/// the refusal), migrates, and claims the rest: three events, two
+/// aggregates, each once and in order.
+async fn serve_then_migrate(store: &OutboxStore, served: bool, what: &str) {
+    let mut claimed = Vec::new();
+    match store.generation().await {
+        Ok(generation) => {
+            assert!(served, "{what}: served as {generation:?}");
+            claimed.extend(claim_and_publish(store).await);
+            assert_eq!(claimed.len(), 2, "{what}: the two heads");
+        }
+        Err(refused) => {
+            assert!(!served, "{what}: {refused}");
+            assert!(
+                refused.to_string().contains("run `switchyard migrate`"),
+                "{what}: {refused}"
+            );
+            // SQLite's one relay checks before it starts; PostgreSQL's
+            // claims pick their statement by the generation, and refuse.
+            if store.kind() == "postgres" {
+                let claim = store.claim("upgrade", 10, LEASE).await.unwrap_err();
+                assert!(
+                    claim.to_string().contains("older than this relay serves"),
+                    "{what}: {claim}"
+                );
+            }
+        }
+    }
+    store.migrate().await.unwrap();
+    assert_eq!(store.generation().await.unwrap(), Generation::Current, "{what}");
+    for _ in 0..3 {
+        claimed.extend(claim_and_publish(store).await);
+    }
+    let first_aggregate: Vec<u64> = claimed
+        .iter()
+        .filter(|(id, _)| id == "o-0")
+        .map(|(_, seq)| *seq)
+        .collect();
+    assert_eq!(first_aggregate, [0, 1], "{what}: in order");
+    claimed.sort();
+    let want = [
+        ("o-0".to_string(), 0),
+        ("o-0".to_string(), 1),
+        ("o-1".to_string(), 0),
+    ];
+    assert_eq!(claimed, want, "{what}: each event once");
+}
+
+/// One claim, acked as published: (aggregate, seq) of each row.
+async fn claim_and_publish(store: &OutboxStore) -> Vec<(String, u64)> {
+    let claim = store.claim("upgrade", 10, LEASE).await.unwrap();
+    let outcomes: Vec<_> = claim
         .rows
         .iter()
-        .map(|row| {
-            if seq(row) == 0 && row.aggregate_id.ends_with('0') {
-                outcome(row.id, Outcome::Published)
-            } else {
-                outcome(
-                    row.id,
-                    Outcome::Dead {
-                        error: "refused".into(),
-                    },
-                )
-            }
-        })
+        .map(|row| outcome(row.id, Outcome::Published))
         .collect();
-    assert_eq!(store.ack(first.lease, &outcomes).await.unwrap().len(), 2);
-    let next = store.claim("old", 10, LEASE).await.unwrap();
-    assert_eq!(next.rows.len(), 1);
-    assert_eq!(seq(&next.rows[0]), 1);
-
-    let stats = store.stats().await.unwrap();
-    assert_eq!((stats.dead, stats.in_flight), (1, 1));
-    let filter = switchyard::store::DeadLetterFilter::default();
-    assert_eq!(store.count_dead_letters(&filter).await.unwrap(), 1);
-    assert_eq!(store.dead_letters(&filter, 0, 10).await.unwrap().len(), 1);
-    let replayed = store.replay_dead_letters(&filter, 0, 10).await.unwrap();
-    assert_eq!(replayed.len(), 1);
-    assert_eq!(
-        store.status_counts(&replayed).await.unwrap().get("pending"),
-        Some(&1)
-    );
-}
-
-/// Index entries read from the due index (whichever the schema has), as
-/// the statistics have it so far.
-async fn due_index_entries_read(pool: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar(
-        "SELECT COALESCE(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-          WHERE indexrelname IN ('switchyard_outbox_due_idx', 'switchyard_outbox_due_since_insert_idx')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-/// Index entries a claim read from the due index, once the statistics
-/// show it: a backend reports them up to 10 s after its transaction.
-async fn due_index_entries_read_since(pool: &sqlx::PgPool, before: i64) -> i64 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let now = due_index_entries_read(pool).await;
-        if now > before || std::time::Instant::now() > deadline {
-            return now - before;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// A relay is deployed before `switchyard migrate` runs, and keeps running
-/// while it does. Its claims must read the due index the schema has at the
-/// time, from its start: a statement written for the other index still
-/// uses the partial index, but reads all of it (the whole backlog) and
-/// sorts.
-#[tokio::test]
-async fn claims_follow_the_due_index_across_the_migration_that_changes_it() {
-    let db = fresh_db_before(DUE_FROM_INSERT_MIGRATION).await;
-    for aggregate in 0..60 {
-        place_order_event(&db.pool, &event(aggregate, 0), true).await;
-    }
-    let store = OutboxStore::new(db.pool.clone());
-    let before = due_index_entries_read(&db.pool).await;
-    assert_eq!(store.claim("a", 1, LEASE).await.unwrap().rows.len(), 1);
-    let read = due_index_entries_read_since(&db.pool, before).await;
-    assert!(
-        (1..10).contains(&read),
-        "before the migration, a claim of one row read {read} entries of the due index"
-    );
-
-    // Another process migrates; this store keeps running. The claim that
-    // meets the new index claims right, and tells the next one of it.
-    OutboxStore::new(db.pool.clone()).migrate().await.unwrap();
-    let settled = due_index_entries_read(&db.pool).await;
-    assert_eq!(store.claim("a", 1, LEASE).await.unwrap().rows.len(), 1);
-    let before = settled + due_index_entries_read_since(&db.pool, settled).await;
-    assert_eq!(store.claim("a", 1, LEASE).await.unwrap().rows.len(), 1);
-    let read = due_index_entries_read_since(&db.pool, before).await;
-    assert!(
-        (1..10).contains(&read),
-        "after the migration, a claim of one row read {read} entries of the due index"
-    );
+    store.ack(claim.lease, &outcomes).await.unwrap();
+    claim
+        .rows
+        .iter()
+        .map(|row| (row.aggregate_id.clone(), seq(row)))
+        .collect()
 }
 
 /// Another process runs `migrate`, creating the intake, while this store

@@ -6,12 +6,13 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use switchyard_tests::brokers::Broker;
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::write_orders;
+use switchyard_tests::orders::{tally, write_orders};
 use switchyard_tests::plugins::{plugin, replace_atomically};
-use switchyard_tests::postgres::{count_status, fresh_db};
-use switchyard_tests::relay::{InProcess, RelaySection, Settings, example_config, parse};
-use switchyard_tests::{cli, eventually, free_port, http_get, init_logging};
+use switchyard_tests::postgres::{all_published, count_status, fresh_db, fresh_db_before};
+use switchyard_tests::relay::{InProcess, Process, RelaySection, Settings, example_config, parse};
+use switchyard_tests::{cli, eventually, free_port, http_get, init_logging, readyz_answers, with_admin};
 
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 use tokio_util::sync::CancellationToken;
@@ -920,4 +921,41 @@ async fn plugin_test_from_db_offers_rows_still_in_the_intake() {
     );
     assert_eq!(offered("2").await, [outbox_row, intake_first]);
     assert!(!offered("10").await.contains(&published));
+}
+
+/// A relay started on a database an old release left (here: the first
+/// migration alone, older than the previous generation) stays up, not
+/// ready, saying to run `switchyard migrate`; once that has run it serves
+/// every event written before, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_on_a_schema_too_old_waits_for_migrate_and_then_loses_nothing() {
+    init_logging();
+    let second = switchyard::store::MIGRATOR.migrations[1].version;
+    let db = fresh_db_before(second).await;
+    let broker = Broker::start("nats").await;
+    let expected = write_orders(&db.pool, 10, 5, 2).await;
+    let (config, admin) = with_admin(&broker.config(&db.url, &RelaySection::quick().toml(), ""));
+    let mut relay = Process::spawn(SWITCHYARD, &config, "schema-too-old");
+    let body = readyz_answers(admin, 503).await;
+    assert!(
+        body.contains("older than this relay serves") && body.contains("switchyard migrate"),
+        "/readyz says why and what to do: {body}"
+    );
+    assert!(!relay.has_exited(), "the relay stays up");
+    assert_eq!(count_status(&db.pool, "published").await, 0);
+
+    let path = std::env::temp_dir().join(format!("sy-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, &config).unwrap();
+    let (code, _, err) = cli(SWITCHYARD, &["migrate", "--config", path.to_str().unwrap()], &[]).await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "{err}");
+    readyz_answers(admin, 200).await;
+    all_published(&db.pool, expected.len() as i64, Duration::from_secs(60)).await;
+    relay.terminate();
+    let tally = tally(&broker.received(expected.len()).await, &expected);
+    assert_eq!(
+        (tally.lost, tally.duplicates, tally.reordered, tally.unknown),
+        (0, 0, 0, 0),
+        "{tally:?}"
+    );
 }

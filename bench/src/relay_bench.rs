@@ -1,7 +1,7 @@
 //! The relay benchmark, run by hand: drain throughput to NATS JetStream and
 //! to Kafka against the raw SQL claim/ack ceiling measured in the same run,
-//! the claim path v2 against the v1 statements (on an outbox migrated only
-//! that far) and against a minimal SKIP LOCKED claim + mark-published loop,
+//! the current schema generation against the previous one (an outbox
+//! migrated only that far: no intake) and against a minimal SKIP LOCKED claim + mark-published loop,
 //! PostgreSQL CPU per event, claim latency on stale statistics, the wasm
 //! plugin against a native router, commit-to-consumer latency at steady
 //! rates, hot reload under load, and peak memory. Prints one table and
@@ -33,7 +33,7 @@ use sqlx::PgPool;
 use switchyard::plugin::{Event, Message};
 use switchyard::store::{OutboxStore, PublishedRows};
 use switchyard::{Config, Relay};
-use switchyard_tests::postgres::{CLAIM_V2_MIGRATION, migrate_before};
+use switchyard_tests::postgres::{INTAKE_MIGRATION, migrate_before};
 use tokio_util::sync::CancellationToken;
 
 mod large_reload;
@@ -87,7 +87,7 @@ struct Args {
     /// (needs scripts/plugin-toolchains.sh).
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload"])]
     interpreted: bool,
-    /// Only replication mode against claim v2 (keep and delete): drains to
+    /// Only replication mode against claim mode (keep and delete): drains to
     /// NATS and Kafka, PostgreSQL CPU per event, latency at 100 and 1,000
     /// events/s.
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted"])]
@@ -139,19 +139,19 @@ impl Services {
     }
 }
 
-/// Which outbox schema a run uses: v1 (migrated up to the claim path v2,
-/// not including it: the relay then runs the v1 statements) or the latest.
+/// Which schema generation a run uses: the previous one (migrated up to the
+/// intake, not including it) or the current one.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Schema {
-    V1,
-    V2,
+    Previous,
+    Current,
 }
 
 impl Schema {
     fn template(self) -> &'static str {
         match self {
-            Schema::V1 => "sy_bench_template_v1",
-            Schema::V2 => "sy_bench_template",
+            Schema::Previous => "sy_bench_template_previous",
+            Schema::Current => "sy_bench_template",
         }
     }
 
@@ -159,10 +159,7 @@ impl Schema {
     /// (a count over the whole backlog), which would load the database it measures.
     fn drained_sql(self) -> &'static str {
         match self {
-            Schema::V1 => {
-                "SELECT NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE status IN ('pending', 'in_flight'))"
-            }
-            Schema::V2 => {
+            Schema::Previous | Schema::Current => {
                 "SELECT NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 1)
                     AND NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 2)
                     AND NOT EXISTS (SELECT 1 FROM switchyard_outbox WHERE queue = 3)"
@@ -172,8 +169,8 @@ impl Schema {
 
     async fn migrate(self, pool: &PgPool) -> anyhow::Result<()> {
         let before = match self {
-            Schema::V1 => CLAIM_V2_MIGRATION,
-            Schema::V2 => i64::MAX,
+            Schema::Previous => INTAKE_MIGRATION,
+            Schema::Current => i64::MAX,
         };
         migrate_before(pool, before).await?;
         Ok(())
@@ -379,7 +376,7 @@ async fn clone_db(services: &Services, name: &str, schema: Schema) -> anyhow::Re
 }
 
 /// The physical reference: the least a claim + mark-published loop can do on
-/// this table (v2 schema), with SKIP LOCKED and nothing else - no head-of-line
+/// this table, with SKIP LOCKED and nothing else - no head-of-line
 /// test, no lease, no outcome columns.
 async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -431,7 +428,7 @@ async fn minimal(url: &str, args: &Args) -> anyhow::Result<Drain> {
     })
 }
 
-/// The claim and ack statements the relay runs (v1 or v2, as the schema
+/// The claim and ack statements the relay runs (for the schema's generation
 /// says), with no plugin and no broker: what the database allows.
 async fn ceiling(url: &str, args: &Args, schema: Schema) -> anyhow::Result<Drain> {
     let store = OutboxStore::connect(url, args.concurrency * 2 + 2).await?;
@@ -1245,11 +1242,11 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!(
-        "building the backlog: {} rows over {} aggregates, v1 and v2 schema ...",
+        "building the backlog: {} rows over {} aggregates, previous and current schema generation ...",
         args.rows, args.aggregates
     );
-    let load = build_template(&services, &args, Schema::V2).await?;
-    build_template(&services, &args, Schema::V1).await?;
+    let load = build_template(&services, &args, Schema::Current).await?;
+    build_template(&services, &args, Schema::Previous).await?;
     eprintln!("  loaded in {:.1} s", load.as_secs_f64());
 
     if args.interpreted {
@@ -1264,27 +1261,33 @@ async fn main() -> anyhow::Result<()> {
         intake: Intake::Empty,
     };
     let mut plan: Vec<(&str, DrainKind)> = vec![
-        ("nats_wasm_v1", nats(Schema::V1, false, PublishedRows::Keep)),
-        ("nats_wasm", nats(Schema::V2, false, PublishedRows::Keep)),
+        (
+            "nats_wasm_previous",
+            nats(Schema::Previous, false, PublishedRows::Keep),
+        ),
+        ("nats_wasm", nats(Schema::Current, false, PublishedRows::Keep)),
         (
             "nats_wasm_no_intake",
             DrainKind {
                 intake: Intake::Without,
-                ..nats(Schema::V2, false, PublishedRows::Keep)
+                ..nats(Schema::Current, false, PublishedRows::Keep)
             },
         ),
         (
             "nats_wasm_intake_backlog",
             DrainKind {
                 intake: Intake::Backlog,
-                ..nats(Schema::V2, false, PublishedRows::Keep)
+                ..nats(Schema::Current, false, PublishedRows::Keep)
             },
         ),
-        ("nats_native", nats(Schema::V2, true, PublishedRows::Keep)),
-        ("nats_wasm_delete", nats(Schema::V2, false, PublishedRows::Delete)),
+        ("nats_native", nats(Schema::Current, true, PublishedRows::Keep)),
+        (
+            "nats_wasm_delete",
+            nats(Schema::Current, false, PublishedRows::Delete),
+        ),
         (
             "nats_wasm_archive",
-            nats(Schema::V2, false, PublishedRows::Archive),
+            nats(Schema::Current, false, PublishedRows::Archive),
         ),
     ];
     if !args.no_kafka {
@@ -1294,7 +1297,7 @@ async fn main() -> anyhow::Result<()> {
                 key,
                 DrainKind {
                     target: Target::Kafka,
-                    ..nats(Schema::V2, native, PublishedRows::Keep)
+                    ..nats(Schema::Current, native, PublishedRows::Keep)
                 },
             ));
         }
@@ -1317,10 +1320,10 @@ async fn main() -> anyhow::Result<()> {
         );
         for (key, schema) in [
             ("minimal", None),
-            ("ceiling_v1", Some(Schema::V1)),
-            ("ceiling", Some(Schema::V2)),
+            ("ceiling_previous", Some(Schema::Previous)),
+            ("ceiling", Some(Schema::Current)),
         ] {
-            let url = clone_db(&services, "sy_bench_ceiling", schema.unwrap_or(Schema::V2)).await?;
+            let url = clone_db(&services, "sy_bench_ceiling", schema.unwrap_or(Schema::Current)).await?;
             let result = match schema {
                 None => minimal(&url, &args).await?,
                 Some(schema) => ceiling(&url, &args, schema).await?,
@@ -1352,9 +1355,9 @@ async fn main() -> anyhow::Result<()> {
         Some((all.swap_remove(middle), all.len() + 1))
     };
     let (minimal, rounds) = median("minimal").context("no reference run")?;
-    let (ceiling_v1, _) = median("ceiling_v1").context("no ceiling run")?;
+    let (ceiling_previous, _) = median("ceiling_previous").context("no ceiling run")?;
     let (ceiling, _) = median("ceiling").context("no ceiling run")?;
-    let (nats_wasm_v1, _) = median("nats_wasm_v1").context("no NATS run")?;
+    let (nats_wasm_previous, _) = median("nats_wasm_previous").context("no NATS run")?;
     let (nats_wasm, _) = median("nats_wasm").context("no NATS run")?;
     let (nats_native, _) = median("nats_native").context("no NATS run")?;
     let (nats_delete, _) = median("nats_wasm_delete").context("no NATS run")?;
@@ -1364,12 +1367,12 @@ async fn main() -> anyhow::Result<()> {
     let kafka = median("kafka_wasm")
         .zip(median("kafka_native"))
         .map(|((w, _), (n, _))| (w, n));
-    for schema in [Schema::V1, Schema::V2] {
+    for schema in [Schema::Previous, Schema::Current] {
         drop_db(&services, schema.template()).await?;
     }
-    eprintln!("claims on stale statistics, v1 and v2 ...");
-    let stale_v1 = stale_claims(&services, Schema::V1).await?;
-    let stale_v2 = stale_claims(&services, Schema::V2).await?;
+    eprintln!("claims on stale statistics, previous and current generation ...");
+    let stale_previous = stale_claims(&services, Schema::Previous).await?;
+    let stale_current = stale_claims(&services, Schema::Current).await?;
     let latencies = if args.drains_only {
         None
     } else {
@@ -1400,8 +1403,8 @@ async fn main() -> anyhow::Result<()> {
         "SQL minimal SKIP LOCKED claim + mark-published", minimal.rate
     );
     for (label, d) in [
-        ("SQL claim + ack, v1 statements", &ceiling_v1),
-        ("SQL claim + ack, v2 statements", &ceiling),
+        ("SQL claim + ack, previous generation", &ceiling_previous),
+        ("SQL claim + ack, current generation", &ceiling),
     ] {
         println!(
             "{label:<52} {:>11.0} /s  {:.2} of minimal",
@@ -1410,33 +1413,37 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let drains: Vec<(&str, &Drain, String)> = [
-        ("drain, wasm -> NATS JetStream, v1", &nats_wasm_v1, String::new()),
         (
-            "drain, wasm -> NATS JetStream, v2",
-            &nats_wasm,
-            format!(", {:.2} x v1", nats_wasm.rate / nats_wasm_v1.rate),
+            "drain, wasm -> NATS JetStream, previous gen.",
+            &nats_wasm_previous,
+            String::new(),
         ),
         (
-            "drain, wasm -> NATS, v2, without the intake",
+            "drain, wasm -> NATS JetStream",
+            &nats_wasm,
+            format!(", {:.2} x previous", nats_wasm.rate / nats_wasm_previous.rate),
+        ),
+        (
+            "drain, wasm -> NATS, without the intake",
             &nats_no_intake,
             format!(", {:.2} x with", nats_no_intake.rate / nats_wasm.rate),
         ),
         (
-            "drain, wasm -> NATS, v2, backlog in the intake",
+            "drain, wasm -> NATS, backlog in the intake",
             &nats_intake_backlog,
             format!(
                 ", {:.2} x in the outbox",
                 nats_intake_backlog.rate / nats_wasm.rate
             ),
         ),
-        ("drain, native -> NATS JetStream, v2", &nats_native, String::new()),
+        ("drain, native -> NATS JetStream", &nats_native, String::new()),
         (
-            "drain, wasm -> NATS, v2, published_rows = delete",
+            "drain, wasm -> NATS, published_rows = delete",
             &nats_delete,
             format!(", {:.2} x keep", nats_delete.rate / nats_wasm.rate),
         ),
         (
-            "drain, wasm -> NATS, v2, published_rows = archive",
+            "drain, wasm -> NATS, published_rows = archive",
             &nats_archive,
             format!(", {:.2} x keep", nats_archive.rate / nats_wasm.rate),
         ),
@@ -1444,8 +1451,8 @@ async fn main() -> anyhow::Result<()> {
     .into_iter()
     .chain(kafka.iter().flat_map(|(wasm, native)| {
         [
-            ("drain, wasm -> Kafka (acks=all), v2", wasm, String::new()),
-            ("drain, native -> Kafka (acks=all), v2", native, String::new()),
+            ("drain, wasm -> Kafka (acks=all)", wasm, String::new()),
+            ("drain, native -> Kafka (acks=all)", native, String::new()),
         ]
     }))
     .collect();
@@ -1456,7 +1463,7 @@ async fn main() -> anyhow::Result<()> {
             d.rate / minimal.rate
         );
     }
-    for (label, stale) in [("v1", &stale_v1), ("v2", &stale_v2)] {
+    for (label, stale) in [("previous", &stale_previous), ("current", &stale_current)] {
         println!(
             "{:<52} {:>11.1} ms  slowest of {} claims ({:.1} ms mean), {} cancelled at 5 s, {} of 500 fresh rows claimed",
             format!("claim on stale statistics, {label}"),
@@ -1512,8 +1519,8 @@ async fn main() -> anyhow::Result<()> {
     println!("CPU per 1,000 events, by process (2 cores = 2,000 ms per second)");
     for (label, d) in [
         ("SQL minimal SKIP LOCKED claim + mark-published", &minimal),
-        ("SQL claim + ack, v1 statements", &ceiling_v1),
-        ("SQL claim + ack, v2 statements", &ceiling),
+        ("SQL claim + ack, previous generation", &ceiling_previous),
+        ("SQL claim + ack, current generation", &ceiling),
     ] {
         println!("{label:<52} {}", d.cpu.per_thousand(args.rows));
     }
@@ -1521,9 +1528,9 @@ async fn main() -> anyhow::Result<()> {
         println!("{label:<52} {}", d.cpu.per_thousand(args.rows));
     }
     println!(
-        "{:<52} {:.2} of v1",
-        "PostgreSQL CPU per event, wasm -> NATS, v2",
-        nats_wasm.cpu.postgres / nats_wasm_v1.cpu.postgres
+        "{:<52} {:.2} of previous",
+        "PostgreSQL CPU per event, wasm -> NATS",
+        nats_wasm.cpu.postgres / nats_wasm_previous.cpu.postgres
     );
     if latencies.is_some() {
         println!();
@@ -1554,7 +1561,7 @@ async fn interpreted(services: &Services, args: &Args) -> anyhow::Result<()> {
         "building the backlog: {} rows over {} aggregates ...",
         args.rows, args.aggregates
     );
-    build_template(services, args, Schema::V2).await?;
+    build_template(services, args, Schema::Current).await?;
     println!();
     println!(
         "| plugin (NATS JetStream, {} rows, batches of {}) | events/s | relay CPU s | peak RSS |",
@@ -1567,7 +1574,7 @@ async fn interpreted(services: &Services, args: &Args) -> anyhow::Result<()> {
             target: Target::Nats,
             plugin,
             native: false,
-            schema: Schema::V2,
+            schema: Schema::Current,
             published_rows: PublishedRows::Keep,
             intake: Intake::Empty,
         };

@@ -1,4 +1,4 @@
-//! `relay-bench --replication`: replication mode against claim v2 (keep
+//! `relay-bench --replication`: replication mode against claim mode (keep
 //! and delete) in the same run: drain rate and CPU per process to NATS
 //! JetStream and to Kafka from the same backlog (in replication mode also
 //! one written with `switchyard_emit`, no rows), commit-to-consumer latency
@@ -190,7 +190,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         "building the claim backlog: {} rows over {} aggregates ...",
         args.rows, args.aggregates
     );
-    build_template(services, args, Schema::V2).await?;
+    build_template(services, args, Schema::Current).await?;
     let mut targets = vec![Target::Nats];
     if !args.no_kafka {
         targets.push(Target::Kafka);
@@ -204,7 +204,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         };
         for published_rows in [PublishedRows::Keep, PublishedRows::Delete] {
             let label = format!(
-                "claim v2 ({}), wasm -> {to}",
+                "claim mode ({}), wasm -> {to}",
                 if published_rows == PublishedRows::Keep {
                     "keep"
                 } else {
@@ -216,7 +216,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
                 target,
                 plugin: RUST_PLUGIN,
                 native: false,
-                schema: Schema::V2,
+                schema: Schema::Current,
                 published_rows,
                 intake: super::Intake::Empty,
             };
@@ -237,11 +237,11 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
             ));
         }
     }
-    drop_db(services, Schema::V2.template()).await?;
+    drop_db(services, Schema::Current.template()).await?;
     let mut latencies: Vec<(String, Latency)> = Vec::new();
     for rate in [100, 1_000] {
         for replication in [false, true] {
-            let mode = if replication { "replication" } else { "claim v2" };
+            let mode = if replication { "replication" } else { "claim mode" };
             eprintln!("latency, {mode}, {rate} events/s ...");
             let load = Load {
                 replication,
@@ -438,7 +438,7 @@ pub(super) fn print_writers(costs: &[WriterCost]) {
 
 fn print(args: &Args, drains: &[(String, Drain)], latencies: &[(String, Latency)]) {
     println!(
-        "Switchyard replication mode against claim v2, {}, {} rows / {} aggregates, batch_size {}, concurrency {}",
+        "Switchyard replication mode against claim mode, {}, {} rows / {} aggregates, batch_size {}, concurrency {}",
         chrono::Utc::now().format("%Y-%m-%d"),
         args.rows,
         args.aggregates,

@@ -149,7 +149,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
                     ..steady
                 },
             ),
-            ("claim v2", steady),
+            ("claim mode", steady),
             (
                 "claim, intake",
                 Load {

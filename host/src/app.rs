@@ -210,7 +210,11 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
         exists,
         "table switchyard_outbox does not exist: run `switchyard migrate` first"
     );
-    Ok(())
+    match store.generation().await {
+        Ok(_) => Ok(()),
+        Err(too_old @ crate::store::Error::SchemaTooOld { .. }) => Err(too_old.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot query the database")),
+    }
 }
 
 /// In claim mode: the database is not set up for replication mode, whose

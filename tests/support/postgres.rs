@@ -142,14 +142,6 @@ pub async fn fresh_db() -> TestDb {
     fresh_db_before(i64::MAX).await
 }
 
-/// The migration that brought the claim path v2 (the computed `queue`
-/// column and its indexes).
-pub const CLAIM_V2_MIGRATION: i64 = 20_261_124_000_000;
-
-/// The migration after which a queued row is due from its insert, not from
-/// the writer's `created_at`.
-pub const DUE_FROM_INSERT_MIGRATION: i64 = 20_261_126_000_000;
-
 /// The migration that created `switchyard_intake`.
 pub const INTAKE_MIGRATION: i64 = 20_261_204_000_000;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::Error;
 use super::types::{
-    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, PublishedRows, RetentionMode,
-    RowId, RowOutcome,
+    Claim, DeadLetterFilter, Generation, LeaseId, OutboxEntry, OutboxRow, OutboxStats, PublishedRows,
+    RetentionMode, RowId, RowOutcome,
 };
 
 /// One database holding the outbox table.
@@ -17,6 +17,9 @@ pub(super) trait Backend {
     async fn migrate(&self) -> Result<(), Error>;
     /// Whether the outbox table exists.
     async fn schema_exists(&self) -> Result<bool, Error>;
+    /// The schema's generation; [`Error::SchemaTooOld`] when it is older
+    /// than the previous one.
+    async fn generation(&self) -> Result<Generation, Error>;
     /// Versions of the migrations applied (none when `migrate` never ran);
     /// reads only.
     async fn applied_migrations(&self) -> Result<Vec<i64>, Error>;

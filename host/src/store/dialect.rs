@@ -6,19 +6,15 @@ use std::collections::BTreeMap;
 
 use sqlx::{Database, Encode, QueryBuilder, Row, Type};
 
-use super::types::{DeadLetterFilter, Delivery, DeliveryKey, OutboxEntry};
+use super::types::{DeadLetterFilter, Delivery, DeliveryKey, Generation, OutboxEntry};
 
 /// Which SQL dialect a statement is written for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Dialect {
-    /// `queues`: the outbox has the v2 schema, whose partial indexes select
-    /// on the computed `queue` column; an outbox not yet migrated has not.
-    /// `intake`: writers may insert into `switchyard_intake`, whose rows
-    /// count as pending until a claim moves them.
-    Postgres {
-        queues: bool,
-        intake: bool,
-    },
+    /// Partial indexes select on the computed `queue` column. From the
+    /// current generation on, writers may insert into `switchyard_intake`,
+    /// whose rows count as pending until a claim moves them.
+    Postgres(Generation),
     Sqlite,
 }
 
@@ -30,30 +26,30 @@ impl Dialect {
     /// The database's current time, as the time columns store it.
     pub(super) fn now(self) -> &'static str {
         match self {
-            Dialect::Postgres { .. } => "now()",
+            Dialect::Postgres(_) => "now()",
             Dialect::Sqlite => SQLITE_NOW_MS,
         }
     }
 
-    /// Which rows are dead letters. On the v2 schema the condition also
-    /// names the partial index's predicate, so that index is used.
+    /// Which rows are dead letters. On PostgreSQL the condition also names
+    /// the partial index's predicate, so that index is used.
     pub(super) fn dead(self) -> &'static str {
         match self {
-            Dialect::Postgres { queues: true, .. } => "status = 'dead' AND queue = 4",
-            Dialect::Postgres { queues: false, .. } | Dialect::Sqlite => "status = 'dead'",
+            Dialect::Postgres(_) => "status = 'dead' AND queue = 4",
+            Dialect::Sqlite => "status = 'dead'",
         }
     }
 
     /// The columns [`entry_from_record`] reads.
     pub(super) fn entry_columns(self) -> &'static str {
         match self {
-            Dialect::Postgres { .. } => PG_ENTRY_COLUMNS,
+            Dialect::Postgres(_) => PG_ENTRY_COLUMNS,
             Dialect::Sqlite => SQLITE_ENTRY_COLUMNS,
         }
     }
 }
 
-/// Rows pending or in flight (the v1 schema and SQLite).
+/// Rows pending or in flight (SQLite).
 pub(super) const COUNT_BACKLOG: &str =
     "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')";
 
@@ -77,20 +73,18 @@ pub(super) fn dead_by_type_sql(dialect: Dialect) -> String {
 /// in flight, retrying.
 pub(super) fn status_counts_sql(dialect: Dialect) -> String {
     let delayed = format!("coalesce(not_before > {}, false)", dialect.now());
-    // The v2 schema: queued rows through the due index, and parked
-    // rows, waiting behind an earlier event of their aggregate, as pending.
+    // PostgreSQL: queued rows through the due index, and parked rows,
+    // waiting behind an earlier event of their aggregate, as pending.
     let (parked, queued) = match dialect {
-        Dialect::Postgres { queues: true, .. } => (
+        Dialect::Postgres(_) => (
             " + (SELECT count(*) FROM switchyard_outbox WHERE queue = 2)
               + (SELECT count(*) FROM switchyard_outbox WHERE queue = 3)",
             "queue = 1",
         ),
-        Dialect::Postgres { queues: false, .. } | Dialect::Sqlite => {
-            ("", "status IN ('pending', 'in_flight')")
-        }
+        Dialect::Sqlite => ("", "status IN ('pending', 'in_flight')"),
     };
     // Rows in the intake are pending (or delayed) until a claim moves them.
-    let (intake_due, intake_delayed) = if matches!(dialect, Dialect::Postgres { intake: true, .. }) {
+    let (intake_due, intake_delayed) = if dialect == Dialect::Postgres(Generation::Current) {
         (
             " + (SELECT count(*) FROM switchyard_intake WHERE NOT coalesce(not_before > now(), false))",
             " + (SELECT count(*) FROM switchyard_intake WHERE coalesce(not_before > now(), false))",

@@ -39,8 +39,8 @@ use sqlx::sqlite::{
 use backend::Backend;
 pub use endpoint::{Endpoint, PgTlsConfig, SslMode};
 pub use types::{
-    Claim, DeadLetterFilter, Delivery, DeliveryKey, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome,
-    PublishedRows, RetentionMode, RowId, RowOutcome, payload_over_limit,
+    Claim, DeadLetterFilter, Delivery, DeliveryKey, Generation, LeaseId, OutboxEntry, OutboxRow, OutboxStats,
+    Outcome, PublishedRows, RetentionMode, RowId, RowOutcome, payload_over_limit,
 };
 
 /// `migrations/*/`: (version, description, SQL), embedded by `build.rs`.
@@ -101,6 +101,12 @@ pub enum Error {
         what: &'static str,
         /// How long it waited.
         after: Duration,
+    },
+    /// The outbox's schema is older than the generations this relay serves.
+    #[error("the outbox's schema is older than this relay serves ({missing}): run `switchyard migrate`")]
+    SchemaTooOld {
+        /// The first migration it lacks that this relay needs.
+        missing: &'static str,
     },
     /// The database could not be reached at startup.
     #[error("cannot connect to {at}: {reason}")]
@@ -366,6 +372,15 @@ impl OutboxStore {
                 )
             })
             .collect())
+    }
+
+    /// The schema's generation (see [`Generation`]).
+    ///
+    /// # Errors
+    /// [`Error::SchemaTooOld`] when `switchyard migrate` must run first;
+    /// [`Error::Database`].
+    pub async fn generation(&self) -> Result<Generation, Error> {
+        dispatch!(self, backend => backend.generation().await)
     }
 
     /// Whether the outbox table exists (i.e. `migrate` ran).

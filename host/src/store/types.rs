@@ -114,7 +114,7 @@ pub struct Claim {
     /// How long the claim took, from the pool to the commit (it eats into the lease).
     pub took: Duration,
     /// How long the claim statement ran in the database, when it says
-    /// (PostgreSQL v2): a slow claim with a short statement waited for a
+    /// (PostgreSQL): a slow claim with a short statement waited for a
     /// connection or the network, not for the database.
     pub statement: Option<Duration>,
     /// Rows the claim found waiting behind an earlier unfinished event of
@@ -122,9 +122,8 @@ pub struct Claim {
     /// and claimed nothing, claiming again at once finds other rows.
     pub parked: usize,
     /// Whether claiming again right after this batch may find rows no
-    /// wake-up will announce. On SQLite and the v1 schema, whenever rows
-    /// were claimed (an ack frees the next event of each aggregate). On v2
-    /// only when a row was left queued behind a predecessor another
+    /// wake-up will announce. On SQLite, whenever rows were claimed (an
+    /// ack frees the next event of each aggregate). On PostgreSQL only when a row was left queued behind a predecessor another
     /// relay was acking: an ack that frees a parked row notifies by itself.
     pub look_again: bool,
 }
@@ -301,4 +300,22 @@ pub enum PublishedRows {
     Delete,
     /// Moves it to `switchyard_outbox_archive` in the ack's statement.
     Archive,
+}
+
+/// A schema generation: the schema one release of the relay writes and
+/// reads. A relay serves the current generation and the one before it, so
+/// that old and new relays share a database during a rolling upgrade; an
+/// older schema is not served until `switchyard migrate` brings it forward.
+///
+/// On PostgreSQL the previous generation is every migration up to
+/// `20261203000000_ack_plans_what_it_uses`, the current one adds
+/// `20261204000000_intake`. On SQLite the previous generation is every
+/// migration up to `20261129000000_running_relays`, the current one adds
+/// `20261201000000_database_ownership`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Generation {
+    /// The schema of the release before this one.
+    Previous,
+    /// The schema every migration this build carries makes.
+    Current,
 }

@@ -10,7 +10,7 @@ use sqlx::{Connection, PgConnection, PgPool, Row};
 use super::connect::set_local_planner;
 use crate::store::Error;
 use crate::store::dialect::lenient;
-use crate::store::types::{Claim, LeaseId, OutboxRow, RowId};
+use crate::store::types::{Claim, Generation, LeaseId, OutboxRow, RowId};
 
 /// The columns every row query returns, in the order [`row_from_record`] reads.
 const ROW_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
@@ -63,45 +63,49 @@ const TAKE_LEASE: &str = "status = 'in_flight',
 /// SQLSTATE of a statement cancelled by `statement_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
-/// When a queued row is due, as the due index has it: since migration
-/// 20261126000000 (`switchyard_outbox_due_since_insert_idx`) from the
-/// insert, before it (`switchyard_outbox_due_idx`) from the writer's
-/// `created_at` too. Each claim says which index is there for the next one,
-/// so a relay deployed before `switchyard migrate` runs, or running while
-/// it does, claims through its index, never by a scan of the table (the
-/// one claim that meets the change reads another index whole).
+/// When a queued row is due, as `switchyard_outbox_due_since_insert_idx` has it.
 const DUE: &str = "GREATEST(o.next_attempt_at, o.not_before)";
-const DUE_FROM_CREATED_AT: &str = "GREATEST(o.next_attempt_at, o.not_before, o.created_at)";
 
 /// What a blocker that waits for paused targets lets through: its
-/// `waiting_on` while it is pending (an outbox without the column: nothing).
+/// `waiting_on` while it is pending.
 const BLOCKER_WAITING_ON: &str = "CASE WHEN e.status = 'pending' THEN e.waiting_on END";
-const NO_WAITING_ON: &str = "NULL::text[]";
 
-/// The claim statements, assembled once, by [intake][due index][`waiting_on`
-/// column][dead letters block]: index 0 of the last lets later events of
-/// an aggregate pass a dead-lettered one, index 1 keeps them waiting.
-type ClaimStatements = [[[[String; 2]; 2]; 2]; 2];
-static CLAIM_STATEMENTS: std::sync::LazyLock<ClaimStatements> = std::sync::LazyLock::new(|| {
-    [false, true].map(|intake| {
-        [DUE, DUE_FROM_CREATED_AT]
-            .map(|due| [NO_WAITING_ON, BLOCKER_WAITING_ON].map(|w| claim_statements(intake, due, w)))
-    })
-});
+/// A claim statement, assembled once per generation and dead-letter
+/// policy.
+#[derive(Clone, Copy)]
+pub(super) struct Plan(&'static str);
 
-fn claim_statements(intake: bool, due: &str, waiting_on: &str) -> [String; 2] {
-    let (moves, moved_rows, moved_figures) = if intake {
-        (MOVE_SQL, MOVED_ROWS, MOVED_FIGURES)
-    } else {
-        ("", "", NOTHING_MOVED)
+/// The plans, by [generation][dead letters block]: without blocking, later
+/// events of an aggregate pass a dead-lettered one; blocking keeps them
+/// waiting behind it.
+static PLANS: std::sync::LazyLock<[[String; 2]; 2]> =
+    std::sync::LazyLock::new(|| [Generation::Previous, Generation::Current].map(claim_statements));
+
+impl Plan {
+    /// The claim statement for an outbox of `generation`.
+    pub(super) fn of(generation: Generation, dead_letter_blocks: bool) -> Plan {
+        let by_generation = match generation {
+            Generation::Previous => &PLANS[0],
+            Generation::Current => &PLANS[1],
+        };
+        Plan(&by_generation[usize::from(dead_letter_blocks)])
+    }
+}
+
+/// The previous generation has no intake: its claims move nothing, and
+/// say whether the intake has appeared since.
+fn claim_statements(generation: Generation) -> [String; 2] {
+    let (moves, moved_rows, moved_figures) = match generation {
+        Generation::Current => (MOVE_SQL, MOVED_ROWS, MOVED_FIGURES),
+        Generation::Previous => ("", "", NOTHING_MOVED),
     };
     let base = CLAIM_SQL
         .replace("__MOVE__", moves)
         .replace("__OR_MOVED__", moved_rows)
         .replace("__MOVED_FIGURES__", moved_figures)
         .replace("__INTAKE_LOCK__", &INTAKE_LOCK.to_string())
-        .replace("__WAITING_ON__", waiting_on)
-        .replace("__DUE__", due)
+        .replace("__WAITING_ON__", BLOCKER_WAITING_ON)
+        .replace("__DUE__", DUE)
         .replace("__TAKE_LEASE__", TAKE_LEASE)
         .replace("__ROW_COLUMNS__", ROW_COLUMNS)
         .replace("__PARK_LIMIT__", &PARK_LIMIT.to_string());
@@ -129,18 +133,6 @@ const HELD_CANDIDATES: &str = "held_rows AS MATERIALIZED (
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), ";
-
-/// The v1 statements, for an outbox not yet migrated to the v2 schema (and
-/// as the benchmark's baseline).
-static CLAIM_V1_STATEMENTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    let base = CLAIM_V1_SQL
-        .replace("__TAKE_LEASE__", TAKE_LEASE)
-        .replace("__ROW_COLUMNS__", ROW_COLUMNS);
-    [
-        base.replace("__DEAD_FILTER__", "AND e.status <> 'dead'"),
-        base.replace("__DEAD_FILTER__", ""),
-    ]
-});
 
 // `$1` limit, `$2` owner, `$3` lease id, `$4` lease in ms.
 //
@@ -236,8 +228,7 @@ WITH due AS MATERIALIZED (
 )__MOVE__
 SELECT c.*, h.held_by, (SELECT count(*) FROM parked) AS parked,
        (SELECT count(*) FROM probe p WHERE p.blocker IS NOT NULL AND p.held_by IS NULL) AS blocked,
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s,
-       to_regclass('switchyard_outbox_due_idx') IS NOT NULL AS old_due_index__MOVED_FIGURES__
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS statement_s__MOVED_FIGURES__
   FROM (SELECT 1) AS one
   LEFT JOIN (SELECT * FROM claimed__OR_MOVED__) c ON true
   LEFT JOIN held_by h ON h.id = c.id
@@ -342,45 +333,15 @@ const MOVED_FIGURES: &str = ",
 const NOTHING_MOVED: &str = ", 0::bigint AS moved, 0::bigint AS moved_leased, false AS mover_busy,
        to_regclass('switchyard_intake') IS NOT NULL AS intake_there";
 
-// The v1 claim: a scan over every unfinished row with the head-of-line test
-// as NOT EXISTS, which the planner may turn into a join over the backlog.
-const CLAIM_V1_SQL: &str = r#"
-WITH heads AS (
-    SELECT o.id
-      FROM switchyard_outbox o
-     WHERE o.status IN ('pending', 'in_flight')
-       AND (   (o.status = 'pending' AND o.next_attempt_at <= now()
-                AND (o.not_before IS NULL OR o.not_before <= now()))
-            OR (o.status = 'in_flight' AND o.lease_expires_at < now()))
-       AND NOT EXISTS (
-             SELECT 1 FROM switchyard_outbox e
-              WHERE e.aggregate_type = o.aggregate_type
-                AND e.aggregate_id = o.aggregate_id
-                AND e.id < o.id
-                AND e.status <> 'published'
-                __DEAD_FILTER__)
-     ORDER BY o.id
-     LIMIT $1
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE switchyard_outbox o
-   SET __TAKE_LEASE__
-  FROM heads
- WHERE o.id = heads.id
-RETURNING __ROW_COLUMNS__
-"#;
-
 /// Opens a claim transaction that carries the claim's settings, in the one
-/// round trip of its BEGIN (a v2 claim on the relay's own sessions needs
-/// none; see [`claim`]). The statement timeout bounds a claim to half the
-/// lease; the planner settings leave the v2 statement one way to run -
-/// index probes in nested loops - so statistics taken while the outbox was
-/// drained cannot send it into a scan of the backlog. v1 runs with the
-/// server's own planner settings.
-fn claim_begin(lease_ms: i64, v2: bool) -> String {
+/// round trip of its BEGIN (a claim on the relay's own sessions needs none;
+/// see [`claim`]). The statement timeout bounds a claim to half the lease;
+/// the planner settings leave the statement one way to run - index probes
+/// in nested loops - so statistics taken while the outbox was drained
+/// cannot send it into a scan of the backlog.
+fn claim_begin(lease_ms: i64) -> String {
     let timeout = (lease_ms / 2).max(1);
-    // v1 on a session that has the index-probe settings as its own.
-    let planner = set_local_planner(if v2 { "= off" } else { "TO DEFAULT" });
+    let planner = set_local_planner("= off");
     format!("BEGIN; SET LOCAL statement_timeout = {timeout};{planner}")
 }
 
@@ -445,137 +406,149 @@ const MOVER_WAIT: Duration = Duration::from_millis(100);
 /// SQLSTATE of a lock wait cut by `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
+/// What a claim asks for.
+pub(super) struct Request<'a> {
+    /// Whether the session carries the planner settings and the statement
+    /// timeout (the relay's sessions do): the claim is then its one
+    /// statement, committed on its own; otherwise it runs in a transaction
+    /// that sets them.
+    pub(super) planner_settings: bool,
+    /// Who takes the leases.
+    pub(super) owner: &'a str,
+    /// Rows at most.
+    pub(super) limit: u32,
+    /// How long the leases last.
+    pub(super) lease: Duration,
+    /// A payload over this is let go as it is read.
+    pub(super) max_payload_bytes: usize,
+}
+
 /// A claim, with what the statement saw beside it.
 pub(super) struct Claimed {
     pub(super) claim: Claim,
-    /// Whether the due index still reads `created_at` (v2 claims only).
-    pub(super) old_due_index: Option<bool>,
     /// Another claim held the movers' lock while this one saw intake rows.
     pub(super) mover_busy: bool,
-    /// Whether `switchyard_intake` exists (v2 claims only).
-    pub(super) intake_there: Option<bool>,
+    /// Whether `switchyard_intake` exists.
+    pub(super) intake_there: bool,
 }
 
-/// Claims up to `limit` rows for `owner`, leased for `lease`; `v2` picks
-/// the statements of the v2 schema, `waiting` those that read `waiting_on`,
-/// `due_from_created_at` those for the due index before migration
-/// 20261126000000 (see [`DUE`]). Rows are read one at a time as they
-/// arrive, and a payload over `max_payload_bytes` is let go at once.
-/// Returns with the claim whether the next one is `due_from_created_at`
-/// (v2; v1 claims do not look). With `planner_settings` (the pool's
-/// sessions carry them and the statement timeout) a v2 claim is its one
-/// statement, committed on its own; otherwise it runs in a transaction
-/// that sets them.
-#[allow(clippy::too_many_arguments)]
+/// The statement-wide figures every row of a claim carries.
+#[derive(Default)]
+struct Figures {
+    parked: usize,
+    blocked: usize,
+    statement: Option<Duration>,
+    moved: i64,
+    moved_leased: i64,
+    mover_busy: bool,
+    intake_there: bool,
+}
+
+impl Figures {
+    fn read(record: &sqlx::postgres::PgRow) -> Result<Figures, sqlx::Error> {
+        let count = |name: &str| {
+            record
+                .try_get::<i64, _>(name)
+                .map(|n| usize::try_from(n).unwrap_or(0))
+        };
+        let seconds: f64 = record.try_get("statement_s")?;
+        Ok(Figures {
+            parked: count("parked")?,
+            blocked: count("blocked")?,
+            statement: Some(Duration::try_from_secs_f64(seconds).unwrap_or_default()),
+            moved: record.try_get("moved")?,
+            moved_leased: record.try_get("moved_leased")?,
+            mover_busy: record.try_get("mover_busy")?,
+            intake_there: record.try_get("intake_there")?,
+        })
+    }
+
+    /// Whether rows may be claimable right after this claim: rows behind a
+    /// predecessor that were neither taken nor parked (it was being acked),
+    /// rows moved from the intake and not leased (the next claim parks or
+    /// takes them; the move did not wake anyone), a full move (the intake
+    /// may hold more) or intake rows another mover may not have seen.
+    fn look_again(&self, limit: u32) -> bool {
+        self.blocked > self.parked
+            || self.moved > self.moved_leased
+            || self.moved >= i64::from(limit)
+            || self.mover_busy
+    }
+}
+
+/// Claims up to `request.limit` rows with `plan`. Rows are read one at a
+/// time as they arrive, and a payload over the limit is let go at once.
 pub(super) async fn claim(
     session: &mut PgConnection,
-    planner_settings: bool,
-    v2: bool,
-    intake: bool,
-    waiting: bool,
-    due_from_created_at: bool,
-    dead_letter_blocks_aggregate: bool,
-    owner: &str,
-    limit: u32,
-    lease: Duration,
-    max_payload_bytes: usize,
+    plan: Plan,
+    request: &Request<'_>,
 ) -> Result<Claimed, Error> {
     let started = Instant::now();
-    let lease_id = LeaseId(uuid::Uuid::new_v4());
-    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    let lease = LeaseId(uuid::Uuid::new_v4());
+    let lease_ms = i64::try_from(request.lease.as_millis()).unwrap_or(i64::MAX);
     let mut tx: Option<sqlx::Transaction<'_, sqlx::Postgres>> = None;
-    let executor: &mut PgConnection = if v2 && planner_settings {
+    let executor: &mut PgConnection = if request.planner_settings {
         session
     } else {
-        tx.insert(session.begin_with(claim_begin(lease_ms, v2)).await?)
+        tx.insert(session.begin_with(claim_begin(lease_ms)).await?)
     };
-    let statements = if v2 {
-        &CLAIM_STATEMENTS[usize::from(intake)][usize::from(due_from_created_at)][usize::from(waiting)]
-    } else {
-        &*CLAIM_V1_STATEMENTS
-    };
-    let sql = &statements[usize::from(dead_letter_blocks_aggregate)];
-    let mut parked = 0;
-    let mut blocked = 0;
-    let mut moved = (0, 0, false);
-    let mut statement = None;
-    let mut old_due_index = None;
-    let mut intake_there = None;
-    let mut rows = Vec::with_capacity(usize::try_from(limit).unwrap_or(0));
-    let read = async {
-        let query = sqlx::query(sql)
-            .bind(i64::from(limit))
-            .bind(owner)
-            .bind(lease_id.0)
-            .bind(lease_ms);
-        let mut records = query.fetch(&mut *executor);
-        while let Some(record) = records.try_next().await? {
-            if v2 {
-                // The v2 statement returns one row even when it claimed none;
-                // every row carries the same statement-wide figures.
-                if statement.is_none() {
-                    parked = usize::try_from(record.try_get::<i64, _>("parked")?).unwrap_or(0);
-                    blocked = usize::try_from(record.try_get::<i64, _>("blocked")?).unwrap_or(0);
-                    let seconds: f64 = record.try_get("statement_s")?;
-                    statement = Some(Duration::try_from_secs_f64(seconds).unwrap_or_default());
-                    old_due_index = Some(record.try_get::<bool, _>("old_due_index")?);
-                    intake_there = Some(record.try_get::<bool, _>("intake_there")?);
-                    moved = (
-                        record.try_get::<i64, _>("moved")?,
-                        record.try_get::<i64, _>("moved_leased")?,
-                        record.try_get::<bool, _>("mover_busy")?,
-                    );
-                }
-                if record.try_get::<Option<i64>, _>(0)?.is_none() {
-                    continue;
-                }
-            }
-            let mut row = row_from_record(&record)?;
-            if v2 {
-                row.held_by = record.try_get::<Option<Vec<String>>, _>(12)?.unwrap_or_default();
-            }
-            row.refuse_payload_over(max_payload_bytes, None);
-            rows.push(row);
-        }
-        Ok::<_, sqlx::Error>(())
-    };
-    match read.await {
+    let (mut rows, figures) = match read(executor, plan, request, lease, lease_ms).await {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(QUERY_CANCELED) => {
             return Err(Error::ClaimTimedOut {
                 after: started.elapsed(),
             });
         }
         read => read?,
-    }
+    };
     if let Some(tx) = tx {
         tx.commit().await?;
     }
     // UPDATE ... RETURNING gives no order guarantee.
     rows.sort_by_key(|row| row.id);
-    // v2: rows behind a predecessor that were neither taken nor parked
-    // (it was being acked), rows moved from the intake and not leased (the
-    // next claim parks or takes them; the move did not wake anyone), a
-    // full move (the intake may hold more) or intake rows another mover
-    // may not have seen; v1 parks nothing, so any ack may free rows.
-    let (moved, moved_leased, mover_busy) = moved;
-    let look_again = if v2 {
-        blocked > parked || moved > moved_leased || moved >= i64::from(limit) || mover_busy
-    } else {
-        !rows.is_empty()
-    };
     let claim = Claim {
-        lease: lease_id,
+        lease,
         rows,
-        deadline: started + lease,
+        deadline: started + request.lease,
         took: started.elapsed(),
-        statement,
-        parked,
-        look_again,
+        statement: figures.statement,
+        parked: figures.parked,
+        look_again: figures.look_again(request.limit),
     };
     Ok(Claimed {
         claim,
-        old_due_index,
-        mover_busy,
-        intake_there,
+        mover_busy: figures.mover_busy,
+        intake_there: figures.intake_there,
     })
+}
+
+/// Runs the claim statement and reads its rows and figures.
+async fn read(
+    executor: &mut PgConnection,
+    plan: Plan,
+    request: &Request<'_>,
+    lease: LeaseId,
+    lease_ms: i64,
+) -> Result<(Vec<OutboxRow>, Figures), sqlx::Error> {
+    let mut figures = None;
+    let mut rows = Vec::with_capacity(usize::try_from(request.limit).unwrap_or(0));
+    let mut records = sqlx::query(plan.0)
+        .bind(i64::from(request.limit))
+        .bind(request.owner)
+        .bind(lease.0)
+        .bind(lease_ms)
+        .fetch(executor);
+    while let Some(record) = records.try_next().await? {
+        // One row even when it claimed none, each with the same figures.
+        if figures.is_none() {
+            figures = Some(Figures::read(&record)?);
+        }
+        if record.try_get::<Option<i64>, _>(0)?.is_none() {
+            continue;
+        }
+        let mut row = row_from_record(&record)?;
+        row.held_by = record.try_get::<Option<Vec<String>>, _>(12)?.unwrap_or_default();
+        row.refuse_payload_over(request.max_payload_bytes, None);
+        rows.push(row);
+    }
+    Ok((rows, figures.unwrap_or_default()))
 }

@@ -2,10 +2,9 @@
 //! SKIP LOCKED, acks are one statement per batch, and every statement that
 //! changes operator-selected rows skips rows another statement holds.
 //!
-//! The schema comes in two versions. v2 (the latest migration) claims
-//! through the due index and parks rows that wait behind their aggregate;
-//! an outbox still on v1 is claimed and acked with the v1 statements until
-//! `switchyard migrate` runs (the benchmark's baseline is exactly that).
+//! Two schema generations are served (see [`Generation`]): the previous
+//! one has no intake table, and its claims move nothing. An older schema
+//! is refused with "run `switchyard migrate`".
 
 mod ack;
 pub(crate) mod capture;
@@ -29,8 +28,8 @@ use sqlx::PgPool;
 use super::backend::Backend;
 use super::dialect::{self, DeadLetterChange, Dialect};
 use super::types::{
-    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, PublishedRows, RetentionMode,
-    RowId, RowOutcome,
+    Claim, DeadLetterFilter, Generation, LeaseId, OutboxEntry, OutboxRow, OutboxStats, PublishedRows,
+    RetentionMode, RowId, RowOutcome,
 };
 use super::{Error, MIGRATOR};
 
@@ -57,8 +56,8 @@ pub(super) struct SessionOptions<'a> {
 #[derive(Clone, Debug)]
 pub(super) struct Postgres {
     pub(super) pool: PgPool,
-    /// What the schema has, once known: [`KNOWN`] and the bits beside it.
-    schema: Arc<AtomicU8>,
+    /// The schema's generation, once known: [`UNKNOWN`], [`PREVIOUS`] or [`CURRENT`].
+    generation: Arc<AtomicU8>,
     /// Whether every session has the planner settings the claim needs
     /// (made by [`Postgres::connect`]), so that a claim is one statement;
     /// otherwise each claim sets them in a transaction of its own.
@@ -75,7 +74,7 @@ impl Postgres {
         Postgres {
             sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0, None)),
             pool,
-            schema: Arc::new(AtomicU8::new(0)),
+            generation: Arc::new(AtomicU8::new(UNKNOWN)),
             planner_settings: false,
             _renewal: None,
         }
@@ -149,84 +148,58 @@ impl Postgres {
         }
     }
 
-    /// Records what a claim saw of the due index: another process may
-    /// migrate while this one runs, and each claim tells the next (asking
-    /// in a round trip of its own would cost one per claim).
-    fn saw_due_index(&self, old: bool) {
-        self.saw(OLD_DUE_INDEX, old);
+    /// Records whether a claim saw the intake: another process may migrate
+    /// while this one runs, and each claim tells the next (asking in a
+    /// round trip of its own would cost one per claim).
+    fn saw_intake(&self, there: bool) {
+        let generation = if there { CURRENT } else { PREVIOUS };
+        self.generation.store(generation, Ordering::Relaxed);
     }
 
-    /// Sets or clears one of the [`Postgres::schema`] bits as a claim saw it.
-    fn saw(&self, bit: u8, there: bool) {
-        if there {
-            self.schema.fetch_or(bit, Ordering::Relaxed);
-        } else {
-            self.schema.fetch_and(!bit, Ordering::Relaxed);
-        }
-    }
-
-    /// The dialect for this outbox's schema version.
+    /// The dialect for this outbox's generation.
     async fn dialect(&self) -> Result<Dialect, Error> {
-        let schema = self.schema().await?;
-        Ok(Dialect::Postgres {
-            queues: schema & QUEUES != 0,
-            intake: schema & INTAKE != 0,
-        })
+        Ok(Dialect::Postgres(self.generation().await?))
     }
 
-    /// Whether the outbox has the v2 schema (its `queue` column).
-    async fn v2(&self) -> Result<bool, Error> {
-        Ok(self.schema().await? & QUEUES != 0)
-    }
-
-    /// Whether rows can record the targets they wait for (`waiting_on`).
-    async fn has_waiting(&self) -> Result<bool, Error> {
-        Ok(self.schema().await? & WAITING != 0)
-    }
-
-    /// Which of the schema's later columns the outbox has. Asked once;
-    /// `migrate` makes it ask again.
-    async fn schema(&self) -> Result<u8, Error> {
-        let known = self.schema.load(Ordering::Relaxed);
-        if known & KNOWN != 0 {
-            return Ok(known);
+    /// The schema's generation. Asked once (`migrate` and a claim that
+    /// meets another make it ask again); a schema older than the previous
+    /// generation is [`Error::SchemaTooOld`], asked again each time.
+    async fn generation(&self) -> Result<Generation, Error> {
+        match self.generation.load(Ordering::Relaxed) {
+            PREVIOUS => return Ok(Generation::Previous),
+            CURRENT => return Ok(Generation::Current),
+            _ => {}
         }
-        let looked_up = self.bounded("schema lookup", async |session| {
-            Ok(sqlx::query_as(
-                "SELECT bool_or(attname = 'queue'), bool_or(attname = 'waiting_on'),
-                        to_regproc('switchyard_ack') IS NOT NULL,
-                        to_regclass('switchyard_outbox_due_idx') IS NOT NULL,
-                        to_regclass('switchyard_intake') IS NOT NULL
-                   FROM (SELECT attname FROM pg_attribute
-                          WHERE attrelid = to_regclass('switchyard_outbox') AND NOT attisdropped
-                          UNION ALL SELECT '') a",
-            )
-            .fetch_one(session)
-            .await?)
-        });
-        let (queues, waiting, ack_function, old_due_index, intake): (bool, bool, bool, bool, bool) =
-            looked_up.await?;
-        let bits = KNOWN
-            | if queues { QUEUES } else { 0 }
-            | if waiting { WAITING } else { 0 }
-            | if ack_function { ACK_FUNCTION } else { 0 }
-            | if old_due_index { OLD_DUE_INDEX } else { 0 }
-            | if intake { INTAKE } else { 0 };
-        self.schema.store(bits, Ordering::Relaxed);
-        Ok(bits)
+        // `switchyard_ack()` is the last thing the previous generation
+        // adds that its statements need (20261203000000 only replaces it).
+        let (ack, intake): (bool, bool) = self
+            .bounded("schema lookup", async |session| {
+                Ok(sqlx::query_as(
+                    "SELECT to_regproc('switchyard_ack') IS NOT NULL,
+                            to_regclass('switchyard_intake') IS NOT NULL",
+                )
+                .fetch_one(session)
+                .await?)
+            })
+            .await?;
+        if !ack {
+            return Err(Error::SchemaTooOld {
+                missing: "20261202000000_ack_in_one_call",
+            });
+        }
+        self.saw_intake(intake);
+        Ok(if intake {
+            Generation::Current
+        } else {
+            Generation::Previous
+        })
     }
 }
 
-/// [`Postgres::schema`] bits: looked at, has `queue` (v2), has `waiting_on`,
-/// has `switchyard_ack()` (migration 20261202000000), the due index still
-/// reads `created_at` (before migration 20261126000000), has
-/// `switchyard_intake` (migration 20261204000000).
-const KNOWN: u8 = 1;
-const QUEUES: u8 = 2;
-const WAITING: u8 = 4;
-const ACK_FUNCTION: u8 = 8;
-const OLD_DUE_INDEX: u8 = 16;
-const INTAKE: u8 = 32;
+/// [`Postgres::generation`]'s cache.
+const UNKNOWN: u8 = 0;
+const PREVIOUS: u8 = 1;
+const CURRENT: u8 = 2;
 
 /// SQLSTATE of a relation that does not exist.
 const UNDEFINED_TABLE: &str = "42P01";
@@ -238,7 +211,7 @@ const MOVER_BUSY_TRIES: u32 = 3;
 impl Backend for Postgres {
     async fn migrate(&self) -> Result<(), Error> {
         MIGRATOR.run(&self.pool).await?;
-        self.schema.store(0, Ordering::Relaxed);
+        self.generation.store(UNKNOWN, Ordering::Relaxed);
         Ok(())
     }
 
@@ -256,6 +229,10 @@ impl Backend for Postgres {
         )
     }
 
+    async fn generation(&self) -> Result<Generation, Error> {
+        Postgres::generation(self).await
+    }
+
     async fn schema_exists(&self) -> Result<bool, Error> {
         Ok(
             sqlx::query_scalar("SELECT to_regclass('switchyard_outbox') IS NOT NULL")
@@ -265,14 +242,10 @@ impl Backend for Postgres {
     }
 
     async fn count_backlog(&self) -> Result<i64, Error> {
-        // v2: each queue has a partial index of its own; counted one by one.
-        let sql = if self.v2().await? {
-            "SELECT (SELECT count(*) FROM switchyard_outbox WHERE queue = 1)
-                  + (SELECT count(*) FROM switchyard_outbox WHERE queue = 2)
-                  + (SELECT count(*) FROM switchyard_outbox WHERE queue = 3)"
-        } else {
-            dialect::COUNT_BACKLOG
-        };
+        // Each queue has a partial index of its own; counted one by one.
+        let sql = "SELECT (SELECT count(*) FROM switchyard_outbox WHERE queue = 1)
+                        + (SELECT count(*) FROM switchyard_outbox WHERE queue = 2)
+                        + (SELECT count(*) FROM switchyard_outbox WHERE queue = 3)";
         self.bounded("backlog count", async |session| {
             Ok(sqlx::query_scalar(sql).fetch_one(session).await?)
         })
@@ -280,26 +253,16 @@ impl Backend for Postgres {
     }
 
     async fn oldest_pending_age(&self) -> Result<Option<f64>, Error> {
-        // v2: the first entry of `switchyard_outbox_waiting_idx` that is not
-        // delayed. Without the index (a relay ahead of `migrate`) the same
-        // query still answers, reading the table.
-        let sql = if self.v2().await? {
-            "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
+        // The first entry of `switchyard_outbox_waiting_idx` that is not delayed.
+        let sql = "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
                FROM switchyard_outbox WHERE published_at IS NULL AND queue IN (1, 2, 3)
                 AND (not_before IS NULL OR not_before <= now())
                 -- PostgreSQL before 17 cannot subtract an infinite time.
                 AND isfinite(created_at)
-              ORDER BY id LIMIT 1"
-        } else {
-            "SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
-               FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')
-                AND (not_before IS NULL OR not_before <= now())
-                AND isfinite(created_at)
-              ORDER BY id LIMIT 1"
-        };
+              ORDER BY id LIMIT 1";
         // A row not yet moved from the intake waits too (all of them, when
         // no relay runs). GREATEST passes over a side that has none.
-        let sql = if self.schema().await? & INTAKE == 0 {
+        let sql = if self.generation().await? == Generation::Previous {
             format!("SELECT ({sql})")
         } else {
             format!(
@@ -340,10 +303,14 @@ impl Backend for Postgres {
         lease: Duration,
         max_payload_bytes: usize,
     ) -> Result<Claim, Error> {
-        let schema = self.schema().await?;
-        let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
-        let intake = v2 && schema & INTAKE != 0;
-        let due_from_created_at = v2 && schema & OLD_DUE_INDEX != 0;
+        let plan = claim::Plan::of(self.generation().await?, dead_letter_blocks);
+        let request = claim::Request {
+            planner_settings: self.planner_settings,
+            owner,
+            limit,
+            lease,
+            max_payload_bytes,
+        };
         let mut session = self.sessions.take(None).await?;
         let within = self.sessions.answer_within;
         let claimed = sessions::answered(&mut session, within, "claim", async |session| {
@@ -354,20 +321,7 @@ impl Backend for Postgres {
             let mut tries = 0;
             loop {
                 tries += 1;
-                let claimed = claim::claim(
-                    session,
-                    self.planner_settings,
-                    v2,
-                    intake,
-                    waiting,
-                    due_from_created_at,
-                    dead_letter_blocks,
-                    owner,
-                    limit,
-                    lease,
-                    max_payload_bytes,
-                )
-                .await?;
+                let claimed = claim::claim(session, plan, &request).await?;
                 if !claimed.mover_busy || !claimed.claim.rows.is_empty() || tries == MOVER_BUSY_TRIES {
                     break Ok(claimed);
                 }
@@ -384,7 +338,7 @@ impl Backend for Postgres {
             if let Error::Database(sqlx::Error::Database(refused)) = error
                 && refused.code().as_deref() == Some(UNDEFINED_TABLE)
             {
-                self.schema.store(0, Ordering::Relaxed);
+                self.generation.store(UNKNOWN, Ordering::Relaxed);
             }
         })?;
         let claim = claimed.claim;
@@ -393,14 +347,9 @@ impl Backend for Postgres {
         } else {
             self.sessions.keep_for(claim.lease, session, claim.deadline);
         }
-        if let Some(old) = claimed.old_due_index {
-            self.saw_due_index(old);
-        }
         // `migrate` run by another process while this one claims: the
         // next claim moves intake rows.
-        if let Some(there) = claimed.intake_there {
-            self.saw(INTAKE, there);
-        }
+        self.saw_intake(claimed.intake_there);
         Ok(claim)
     }
 
@@ -410,17 +359,12 @@ impl Backend for Postgres {
         outcomes: &[RowOutcome],
         published_rows: PublishedRows,
     ) -> Result<Vec<RowId>, Error> {
-        let schema = self.schema().await?;
+        self.generation().await?;
         let outcomes = ack::Outcomes::of(outcomes);
         let mut session = self.sessions.take(Some(lease)).await?;
         let within = self.sessions.answer_within;
         let acked = sessions::answered(&mut session, within, "ack", async |session| {
-            if schema & ACK_FUNCTION != 0 {
-                ack::ack_in_one_call(session, published_rows, lease, &outcomes).await
-            } else {
-                let (v2, waiting) = (schema & QUEUES != 0, schema & WAITING != 0);
-                ack::ack(session, v2, waiting, published_rows, lease, &outcomes).await
-            }
+            ack::ack_in_one_call(session, published_rows, lease, &outcomes).await
         })
         .await?;
         self.sessions.put_back(session);
@@ -428,9 +372,6 @@ impl Backend for Postgres {
     }
 
     async fn unpark_stranded(&self, dead_letter_blocks: bool, limit: u32) -> Result<u64, Error> {
-        if !self.v2().await? {
-            return Ok(0);
-        }
         self.bounded("unpark", async |session| {
             ack::unpark_stranded(session, dead_letter_blocks, limit).await
         })
@@ -438,9 +379,6 @@ impl Backend for Postgres {
     }
 
     async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {
-        if !self.has_waiting().await? {
-            return Ok(0);
-        }
         self.bounded("wake of waiting rows", async |session| {
             waiting::wake(session, target, limit).await
         })
@@ -448,9 +386,6 @@ impl Backend for Postgres {
     }
 
     async fn waiting_by_target(&self) -> Result<BTreeMap<String, i64>, Error> {
-        if !self.has_waiting().await? {
-            return Ok(BTreeMap::new());
-        }
         self.bounded("count of waiting rows", async |session| {
             waiting::by_target(session).await
         })
@@ -462,12 +397,8 @@ impl Backend for Postgres {
     }
 
     async fn release_owner(&self, owner: &str) -> Result<u64, Error> {
-        // v2: through the due index, not a scan of every published row.
-        let sql = if self.v2().await? {
-            format!("{} AND queue = 1", dialect::RELEASE_OWNER)
-        } else {
-            dialect::RELEASE_OWNER.to_string()
-        };
+        // Through the due index, not a scan of every published row.
+        let sql = format!("{} AND queue = 1", dialect::RELEASE_OWNER);
         Ok(sqlx::query(&sql)
             .bind(owner)
             .execute(&self.pool)
@@ -485,7 +416,7 @@ impl Backend for Postgres {
             .await?
             .rows_affected();
         // In `hold` mode rows may be parked behind the purged ones.
-        if purged > 0 && matches!(dialect, Dialect::Postgres { queues: true, .. }) {
+        if purged > 0 {
             let mut session = self.pool.acquire().await?;
             while ack::unpark_stranded(&mut session, true, 1000).await? == 1000 {}
         }
@@ -498,18 +429,15 @@ impl Backend for Postgres {
         mode: RetentionMode,
         batch: u32,
     ) -> Result<u64, Error> {
-        // SKIP LOCKED: several relays may run retention at once. v2 has no
+        // SKIP LOCKED: several relays may run retention at once. There is no
         // index on published_at (every ack would extend it): rows are
         // published in about id order, so the primary key finds the oldest.
-        let order = if self.v2().await? { "id" } else { "published_at" };
-        let doomed = format!(
-            "WITH doomed AS (
+        let doomed = "WITH doomed AS (
             SELECT id FROM switchyard_outbox
              WHERE status IN ('published', 'streamed')
                AND published_at < now() - $1 * interval '1 millisecond'
-             ORDER BY {order} LIMIT $2
-               FOR UPDATE SKIP LOCKED)"
-        );
+             ORDER BY id LIMIT $2
+               FOR UPDATE SKIP LOCKED)";
         let sql = match mode {
             RetentionMode::Delete => {
                 format!("{doomed} DELETE FROM switchyard_outbox o USING doomed WHERE o.id = doomed.id")

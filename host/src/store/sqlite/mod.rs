@@ -16,8 +16,8 @@ use sqlx::{Row, SqlitePool};
 use super::backend::Backend;
 use super::dialect::{self, DeadLetterChange, Dialect, SQLITE_NOW_MS, lenient};
 use super::types::{
-    Claim, DeadLetterFilter, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome, PublishedRows,
-    RetentionMode, RowId, RowOutcome,
+    Claim, DeadLetterFilter, Generation, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome,
+    PublishedRows, RetentionMode, RowId, RowOutcome,
 };
 use super::{Error, SQLITE_MIGRATOR};
 
@@ -134,6 +134,10 @@ fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The last migration of each generation served (see [`Generation`]).
+const PREVIOUS_SINCE: i64 = 20261129000000;
+const CURRENT_SINCE: i64 = 20261201000000;
+
 impl Backend for Sqlite {
     async fn migrate(&self) -> Result<(), Error> {
         SQLITE_MIGRATOR.run(&self.pool).await?;
@@ -154,6 +158,21 @@ impl Backend for Sqlite {
                 .fetch_all(&self.pool)
                 .await?,
         )
+    }
+
+    /// By the migrations applied: a SQLite outbox is only ever made by
+    /// `switchyard migrate`.
+    async fn generation(&self) -> Result<Generation, Error> {
+        let applied = self.applied_migrations().await?;
+        if applied.contains(&CURRENT_SINCE) {
+            Ok(Generation::Current)
+        } else if applied.contains(&PREVIOUS_SINCE) {
+            Ok(Generation::Previous)
+        } else {
+            Err(Error::SchemaTooOld {
+                missing: "20261129000000_running_relays",
+            })
+        }
     }
 
     async fn schema_exists(&self) -> Result<bool, Error> {
