@@ -307,7 +307,7 @@ async fn wait_for_database(
     let waiting = crate::admin::starting::Waiting::default();
     let mut endpoint = None;
     let mut attempts = 0u32;
-    let mut pause = crate::backoff::Doubling::new(Duration::from_millis(500), DATABASE_RETRY_MAX);
+    let mut pause = crate::backoff::Backoff::new(Duration::from_millis(500), DATABASE_RETRY_MAX);
     let builder = loop {
         attempts += 1;
         let error = match database_builder(config, crate::metrics::DEFAULT_DATABASE, shared).await {

@@ -423,7 +423,7 @@ async fn serve(
     let set = |next: DatabaseState| set_state(&state, &metrics, next);
     let mut attempts = 0_u32;
     let mut since = Instant::now();
-    let mut pause = crate::backoff::Doubling::new(Duration::from_secs(1), CONNECT_RETRY_MAX);
+    let mut pause = crate::backoff::Backoff::new(Duration::from_secs(1), CONNECT_RETRY_MAX);
     while !stop.is_cancelled() {
         attempts += 1;
         let round = stop.child_token();

@@ -389,7 +389,7 @@ impl Relay {
     /// fences the ack, so rows another relay took meanwhile are left alone.
     async fn record(&self, lease: store::LeaseId, outcomes: &[store::RowOutcome]) -> Vec<store::RowId> {
         let inner = &self.inner;
-        let pause = crate::backoff::Doubling::new(Duration::from_millis(100), ACK_RETRY_MAX);
+        let pause = crate::backoff::Backoff::new(Duration::from_millis(100), ACK_RETRY_MAX);
         let (acked, waited) = crate::backoff::until_ok(
             pause,
             || inner.store.ack(lease, outcomes),

@@ -122,7 +122,7 @@ impl Relay {
         let broken = Repeats::default();
         let mut standing_by = false;
         // The first pause after a break is 200 ms.
-        let mut pause = crate::backoff::Doubling::new(Duration::from_millis(200), RETRY_MAX);
+        let mut pause = crate::backoff::Backoff::new(Duration::from_millis(200), RETRY_MAX);
         while !shutdown.is_cancelled() {
             let opened = tokio::select! {
                 opened = WalStream::open(&settings) => opened,
@@ -391,7 +391,7 @@ impl Relay {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, crate::store::Error>>,
     {
-        let pause = crate::backoff::Doubling::new(Duration::from_millis(100), RETRY_MAX);
+        let pause = crate::backoff::Backoff::new(Duration::from_millis(100), RETRY_MAX);
         let (value, waited) = crate::backoff::until_ok(pause, attempt, |error, failures| {
             if failures == 1 {
                 warn!(%error, "Cannot {what}; the replication stream waits until the database answers.");

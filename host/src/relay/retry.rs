@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use rand::Rng;
-
 use crate::config::{FailurePolicy, RelayConfig};
 use crate::store::Outcome;
 
@@ -55,10 +53,8 @@ impl RetryPolicy {
     /// bounds, so a long wait is not a busy one.
     pub fn wait(&self, age: Duration, reason: String) -> Outcome {
         let quarter = (age / 4).clamp(self.initial_backoff, self.max_backoff.max(self.initial_backoff));
-        let millis = u64::try_from(quarter.as_millis()).unwrap_or(u64::MAX);
-        let jittered = rand::rng().random_range(millis / 2..=millis.max(millis / 2));
         Outcome::Defer {
-            after: Duration::from_millis(jittered),
+            after: crate::backoff::spread(quarter),
             reason,
             waiting_on: Vec::new(),
         }
@@ -87,8 +83,7 @@ pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
     let max_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
     let exponent = attempt.saturating_sub(1).min(32);
     let full = initial_ms.saturating_mul(1u64 << exponent).min(max_ms);
-    let low = full / 2;
-    Duration::from_millis(rand::rng().random_range(low..=full.max(low)))
+    crate::backoff::spread(Duration::from_millis(full))
 }
 
 /// Why a batch ran out of lease before `stage`: the claim statement itself

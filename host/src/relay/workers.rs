@@ -180,10 +180,9 @@ impl Relay {
     async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
         let poll = Duration::from_millis(self.inner.config.poll_interval_ms);
         let idle_poll_max = self.inner.config.idle_poll_max();
-        let mut idle_poll = crate::backoff::Doubling::new(poll, idle_poll_max);
+        let mut idle_poll = crate::backoff::Backoff::new(poll, idle_poll_max).exact();
         let full = usize::try_from(self.inner.config.batch_size).unwrap_or(usize::MAX);
-        let mut db_backoff =
-            crate::backoff::Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut db_backoff = crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         while !shutdown.is_cancelled() {
             // A panicking batch must not take the worker with it.
             let batch = std::panic::AssertUnwindSafe(self.run_once()).catch_unwind().await;

@@ -145,7 +145,7 @@ impl NatsSink {
             // Short: the target is paused meanwhile and resumes only once
             // connected; a refused connect costs nothing.
             let mut delay =
-                crate::backoff::Doubling::new(Duration::from_millis(100), Duration::from_millis(500));
+                crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
             let mut failures = 0u64;
             loop {
                 // The old client's own single attempt may have worked.

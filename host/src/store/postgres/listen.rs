@@ -39,7 +39,7 @@ impl OutboxStore {
 }
 
 async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
-    let mut retry = crate::backoff::Doubling::new(Duration::from_millis(100), MAX_RETRY);
+    let mut retry = crate::backoff::Backoff::new(Duration::from_millis(100), MAX_RETRY);
     while !shutdown.is_cancelled() {
         // A pool of its own, one session, new for each listener: sqlx sends
         // UNLISTEN from a dropped listener and pools the session after, so
