@@ -1,0 +1,64 @@
+//! The claim and ack logic against real databases, one file per promise:
+//! order, fencing, rows as writers leave them, the schema, and cost. Each
+//! body runs on PostgreSQL and on SQLite where both can show it; late
+//! commits, which SQLite's single writer cannot produce, on PostgreSQL only.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use switchyard::store::{
+    Delivery, Generation, OutboxRow, OutboxStore, Outcome, PublishedRows, RowId, RowOutcome,
+};
+use switchyard_tests::outbox::TestOutbox;
+use switchyard_tests::postgres::{
+    INTAKE_MIGRATION, NewEvent, Outbox, fresh_db, fresh_db_before, place_event, place_order_event,
+};
+use switchyard_tests::stall::{StallingProxy, gives_up_unanswered};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Runs a test body on both backends.
+macro_rules! on_both_backends {
+    ($($body:ident),* $(,)?) => {$(
+        mod $body {
+            #[tokio::test]
+            async fn postgres() {
+                super::$body(switchyard_tests::outbox::TestOutbox::postgres().await).await;
+            }
+            #[tokio::test]
+            async fn sqlite() {
+                super::$body(switchyard_tests::outbox::TestOutbox::sqlite().await).await;
+            }
+        }
+    )*};
+}
+
+mod cost;
+mod fencing;
+mod order;
+mod rows;
+mod schema;
+
+fn event(aggregate: usize, seq: usize) -> NewEvent {
+    NewEvent {
+        aggregate_type: "order".into(),
+        aggregate_id: format!("o-{aggregate}"),
+        event_type: "OrderUpdated".into(),
+        payload: serde_json::json!({ "seq": seq }),
+        headers: serde_json::json!({}),
+    }
+}
+
+fn outcome(id: RowId, outcome: Outcome) -> RowOutcome {
+    RowOutcome {
+        id,
+        outcome,
+        deliveries: BTreeMap::new(),
+        plugin_version: None,
+    }
+}
+
+fn seq(row: &OutboxRow) -> u64 {
+    let payload: serde_json::Value = serde_json::from_str(row.payload_json.as_deref().unwrap()).unwrap();
+    payload["seq"].as_u64().unwrap()
+}

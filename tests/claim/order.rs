@@ -1,0 +1,395 @@
+//! Order: one head per aggregate at a time, across concurrent claims and
+//! workers; retries, dead letters, delays and paused targets hold back only
+//! their own aggregate.
+
+use super::*;
+
+on_both_backends!(
+    concurrent_claims_are_disjoint_and_take_only_heads,
+    next_event_of_an_aggregate_waits_for_the_ack,
+    a_retrying_event_holds_back_only_its_own_aggregate,
+    dead_letters_block_the_aggregate_only_in_strict_mode,
+    delayed_rows_wait_for_not_before,
+    concurrent_workers_keep_each_aggregate_in_order_and_strand_nothing,
+    a_writers_created_at_in_the_future_delays_nothing,
+);
+
+async fn concurrent_claims_are_disjoint_and_take_only_heads(db: TestOutbox) {
+    for seq in 0..5 {
+        for aggregate in 0..100 {
+            db.insert(aggregate, seq, None).await;
+        }
+    }
+    let store = &db.store;
+    let (a, b) = tokio::join!(store.claim("a", 70, LEASE), store.claim("b", 70, LEASE));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let ids_a: HashSet<_> = a.rows.iter().map(|r| r.id).collect();
+    let ids_b: HashSet<_> = b.rows.iter().map(|r| r.id).collect();
+    assert!(ids_a.is_disjoint(&ids_b), "two claimers got the same row");
+    assert_eq!(
+        ids_a.len() + ids_b.len(),
+        100,
+        "every aggregate's head is claimed once"
+    );
+    for row in a.rows.iter().chain(&b.rows) {
+        assert_eq!(seq(row), 0, "only the first event of each aggregate is claimable");
+        assert_eq!(row.attempts, 1);
+    }
+    assert!(
+        store.claim("c", 1000, LEASE).await.unwrap().rows.is_empty(),
+        "the rest wait behind in-flight heads"
+    );
+}
+
+async fn next_event_of_an_aggregate_waits_for_the_ack(db: TestOutbox) {
+    for seq in 0..3 {
+        for aggregate in 0..2 {
+            db.insert(aggregate, seq, None).await;
+        }
+    }
+    let mut expected_seq = 0;
+    loop {
+        let claim = db.store.claim("a", 100, LEASE).await.unwrap();
+        if claim.rows.is_empty() {
+            break;
+        }
+        assert_eq!(claim.rows.len(), 2);
+        assert!(claim.rows.iter().all(|r| seq(r) == expected_seq));
+        let outcomes: Vec<_> = claim
+            .rows
+            .iter()
+            .map(|r| outcome(r.id, Outcome::Published))
+            .collect();
+        assert_eq!(db.store.ack(claim.lease, &outcomes).await.unwrap().len(), 2);
+        expected_seq += 1;
+    }
+    assert_eq!(expected_seq, 3);
+    assert_eq!(db.count("published").await, 6);
+}
+
+async fn a_retrying_event_holds_back_only_its_own_aggregate(db: TestOutbox) {
+    for seq in 0..2 {
+        for aggregate in 0..2 {
+            db.insert(aggregate, seq, None).await;
+        }
+    }
+    let claim = db.store.claim("a", 100, LEASE).await.unwrap();
+    let (failing, ok): (Vec<_>, Vec<_>) = claim.rows.iter().partition(|r| r.aggregate_id == "o-0");
+    let outcomes = vec![
+        outcome(
+            failing[0].id,
+            Outcome::Retry {
+                after: Duration::from_secs(3600),
+                error: "broker down".into(),
+            },
+        ),
+        outcome(ok[0].id, Outcome::Published),
+    ];
+    db.store.ack(claim.lease, &outcomes).await.unwrap();
+
+    let next = db.store.claim("a", 100, LEASE).await.unwrap();
+    assert_eq!(next.rows.len(), 1, "only the healthy aggregate moves on");
+    assert_eq!(next.rows[0].aggregate_id, "o-1");
+    assert_eq!(seq(&next.rows[0]), 1);
+    let (status, error) = db.status_of(failing[0].id.0).await;
+    assert_eq!(
+        (status.as_str(), error.as_deref()),
+        ("pending", Some("broker down"))
+    );
+}
+
+async fn dead_letters_block_the_aggregate_only_in_strict_mode(db: TestOutbox) {
+    db.insert(0, 0, None).await;
+    db.insert(0, 1, None).await;
+    let claim = db.store.claim("a", 10, LEASE).await.unwrap();
+    db.store
+        .ack(
+            claim.lease,
+            &[outcome(
+                claim.rows[0].id,
+                Outcome::Dead {
+                    error: "poison".into(),
+                },
+            )],
+        )
+        .await
+        .unwrap();
+
+    let strict = db.store.clone().with_dead_letter_blocking(true);
+    assert!(strict.claim("a", 10, LEASE).await.unwrap().rows.is_empty());
+    let lenient = db.store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(lenient.rows.len(), 1);
+    assert_eq!(seq(&lenient.rows[0]), 1);
+}
+
+async fn delayed_rows_wait_for_not_before(db: TestOutbox) {
+    db.insert(1, 0, Some(3_600_000)).await;
+    db.insert(2, 0, Some(-1_000)).await;
+    // Written after the delayed one: held back by it, not delayed itself.
+    db.insert(1, 1, None).await;
+    let claim = db.store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(claim.rows.len(), 1);
+    assert_eq!(claim.rows[0].aggregate_id, "o-2");
+
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!(
+        (stats.backlog, stats.pending, stats.delayed, stats.in_flight),
+        (3, 1, 1, 1),
+        "status counts the delayed row apart: {stats:?}"
+    );
+    // The oldest pending row is the in-flight o-2, not the delayed one,
+    // whose age would otherwise grow until its time comes.
+    let oldest_id: i64 = claim.rows[0].id.0;
+    assert!(oldest_id > 1);
+    assert!(stats.oldest_pending_age_seconds.is_some());
+    db.store
+        .ack(claim.lease, &[outcome(claim.rows[0].id, Outcome::Published)])
+        .await
+        .unwrap();
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.delayed), (1, 1));
+    assert!(
+        stats.oldest_pending_age_seconds.is_some(),
+        "the row held behind the delayed one is pending"
+    );
+}
+
+/// `created_at` is the writer's: many set it from the application's clock,
+/// which may run ahead, or write local time where UTC is read (nine hours
+/// ahead at UTC+9). Only `not_before` delays an event.
+async fn a_writers_created_at_in_the_future_delays_nothing(db: TestOutbox) {
+    let ahead = |aggregate: &str| {
+        if db.kind == "postgres" {
+            format!(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+                 VALUES ('order', '{aggregate}', 'OrderUpdated', '{{}}', now() + interval '9 hours')"
+            )
+        } else {
+            format!(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+                 VALUES ('order', '{aggregate}', 'OrderUpdated', '{{}}',
+                         CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + 9 * 3600000)"
+            )
+        }
+    };
+    db.execute(&ahead("o-1")).await;
+    db.insert(1, 1, None).await;
+    db.insert(2, 0, None).await;
+    let claim = db.store.claim("a", 10, LEASE).await.unwrap();
+    let mut claimed: Vec<_> = claim.rows.iter().map(|row| row.aggregate_id.as_str()).collect();
+    claimed.sort_unstable();
+    assert_eq!(claimed, ["o-1", "o-2"], "the heads of both aggregates, at once");
+    let first_of_o1 = claim.rows.iter().find(|row| row.aggregate_id == "o-1").unwrap();
+    assert_eq!(
+        first_of_o1.payload_json.as_deref(),
+        Some("{}"),
+        "o-1's first event, not the one behind it"
+    );
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.delayed), (1, 0), "{stats:?}");
+}
+
+#[tokio::test]
+async fn a_row_committed_after_a_later_id_is_still_claimed() {
+    let db = fresh_db().await;
+    let store = OutboxStore::new(db.pool.clone());
+    // The first transaction takes the lower id but commits last.
+    let mut early = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'late', 'OrderCreated', '{}')")
+        .execute(&mut *early)
+        .await
+        .unwrap();
+    place_order_event(&db.pool, &event(1, 0), true).await;
+
+    let first = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(first.rows.len(), 1);
+    assert_eq!(first.rows[0].aggregate_id, "o-1");
+    store
+        .ack(first.lease, &[outcome(first.rows[0].id, Outcome::Published)])
+        .await
+        .unwrap();
+
+    early.commit().await.unwrap();
+    let second = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(
+        second.rows.len(),
+        1,
+        "a row with a lower id that committed late is not skipped"
+    );
+    assert_eq!(second.rows[0].aggregate_id, "late");
+    assert!(second.rows[0].id < first.rows[0].id);
+}
+
+/// Four workers claim and ack at once, with retries in the mix, over
+/// aggregates with deep backlogs, so claims park rows behind heads another
+/// worker is acking at that moment. Every row must be published, each
+/// aggregate in order, by the acks alone: no sweep runs here, so a row
+/// parked behind a predecessor whose ack missed it would never come back.
+async fn concurrent_workers_keep_each_aggregate_in_order_and_strand_nothing(db: TestOutbox) {
+    const AGGREGATES: usize = 12;
+    const EVENTS: usize = 40;
+    for seq in 0..EVENTS {
+        for aggregate in 0..AGGREGATES {
+            db.insert(aggregate, seq, None).await;
+        }
+    }
+    let published = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, Vec<u64>>::new()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut workers = Vec::new();
+    for worker in 0..4u64 {
+        let store = db.store.clone();
+        let published = published.clone();
+        workers.push(tokio::spawn(async move {
+            let mut round = 0u64;
+            while tokio::time::Instant::now() < deadline {
+                round += 1;
+                let claim = store.claim(&format!("w{worker}"), 5, LEASE).await.unwrap();
+                if claim.rows.is_empty() {
+                    if store.backlog().await.unwrap().0 == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                let outcomes: Vec<RowOutcome> = claim
+                    .rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, row)| {
+                        // About one row in seven fails once, for no time.
+                        let retry = (round + i as u64 + worker).is_multiple_of(7) && row.attempts == 1;
+                        let result = if retry {
+                            Outcome::Retry {
+                                after: Duration::ZERO,
+                                error: "flaky".into(),
+                            }
+                        } else {
+                            Outcome::Published
+                        };
+                        outcome(row.id, result)
+                    })
+                    .collect();
+                // Recorded before the ack: once it commits, the next event
+                // of the aggregate may be acked by another worker.
+                {
+                    let mut order = published.lock().unwrap();
+                    for (row, done) in claim.rows.iter().zip(&outcomes) {
+                        if done.outcome == Outcome::Published {
+                            order.entry(row.aggregate_id.clone()).or_default().push(seq(row));
+                        }
+                    }
+                }
+                let acked = store.ack(claim.lease, &outcomes).await.unwrap();
+                assert_eq!(acked.len(), outcomes.len());
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(
+        db.store.backlog().await.unwrap().0,
+        0,
+        "rows left behind: {:?}",
+        db.store.stats().await.unwrap()
+    );
+    let order = published.lock().unwrap();
+    assert_eq!(order.len(), AGGREGATES);
+    for (aggregate, seqs) in order.iter() {
+        let expected: Vec<u64> = (0..EVENTS as u64).collect();
+        assert_eq!(
+            seqs, &expected,
+            "aggregate {aggregate} published out of order or incompletely"
+        );
+    }
+}
+
+/// A row waiting for a paused target keeps its attempt and lets the next
+/// event of its aggregate be claimed, held by that target (its messages to
+/// other targets go now); the one after learns the target from its nearest
+/// predecessor. Waking the target makes the waiting rows due again, in order.
+#[tokio::test]
+async fn a_row_waiting_on_a_paused_target_lets_the_next_through_held_by_it() {
+    let db = fresh_db().await;
+    for seq in 0..3 {
+        place_order_event(&db.pool, &event(0, seq), true).await;
+    }
+    let store = OutboxStore::new(db.pool.clone());
+    let waiting = |id: RowId| {
+        outcome(
+            id,
+            Outcome::Defer {
+                after: Duration::from_secs(30),
+                reason: "target \"kafka\" is paused".into(),
+                waiting_on: vec!["kafka".into()],
+            },
+        )
+    };
+    let first = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(first.rows.len(), 1, "the head alone: {:?}", first.rows);
+    assert!(first.rows[0].held_by.is_empty());
+    let head = first.rows[0].id;
+    store.ack(first.lease, &[waiting(head)]).await.unwrap();
+    let (attempts, waiting_on): (i32, Vec<String>) =
+        sqlx::query_as("SELECT attempts, waiting_on FROM switchyard_outbox WHERE id = $1")
+            .bind(head.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, waiting_on), (0, vec!["kafka".to_string()]));
+
+    let second = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(second.rows.len(), 1, "{:?}", second.rows);
+    assert_eq!(seq(&second.rows[0]), 1);
+    assert_eq!(second.rows[0].held_by, ["kafka"]);
+    store
+        .ack(second.lease, &[waiting(second.rows[0].id)])
+        .await
+        .unwrap();
+
+    let third = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(third.rows.len(), 1, "{:?}", third.rows);
+    assert_eq!(seq(&third.rows[0]), 2);
+    assert_eq!(third.rows[0].held_by, ["kafka"]);
+    store
+        .ack(third.lease, &[outcome(third.rows[0].id, Outcome::Published)])
+        .await
+        .unwrap();
+
+    assert_eq!(store.waiting_by_target().await.unwrap()["kafka"], 2);
+    assert_eq!(store.wake_waiting(Some("nats")).await.unwrap(), 0);
+    assert_eq!(store.wake_waiting(Some("kafka")).await.unwrap(), 2);
+    assert!(store.waiting_by_target().await.unwrap().is_empty());
+    // Woken, the two are ordinary pending rows again: the head first.
+    let again = store.claim("a", 10, LEASE).await.unwrap();
+    assert_eq!(again.rows.len(), 1, "{:?}", again.rows);
+    assert_eq!(again.rows[0].id, head);
+    assert!(again.rows[0].held_by.is_empty());
+}
+
+/// Another process runs `migrate`, creating the intake, while this store
+/// claims: the claim that sees the table tells the next, which moves its
+/// rows (a relay deployed before the migration would otherwise never move
+/// them). An intake dropped under it costs one failed claim, not all.
+#[tokio::test]
+async fn claims_move_intake_rows_once_another_process_creates_the_intake() {
+    let db = fresh_db_before(INTAKE_MIGRATION).await;
+    let store = OutboxStore::new(db.pool.clone());
+    assert!(store.claim("a", 10, LEASE).await.unwrap().rows.is_empty());
+    OutboxStore::new(db.pool.clone()).migrate().await.unwrap();
+    place_event(&db.pool, Outbox::Intake, &event(1, 0), true).await;
+    let mut claimed = Vec::new();
+    for _ in 0..2 {
+        claimed.extend(store.claim("a", 10, LEASE).await.unwrap().rows);
+    }
+    assert_eq!(claimed.len(), 1, "the intake row moved and claimed");
+
+    sqlx::query("DROP TABLE switchyard_intake")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    place_order_event(&db.pool, &event(2, 0), true).await;
+    let refused = store.claim("a", 10, LEASE).await.unwrap_err().to_string();
+    assert!(refused.contains("switchyard_intake"), "{refused}");
+    assert_eq!(store.claim("a", 10, LEASE).await.unwrap().rows.len(), 1);
+}
