@@ -59,12 +59,9 @@ type = "stdout"
 /// trigger, through the store as `switchyard migrate` does.
 async fn install_capture(db_url: &str, config: &switchyard::Config) -> switchyard::store::capture::Capture {
     let store = switchyard::OutboxStore::connect(db_url, 2).await.unwrap();
-    let capture = store
-        .check_source(config.source.as_ref().unwrap())
-        .await
-        .unwrap()
-        .expect("PostgreSQL checks [source]");
-    store.install_capture(&capture, false).await.unwrap();
+    let pg = store.postgres().expect("a PostgreSQL store");
+    let capture = pg.check_source(config.source.as_ref().unwrap()).await.unwrap();
+    pg.install_capture(&capture, false).await.unwrap();
     store.close().await;
     capture
 }
@@ -567,12 +564,13 @@ async fn a_capture_check_on_a_session_that_stops_answering_leaves_no_session_beh
     )
     .await
     .unwrap();
-    assert_eq!(store.capture_problem(&capture).await.unwrap(), None);
+    let pg = store.postgres().expect("a PostgreSQL store");
+    assert_eq!(pg.capture_problem(&capture).await.unwrap(), None);
     // Back in the pool and used less than a second ago: handed out again
     // without a ping, then stalled.
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.stall_open_connections();
-    let gave_up = tokio::time::timeout(Duration::from_millis(500), store.capture_problem(&capture)).await;
+    let gave_up = tokio::time::timeout(Duration::from_millis(500), pg.capture_problem(&capture)).await;
     assert!(gave_up.is_err(), "{gave_up:?}");
     tokio::time::timeout(Duration::from_secs(5), store.ping())
         .await
@@ -581,7 +579,7 @@ async fn a_capture_check_on_a_session_that_stops_answering_leaves_no_session_beh
     // Not dropped by its caller: the store's bound ends it.
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.stall_open_connections();
-    gives_up_unanswered("the capture check", store.capture_problem(&capture)).await;
+    gives_up_unanswered("the capture check", pg.capture_problem(&capture)).await;
     // The same for the check of `[source]` against the table at startup.
     store.ping().await.expect("a new session");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -589,7 +587,7 @@ async fn a_capture_check_on_a_session_that_stops_answering_leaves_no_session_beh
     let started = std::time::Instant::now();
     let checked = tokio::time::timeout(
         Duration::from_secs(30),
-        store.check_source(config.source.as_ref().unwrap()),
+        pg.check_source(config.source.as_ref().unwrap()),
     )
     .await
     .expect("the [source] check gives up");

@@ -97,11 +97,12 @@ async fn a_target_down_alone(replication: bool) {
     );
     let config = if replication {
         let store = switchyard::store::OutboxStore::connect(&db.url, 2).await.unwrap();
-        let statements = store
+        let pg = store.postgres().expect("a PostgreSQL store");
+        let statements = pg
             .feed_statements(Some((&db.name, "switchyard_outbox")), None)
             .await
             .unwrap();
-        store.run_feed_statements(&statements).await.unwrap();
+        pg.run_feed_statements(&statements).await.unwrap();
         config.replacen("[relay]", "[relay]\nmode = \"replication\"", 1)
             + &format!("\n[replication]\nslot = \"{}\"\n", db.name)
     } else {

@@ -37,10 +37,11 @@ pub(super) async fn drop_slot(admin: &PgPool, name: &str) -> anyhow::Result<()> 
 
 /// Puts a migrated outbox into replication mode through slot `slot`.
 pub(super) async fn set_up(store: &OutboxStore, slot: &str) -> anyhow::Result<()> {
-    let statements = store
+    let pg = store.postgres().context("replication mode needs PostgreSQL")?;
+    let statements = pg
         .feed_statements(Some((slot, "switchyard_outbox")), None)
         .await?;
-    store.run_feed_statements(&statements).await?;
+    pg.run_feed_statements(&statements).await?;
     Ok(())
 }
 
@@ -81,15 +82,13 @@ pub(super) async fn set_up_service_table(store: &OutboxStore, url: &str, slot: &
     .execute(&pool)
     .await?;
     pool.close().await;
-    let capture = store
-        .check_source(&service_source())
-        .await?
-        .context("no [source] check on this database")?;
+    let pg = store.postgres().context("replication mode needs PostgreSQL")?;
+    let capture = pg.check_source(&service_source()).await?;
     let table = SourceTable::new(&capture);
-    let statements = store
+    let statements = pg
         .feed_statements(Some((slot, "switchyard_outbox")), Some(&table))
         .await?;
-    store.run_feed_statements(&statements).await?;
+    pg.run_feed_statements(&statements).await?;
     Ok(())
 }
 

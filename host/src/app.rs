@@ -223,7 +223,11 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
 /// # Errors
 /// The mismatch, saying what to do, or the database's error.
 pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
-    match store
+    // SQLite has claim mode alone.
+    let Some(pg) = store.postgres() else {
+        return Ok(());
+    };
+    match pg
         .mode_mismatch(false)
         .await
         .context("cannot read the outbox's relay mode")?
@@ -459,12 +463,17 @@ pub async fn check_replication(config: &Config, store: &OutboxStore) -> anyhow::
     let Some(replication) = config.replication_feed() else {
         return Ok(());
     };
+    // The configuration refuses replication mode on SQLite; a database
+    // URL that says otherwise is the same mistake.
+    let Some(pg) = store.postgres() else {
+        anyhow::bail!("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming");
+    };
     let source = match &config.source {
-        Some(source) => store.check_source(source).await?,
+        Some(source) => Some(pg.check_source(source).await?),
         None => None,
     };
     let source = source.as_ref().map(SourceTable::new);
-    let problems = store
+    let problems = pg
         .replication_problems(&replication.slot, &replication.publication, source.as_ref())
         .await
         .context("cannot check the replication setup")?;
@@ -489,14 +498,15 @@ pub async fn check_source(
     let Some(source) = &config.source else {
         return Ok(None);
     };
-    let Some(capture) = store.check_source(source).await? else {
-        return Ok(None);
+    let Some(pg) = store.postgres() else {
+        anyhow::bail!("source: an existing table can be relayed from PostgreSQL only");
     };
+    let capture = pg.check_source(source).await?;
     if config.replication_feed().is_some() {
         // Read from the WAL; `check_replication` checks that.
         return Ok(Some((capture, None)));
     }
-    let problem = store
+    let problem = pg
         .capture_problem(&capture)
         .await
         .context("cannot read the source table's triggers")?;

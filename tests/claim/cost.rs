@@ -362,7 +362,8 @@ async fn a_statement_its_caller_gave_up_on_leaves_no_session_behind() {
 #[tokio::test]
 async fn a_slot_status_its_caller_gave_up_on_leaves_no_session_behind() {
     gives_up_on_a_stalled_session(async |store| {
-        assert!(store.slot_status("switchyard_none").await.unwrap().is_none());
+        let pg = store.postgres().expect("a PostgreSQL store");
+        assert!(pg.slot_status("switchyard_none").await.unwrap().is_none());
     })
     .await;
 }

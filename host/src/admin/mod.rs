@@ -115,8 +115,8 @@ pub(crate) async fn refresh_scraped(relay: &Relay) {
         Err(_) => tracing::debug!("Backlog query timed out during a scrape."),
     }
     if let Some(settings) = relay.replication()
-        && let Ok(Ok(Some(slot))) =
-            tokio::time::timeout(CHECK_TIMEOUT, relay.store().slot_status(&settings.slot)).await
+        && let Some(pg) = relay.store().postgres()
+        && let Ok(Ok(Some(slot))) = tokio::time::timeout(CHECK_TIMEOUT, pg.slot_status(&settings.slot)).await
     {
         relay.metrics().set_retained_wal(
             slot.retained_wal_bytes.unwrap_or(0),
@@ -239,13 +239,9 @@ pub struct SlotReadiness {
 /// The slot's state for readiness.
 async fn slot_readiness(relay: &Relay) -> Option<SlotReadiness> {
     let settings = relay.replication()?;
+    let pg = relay.store().postgres()?;
     let reading = relay.metrics().replication_reading();
-    let (retained, check) = match tokio::time::timeout(
-        CHECK_TIMEOUT,
-        relay.store().slot_status(&settings.slot),
-    )
-    .await
-    {
+    let (retained, check) = match tokio::time::timeout(CHECK_TIMEOUT, pg.slot_status(&settings.slot)).await {
         Ok(Ok(Some(slot))) => {
             let retained = slot.retained_wal_bytes;
             let check = if slot.wal_status.as_deref() == Some("lost") {
@@ -345,7 +341,11 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
         // (a `migrate` for the other one may have run since it started).
         let checked = async {
             relay.store().ping().await?;
-            relay.store().mode_mismatch(relay.replication().is_some()).await
+            // SQLite has claim mode alone.
+            match relay.store().postgres() {
+                Some(pg) => pg.mode_mismatch(relay.replication().is_some()).await,
+                None => Ok(None),
+            }
         };
         match tokio::time::timeout(CHECK_TIMEOUT, checked).await {
             Ok(Ok(None)) => Check::Ok,
@@ -356,8 +356,9 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
     };
     let capture = async {
         let capture = relay.capture()?;
+        let pg = relay.store().postgres()?;
         Some(
-            match tokio::time::timeout(CHECK_TIMEOUT, relay.store().capture_problem(capture)).await {
+            match tokio::time::timeout(CHECK_TIMEOUT, pg.capture_problem(capture)).await {
                 Ok(Ok(None)) => Check::Ok,
                 Ok(Ok(Some(problem))) => Check::Failed(problem),
                 Ok(Err(error)) => Check::Failed(error.to_string()),

@@ -80,20 +80,22 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     let store = OutboxStore::connect(&url, 2)
         .await
         .context("cannot connect to the database")?;
-    let capture = match source {
-        Some(source) => store.check_source(source).await?,
-        None => None,
+    let pg = store.postgres();
+    let capture = match (source, &pg) {
+        (Some(source), Some(pg)) => Some(pg.check_source(source).await?),
+        (Some(_), None) => anyhow::bail!("source: an existing table can be relayed from PostgreSQL only"),
+        (None, _) => None,
     };
     let pending = store
         .pending_migrations()
         .await
         .context("cannot read the migration history")?;
-    let installed = match &capture {
-        Some(capture) if pending.is_empty() => Some(store.capture_installed(capture).await?),
+    let installed = match (&capture, &pg) {
+        (Some(capture), Some(pg)) if pending.is_empty() => Some(pg.capture_installed(capture).await?),
         // Before the relay's own table exists, a trigger copying into it
         // cannot be current.
-        Some(_) => Some(Installed::Missing),
-        None => None,
+        (Some(_), _) => Some(Installed::Missing),
+        (None, _) => None,
     };
     let replication = args.config.as_ref().and_then(Config::replication_feed);
     anyhow::ensure!(
@@ -106,19 +108,19 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         .as_ref()
         .filter(|_| replication.is_none())
         .filter(|_| args.backfill || installed != Some(Installed::Current));
-    // Without a config the mode is unknown: leave it as it is.
-    let feed = match &args.config {
-        Some(_) => {
+    // Without a config the mode is unknown: leave it as it is. SQLite
+    // has claim mode alone.
+    let feed = match (&args.config, &pg) {
+        (Some(_), Some(pg)) => {
             let names = replication
                 .as_ref()
                 .map(|r| (r.slot.as_str(), r.publication.as_str()));
             let source = capture.as_ref().map(SourceTable::new);
-            store
-                .feed_statements(names, source.as_ref())
+            pg.feed_statements(names, source.as_ref())
                 .await
                 .context("cannot read the replication setup")?
         }
-        None => Vec::new(),
+        _ => Vec::new(),
     };
 
     if args.dry_run {
@@ -129,7 +131,8 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     store.migrate().await.context("migration failed")?;
     println!("outbox schema is up to date");
     if args.config.is_none()
-        && store
+        && let Some(pg) = &pg
+        && pg
             .mode_mismatch(false)
             .await
             .context("cannot read the outbox's relay mode")?
@@ -140,8 +143,8 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
              mode is left as it is; migrate with a claim-mode config to switch)"
         );
     }
-    if let Some(capture) = install {
-        let copied = store
+    if let (Some(capture), Some(pg)) = (install, &pg) {
+        let copied = pg
             .install_capture(capture, args.backfill)
             .await
             .with_context(|| format!("installing the capture trigger on {} failed", capture.table()))?;
@@ -152,9 +155,10 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     } else if let Some(capture) = capture.as_ref().filter(|_| replication.is_none()) {
         println!("capture trigger on {} is up to date", capture.table());
     }
-    if !feed.is_empty() {
-        store
-            .run_feed_statements(&feed)
+    if !feed.is_empty()
+        && let Some(pg) = &pg
+    {
+        pg.run_feed_statements(&feed)
             .await
             .context("setting the outbox's relay mode failed")?;
         match &replication {

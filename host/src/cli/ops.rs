@@ -82,15 +82,19 @@ struct SlotReport {
 pub async fn status(database: Database, admin: Option<String>, json: bool) -> anyhow::Result<ExitCode> {
     let (store, config) = database.open().await?;
     let outbox = store.stats().await.context("cannot read the outbox")?;
-    let replication = match config.as_ref().and_then(Config::replication_feed) {
-        Some(feed) => Some(SlotReport {
-            status: store
+    let replication = match (
+        config.as_ref().and_then(Config::replication_feed),
+        store.postgres(),
+    ) {
+        (Some(feed), Some(pg)) => Some(SlotReport {
+            status: pg
                 .slot_status(&feed.slot)
                 .await
                 .context("cannot read the replication slot")?,
             slot: feed.slot,
         }),
-        None => None,
+        // SQLite has claim mode alone.
+        _ => None,
     };
     // Relays record where their admin endpoint listens (a port the system
     // chose, too); a relay silent for three refreshes is gone.

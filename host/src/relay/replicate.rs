@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::Relay;
 use crate::store::replication::{StreamError, StreamSettings, StreamedRow, WalBatch, WalStream};
-use crate::store::{Outcome, RowOutcome};
+use crate::store::{Outcome, PgOutbox, RowOutcome};
 use crate::telemetry::{Occurrence, Repeats};
 
 /// Parts of batches queued per lane at most.
@@ -99,8 +99,10 @@ impl<P: Ord + Copy> Progress<P> {
     }
 }
 
-/// What the feed knows about the table between batches.
+/// The table side of the feed: where rows not published are handed over,
+/// and what the feed knows of it between batches.
 struct TableState {
+    pg: PgOutbox,
     /// Some aggregate may wait behind a row in the table: each batch's
     /// aggregates are looked up there (else none are).
     may_hold: bool,
@@ -119,6 +121,10 @@ impl Relay {
         settings: StreamSettings,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
+        // The configuration refuses replication mode on SQLite.
+        let Some(pg) = self.inner.store.postgres() else {
+            anyhow::bail!("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming");
+        };
         let broken = Repeats::default();
         let mut standing_by = false;
         // The first pause after a break is 200 ms.
@@ -138,7 +144,7 @@ impl Relay {
                     standing_by = false;
                     pause.reset();
                     self.inner.metrics.set_replication_reading(true);
-                    let ended = self.read(stream, &shutdown).await;
+                    let ended = self.read(stream, &pg, &shutdown).await;
                     self.inner.metrics.set_replication_reading(false);
                     ended
                 }
@@ -185,7 +191,7 @@ impl Relay {
     /// their share of each batch in stream order, side by side; the slot is
     /// confirmed up to the last batch that every lane has finished, as have
     /// all batches before it.
-    async fn read(&self, mut stream: WalStream, shutdown: &CancellationToken) -> StreamError {
+    async fn read(&self, mut stream: WalStream, pg: &PgOutbox, shutdown: &CancellationToken) -> StreamError {
         let lanes = usize::try_from(self.inner.config.concurrency.max(1)).unwrap_or(1);
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
         let mut senders = Vec::with_capacity(lanes);
@@ -196,9 +202,10 @@ impl Relay {
             // broker's round trip per call bounds a lane, not its rows).
             let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
             senders.push(tx);
-            let (relay, done) = (self.clone(), done_tx.clone());
+            let (relay, done, pg) = (self.clone(), done_tx.clone(), pg.clone());
             running.spawn(async move {
                 let mut table = TableState {
+                    pg,
                     may_hold: true,
                     checked: Instant::now() - TABLE_RECHECK,
                 };
@@ -280,7 +287,7 @@ impl Relay {
             return;
         }
         table.checked = Instant::now();
-        match self.inner.store.anything_waiting_in_table().await {
+        match table.pg.anything_waiting_in_table().await {
             Ok(waiting) => table.may_hold = waiting,
             Err(error) => debug!(%error, "Cannot tell whether rows wait in the table; looking them up."),
         }
@@ -293,10 +300,8 @@ impl Relay {
         let now_ms = chrono::Utc::now().timestamp_millis();
         let mut waiting = if table.may_hold {
             let keys: Vec<Key> = rows.iter().map(key).collect();
-            self.until_recorded("look up waiting aggregates", || {
-                self.inner.store.waiting_in_table(&keys)
-            })
-            .await
+            self.until_recorded("look up waiting aggregates", || table.pg.waiting_in_table(&keys))
+                .await
         } else {
             HashSet::new()
         };
@@ -322,7 +327,7 @@ impl Relay {
             if wave.is_empty() {
                 break;
             }
-            let failed = self.relay_wave(wave).await;
+            let failed = self.relay_wave(&table.pg, wave).await;
             if !failed.is_empty() {
                 table.may_hold = true;
                 waiting.extend(failed);
@@ -345,13 +350,13 @@ impl Relay {
                 })
                 .collect();
             let rows: Vec<&StreamedRow> = follow.iter().collect();
-            self.hand_over(&rows, &outcomes).await;
+            self.hand_over(&table.pg, &rows, &outcomes).await;
         }
     }
 
     /// Runs one wave through the stages; hands what was not published to
     /// the table. Returns the aggregates that now wait there.
-    async fn relay_wave(&self, wave: Vec<StreamedRow>) -> HashSet<Key> {
+    async fn relay_wave(&self, pg: &PgOutbox, wave: Vec<StreamedRow>) -> HashSet<Key> {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.config.lease_duration();
         let rows = wave.iter().map(|streamed| streamed.row.clone()).collect();
@@ -366,19 +371,19 @@ impl Relay {
         if rows.is_empty() {
             return HashSet::new();
         }
-        self.hand_over(&rows, &outcomes).await;
+        self.hand_over(pg, &rows, &outcomes).await;
         rows.into_iter().map(key).collect()
     }
 
     /// Hands rows to the table, trying until the database takes them: the
     /// slot is not confirmed past them before, so nothing is lost either
     /// way, but the stream waits meanwhile.
-    async fn hand_over(&self, rows: &[&StreamedRow], outcomes: &[RowOutcome]) {
+    async fn hand_over(&self, pg: &PgOutbox, rows: &[&StreamedRow], outcomes: &[RowOutcome]) {
         let inner = &self.inner;
         let lease_ms = i64::try_from(inner.config.lease_duration_ms).unwrap_or(i64::MAX);
         let recorded = self
             .until_recorded("hand rows over to the outbox table", || {
-                inner.store.hand_over(&inner.owner, lease_ms, rows, outcomes)
+                pg.hand_over(&inner.owner, lease_ms, rows, outcomes)
             })
             .await;
         debug!(rows = rows.len(), recorded, "Handed rows over to the claim path.");

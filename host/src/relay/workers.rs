@@ -33,12 +33,18 @@ impl Relay {
         // over); what is heard then is an ack that freed a parked row.
         // Without LISTEN (a connection budget too small for it) the poll
         // alone finds new rows.
-        let listener = self.inner.listen.then(|| {
-            let (store, wake, shutdown) = (self.inner.store.clone(), wake.clone(), shutdown.clone());
-            AbortOnDropHandle::new(tokio::spawn(async move {
-                store.wake_on_commits(wake, shutdown).await;
-            }))
-        });
+        // SQLite has no NOTIFY: the poll alone finds new rows there.
+        let listener = self
+            .inner
+            .store
+            .postgres()
+            .filter(|_| self.inner.listen)
+            .map(|pg| {
+                let (wake, shutdown) = (wake.clone(), shutdown.clone());
+                AbortOnDropHandle::new(tokio::spawn(async move {
+                    pg.wake_on_commits(wake, shutdown).await;
+                }))
+            });
         // A feed that ends on its own (its slot is gone) stops the relay.
         let feed_failed = CancellationToken::new();
         let mut feed = self.spawn_feed(&shutdown, &feed_failed);

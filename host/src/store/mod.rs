@@ -145,6 +145,16 @@ pub use postgres::INTAKE_LOCK;
 pub(crate) use postgres::describe_connect_error;
 pub use relays::{FORGOTTEN_AFTER, RunningRelay};
 
+/// The PostgreSQL-only parts of an outbox: replication mode, the `[source]`
+/// capture trigger and LISTEN. Only a PostgreSQL store hands one out
+/// ([`OutboxStore::postgres`]): SQLite code cannot reach them, and none of
+/// them answers "nothing" to mean "not supported here".
+#[derive(Clone, Debug)]
+pub struct PgOutbox {
+    store: OutboxStore,
+    backend: postgres::Postgres,
+}
+
 /// Handle to the outbox table, on PostgreSQL (production: many relays share
 /// it) or SQLite (the embedded default: one relay, one file).
 #[derive(Clone, Debug)]
@@ -307,20 +317,13 @@ impl OutboxStore {
         }
     }
 
-    /// The PostgreSQL pool, when this is a PostgreSQL store: for the
-    /// store's own PostgreSQL-only parts (LISTEN, the capture trigger).
-    fn pg_pool(&self) -> Option<&PgPool> {
+    /// The PostgreSQL-only parts, when this is a PostgreSQL store.
+    pub fn postgres(&self) -> Option<PgOutbox> {
         match &self.backend {
-            AnyBackend::Postgres(backend) => Some(&backend.pool),
-            AnyBackend::Sqlite(_) => None,
-        }
-    }
-
-    /// The PostgreSQL backend, when this is a PostgreSQL store: for the
-    /// store's own PostgreSQL-only parts that run bounded statements.
-    fn postgres(&self) -> Option<&postgres::Postgres> {
-        match &self.backend {
-            AnyBackend::Postgres(backend) => Some(backend),
+            AnyBackend::Postgres(backend) => Some(PgOutbox {
+                store: self.clone(),
+                backend: backend.clone(),
+            }),
             AnyBackend::Sqlite(_) => None,
         }
     }

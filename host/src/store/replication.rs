@@ -1,6 +1,6 @@
-//! Replication mode through the store: setting the outbox up for it,
-//! checking it, the slot's state, and handing streamed rows to the claim
-//! path (PostgreSQL; SQLite is relayed by claiming only).
+//! Replication mode through the PostgreSQL handle: setting the outbox up
+//! for it, checking it, the slot's state, and handing streamed rows to the
+//! claim path (SQLite is relayed by claiming only).
 
 use std::collections::HashSet;
 
@@ -8,12 +8,12 @@ use super::postgres::replication as pg;
 pub use super::postgres::replication::{
     SlotStatus, SourceTable, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
 };
-use super::{AnyBackend, Error, LeaseId, OutboxStore, RowOutcome};
+use super::{Error, LeaseId, PgOutbox, RowOutcome};
 
-impl OutboxStore {
+impl PgOutbox {
     /// What `migrate` runs to put the outbox (and the `[source]` table)
     /// into replication mode through `slot` and `publication` (only what is
-    /// missing), or, with `None`, back to claim mode. Nothing on SQLite.
+    /// missing), or, with `None`, back to claim mode.
     ///
     /// # Errors
     /// The database's.
@@ -22,9 +22,7 @@ impl OutboxStore {
         replication: Option<(&str, &str)>,
         source: Option<&SourceTable>,
     ) -> Result<Vec<String>, Error> {
-        let Some(pool) = self.pg_pool() else {
-            return Ok(Vec::new());
-        };
+        let pool = &self.backend.pool;
         match replication {
             Some((slot, publication)) => pg::setup_statements(pool, slot, publication, source).await,
             None => pg::claim_mode_statements(pool).await,
@@ -37,23 +35,16 @@ impl OutboxStore {
     /// The database's; statements before the failing one stay done (each
     /// is idempotent, so running `migrate` again finishes the job).
     pub async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
-        match self.pg_pool() {
-            Some(pool) => pg::run(pool, statements).await,
-            None => Ok(()),
-        }
+        pg::run(&self.backend.pool, statements).await
     }
 
     /// A database set up for the other mode than the relay's (`replication`
-    /// or claim), with what to do; `None` when they agree. SQLite has only
-    /// claim mode.
+    /// or claim), with what to do; `None` when they agree.
     ///
     /// # Errors
     /// The database's.
     pub async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
-        match self.pg_pool() {
-            Some(pool) => pg::mode_mismatch(pool, replication).await,
-            None => Ok(None),
-        }
+        pg::mode_mismatch(&self.backend.pool, replication).await
     }
 
     /// Everything that keeps replication mode from working here, each
@@ -67,10 +58,7 @@ impl OutboxStore {
         publication: &str,
         source: Option<&SourceTable>,
     ) -> Result<Vec<String>, Error> {
-        match self.pg_pool() {
-            Some(pool) => pg::problems(pool, slot, publication, source).await,
-            None => Ok(vec!["replication mode needs PostgreSQL".into()]),
-        }
+        pg::problems(&self.backend.pool, slot, publication, source).await
     }
 
     /// The slot's state; `None` when there is no such slot. Bounded as the
@@ -80,16 +68,11 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn slot_status(&self, slot: &str) -> Result<Option<SlotStatus>, Error> {
-        match &self.backend {
-            AnyBackend::Postgres(backend) => {
-                backend
-                    .bounded("replication slot status", async |session| {
-                        pg::slot_status(&mut *session, slot).await
-                    })
-                    .await
-            }
-            AnyBackend::Sqlite(_) => Ok(None),
-        }
+        self.backend
+            .bounded("replication slot status", async |session| {
+                pg::slot_status(&mut *session, slot).await
+            })
+            .await
     }
 
     /// Hands streamed rows to the claim path with their outcomes: leased
@@ -105,13 +88,10 @@ impl OutboxStore {
         rows: &[&StreamedRow],
         outcomes: &[RowOutcome],
     ) -> Result<usize, Error> {
-        let Some(pool) = self.pg_pool() else {
-            return Ok(0);
-        };
         let lease = LeaseId(uuid::Uuid::new_v4());
-        let renamed = pg::take_over(pool, owner, lease, lease_ms, rows).await?;
+        let renamed = pg::take_over(&self.backend.pool, owner, lease, lease_ms, rows).await?;
         if renamed.is_empty() {
-            return Ok(self.ack(lease, outcomes).await?.len());
+            return Ok(self.store.ack(lease, outcomes).await?.len());
         }
         let renamed: std::collections::HashMap<_, _> = renamed.into_iter().collect();
         let outcomes: Vec<RowOutcome> = outcomes
@@ -121,7 +101,7 @@ impl OutboxStore {
                 ..outcome.clone()
             })
             .collect();
-        Ok(self.ack(lease, &outcomes).await?.len())
+        Ok(self.store.ack(lease, &outcomes).await?.len())
     }
 
     /// Of these aggregates, those whose next event must wait behind an
@@ -133,12 +113,10 @@ impl OutboxStore {
         &self,
         keys: &[(String, String)],
     ) -> Result<HashSet<(String, String)>, Error> {
-        match self.pg_pool() {
-            Some(pool) if !keys.is_empty() => {
-                pg::waiting_in_table(pool, keys, self.dead_letter_blocks_aggregate).await
-            }
-            _ => Ok(HashSet::new()),
+        if keys.is_empty() {
+            return Ok(HashSet::new());
         }
+        pg::waiting_in_table(&self.backend.pool, keys, self.store.dead_letter_blocks_aggregate).await
     }
 
     /// Whether any aggregate waits behind a row in the table.
@@ -146,9 +124,6 @@ impl OutboxStore {
     /// # Errors
     /// The database's.
     pub async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
-        match self.pg_pool() {
-            Some(pool) => pg::anything_waiting_in_table(pool, self.dead_letter_blocks_aggregate).await,
-            None => Ok(false),
-        }
+        pg::anything_waiting_in_table(&self.backend.pool, self.store.dead_letter_blocks_aggregate).await
     }
 }

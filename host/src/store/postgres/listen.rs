@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::connect::{CONNECT_TIMEOUT, pinged};
-use crate::store::{NOTIFY_CHANNEL, OutboxStore};
+use crate::store::{NOTIFY_CHANNEL, PgOutbox};
 
 /// Longest wait between two attempts to (re)connect the listener.
 const MAX_RETRY: Duration = Duration::from_secs(5);
@@ -23,18 +23,15 @@ const MAX_RETRY: Duration = Duration::from_secs(5);
 /// would hear nothing for good, and every commit would wait for the poll.
 const QUIET_FOR: Duration = Duration::from_secs(5);
 
-impl OutboxStore {
+impl PgOutbox {
     /// Wakes a worker on every NOTIFY, and all of them after a reconnect
     /// (notifications sent while disconnected are lost, so workers should
-    /// look), until `shutdown`. Returns at once on SQLite, which has no NOTIFY.
+    /// look), until `shutdown`.
     ///
     /// The session is one more than the store's pool holds: a relay that
     /// listens connects its store with one connection fewer.
     pub async fn wake_on_commits(&self, wake: Arc<Notify>, shutdown: CancellationToken) {
-        let Some(pool) = self.pg_pool().cloned() else {
-            return;
-        };
-        listen(&pool, &wake, &shutdown).await;
+        listen(&self.backend.pool, &wake, &shutdown).await;
     }
 }
 
