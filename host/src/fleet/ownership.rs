@@ -27,6 +27,132 @@ struct Held {
     serving: JoinHandle<()>,
 }
 
+/// Where the follower of one database stands.
+enum Follower {
+    /// No session to the database yet.
+    Connecting,
+    /// Connected, serving nothing: the database is another relay's, or
+    /// this one may not take it yet.
+    Standby { store: OutboxStore },
+    /// Connected, holding the database and serving it.
+    Holding { store: OutboxStore, held: Held },
+}
+
+/// What one database's follower works with.
+struct Following {
+    fleet: Fleet,
+    database: NamedDatabase,
+    state: Arc<Mutex<DatabaseState>>,
+    stop: CancellationToken,
+    me: String,
+    started: Instant,
+    lease: Duration,
+    /// Connection tries so far.
+    attempts: u32,
+}
+
+impl Following {
+    fn set(&self, next: DatabaseState) {
+        let metrics = self.fleet.metrics().for_database(&self.database.name);
+        super::set_state(&self.state, &metrics, next);
+    }
+
+    fn starting(&self, error: String) {
+        self.set(DatabaseState::Starting {
+            since: self.started,
+            attempts: self.attempts,
+            last_error: Some(error),
+        });
+    }
+
+    /// One tick: the state the follower moves to from `follower`.
+    async fn step(&mut self, follower: Follower) -> Follower {
+        match follower {
+            Follower::Connecting => self.connect().await,
+            Follower::Standby { store } => self.look_around(store).await,
+            Follower::Holding { store, mut held } => {
+                match keep(
+                    &self.fleet,
+                    &store,
+                    &self.me,
+                    &mut held,
+                    self.lease,
+                    self.lease / 3,
+                )
+                .await
+                {
+                    Kept::Yes => Follower::Holding { store, held },
+                    Kept::No { hand_back } => {
+                        // Said at once, not once its batches are done.
+                        self.set(DatabaseState::Standby { owner: None });
+                        stop_serving(&self.fleet, held, hand_back.then_some(&store), &self.me).await;
+                        Follower::Standby { store }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One session per database followed: the follower's statements are
+    /// one at a time. Each is bounded by the lease (none is of use after
+    /// it); `keep` stops serving sooner than that.
+    async fn connect(&mut self) -> Follower {
+        self.attempts += 1;
+        let name = format!("switchyard {}", self.me);
+        match OutboxStore::connect_unpinged(self.database.endpoint(), &name, self.lease).await {
+            // Looked around at once, not a tick later.
+            Ok(store) => self.look_around(store).await,
+            Err(error) => {
+                let error = crate::redact::url(&error.to_string());
+                if self.attempts % 10 == 1 {
+                    tracing::warn!(%error, attempts = self.attempts, "Cannot connect to the database; trying again.");
+                }
+                self.starting(error);
+                Follower::Connecting
+            }
+        }
+    }
+
+    /// Takes the database when it may, else stands by.
+    async fn look_around(&mut self, store: OutboxStore) -> Follower {
+        let ownership = match look_around(&self.fleet, &store, &self.me, self.lease).await {
+            Ok(ownership) => ownership,
+            Err(error) => {
+                let was_standing_by = matches!(
+                    *self.state.lock().unwrap_or_else(PoisonError::into_inner),
+                    DatabaseState::Standby { .. }
+                );
+                if was_standing_by {
+                    tracing::warn!(%error, "Cannot read who serves the database.");
+                }
+                self.starting(error.to_string());
+                return Follower::Standby { store };
+            }
+        };
+        match take(
+            &self.fleet,
+            &store,
+            &self.me,
+            &ownership,
+            self.started,
+            self.lease,
+        )
+        .await
+        {
+            Some(token) => {
+                let held = serve(&self.fleet, &self.database, &self.state, &self.stop, token);
+                Follower::Holding { store, held }
+            }
+            None => {
+                self.set(DatabaseState::Standby {
+                    owner: ownership.owner.filter(|_| ownership.held),
+                });
+                Follower::Standby { store }
+            }
+        }
+    }
+}
+
 /// Follows database `database`'s ownership until `stop`, serving it while
 /// this relay holds it.
 pub(super) async fn follow(
@@ -36,91 +162,35 @@ pub(super) async fn follow(
     stop: CancellationToken,
     lease: Duration,
 ) {
-    let tick = lease / 3;
-    let me = fleet.owner().to_string();
-    let started = Instant::now();
-    let metrics = fleet.metrics().for_database(&database.name);
-    let set = |next: DatabaseState| super::set_state(&state, &metrics, next);
-    let mut store: Option<OutboxStore> = None;
-    let mut held: Option<Held> = None;
-    let mut attempts = 0;
+    let mut following = Following {
+        me: fleet.owner().to_string(),
+        fleet,
+        database,
+        state,
+        stop: stop.clone(),
+        started: Instant::now(),
+        lease,
+        attempts: 0,
+    };
+    let mut follower = Follower::Connecting;
     loop {
-        if store.is_none() {
-            attempts += 1;
-            // One session per database followed: the follower's statements
-            // are one at a time. Each is bounded by the lease (none is of
-            // use after it); `keep` stops serving sooner than that.
-            match OutboxStore::connect_unpinged(database.endpoint(), &format!("switchyard {me}"), lease).await
-            {
-                Ok(connected) => store = Some(connected),
-                Err(error) => {
-                    let error = crate::redact::url(&error.to_string());
-                    if attempts % 10 == 1 {
-                        tracing::warn!(%error, attempts, "Cannot connect to the database; trying again.");
-                    }
-                    set(DatabaseState::Starting {
-                        since: started,
-                        attempts,
-                        last_error: Some(error),
-                    });
-                }
-            }
-        }
-        if let Some(store) = &store {
-            held = match held.take() {
-                Some(mut mine) => match keep(&fleet, store, &me, &mut mine, lease, tick).await {
-                    Kept::Yes => Some(mine),
-                    Kept::No { hand_back } => {
-                        // Said at once, not once its batches are done.
-                        set(DatabaseState::Standby { owner: None });
-                        stop_serving(&fleet, mine, hand_back.then_some(store), &me).await;
-                        None
-                    }
-                },
-                None => match look_around(&fleet, store, &me, lease).await {
-                    Ok(ownership) => {
-                        let taken = take(&fleet, store, &me, &ownership, started, lease).await;
-                        match taken {
-                            Some(token) => Some(serve(&fleet, &database, &state, &stop, token)),
-                            None => {
-                                set(DatabaseState::Standby {
-                                    owner: ownership.owner.filter(|_| ownership.held),
-                                });
-                                None
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        if attempts == 0
-                            || matches!(
-                                *state.lock().unwrap_or_else(PoisonError::into_inner),
-                                DatabaseState::Standby { .. }
-                            )
-                        {
-                            tracing::warn!(%error, "Cannot read who serves the database.");
-                        }
-                        set(DatabaseState::Starting {
-                            since: started,
-                            attempts,
-                            last_error: Some(error.to_string()),
-                        });
-                        None
-                    }
-                },
-            };
-        }
+        follower = following.step(follower).await;
         tokio::select! {
-            () = tokio::time::sleep(tick) => {}
+            () = tokio::time::sleep(lease / 3) => {}
             () = stop.cancelled() => break,
         }
     }
-    if let Some(mine) = held {
-        stop_serving(&fleet, mine, store.as_ref(), &me).await;
-    }
-    if let Some(store) = &store {
-        let _ = store.relay_stopped(&me).await;
-        store.close().await;
-    }
+    let me = &following.me;
+    let store = match follower {
+        Follower::Connecting => return,
+        Follower::Standby { store } => store,
+        Follower::Holding { store, held } => {
+            stop_serving(&following.fleet, held, Some(&store), me).await;
+            store
+        }
+    };
+    let _ = store.relay_stopped(me).await;
+    store.close().await;
 }
 
 /// Takes the database if it is free and this relay is under its share, or
