@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use tracing::{info, warn};
 
@@ -22,6 +24,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// How often a probe that cannot reach the database tries to wake the rows again.
 const WAKE_RETRY: Duration = Duration::from_millis(500);
+/// The longest pause between two tries at that.
+const WAKE_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// A target paused now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,23 +197,33 @@ pub(super) async fn sweep_waiting(relay: Weak<Inner>, shutdown: tokio_util::sync
 /// Sets the rows waiting on `target` (on any target when `None`) due,
 /// trying again while the database cannot be reached; how many.
 pub(super) async fn wake(inner: &Inner, target: Option<&str>) -> u64 {
-    loop {
-        match inner.store.wake_waiting(target).await {
-            Ok(woken) => return woken,
-            Err(error) => {
+    let pause = crate::backoff::Backoff::new(WAKE_RETRY, WAKE_RETRY_MAX);
+    let (woken, waited) = crate::backoff::until_ok(
+        pause,
+        || inner.store.wake_waiting(target),
+        |error, failures| {
+            if failures == 1 {
                 warn!(%error, sink.name = target, "Waking the rows that wait on a target failed; trying again.");
-                tokio::time::sleep(WAKE_RETRY).await;
             }
-        }
+        },
+    )
+    .await;
+    if let Some(waited) = waited {
+        info!(
+            sink.name = target,
+            waited_ms = waited.as_millis() as u64,
+            "Woke the rows that wait on a target."
+        );
     }
+    woken
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_target_is_paused_once_and_counts_what_it_held_back() {
+    #[tokio::test(start_paused = true)]
+    async fn a_target_is_paused_once_and_counts_what_it_held_back() {
         let outages = Outages::default();
         assert_eq!(outages.hold_back("kafka"), None);
         assert!(outages.pause("kafka", "all brokers down"));
@@ -219,8 +233,8 @@ mod tests {
         outages.hold_back("kafka");
         assert_eq!(outages.snapshot()["kafka"].held_back, 2);
         assert_eq!(outages.snapshot()["kafka"].reason, "all brokers down");
-        let (_, held_back) = outages.resume("kafka").unwrap();
-        assert_eq!(held_back, 2);
+        tokio::time::advance(Duration::from_secs(90)).await;
+        assert_eq!(outages.resume("kafka"), Some((Duration::from_secs(90), 2)));
         assert!(outages.snapshot().is_empty());
         assert_eq!(outages.resume("kafka"), None);
     }
