@@ -3,11 +3,13 @@
 //! (JetStream store, tansu on SQLite, a durable RabbitMQ queue), stopped
 //! like a crash, started again, and read by a consumer.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::kafka::KafkaServer;
 use super::nats::{NatsServer, Received};
+use super::orders::{Expected, tally};
 use super::plugins::plugin;
 use super::rabbitmq::RabbitMq;
 
@@ -138,6 +140,17 @@ default = [{{ target = "out", topic = "{topic}", key = "{{aggregate_id}}" }}]
             }
             Broker::Rabbit(rabbit) => rabbit.drain("orders-consumer", expected, limit).await,
         }
+    }
+
+    /// Fails the test unless a consumer finds every `expected` event once,
+    /// each aggregate's in order, and nothing else.
+    pub async fn assert_each_once_in_order(&self, expected: &HashMap<String, Expected>) {
+        let tally = tally(&self.received(expected.len()).await, expected);
+        assert_eq!(
+            (tally.lost, tally.duplicates, tally.reordered, tally.unknown),
+            (0, 0, 0, 0),
+            "{tally:?}"
+        );
     }
 }
 
