@@ -262,7 +262,7 @@ async fn migrate_dry_run_shows_the_capture_and_changes_nothing_then_migrate_inst
             "[source.columns]\ntenant = \"aggregatetype\"\n",
         ),
     );
-    let error = switchyard::app::build(&parse(&changed))
+    let error = switchyard::runtime::build(&parse(&changed))
         .await
         .err()
         .expect("a relay does not start on an outdated capture trigger");
@@ -276,7 +276,7 @@ async fn migrate_dry_run_shows_the_capture_and_changes_nothing_then_migrate_inst
     let changed_path = changed_path.to_str().unwrap();
     let (code, out, err) = cli(SWITCHYARD, &["migrate", "--config", changed_path], &[]).await;
     assert_eq!(code, 0, "{out}{err}");
-    assert!(switchyard::app::build(&parse(&changed)).await.is_ok());
+    assert!(switchyard::runtime::build(&parse(&changed)).await.is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -444,7 +444,7 @@ async fn a_capture_trigger_disabled_or_dropped_while_the_relay_runs_makes_it_unr
     db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
     let config = parse(&stdout_config(&db.url, DEBEZIUM_SOURCE));
     install_capture(&db.url, &config).await;
-    let relay = switchyard::app::build(&config).await.expect("relay starts");
+    let relay = switchyard::runtime::build(&config).await.expect("relay starts");
     let capture_check = || async {
         let readiness = switchyard::admin::readiness(&relay).await;
         let capture = readiness.capture.expect("a capture check with [source]");
@@ -462,7 +462,7 @@ async fn a_capture_trigger_disabled_or_dropped_while_the_relay_runs_makes_it_unr
         check.contains("the capture trigger on \"public\".\"outbox\" is disabled"),
         "{check}"
     );
-    let refused = switchyard::app::build(&config).await.err().expect("refused");
+    let refused = switchyard::runtime::build(&config).await.err().expect("refused");
     assert!(refused.to_string().contains("is disabled"), "{refused}");
 
     db.pool
@@ -538,7 +538,7 @@ payload = "Pay%load"
         ]
     );
     assert!(
-        switchyard::app::build(&config).await.is_ok(),
+        switchyard::runtime::build(&config).await.is_ok(),
         "the installed trigger is current"
     );
 }

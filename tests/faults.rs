@@ -391,7 +391,7 @@ async fn a_plugin_that_loops_in_init_is_refused() {
     let db = Sqlite::new().await;
     let text = misbehaving_in_init(&db.url, "looper", 50, "mode = \"init-loop\"");
     let started = Instant::now();
-    let error = switchyard::app::build(&parse(&text))
+    let error = switchyard::runtime::build(&parse(&text))
         .await
         .err()
         .expect("refused");
@@ -411,7 +411,7 @@ async fn an_init_slower_than_the_per_event_limit_still_loads() {
     let db = Sqlite::new().await;
     let text = misbehaving_in_init(&db.url, "slow", 5, "mode = \"init-slow\"\ninit_spins = 50000000");
     let started = Instant::now();
-    let relay = switchyard::app::build(&parse(&text)).await;
+    let relay = switchyard::runtime::build(&parse(&text)).await;
     let took = started.elapsed();
     let relay = relay.unwrap_or_else(|e| panic!("refused after {took:?}: {e:#}"));
     assert!(relay.plugins().slot("slow").is_some());

@@ -119,7 +119,7 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
     let config = replication_config(&db, &nats, &[]);
 
     // Before migrate, startup names what is missing.
-    let refused = switchyard::app::build(&parse(&config))
+    let refused = switchyard::runtime::build(&parse(&config))
         .await
         .err()
         .expect("refused");
@@ -690,7 +690,7 @@ async fn replication_mode_closes_the_intake_and_will_not_start_over_rows_in_it()
             .contains("switchyard_intake_is_closed_in_replication_mode"),
         "{refused}"
     );
-    let refused = switchyard::app::build(&parse(&config))
+    let refused = switchyard::runtime::build(&parse(&config))
         .await
         .err()
         .expect("refused");

@@ -98,7 +98,7 @@ pub(crate) async fn run(services: &Services, _args: &Args) -> anyhow::Result<()>
         "large reload: starting the relay ({} MB Python component compiles first) ...",
         original.len() / 1_000_000
     );
-    let relay = switchyard::app::build(&config(&url, services, &python)?).await?;
+    let relay = switchyard::runtime::build(&config(&url, services, &python)?).await?;
     let running = Running::start(&relay);
 
     let client = async_nats::connect(&services.nats_url).await?;

@@ -673,7 +673,7 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
     let plugin = workspace_root().join("plugins/target").join(plugin);
     let config = relay_config(&url, services, args, target, &plugin, published_rows)?;
     reset_peak_rss();
-    let mut relay = switchyard::app::builder(&config).await?;
+    let mut relay = switchyard::runtime::builder(&config).await?;
     if native {
         relay = relay.native_router(native_router(target));
     }
@@ -892,7 +892,7 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     let relay = if load.peer {
         None
     } else {
-        Some(switchyard::app::build(&config).await?)
+        Some(switchyard::runtime::build(&config).await?)
     };
     let running = relay.as_ref().filter(|_| !load.writer_only).map(Running::start);
     let peer = if load.peer {

@@ -138,7 +138,7 @@ async fn replication_drain(
     let mut config = relay_config(&url, services, args, target, &plugin, PublishedRows::Keep)?;
     configure(&mut config, name);
     reset_peak_rss();
-    let relay = switchyard::app::build(&config).await?;
+    let relay = switchyard::runtime::build(&config).await?;
     let cpu = CpuMark::now();
     let started = Instant::now();
     let running = Running::start(&relay);

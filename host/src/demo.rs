@@ -232,7 +232,7 @@ pub async fn run(dir: Option<PathBuf>, plugins: Option<PathBuf>) -> anyhow::Resu
         "\n== relaying through the example plugins ({})\n",
         plugins.display()
     );
-    let relay = crate::app::build(&config).await?;
+    let relay = crate::runtime::build(&config).await?;
     let shutdown = CancellationToken::new();
     let running = {
         let relay = relay.clone();

@@ -39,6 +39,7 @@ pub mod plugin;
 pub mod redact;
 pub mod relay;
 pub mod retention;
+pub mod runtime;
 pub mod secret;
 pub mod sinks;
 pub mod store;

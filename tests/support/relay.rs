@@ -189,7 +189,7 @@ impl InProcess {
     /// # Panics
     /// On startup failure.
     pub async fn start(config: &Config) -> InProcess {
-        let relay = switchyard::app::build(config).await.expect("relay starts");
+        let relay = switchyard::runtime::build(config).await.expect("relay starts");
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let running = relay.clone();

@@ -13,7 +13,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use super::{AdminServer, Check, Readiness, metrics_response, plugin_states, target_checks};
-use crate::app::Shared;
+use crate::runtime::Shared;
 
 /// Why the database is not served yet, shared with the loop that retries.
 #[derive(Clone, Default)]

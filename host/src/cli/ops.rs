@@ -309,7 +309,7 @@ pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
         // up for replication mode would be served silently wrong.
         match OutboxStore::connect(loaded.database.endpoint(), 1).await {
             Ok(store) => {
-                let checked = crate::app::check_claim_mode(&store).await;
+                let checked = crate::runtime::check_claim_mode(&store).await;
                 store.close().await;
                 checked.with_context(|| path.display().to_string())?;
             }
@@ -321,7 +321,7 @@ pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
     }
     // A plugin may refuse its own config (a placeholder it does
     // not know): only its `init` can say.
-    crate::app::load_plugins(&loaded)
+    crate::runtime::load_plugins(&loaded)
         .await
         .with_context(|| format!("{}: the plugins do not start", path.display()))?;
     for warning in loaded.warnings() {
@@ -344,12 +344,12 @@ async fn check_database(config: &Config, schema: bool) -> anyhow::Result<()> {
         );
     }
     if config.source.is_some()
-        && let Some((_, Some(problem))) = crate::app::check_source(config, &store).await?
+        && let Some((_, Some(problem))) = crate::runtime::check_source(config, &store).await?
     {
         println!("warning: {problem}");
     }
     if config.replication_feed().is_none() {
-        crate::app::check_claim_mode(&store).await?;
+        crate::runtime::check_claim_mode(&store).await?;
     }
-    crate::app::check_replication(config, &store).await
+    crate::runtime::check_replication(config, &store).await
 }

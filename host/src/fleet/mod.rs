@@ -16,9 +16,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::app::Shared;
 use crate::config::{Config, NamedDatabase};
 use crate::relay::Relay;
+use crate::runtime::Shared;
 
 /// The longest pause between two tries to start serving a database that
 /// cannot be reached (or is not migrated).
@@ -436,7 +436,7 @@ async fn serve(
                 };
                 match built {
                     Ok(builder) => {
-                        let listen = crate::app::listens(&sized);
+                        let listen = crate::runtime::listens(&sized);
                         let relay = builder.build();
                         set(DatabaseState::Running(relay.clone()));
                         tracing::info!(
@@ -524,7 +524,7 @@ async fn build(
         store.close().await;
     }
     Ok(
-        crate::app::database_builder(config, &database.name, &fleet.inner.shared)
+        crate::runtime::database_builder(config, &database.name, &fleet.inner.shared)
             .await?
             .database(&database.name),
     )
@@ -541,7 +541,7 @@ async fn run_relay(
     // With `[ownership]` the ownership follower says this relay runs here.
     let announcer = fleet.inner.config.ownership.is_none().then(|| {
         tokio::spawn(
-            crate::app::announce(
+            crate::runtime::announce(
                 relay.store().clone(),
                 relay.owner().to_string(),
                 fleet.admin_address(),
