@@ -33,6 +33,7 @@ pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod endpoint;
 pub mod fleet;
 pub mod metrics;
 pub mod plugin;

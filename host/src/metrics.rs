@@ -271,9 +271,7 @@ impl Families {
     }
 }
 
-/// The name of the only database of a `[database]` config, in metrics
-/// and readiness.
-pub const DEFAULT_DATABASE: &str = "default";
+pub use crate::config::DEFAULT_DATABASE;
 
 /// One database's view of the relay's metrics: every figure it records
 /// carries its `database` label. Cheap to clone; [`Metrics::for_database`]

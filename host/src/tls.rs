@@ -8,7 +8,7 @@ use rustls::CertificateError;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::store::Endpoint;
+use crate::endpoint::Endpoint;
 
 /// Installs ring as the process's rustls provider, once. Two providers are
 /// compiled in (the replication client's TLS turns on aws-lc-rs), and a

@@ -65,7 +65,7 @@ pub async fn run_each(args: Migrate, database: Option<&str>) -> anyhow::Result<(
 /// No database given, connection, a source mapping that does not fit the
 /// table, or a failed statement.
 pub async fn run(args: Migrate) -> anyhow::Result<()> {
-    let url: crate::store::Endpoint = match (&args.config, &args.database_url) {
+    let url: crate::endpoint::Endpoint = match (&args.config, &args.database_url) {
         (Some(config), _) => config.database.endpoint(),
         (None, Some(url)) => url.into(),
         (None, None) => {

@@ -4,7 +4,9 @@
 use serde::Deserialize;
 
 use super::{Config, DatabaseConfig, default_max_connections};
-use crate::metrics::DEFAULT_DATABASE;
+/// The name of the only database of a `[database]` config, in metrics
+/// and readiness.
+pub const DEFAULT_DATABASE: &str = "default";
 
 /// One outbox database among several.
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
@@ -22,7 +24,7 @@ pub struct NamedDatabase {
     pub max_connections: u32,
     /// TLS to this database, as `database.tls`.
     #[serde(default)]
-    pub tls: crate::store::PgTlsConfig,
+    pub tls: crate::endpoint::PgTlsConfig,
     /// A rotating password, as `database.password`.
     #[serde(default)]
     #[schemars(extend("x-env" = "SWITCHYARD_DATABASE_<NAME>_PASSWORD_FILE"))]
@@ -66,7 +68,7 @@ pub struct CatalogConfig {
     /// TLS to the catalog, and the fleet's default for the databases it
     /// lists: a parameter in a listed URL wins.
     #[serde(default)]
-    pub tls: crate::store::PgTlsConfig,
+    pub tls: crate::endpoint::PgTlsConfig,
     /// A rotating password for the catalog, and for each listed database
     /// whose URL has none.
     #[serde(default)]
@@ -75,8 +77,8 @@ pub struct CatalogConfig {
 
 impl CatalogConfig {
     /// What the catalog's own connection is made from.
-    pub fn endpoint(&self) -> crate::store::Endpoint {
-        crate::store::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
+    pub fn endpoint(&self) -> crate::endpoint::Endpoint {
+        crate::endpoint::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
     }
 }
 
@@ -143,8 +145,8 @@ pub fn name_problem(name: &str) -> Option<String> {
 
 impl NamedDatabase {
     /// What every connection to this database is made from.
-    pub fn endpoint(&self) -> crate::store::Endpoint {
-        crate::store::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
+    pub fn endpoint(&self) -> crate::endpoint::Endpoint {
+        crate::endpoint::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
     }
 
     /// Its connection settings, as one `[database]`.
@@ -163,7 +165,7 @@ impl Default for DatabaseConfig {
         DatabaseConfig {
             url: String::new(),
             max_connections: default_max_connections(),
-            tls: crate::store::PgTlsConfig::default(),
+            tls: crate::endpoint::PgTlsConfig::default(),
             password: None,
         }
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use databases::{CatalogConfig, ConnectionsConfig, NamedDatabase, OwnershipConfig};
+pub use databases::{CatalogConfig, ConnectionsConfig, DEFAULT_DATABASE, NamedDatabase, OwnershipConfig};
 pub use failures::{FailurePolicy, Handling};
 pub use replication::{FeedMode, ReplicationConfig};
 pub use validate::validate;
@@ -112,7 +112,7 @@ pub struct RetentionConfig {
     pub published_max_age_seconds: u64,
     /// `delete`, or `archive` to move rows to `switchyard_outbox_archive`.
     #[serde(default)]
-    pub mode: crate::store::RetentionMode,
+    pub mode: RetentionMode,
     /// Seconds between retention passes.
     #[serde(default = "default_retention_interval_seconds")]
     pub interval_seconds: u64,
@@ -207,7 +207,7 @@ pub struct DatabaseConfig {
     /// TLS to PostgreSQL, for what the URL's `sslmode`, `sslrootcert`,
     /// `sslcert` and `sslkey` do not say (the URL wins).
     #[serde(default)]
-    pub tls: crate::store::PgTlsConfig,
+    pub tls: crate::endpoint::PgTlsConfig,
     /// A password that rotates, read from a file or a command, for a URL
     /// without one. The environment may name its file.
     #[serde(default)]
@@ -217,8 +217,8 @@ pub struct DatabaseConfig {
 
 impl DatabaseConfig {
     /// What every connection to this database is made from.
-    pub fn endpoint(&self) -> crate::store::Endpoint {
-        crate::store::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
+    pub fn endpoint(&self) -> crate::endpoint::Endpoint {
+        crate::endpoint::Endpoint::new(&self.url, &self.tls, self.password.as_ref())
     }
 }
 
@@ -300,7 +300,7 @@ pub struct RelayConfig {
     /// for `[retention]`), `delete` it, or `archive` it (moved to
     /// `switchyard_outbox_archive`), in the ack's own statement.
     #[serde(default)]
-    pub published_rows: crate::store::PublishedRows,
+    pub published_rows: PublishedRows,
     /// How long shutdown waits for in-flight batches before releasing their leases.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
@@ -620,4 +620,32 @@ pub fn env_name(name: &str) -> String {
             }
         })
         .collect()
+}
+
+/// What retention does with published rows past their age.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum RetentionMode {
+    /// Delete them.
+    #[default]
+    Delete,
+    /// Move them to `switchyard_outbox_archive`.
+    Archive,
+}
+
+/// What an ack does with a row every target took.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum PublishedRows {
+    /// Keeps it, marked published (for `[retention]` to remove later).
+    #[default]
+    Keep,
+    /// Deletes it in the ack's statement.
+    Delete,
+    /// Moves it to `switchyard_outbox_archive` in the ack's statement.
+    Archive,
 }

@@ -239,7 +239,7 @@ fn targets(problems: &mut Problems, config: &Config) {
 /// that is expired or does not match its key, a password set twice.
 pub(super) fn credential_problems(
     key: &str,
-    endpoint: &crate::store::Endpoint,
+    endpoint: &crate::endpoint::Endpoint,
     password: Option<&crate::secret::SecretConfig>,
 ) -> Vec<String> {
     let mut problems = Vec::new();

@@ -17,7 +17,6 @@
 #[macro_use]
 mod backend;
 mod dialect;
-pub mod endpoint;
 mod postgres;
 mod sqlite;
 mod types;
@@ -36,8 +35,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+pub use crate::endpoint::{Endpoint, PgTlsConfig, SslMode};
 use backend::Backend;
-pub use endpoint::{Endpoint, PgTlsConfig, SslMode};
 pub use types::{
     Claim, DeadLetterFilter, Delivery, DeliveryKey, Generation, LeaseId, OutboxEntry, OutboxRow, OutboxStats,
     Outcome, PublishedRows, RetentionMode, RowId, RowOutcome, payload_over_limit,
@@ -116,6 +115,15 @@ pub enum Error {
         /// Why, as the driver or server said.
         reason: String,
     },
+}
+
+impl From<crate::endpoint::EndpointError> for Error {
+    fn from(error: crate::endpoint::EndpointError) -> Error {
+        match error {
+            crate::endpoint::EndpointError::Url(error) => Error::Database(error),
+            crate::endpoint::EndpointError::Password { at, reason } => Error::Connect { at, reason },
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::{PublishedRows, RetentionMode};
+
 /// The outbox row id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RowId(pub i64);
@@ -276,30 +278,6 @@ pub struct OutboxEntry {
     pub payload_bytes_len: Option<i64>,
     /// Per-target delivery state.
     pub deliveries: BTreeMap<String, Delivery>,
-}
-
-/// What retention does with published rows past their age.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, Default, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RetentionMode {
-    /// Delete them.
-    #[default]
-    Delete,
-    /// Move them to `switchyard_outbox_archive`.
-    Archive,
-}
-
-/// What an ack does with a row every target took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, Default, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PublishedRows {
-    /// Keeps it, marked published (for `[retention]` to remove later).
-    #[default]
-    Keep,
-    /// Deletes it in the ack's statement.
-    Delete,
-    /// Moves it to `switchyard_outbox_archive` in the ack's statement.
-    Archive,
 }
 
 /// A schema generation: the schema one release of the relay writes and

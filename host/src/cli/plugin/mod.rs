@@ -49,7 +49,7 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
                     .map(Ok)
                     .collect(),
                 (true, true) => {
-                    let url: crate::store::Endpoint = match (&database, &relay) {
+                    let url: crate::endpoint::Endpoint = match (&database, &relay) {
                         (Some(name), Some(relay)) => {
                             crate::fleet::catalog::pick(relay, Some(name)).await?.endpoint()
                         }

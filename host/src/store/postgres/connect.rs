@@ -9,8 +9,8 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::endpoint::Endpoint;
 use crate::store::Error;
-use crate::store::endpoint::Endpoint;
 
 /// Bound on connecting to the database.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -96,7 +96,7 @@ impl Postgres {
     /// Connects a pool whose sessions carry the relay's settings; see
     /// [`connect::pool`].
     pub(super) async fn connect(
-        endpoint: &super::endpoint::Endpoint,
+        endpoint: &crate::endpoint::Endpoint,
         sessions: &SessionOptions<'_>,
     ) -> Result<Postgres, Error> {
         let (pool, renewal) = connect::pool(endpoint, sessions).await?;

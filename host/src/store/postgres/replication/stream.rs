@@ -55,7 +55,7 @@ impl StreamError {
 #[derive(Debug, Clone)]
 pub struct StreamSettings {
     /// The database: URL, TLS and password source.
-    pub endpoint: crate::store::Endpoint,
+    pub endpoint: crate::endpoint::Endpoint,
     /// The slot and publication.
     pub slot: String,
     /// The publication read.

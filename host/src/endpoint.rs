@@ -17,6 +17,22 @@ use sqlx::postgres::PgConnectOptions;
 
 use crate::secret::{Secret, SecretConfig};
 
+/// Why the options of a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// The URL does not parse.
+    #[error(transparent)]
+    Url(#[from] sqlx::Error),
+    /// The password's source cannot be read.
+    #[error("cannot connect to {at}: {reason}")]
+    Password {
+        /// Which server and database.
+        at: String,
+        /// Why.
+        reason: String,
+    },
+}
+
 /// libpq's `sslmode`.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -140,7 +156,7 @@ impl Endpoint {
     ///
     /// # Errors
     /// The URL does not parse, or the password cannot be read.
-    pub async fn pg_options(&self) -> Result<PgConnectOptions, super::Error> {
+    pub async fn pg_options(&self) -> Result<PgConnectOptions, EndpointError> {
         self.pg_options_with(self.password().await?.as_ref())
     }
 
@@ -149,7 +165,7 @@ impl Endpoint {
     ///
     /// # Errors
     /// The URL does not parse.
-    pub fn pg_options_with(&self, secret: Option<&Secret>) -> Result<PgConnectOptions, super::Error> {
+    pub fn pg_options_with(&self, secret: Option<&Secret>) -> Result<PgConnectOptions, EndpointError> {
         let options = PgConnectOptions::from_str(&self.url)?;
         Ok(match secret {
             Some(secret) => options.password(secret.expose()),
@@ -161,11 +177,13 @@ impl Endpoint {
     ///
     /// # Errors
     /// The source cannot be read.
-    pub async fn password(&self) -> Result<Option<Secret>, super::Error> {
+    pub async fn password(&self) -> Result<Option<Secret>, EndpointError> {
         match &self.password {
-            Some(source) => Ok(Some(source.read().await.map_err(|e| super::Error::Connect {
-                at: self.describe(),
-                reason: e.to_string(),
+            Some(source) => Ok(Some(source.read().await.map_err(|e| {
+                EndpointError::Password {
+                    at: self.describe(),
+                    reason: e.to_string(),
+                }
             })?)),
             None => Ok(None),
         }
