@@ -942,6 +942,13 @@ async fn a_relay_on_a_schema_too_old_waits_for_migrate_and_then_loses_nothing() 
         "/readyz says why and what to do: {body}"
     );
     assert!(!relay.has_exited(), "the relay stays up");
+    // `/status` says the same, where it used to answer 404.
+    let (code, status) = http_get(admin, "/status").await;
+    assert_eq!(code, 503, "{status}");
+    assert!(
+        status.contains("not served yet") && status.contains("switchyard migrate"),
+        "{status}"
+    );
     assert_eq!(count_status(&db.pool, "published").await, 0);
 
     let path = std::env::temp_dir().join(format!("sy-{}.toml", uuid::Uuid::new_v4().simple()));

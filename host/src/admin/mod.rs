@@ -65,13 +65,75 @@ pub fn serve_on(
     relay: Relay,
     shutdown: CancellationToken,
 ) -> anyhow::Result<AdminServer> {
-    let app = Router::new()
-        .route("/metrics", get(metrics))
+    serve_listener(listener, router(relay), shutdown)
+}
+
+/// What the admin endpoint serves: one database's relay, a database not
+/// served yet, or a fleet of many. One router ([`router`]) serves each.
+pub(crate) trait Served: Clone + Send + Sync + 'static {
+    /// The `/metrics` text, with the figures read at scrape time fresh.
+    fn scrape(&self) -> impl Future<Output = String> + Send;
+    /// The `/readyz` answer: 200 or 503, and the checks as JSON.
+    fn readyz(&self) -> impl Future<Output = Response> + Send;
+    /// The `/status` answer, for `database` when the query names one.
+    fn status(&self, database: Option<String>) -> impl Future<Output = Response> + Send;
+}
+
+/// `/status?database=NAME`.
+#[derive(serde::Deserialize)]
+struct StatusQuery {
+    database: Option<String>,
+}
+
+/// The admin endpoints over `served`.
+pub(crate) fn router<S: Served>(served: S) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(served): State<S>| async move { metrics_response(served.scrape().await) }),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/status", get(status))
-        .with_state(relay);
-    serve_listener(listener, app, shutdown)
+        .route("/readyz", get(|State(served): State<S>| async move { served.readyz().await }))
+        .route(
+            "/status",
+            get(
+                |State(served): State<S>, axum::extract::Query(query): axum::extract::Query<StatusQuery>| async move {
+                    served.status(query.database).await
+                },
+            ),
+        )
+        .with_state(served)
+}
+
+/// `readiness` as `/readyz` answers it: 200 when ready, else 503.
+pub(crate) fn readyz_response(ready: bool, readiness: impl Serialize) -> Response {
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(readiness)).into_response()
+}
+
+/// A `/status` that cannot be answered: `{"error": ...}`.
+pub(crate) fn status_refused(status: StatusCode, error: String) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": error }))).into_response()
+}
+
+impl Served for Relay {
+    async fn scrape(&self) -> String {
+        refresh_scraped(self).await;
+        self.metrics().render()
+    }
+
+    async fn readyz(&self) -> Response {
+        let readiness = readiness(self).await;
+        readyz_response(readiness.ready, readiness)
+    }
+
+    async fn status(&self, _database: Option<String>) -> Response {
+        axum::Json(relay_status(self).await).into_response()
+    }
 }
 
 /// Binds the admin endpoint's address (port 0: one the system chooses).
@@ -141,11 +203,6 @@ pub(crate) fn metrics_response(text: String) -> Response {
         text,
     )
         .into_response()
-}
-
-async fn metrics(State(relay): State<Relay>) -> Response {
-    refresh_scraped(&relay).await;
-    metrics_response(relay.metrics().render())
 }
 
 /// The result of one readiness check; shown as `ok` or `error: <why>`.
@@ -443,16 +500,6 @@ pub async fn readiness(relay: &Relay) -> Readiness {
     }
 }
 
-async fn readyz(State(relay): State<Relay>) -> Response {
-    let readiness = readiness(&relay).await;
-    let status = if readiness.ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, axum::Json(readiness)).into_response()
-}
-
 /// The `/status` body.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RelayStatus {
@@ -568,10 +615,6 @@ pub async fn relay_status(relay: &Relay) -> RelayStatus {
         plugins,
         targets,
     }
-}
-
-async fn status(State(relay): State<Relay>) -> Response {
-    axum::Json(relay_status(&relay).await).into_response()
 }
 
 /// Fetches `/status` from a relay's admin endpoint at `addr` (`host:port`),

@@ -1,18 +1,16 @@
 //! The admin endpoint while the relay waits for its database: alive on
-//! `/healthz`, not ready on `/readyz` with the reason, so an orchestrator
-//! neither restarts it nor sends it work while an operator fixes the
-//! database. The targets and plugins are checked as they will be served.
+//! `/healthz`, not ready on `/readyz` and unavailable on `/status`, each
+//! with the reason, so an orchestrator neither restarts it nor sends it work
+//! while an operator fixes the database. The targets and plugins are
+//! checked as they will be served.
 
 use std::sync::{Arc, Mutex};
 
-use axum::Router;
-use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::response::Response;
 use tokio_util::sync::CancellationToken;
 
-use super::{AdminServer, Check, Readiness, metrics_response, plugin_states, target_checks};
+use super::{AdminServer, Check, Readiness, plugin_states, target_checks};
 use crate::runtime::Shared;
 
 /// Why the database is not served yet, shared with the loop that retries.
@@ -66,29 +64,32 @@ pub fn serve(
         }),
         waiting,
     };
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(state);
-    super::serve_listener(listener, app, shutdown)
+    super::serve_listener(listener, super::router(state), shutdown)
 }
 
-async fn metrics(State(starting): State<Starting>) -> Response {
-    metrics_response(starting.shared.metrics.render())
-}
+impl super::Served for Starting {
+    async fn scrape(&self) -> String {
+        self.shared.metrics.render()
+    }
 
-async fn readyz(State(starting): State<Starting>) -> Response {
-    let targets = target_checks(&starting.shared.sinks).await;
-    let readiness = Readiness {
-        ready: false,
-        workers: Check::Failed("not started: the database is not served yet".to_string()),
-        database: Check::Failed(starting.waiting.reason()),
-        targets,
-        paused: std::collections::BTreeMap::new(),
-        capture: None,
-        plugins: plugin_states(&starting.shared.plugins),
-        replication: None,
-    };
-    (StatusCode::SERVICE_UNAVAILABLE, axum::Json(readiness)).into_response()
+    async fn readyz(&self) -> Response {
+        let readiness = Readiness {
+            ready: false,
+            workers: Check::Failed("not started: the database is not served yet".to_string()),
+            database: Check::Failed(self.waiting.reason()),
+            targets: target_checks(&self.shared.sinks).await,
+            paused: std::collections::BTreeMap::new(),
+            capture: None,
+            plugins: plugin_states(&self.shared.plugins),
+            replication: None,
+        };
+        super::readyz_response(false, readiness)
+    }
+
+    async fn status(&self, _database: Option<String>) -> Response {
+        super::status_refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the database is not served yet: {}", self.waiting.reason()),
+        )
+    }
 }

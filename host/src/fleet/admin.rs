@@ -7,11 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use axum::Router;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use futures::StreamExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -40,30 +37,7 @@ pub fn serve_on(
     fleet: Fleet,
     shutdown: CancellationToken,
 ) -> anyhow::Result<AdminServer> {
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/status", get(status))
-        .with_state(fleet);
-    crate::admin::serve_listener(listener, app, shutdown)
-}
-
-async fn metrics(State(fleet): State<Fleet>) -> Response {
-    let running: Vec<_> = fleet
-        .databases()
-        .into_values()
-        .filter_map(|state| match state {
-            DatabaseState::Running(relay) => Some(relay),
-            DatabaseState::Starting { .. } | DatabaseState::Standby { .. } => None,
-        })
-        .collect();
-    futures::stream::iter(running)
-        .for_each_concurrent(CHECKS_AT_ONCE, |relay| async move {
-            crate::admin::refresh_scraped(&relay).await;
-        })
-        .await;
-    crate::admin::metrics_response(fleet.metrics().render())
+    crate::admin::serve_listener(listener, crate::admin::router(fleet), shutdown)
 }
 
 /// The fleet's `/readyz` body.
@@ -153,62 +127,66 @@ async fn database_readiness(state: DatabaseState) -> DatabaseReadiness {
     }
 }
 
-async fn readyz(State(fleet): State<Fleet>) -> Response {
-    let readiness = readiness(&fleet).await;
-    let status = if readiness.ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, axum::Json(readiness)).into_response()
-}
+impl crate::admin::Served for Fleet {
+    async fn scrape(&self) -> String {
+        let running: Vec<_> = self
+            .databases()
+            .into_values()
+            .filter_map(|state| match state {
+                DatabaseState::Running(relay) => Some(relay),
+                DatabaseState::Starting { .. } | DatabaseState::Standby { .. } => None,
+            })
+            .collect();
+        futures::stream::iter(running)
+            .for_each_concurrent(CHECKS_AT_ONCE, |relay| async move {
+                crate::admin::refresh_scraped(&relay).await;
+            })
+            .await;
+        self.metrics().render()
+    }
 
-#[derive(serde::Deserialize)]
-struct StatusQuery {
-    database: Option<String>,
-}
+    async fn readyz(&self) -> Response {
+        let readiness = readiness(self).await;
+        crate::admin::readyz_response(readiness.ready, readiness)
+    }
 
-/// One database's status; the name may be left out when there is one.
-async fn status(
-    State(fleet): State<Fleet>,
-    axum::extract::Query(query): axum::extract::Query<StatusQuery>,
-) -> Response {
-    let databases = fleet.databases();
-    let names = || databases.keys().cloned().collect::<Vec<_>>().join(", ");
-    let refuse = |status: StatusCode, error: String| {
-        (status, axum::Json(serde_json::json!({ "error": error }))).into_response()
-    };
-    let name = match query.database {
-        Some(name) => name,
-        None if databases.len() == 1 => databases.keys().next().cloned().unwrap_or_default(),
-        None => {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                format!("which database? /status?database=NAME, one of: {}", names()),
-            );
-        }
-    };
-    match databases.get(&name) {
-        Some(DatabaseState::Running(relay)) => {
-            axum::Json(crate::admin::relay_status(relay).await).into_response()
-        }
-        Some(DatabaseState::Standby { owner }) => refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "database {name:?} is served by {}, not here",
-                owner.as_deref().unwrap_or("no relay yet")
+    /// One database's status; the name may be left out when there is one.
+    async fn status(&self, database: Option<String>) -> Response {
+        let databases = self.databases();
+        let names = || databases.keys().cloned().collect::<Vec<_>>().join(", ");
+        let refuse = crate::admin::status_refused;
+        let name = match database {
+            Some(name) => name,
+            None if databases.len() == 1 => databases.keys().next().cloned().unwrap_or_default(),
+            None => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("which database? /status?database=NAME, one of: {}", names()),
+                );
+            }
+        };
+        match databases.get(&name) {
+            Some(DatabaseState::Running(relay)) => {
+                axum::Json(crate::admin::relay_status(relay).await).into_response()
+            }
+            Some(DatabaseState::Standby { owner }) => refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "database {name:?} is served by {}, not here",
+                    owner.as_deref().unwrap_or("no relay yet")
+                ),
             ),
-        ),
-        Some(DatabaseState::Starting { last_error, .. }) => refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "database {name:?} is not served yet: {}",
-                last_error.as_deref().unwrap_or("connecting")
+            Some(DatabaseState::Starting { last_error, .. }) => refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "database {name:?} is not served yet: {}",
+                    last_error.as_deref().unwrap_or("connecting")
+                ),
             ),
-        ),
-        None => refuse(
-            StatusCode::NOT_FOUND,
-            format!("no database {name:?} here; served: {}", names()),
-        ),
+            None => refuse(
+                StatusCode::NOT_FOUND,
+                format!("no database {name:?} here; served: {}", names()),
+            ),
+        }
     }
 }
