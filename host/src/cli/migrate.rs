@@ -59,19 +59,36 @@ pub async fn run_each(args: Migrate, database: Option<&str>) -> anyhow::Result<(
     Ok(())
 }
 
+/// The database `migrate` works on: the config's, else the URL given.
+fn endpoint(args: &Migrate) -> anyhow::Result<crate::endpoint::Endpoint> {
+    match (&args.config, &args.database_url) {
+        (Some(config), _) => Ok(config.database.endpoint()),
+        (None, Some(url)) => Ok(url.into()),
+        (None, None) => {
+            anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
+        }
+    }
+}
+
+/// `[source]` checked against its table (PostgreSQL only).
+async fn checked_source(
+    source: Option<&crate::config::source::SourceConfig>,
+    pg: Option<&crate::store::PgOutbox>,
+) -> anyhow::Result<Option<crate::store::capture::Capture>> {
+    match (source, pg) {
+        (Some(source), Some(pg)) => Ok(Some(pg.check_source(source).await?)),
+        (Some(_), None) => anyhow::bail!("source: an existing table can be relayed from PostgreSQL only"),
+        (None, _) => Ok(None),
+    }
+}
+
 /// Runs `switchyard migrate`.
 ///
 /// # Errors
 /// No database given, connection, a source mapping that does not fit the
 /// table, or a failed statement.
 pub async fn run(args: Migrate) -> anyhow::Result<()> {
-    let url: crate::endpoint::Endpoint = match (&args.config, &args.database_url) {
-        (Some(config), _) => config.database.endpoint(),
-        (None, Some(url)) => url.into(),
-        (None, None) => {
-            anyhow::bail!("give --config FILE or --database-url URL (or SWITCHYARD_DATABASE_URL)")
-        }
-    };
+    let url = endpoint(&args)?;
     let source = args.config.as_ref().and_then(|config| config.source.as_ref());
     anyhow::ensure!(
         !args.backfill || source.is_some(),
@@ -81,11 +98,7 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         .await
         .context("cannot connect to the database")?;
     let pg = store.postgres();
-    let capture = match (source, &pg) {
-        (Some(source), Some(pg)) => Some(pg.check_source(source).await?),
-        (Some(_), None) => anyhow::bail!("source: an existing table can be relayed from PostgreSQL only"),
-        (None, _) => None,
-    };
+    let capture = checked_source(source, pg.as_ref()).await?;
     let pending = store
         .pending_migrations()
         .await
