@@ -457,11 +457,7 @@ async fn status_json_matches_the_database_and_the_running_relay() {
         insert("OrderShipped", "dead", dead).await;
     }
     let _relay = switchyard_tests::relay::Process::spawn(SWITCHYARD, &config, "status-test");
-    let addr: std::net::SocketAddr = admin.parse().unwrap();
-    eventually("the admin endpoint", Duration::from_secs(30), || async {
-        tokio::net::TcpStream::connect(addr).await.ok()
-    })
-    .await;
+    switchyard_tests::readyz_answers(admin.parse().unwrap(), 200).await;
 
     let status = || status_json(&config_path);
     let report = status().await;

@@ -393,15 +393,15 @@ async fn a_broker_outage_in_replication_mode_dead_letters_nothing_and_keeps_orde
     assert_eq!(unfinished, 0);
 }
 
+/// A slot dropped under a running relay: the relay stays up and is not
+/// ready, `/readyz` naming the missing slot and what to do; once `migrate`
+/// makes the slot again, it serves what is written from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_dropped_under_the_relay_stops_it_with_what_to_do() {
-    let (db, _nats, config) = migrated(&[]).await;
-    let path = std::env::temp_dir().join(format!("sy-run-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, format!("{config}\n[admin]\nlisten = \"\"\n")).unwrap();
-    let run = {
-        let path = path.clone();
-        tokio::spawn(async move { cli(SWITCHYARD, &["run", "--config", path.to_str().unwrap()], &[]).await })
-    };
+async fn a_slot_dropped_under_the_relay_makes_it_unready_with_what_to_do() {
+    let (db, nats, config) = migrated(&[]).await;
+    let (with_admin, admin) = switchyard_tests::with_admin(&config);
+    let mut relay = Process::spawn(SWITCHYARD, &with_admin, "slot-dropped");
+    switchyard_tests::readyz_answers(admin, 200).await;
     let active = || async {
         let pid: Option<Option<i32>> =
             sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
@@ -427,16 +427,29 @@ async fn a_slot_dropped_under_the_relay_stops_it_with_what_to_do() {
             .map(|_| ())
     })
     .await;
-    let (code, out, err) = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the relay stops")
-        .unwrap();
-    let _ = std::fs::remove_file(&path);
-    assert_ne!(code, 0, "{out}{err}");
-    assert!(
-        err.contains(&format!("replication slot {:?} does not exist", db.name))
-            && err.contains("switchyard migrate"),
-        "{err}"
+    // The feed ends, and the relay is built again: both say what to do.
+    let missing = format!("replication slot \\\"{}\\\" does not exist", db.name);
+    eventually(
+        "/readyz naming the missing slot and what to do",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = switchyard_tests::try_http_get(admin, "/readyz").await?;
+            (code == 503 && body.contains(&missing) && body.contains("switchyard migrate")).then_some(())
+        },
+    )
+    .await;
+    assert!(!relay.has_exited(), "the relay stays up, not ready");
+
+    migrate(&config).await;
+    switchyard_tests::readyz_answers(admin, 200).await;
+    let expected = write_orders(&db.pool, 10, 3, 2).await;
+    stream_holds(&nats, expected.len() as u64, "served once migrated", 60).await;
+    relay.terminate();
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!(
+        (verdict.distinct, verdict.duplicates),
+        (expected.len(), 0),
+        "{verdict:?}"
     );
 }
 

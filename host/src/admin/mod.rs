@@ -18,8 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::relay::Relay;
 
-pub mod starting;
-
 /// Bound on each readiness check, so a hung broker makes `/readyz` say
 /// not-ready instead of hanging the probe.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);

@@ -3,7 +3,8 @@
 //! says which databases are served: `ok`, `degraded` (some are not, the
 //! process still serves the rest: 200) or `down` (none is, or a target or
 //! plugin fails: 503), and `/status?database=NAME`, one database's status
-//! as a single relay gives it.
+//! as a single relay gives it. A fleet of one (a `[database]` config)
+//! answers `/readyz` as that one relay.
 
 use std::collections::BTreeMap;
 
@@ -127,6 +128,31 @@ async fn database_readiness(state: DatabaseState) -> DatabaseReadiness {
     }
 }
 
+/// `/readyz` of a fleet of one: the single relay's body, also before the
+/// relay runs (not ready, the database check saying why).
+async fn alone_readyz(fleet: &Fleet, state: DatabaseState) -> Response {
+    use crate::admin::Served;
+    let last_error = match state {
+        DatabaseState::Running(relay) => return relay.readyz().await,
+        DatabaseState::Starting { last_error, .. } => last_error,
+        DatabaseState::Standby { owner } => Some(format!(
+            "served by {}",
+            owner.as_deref().unwrap_or("no relay yet")
+        )),
+    };
+    let readiness = crate::admin::Readiness {
+        ready: false,
+        workers: Check::Failed("not started: the database is not served yet".to_string()),
+        database: Check::Failed(last_error.unwrap_or_else(|| "connecting".to_string())),
+        targets: crate::admin::target_checks(fleet.sinks()).await,
+        paused: BTreeMap::new(),
+        capture: None,
+        plugins: crate::admin::plugin_states(fleet.plugins()),
+        replication: None,
+    };
+    crate::admin::readyz_response(false, readiness)
+}
+
 impl crate::admin::Served for Fleet {
     async fn scrape(&self) -> String {
         let running: Vec<_> = self
@@ -146,6 +172,11 @@ impl crate::admin::Served for Fleet {
     }
 
     async fn readyz(&self) -> Response {
+        if self.alone()
+            && let Some(state) = self.databases().into_values().next()
+        {
+            return alone_readyz(self, state).await;
+        }
         let readiness = readiness(self).await;
         crate::admin::readyz_response(readiness.ready, readiness)
     }

@@ -21,8 +21,11 @@ use crate::relay::Relay;
 use crate::runtime::Shared;
 
 /// The longest pause between two tries to start serving a database that
-/// cannot be reached (or is not migrated).
+/// cannot be reached (or is not migrated): short for a process of one
+/// database, which is all down meanwhile, longer for a fleet, where a
+/// hundred databases down must not mean a hundred connects a second.
 const CONNECT_RETRY_MAX: Duration = Duration::from_secs(30);
+const CONNECT_RETRY_MAX_ALONE: Duration = Duration::from_secs(5);
 
 /// Where one database of the fleet stands.
 #[derive(Clone)]
@@ -62,6 +65,9 @@ pub struct Fleet {
 
 struct FleetInner {
     config: Config,
+    /// The config's single `[database]`: the fleet of one that every
+    /// process of one database is, answering as a relay, not as a fleet.
+    alone: bool,
     shared: Shared,
     members: Mutex<BTreeMap<String, Member>>,
     /// The last catalog read's outcome (`None` before the first, or
@@ -105,6 +111,7 @@ impl Fleet {
         let shared = Shared::start(&config).await?;
         let fleet = Fleet {
             inner: Arc::new(FleetInner {
+                alone: !config.serves_many(),
                 config: config.clone(),
                 shared,
                 members: Mutex::new(BTreeMap::new()),
@@ -262,6 +269,12 @@ impl Fleet {
             DatabaseState::Running(relay) => Some(relay),
             DatabaseState::Starting { .. } | DatabaseState::Standby { .. } => None,
         }
+    }
+
+    /// Whether this is the fleet of one of a `[database]` config, whose
+    /// endpoints answer as a single relay's.
+    pub fn alone(&self) -> bool {
+        self.inner.alone
     }
 
     /// Where the admin endpoint listens, as given at start.
@@ -423,7 +436,12 @@ async fn serve(
     let set = |next: DatabaseState| set_state(&state, &metrics, next);
     let mut attempts = 0_u32;
     let mut since = Instant::now();
-    let mut pause = crate::backoff::Backoff::new(Duration::from_secs(1), CONNECT_RETRY_MAX);
+    let most = if fleet.alone() {
+        CONNECT_RETRY_MAX_ALONE
+    } else {
+        CONNECT_RETRY_MAX
+    };
+    let mut pause = crate::backoff::Backoff::new(Duration::from_millis(500), most);
     while !stop.is_cancelled() {
         attempts += 1;
         let round = stop.child_token();
@@ -523,11 +541,13 @@ async fn build(
         store.migrate().await?;
         store.close().await;
     }
-    Ok(
-        crate::runtime::database_builder(config, &database.name, &fleet.inner.shared)
-            .await?
-            .database(&database.name),
-    )
+    let builder = crate::runtime::database_builder(config, &database.name, &fleet.inner.shared).await?;
+    // Plugins learn the database's name only where there are several.
+    Ok(if fleet.alone() {
+        builder
+    } else {
+        builder.database(&database.name)
+    })
 }
 
 /// Runs one database's relay with what runs beside it in a single-database
