@@ -115,6 +115,28 @@ pub async fn readyz_answers(admin: std::net::SocketAddr, status: u16) -> String 
     .await
 }
 
+/// Waits (a minute at most) until `/readyz` at `admin` answers 503 with a
+/// body that holds every one of `says`, and returns that body. A relay
+/// answers not ready at once, before its first look at the database says
+/// why; this waits for the why.
+///
+/// # Panics
+/// When it does not in time; the message holds the last body.
+pub async fn readyz_unready(admin: std::net::SocketAddr, says: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::from("(no answer)");
+    while Instant::now() < deadline {
+        if let Some((code, body)) = try_http_get(admin, "/readyz").await {
+            if code == 503 && says.iter().all(|said| body.contains(said)) {
+                return body;
+            }
+            last = format!("{code} {body}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("/readyz did not answer 503 saying {says:?} within 60 s; last: {last}");
+}
+
 /// Runs the `switchyard` command line to completion: exit code, stdout,
 /// stderr. `binary` is the test's `env!("CARGO_BIN_EXE_relay-process")`.
 ///
