@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Inner, NativeRouter, Relay, RetryPolicy, default_owner, outage};
+use super::{Feed, Inner, NativeRouter, Relay, RetryPolicy, default_owner, outage};
 use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 use crate::plugin::Plugins;
@@ -92,12 +92,17 @@ impl RelayBuilder {
                 health: super::WorkerHealth::default(),
                 outages: outage::Outages::default(),
                 wake: Arc::new(tokio::sync::Notify::new()),
-                acks_pending: std::sync::atomic::AtomicUsize::new(0),
-                acks_waiting_since: std::sync::Mutex::new(None),
+                held: super::claim_feed::HeldOutcomes::default(),
                 _watcher: self.watcher,
                 native_router: self.native_router,
                 capture: self.capture,
-                replication: self.replication,
+                feed: match self.replication {
+                    Some(slot) => Feed::Wal {
+                        slot: Box::new(slot),
+                        listen: self.listen,
+                    },
+                    None => Feed::Claim { listen: self.listen },
+                },
                 retry: RetryPolicy::from_config(&config),
                 metrics,
                 store: self.store,
@@ -107,7 +112,6 @@ impl RelayBuilder {
                 owner,
                 limits,
                 database: self.database,
-                listen: self.listen,
             }),
         }
     }

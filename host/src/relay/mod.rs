@@ -1,39 +1,41 @@
-//! The relay: workers claim batches and take each through named stages,
-//! a listener turns NOTIFY into wake-ups, a supervisor restarts workers.
+//! The relay: one pipeline value ([`Relay`]) owns the stages every event
+//! goes through, and its feeds bring the events to them.
 //!
 //! | stage | module | does |
 //! |---|---|---|
-//! | claim | [`crate::store`] | leases the heads of aggregates |
 //! | route | [`route`] | runs each row through its plugin (blocking thread) |
 //! | plan | [`plan`] | groups messages by target, skips what was acknowledged |
 //! | publish | [`publish`] | one call per target, all at once, bounded |
 //! | settle | [`settle`] | each row's outcome and delivery state |
-//! | ack | [`crate::store`] | records the outcomes, fenced by the lease |
 //!
-//! [`workers`] runs and supervises the workers, [`retry`] holds the retry
-//! policy, [`listen`] the LISTEN loop and [`health`] what workers report
-//! for readiness.
+//! | feed | module | brings |
+//! |---|---|---|
+//! | claim | [`claim_feed`] | batches leased from the outbox table; their outcomes acked, fenced by the lease |
+//! | WAL | [`wal_feed`] | events read from a replication slot, in lanes; what is not published crosses the hand-over to the table, for the claim feed |
+//!
+//! [`retry`] holds the retry policy, [`outage`] the paused targets and
+//! [`health`] what workers report for readiness.
 
 mod builder;
 pub use builder::RelayBuilder;
+mod claim_feed;
 mod health;
 pub use health::RecentPanic;
 mod outage;
 mod plan;
 mod publish;
-mod replicate;
 mod retry;
 mod route;
 pub use route::router;
 mod settle;
-mod workers;
+mod wal_feed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 pub use outage::Paused;
@@ -44,19 +46,12 @@ use crate::metrics::Metrics;
 use crate::plugin::{Event, Message, Plugins, Refusal};
 use crate::relay::router::Limits;
 use crate::sinks::{SinkError, Sinks};
-use crate::store::{self, Claim, OutboxRow, OutboxStore};
+use crate::store::{self, OutboxRow, OutboxStore};
 use health::WorkerHealth;
 use retry::lease_spent;
 
-/// A claim statement slower than this is logged with its duration.
-const SLOW_CLAIM: Duration = Duration::from_secs(1);
-
 /// Time kept in reserve at the end of a lease for recording the outcome.
 const ACK_RESERVE: Duration = Duration::from_secs(1);
-
-/// The longest pause between two tries to record a batch's outcomes while
-/// the database cannot take them.
-const ACK_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Everything a relay instance needs.
 #[derive(Clone)]
@@ -77,25 +72,49 @@ pub enum BatchError {
     Claim(#[source] store::Error),
 }
 
+/// Where a relay's events come from.
+#[derive(Clone)]
+pub enum Feed {
+    /// Claimed from the outbox table.
+    Claim {
+        /// Whether a session LISTENs for commits (else the poll alone
+        /// finds new rows).
+        listen: bool,
+    },
+    /// Read from a replication slot; what is not published there is handed
+    /// over to the table and claimed from it.
+    Wal {
+        /// The slot, and how to read it.
+        slot: Box<crate::store::replication::StreamSettings>,
+        /// Whether a session LISTENs for the acks that free parked rows.
+        listen: bool,
+    },
+}
+
+impl Feed {
+    fn listens(&self) -> bool {
+        match self {
+            Feed::Claim { listen } | Feed::Wal { listen, .. } => *listen,
+        }
+    }
+}
+
 struct Inner {
     health: WorkerHealth,
     /// Targets paused because they cannot be reached.
     outages: outage::Outages,
-    /// Wakes idle workers: a commit (NOTIFY), a resumed target.
+    /// Wakes idle workers: a commit (NOTIFY), a resumed target, rows
+    /// handed over by the WAL feed.
     wake: Arc<tokio::sync::Notify>,
-    /// Batches whose outcomes wait for the database to record them; no
-    /// worker claims meanwhile (a claim could take their expired leases).
-    acks_pending: std::sync::atomic::AtomicUsize,
-    /// When the oldest of those began waiting.
-    acks_waiting_since: std::sync::Mutex<Option<Instant>>,
+    /// Batches whose outcomes wait for the database to record them.
+    held: claim_feed::HeldOutcomes,
     /// Kept alive as long as the relay: hot reload.
     _watcher: Option<crate::plugin::watch::PluginWatcher>,
     /// Routes instead of the plugins when set.
     native_router: Option<NativeRouter>,
     /// The `[source]` capture trigger `/readyz` watches.
     capture: Option<crate::store::capture::Capture>,
-    /// In replication mode, the slot events are read from.
-    replication: Option<crate::store::replication::StreamSettings>,
+    feed: Feed,
     store: OutboxStore,
     plugins: Plugins,
     sinks: Sinks,
@@ -106,8 +125,6 @@ struct Inner {
     metrics: Metrics,
     /// The database's name for plugins, when the relay is one of several.
     database: Option<String>,
-    /// Whether a session LISTENs for commits (else the poll alone finds rows).
-    listen: bool,
 }
 
 /// What one batch did, for logs and tests.
@@ -162,7 +179,63 @@ impl Relay {
 
     /// The replication slot this relay reads, in replication mode.
     pub fn replication(&self) -> Option<&crate::store::replication::StreamSettings> {
-        self.inner.replication.as_ref()
+        match &self.inner.feed {
+            Feed::Wal { slot, .. } => Some(slot),
+            Feed::Claim { .. } => None,
+        }
+    }
+
+    /// Relays until `shutdown` is cancelled: the claim feed, and in
+    /// replication mode the WAL feed beside it. Then stops taking events,
+    /// lets running batches finish within `shutdown_timeout_ms` and
+    /// releases what is left.
+    ///
+    /// # Errors
+    /// The slot cannot be read any more (dropped, invalidated), or the
+    /// leases could not be released at the end; transient database and
+    /// broker errors are retried inside.
+    pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        self.wake_rows_waiting_on_targets().await;
+        let claim = claim_feed::ClaimFeed::new(self.clone(), self.inner.feed.listens());
+        let Feed::Wal { slot, .. } = &self.inner.feed else {
+            return claim.run(shutdown).await;
+        };
+        // The configuration refuses replication mode on SQLite.
+        let Some(pg) = self.inner.store.postgres() else {
+            anyhow::bail!("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming");
+        };
+        let wal = wal_feed::WalFeed::new(self.clone(), slot.as_ref().clone(), pg);
+        // A WAL feed that ends on its own (its slot is gone) stops the
+        // claim feed too; its error is the relay's.
+        let stop = shutdown.child_token();
+        let reading = AbortOnDropHandle::new(tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let read = wal.run(stop.clone()).await;
+                if let Err(error) = &read {
+                    tracing::error!(%error, "The replication feed stopped; the relay stops.");
+                    stop.cancel();
+                }
+                read
+            }
+        }));
+        let claimed = claim.run(stop).await;
+        let read = reading
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the replication feed panicked: {panic}")));
+        claimed.and(read)
+    }
+
+    /// Targets are up (the relay connected them): rows a relay left waiting
+    /// on one that was down go now, not at their late recheck.
+    async fn wake_rows_waiting_on_targets(&self) {
+        match self.inner.store.wake_waiting(None).await {
+            Ok(0) => {}
+            Ok(woken) => info!(woken, "Rows waiting on targets that are up now are due."),
+            Err(error) => {
+                warn!(%error, "Could not wake rows waiting on targets; they are tried at their recheck.")
+            }
+        }
     }
 
     /// The capture trigger of `[source]`, if the relay has one.
@@ -204,28 +277,6 @@ impl Relay {
         self.inner.health.check()
     }
 
-    /// A slow claim is usually a plan made on statistics taken while the
-    /// outbox was empty, its normal state: refresh them (at most once a
-    /// minute) so the next claim is planned on the backlog that is there now.
-    fn claim_was_slow(&self) {
-        if !self.inner.health.analyze_due() {
-            return;
-        }
-        let store = self.inner.store.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            match store.refresh_statistics().await {
-                Ok(()) => warn!(
-                    analyze_ms = started.elapsed().as_millis() as u64,
-                    "Claims were slow; refreshed the outbox table's statistics (ANALYZE)."
-                ),
-                Err(error) => {
-                    warn!(%error, "Claims were slow; refreshing the outbox table's statistics failed.")
-                }
-            }
-        });
-    }
-
     fn record_panic(&self, worker: u32, panic: &(dyn std::any::Any + Send)) {
         // Counted before readiness reports it: whoever sees /readyz turn
         // unready finds the panic in /metrics too.
@@ -236,111 +287,6 @@ impl Relay {
             panic = %message,
             "A batch panicked; its rows are retried when their leases expire. This is a bug: please report it."
         );
-    }
-
-    /// Claims and processes one batch. Outcomes the database cannot take
-    /// are held (and tried again) until it can.
-    ///
-    /// # Errors
-    /// A database error while claiming; nothing was claimed.
-    pub async fn run_once(&self) -> Result<BatchReport, BatchError> {
-        let inner = &self.inner;
-        // A claim now could take the leases of rows whose outcomes are on
-        // their way: they would go round again, their attempt spent.
-        while self.acks_pending() {
-            tokio::time::sleep(ACK_RETRY_MAX / 4).await;
-        }
-        let claim = inner
-            .store
-            .claim(
-                &inner.owner,
-                inner.config.batch_size,
-                inner.config.lease_duration(),
-            )
-            .await;
-        inner.metrics.claim();
-        let claim = match claim {
-            Err(error @ store::Error::ClaimTimedOut { .. }) => {
-                self.claim_was_slow();
-                return Err(BatchError::Claim(error));
-            }
-            claim => claim.map_err(BatchError::Claim)?,
-        };
-        if claim.took >= SLOW_CLAIM {
-            warn!(
-                claim_ms = claim.took.as_millis() as u64,
-                statement_ms = claim.statement.map(|s| s.as_millis() as u64),
-                rows = claim.rows.len(),
-                lease_ms = inner.config.lease_duration_ms,
-                "Claim statement was slow."
-            );
-            self.claim_was_slow();
-        }
-        if claim.rows.is_empty() {
-            return Ok(BatchReport {
-                parked: claim.parked,
-                look_again: claim.look_again,
-                ..BatchReport::default()
-            });
-        }
-        // A panic past this point would leave the rows to their leases,
-        // and rows that keep panicking to be dead-lettered as "lease
-        // expired": record the panic as their outcome, then let it go on
-        // to the worker, which reports it.
-        let lease = claim.lease;
-        let claimed: Vec<_> = claim
-            .rows
-            .iter()
-            .map(|row| (row.id, row.attempts, row.deliveries.clone()))
-            .collect();
-        match std::panic::AssertUnwindSafe(self.process(claim))
-            .catch_unwind()
-            .await
-        {
-            Ok(report) => report,
-            Err(panic) => {
-                let error = format!(
-                    "the relay panicked processing this row's batch: {}",
-                    health::panic_message(panic.as_ref())
-                );
-                let outcomes: Vec<store::RowOutcome> = claimed
-                    .into_iter()
-                    .map(|(id, attempts, deliveries)| store::RowOutcome {
-                        id,
-                        outcome: inner
-                            .retry
-                            .after_failure(u32::try_from(attempts).unwrap_or(u32::MAX), error.clone()),
-                        deliveries,
-                        plugin_version: None,
-                    })
-                    .collect();
-                self.record(lease, &outcomes).await;
-                std::panic::resume_unwind(panic)
-            }
-        }
-    }
-
-    /// The stages after the claim: route, plan, publish, settle, ack.
-    async fn process(&self, claim: Claim) -> Result<BatchReport, BatchError> {
-        let claimed = claim.rows.len();
-        let (parked, look_again) = (claim.parked, claim.look_again);
-        let lease = claim.lease;
-        let settled = self.stages(claim.rows, claim.deadline, claim.took).await;
-        let acked = self.record(lease, &settled.outcomes).await;
-        let report = BatchReport {
-            claimed,
-            parked,
-            look_again,
-            lost: settled.outcomes.len() - acked.len(),
-            ..settled.report
-        };
-        if report.lost > 0 {
-            warn!(
-                lost = report.lost,
-                "Leases expired before the ack; those rows will be delivered again."
-            );
-        }
-        Ok(report)
     }
 
     /// Route, plan, publish and settle: what every feed's batch goes
@@ -380,71 +326,6 @@ impl Relay {
             "Batch done."
         );
         settled
-    }
-
-    /// Records a batch's outcomes, trying again for as long as the
-    /// database cannot take them (a restart, a failover, a network cut):
-    /// an outage is nobody's attempt, and outcomes dropped here would send
-    /// the rows round again with an attempt spent. Late is safe: the lease
-    /// fences the ack, so rows another relay took meanwhile are left alone.
-    async fn record(&self, lease: store::LeaseId, outcomes: &[store::RowOutcome]) -> Vec<store::RowId> {
-        let inner = &self.inner;
-        let pause = crate::backoff::Backoff::new(Duration::from_millis(100), ACK_RETRY_MAX);
-        let (acked, waited) = crate::backoff::until_ok(
-            pause,
-            || inner.store.ack(lease, outcomes),
-            |error, failures| {
-                if failures > 1 {
-                    debug!(%error, "Recording outcomes failed again.");
-                    return;
-                }
-                let mut waiting_since = inner
-                    .acks_waiting_since
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                inner.acks_pending.fetch_add(1, Ordering::AcqRel);
-                waiting_since.get_or_insert_with(Instant::now);
-                drop(waiting_since);
-                warn!(
-                    %error,
-                    rows = outcomes.len(),
-                    "Cannot record the batch's outcomes; holding them until the database takes them. No batch is claimed meanwhile."
-                );
-            },
-        )
-        .await;
-        if let Some(waited) = waited {
-            // The last batch held clears the time: another may still wait.
-            let mut waiting_since = inner
-                .acks_waiting_since
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if inner.acks_pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-                *waiting_since = None;
-            }
-            drop(waiting_since);
-            info!(
-                rows = outcomes.len(),
-                waited_ms = waited.as_millis() as u64,
-                "The database took the batch's outcomes."
-            );
-        }
-        acked
-    }
-
-    /// Whether a batch's outcomes are waiting for the database.
-    fn acks_pending(&self) -> bool {
-        self.inner.acks_pending.load(Ordering::Acquire) > 0
-    }
-
-    /// For how long batch outcomes have waited for the database, if any do.
-    pub fn outcomes_waiting(&self) -> Option<Duration> {
-        let since = *self
-            .inner
-            .acks_waiting_since
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        since.filter(|_| self.acks_pending()).map(|since| since.elapsed())
     }
 
     /// A settled batch's metrics, counted per batch: a labelled counter

@@ -1,11 +1,11 @@
-//! The replication feed: events read from the WAL go through the same
-//! stages as claimed rows, but nothing is written for an event that is
-//! published. An event that is not (a refusal, a retry, a paused target, a
-//! delay) is handed over to the table with its outcome, and the later
-//! events of its aggregate follow it there, so the claim path retries,
-//! dead-letters and orders them as in claim mode. The slot's position is
-//! confirmed past a batch only once every event of it is published or in
-//! the table.
+//! The WAL feed (replication mode): events read from the slot go through
+//! the same stages as claimed rows, in lanes by aggregate, but nothing is
+//! written for an event that is published. An event that is not (a
+//! refusal, a retry, a paused target, a delay) crosses the [`Handover`] to
+//! the table with its outcome, and the later events of its aggregate follow
+//! it there, so the claim feed retries, dead-letters and orders them as in
+//! claim mode. The slot's position is confirmed past a batch only once
+//! every event of it is published or in the table ([`Progress`]).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -99,9 +99,11 @@ impl<P: Ord + Copy> Progress<P> {
     }
 }
 
-/// The table side of the feed: where rows not published are handed over,
-/// and what the feed knows of it between batches.
-struct TableState {
+/// The bridge from the WAL feed to the table, one per lane: rows not
+/// published are handed over to the claim feed there (which is woken), and
+/// what the lane knows of the table between batches.
+struct Handover {
+    relay: Relay,
     pg: PgOutbox,
     /// Some aggregate may wait behind a row in the table: each batch's
     /// aggregates are looked up there (else none are).
@@ -109,29 +111,33 @@ struct TableState {
     checked: Instant,
 }
 
-impl Relay {
+/// Reads a replication slot and relays what it reads.
+pub(super) struct WalFeed {
+    relay: Relay,
+    settings: StreamSettings,
+    pg: PgOutbox,
+}
+
+impl WalFeed {
+    pub(super) fn new(relay: Relay, settings: StreamSettings, pg: PgOutbox) -> WalFeed {
+        WalFeed { relay, settings, pg }
+    }
+
     /// Reads the slot until `shutdown`: as its reader, or as a standby
     /// while another relay reads it.
     ///
     /// # Errors
     /// The slot cannot be read any more (dropped, invalidated): the relay
-    /// has to stop, and an operator to act.
-    pub(super) async fn replicate(
-        &self,
-        settings: StreamSettings,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
-        // The configuration refuses replication mode on SQLite.
-        let Some(pg) = self.inner.store.postgres() else {
-            anyhow::bail!("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming");
-        };
+    /// cannot go on, and an operator has to act.
+    pub(super) async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let settings = &self.settings;
         let broken = Repeats::default();
         let mut standing_by = false;
         // The first pause after a break is 200 ms.
         let mut pause = crate::backoff::Backoff::new(Duration::from_millis(200), RETRY_MAX);
         while !shutdown.is_cancelled() {
             let opened = tokio::select! {
-                opened = WalStream::open(&settings) => opened,
+                opened = WalStream::open(settings) => opened,
                 () = shutdown.cancelled() => return Ok(()),
             };
             let failed = match opened {
@@ -143,9 +149,10 @@ impl Relay {
                     }
                     standing_by = false;
                     pause.reset();
-                    self.inner.metrics.set_replication_reading(true);
-                    let ended = self.read(stream, &pg, &shutdown).await;
-                    self.inner.metrics.set_replication_reading(false);
+                    let metrics = &self.relay.inner.metrics;
+                    metrics.set_replication_reading(true);
+                    let ended = self.read(stream, &shutdown).await;
+                    metrics.set_replication_reading(false);
                     ended
                 }
                 Err(error) => error,
@@ -191,8 +198,8 @@ impl Relay {
     /// their share of each batch in stream order, side by side; the slot is
     /// confirmed up to the last batch that every lane has finished, as have
     /// all batches before it.
-    async fn read(&self, mut stream: WalStream, pg: &PgOutbox, shutdown: &CancellationToken) -> StreamError {
-        let lanes = usize::try_from(self.inner.config.concurrency.max(1)).unwrap_or(1);
+    async fn read(&self, mut stream: WalStream, shutdown: &CancellationToken) -> StreamError {
+        let lanes = usize::try_from(self.relay.inner.config.concurrency.max(1)).unwrap_or(1);
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
         let mut senders = Vec::with_capacity(lanes);
         let mut running = tokio::task::JoinSet::new();
@@ -202,21 +209,22 @@ impl Relay {
             // broker's round trip per call bounds a lane, not its rows).
             let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
             senders.push(tx);
-            let (relay, done, pg) = (self.clone(), done_tx.clone(), pg.clone());
+            let done = done_tx.clone();
+            let mut handover = Handover {
+                relay: self.relay.clone(),
+                pg: self.pg.clone(),
+                may_hold: true,
+                checked: Instant::now() - TABLE_RECHECK,
+            };
             running.spawn(async move {
-                let mut table = TableState {
-                    pg,
-                    may_hold: true,
-                    checked: Instant::now() - TABLE_RECHECK,
-                };
                 while let Some((seq, mut rows)) = rx.recv().await {
                     let mut seqs = vec![seq];
                     while let Ok((seq, more)) = rx.try_recv() {
                         seqs.push(seq);
                         rows.extend(more);
                     }
-                    relay.refresh_table_state(&mut table).await;
-                    relay.relay_streamed(rows, &mut table).await;
+                    handover.refresh().await;
+                    handover.relay_streamed(rows).await;
                     for seq in seqs {
                         let _ = done.send(seq);
                     }
@@ -264,7 +272,7 @@ impl Relay {
         // What the lanes hold was read: finish it (within the shutdown
         // bound) and confirm it, so that a restart replays less.
         drop(senders);
-        let bound = Duration::from_millis(self.inner.config.shutdown_timeout_ms);
+        let bound = Duration::from_millis(self.relay.inner.config.shutdown_timeout_ms);
         if tokio::time::timeout(bound, async { while running.join_next().await.is_some() {} })
             .await
             .is_err()
@@ -280,15 +288,17 @@ impl Relay {
         stream.close().await;
         ended
     }
+}
 
+impl Handover {
     /// Forgets that aggregates may wait in the table once none does.
-    async fn refresh_table_state(&self, table: &mut TableState) {
-        if !table.may_hold || table.checked.elapsed() < TABLE_RECHECK {
+    async fn refresh(&mut self) {
+        if !self.may_hold || self.checked.elapsed() < TABLE_RECHECK {
             return;
         }
-        table.checked = Instant::now();
-        match table.pg.anything_waiting_in_table().await {
-            Ok(waiting) => table.may_hold = waiting,
+        self.checked = Instant::now();
+        match self.pg.anything_waiting_in_table().await {
+            Ok(waiting) => self.may_hold = waiting,
             Err(error) => debug!(%error, "Cannot tell whether rows wait in the table; looking them up."),
         }
     }
@@ -296,11 +306,11 @@ impl Relay {
     /// One batch from the stream. Its events go in waves of at most one per
     /// aggregate, so that an aggregate's later event is never published
     /// before an earlier one has its outcome.
-    async fn relay_streamed(&self, rows: Vec<StreamedRow>, table: &mut TableState) {
+    async fn relay_streamed(&mut self, rows: Vec<StreamedRow>) {
         let now_ms = chrono::Utc::now().timestamp_millis();
-        let mut waiting = if table.may_hold {
+        let mut waiting = if self.may_hold {
             let keys: Vec<Key> = rows.iter().map(key).collect();
-            self.until_recorded("look up waiting aggregates", || table.pg.waiting_in_table(&keys))
+            self.until_answered("look up waiting aggregates", || self.pg.waiting_in_table(&keys))
                 .await
         } else {
             HashSet::new()
@@ -327,15 +337,15 @@ impl Relay {
             if wave.is_empty() {
                 break;
             }
-            let failed = self.relay_wave(&table.pg, wave).await;
+            let failed = self.relay_wave(wave).await;
             if !failed.is_empty() {
-                table.may_hold = true;
+                self.may_hold = true;
                 waiting.extend(failed);
             }
             remaining = later;
         }
         if !follow.is_empty() {
-            table.may_hold = true;
+            self.may_hold = true;
             let outcomes: Vec<RowOutcome> = follow
                 .iter()
                 .map(|streamed| RowOutcome {
@@ -350,17 +360,16 @@ impl Relay {
                 })
                 .collect();
             let rows: Vec<&StreamedRow> = follow.iter().collect();
-            self.hand_over(&table.pg, &rows, &outcomes).await;
+            self.hand_over(&rows, &outcomes).await;
         }
     }
 
     /// Runs one wave through the stages; hands what was not published to
     /// the table. Returns the aggregates that now wait there.
-    async fn relay_wave(&self, pg: &PgOutbox, wave: Vec<StreamedRow>) -> HashSet<Key> {
-        let inner = &self.inner;
-        let deadline = Instant::now() + inner.config.lease_duration();
+    async fn relay_wave(&self, wave: Vec<StreamedRow>) -> HashSet<Key> {
+        let deadline = Instant::now() + self.relay.inner.config.lease_duration();
         let rows = wave.iter().map(|streamed| streamed.row.clone()).collect();
-        let settled = self.stages(rows, deadline, Duration::ZERO).await;
+        let settled = self.relay.stages(rows, deadline, Duration::ZERO).await;
         let (mut rows, mut outcomes) = (Vec::new(), Vec::new());
         for (streamed, outcome) in wave.iter().zip(settled.outcomes) {
             if outcome.outcome != Outcome::Published {
@@ -371,19 +380,19 @@ impl Relay {
         if rows.is_empty() {
             return HashSet::new();
         }
-        self.hand_over(pg, &rows, &outcomes).await;
+        self.hand_over(&rows, &outcomes).await;
         rows.into_iter().map(key).collect()
     }
 
     /// Hands rows to the table, trying until the database takes them: the
     /// slot is not confirmed past them before, so nothing is lost either
     /// way, but the stream waits meanwhile.
-    async fn hand_over(&self, pg: &PgOutbox, rows: &[&StreamedRow], outcomes: &[RowOutcome]) {
-        let inner = &self.inner;
+    async fn hand_over(&self, rows: &[&StreamedRow], outcomes: &[RowOutcome]) {
+        let inner = &self.relay.inner;
         let lease_ms = i64::try_from(inner.config.lease_duration_ms).unwrap_or(i64::MAX);
         let recorded = self
-            .until_recorded("hand rows over to the outbox table", || {
-                pg.hand_over(&inner.owner, lease_ms, rows, outcomes)
+            .until_answered("hand rows over to the outbox table", || {
+                self.pg.hand_over(&inner.owner, lease_ms, rows, outcomes)
             })
             .await;
         debug!(rows = rows.len(), recorded, "Handed rows over to the claim path.");
@@ -391,7 +400,7 @@ impl Relay {
     }
 
     /// Runs `attempt` until the database answers.
-    async fn until_recorded<T, F, Fut>(&self, what: &str, attempt: F) -> T
+    async fn until_answered<T, F, Fut>(&self, what: &str, attempt: F) -> T
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, crate::store::Error>>,
