@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::Executor;
 use switchyard::fleet::{DatabaseState, Fleet};
+use switchyard_tests::config::TestConfig;
 use switchyard_tests::fleet;
 use switchyard_tests::nats::{NatsServer, Received};
 use switchyard_tests::outbox::TestOutbox;
@@ -112,8 +113,8 @@ async fn databases(postgres: usize, sqlite: usize) -> Vec<Database> {
     all
 }
 
-/// The test's databases behind one relay (see [`fleet::config`]).
-fn config(databases: &[&Database], nats: &str, extra: &str) -> String {
+/// The test's databases behind one relay (see [`fleet::fleet`]).
+fn config(databases: &[&Database], nats: &str) -> TestConfig {
     let listed: Vec<(String, String)> = databases.iter().map(|db| (db.name.clone(), db.url())).collect();
     let relay = RelaySection::new()
         .set("concurrency", "2")
@@ -121,7 +122,7 @@ fn config(databases: &[&Database], nats: &str, extra: &str) -> String {
         .set("initial_backoff_ms", "50")
         .set("max_backoff_ms", "200")
         .set("shutdown_timeout_ms", "5000");
-    fleet::config(&listed, nats, &relay, extra)
+    fleet::fleet(&listed, nats, &relay)
 }
 
 /// Waits until every listed database is served.
@@ -219,7 +220,7 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
     let databases = databases(20, 5).await;
     let all: Vec<&Database> = databases.iter().collect();
     let shutdown = CancellationToken::new();
-    let fleet = Fleet::start(parse(&config(&all, &nats.url(), "")), shutdown.clone())
+    let fleet = Fleet::start(config(&all, &nats.url()).parse(), shutdown.clone())
         .await
         .expect("fleet starts");
     all_running(&fleet, 25).await;
@@ -347,13 +348,15 @@ async fn databases_come_and_go_with_the_catalog_while_the_relay_runs() {
         .execute("CREATE TABLE tenants (name text, url text)")
         .await
         .expect("catalog table");
-    let catalog = format!(
-        "[catalog]\nurl = \"{}\"\nquery = \"SELECT name, url FROM tenants\"\ninterval_seconds = 1\nmax_connections = 3\nmigrate = true\n",
-        control.url
-    );
     let shutdown = CancellationToken::new();
     let fleet = Fleet::start(
-        parse(&config(&[&databases[0]], &nats.url(), &catalog)),
+        config(&[&databases[0]], &nats.url())
+            .set("catalog", "url", control.url.as_str())
+            .set("catalog", "query", "SELECT name, url FROM tenants")
+            .set("catalog", "interval_seconds", 1)
+            .set("catalog", "max_connections", 3)
+            .set("catalog", "migrate", true)
+            .parse(),
         shutdown.clone(),
     )
     .await
@@ -494,8 +497,10 @@ async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
     let databases = databases(6, 0).await;
     let all: Vec<&Database> = databases.iter().collect();
     // Each relay's admin endpoint on a port of its own, found by `status`.
-    let config = config(&all, &nats.url(), "[ownership]\nlease_seconds = 3\n")
-        .replace("listen = \"\"", "listen = \"127.0.0.1:0\"");
+    let config = config(&all, &nats.url())
+        .set("ownership", "lease_seconds", 3)
+        .set("admin", "listen", "127.0.0.1:0")
+        .toml();
     let mut a = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-a");
     eventually(
         "relay-a holds every database",
@@ -586,9 +591,10 @@ async fn a_connection_budget_per_server_is_shared_out_and_never_exceeded() {
     let nats = nats().await;
     let databases = databases(6, 0).await;
     let shutdown = CancellationToken::new();
-    let budget = format!("[connections]\nper_server = {PER_SERVER}\n");
     let fleet = Fleet::start(
-        parse(&config(&[&databases[0], &databases[1]], &nats.url(), &budget)),
+        config(&[&databases[0], &databases[1]], &nats.url())
+            .set("connections", "per_server", PER_SERVER)
+            .parse(),
         shutdown.clone(),
     )
     .await
@@ -677,7 +683,7 @@ async fn an_idle_database_is_polled_less_and_less_often_but_still_relays_at_once
         .set("idle_poll_max_ms", "1600");
     let shutdown = CancellationToken::new();
     let fleet = Fleet::start(
-        parse(&fleet::config(&listed, &nats.url(), &relay, "")),
+        fleet::fleet(&listed, &nats.url(), &relay).parse(),
         shutdown.clone(),
     )
     .await
@@ -714,7 +720,9 @@ async fn a_database_unreachable_for_longer_than_the_ownership_lease_is_served_ag
     let nats = nats().await;
     let databases = databases(4, 0).await;
     let all: Vec<&Database> = databases.iter().collect();
-    let config = config(&all, &nats.url(), "[ownership]\nlease_seconds = 3\n");
+    let config = config(&all, &nats.url())
+        .set("ownership", "lease_seconds", 3)
+        .toml();
     let mut a = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-a");
     let mut b = switchyard_tests::relay::Process::spawn(RELAY_BIN, &config, "relay-b");
     eventually("the relays hold two each", Duration::from_secs(60), || async {
@@ -806,8 +814,13 @@ impl Proxied {
             .set("concurrency", "2")
             .set("shutdown_timeout_ms", "2000");
         let shutdown = CancellationToken::new();
-        let ownership = format!("[ownership]\nlease_seconds = {lease_seconds}\n");
-        let config = fleet::config(&listed, &nats.url(), &relay, &ownership);
+        let config = fleet::fleet(&listed, &nats.url(), &relay)
+            .set(
+                "ownership",
+                "lease_seconds",
+                i64::try_from(lease_seconds).unwrap(),
+            )
+            .toml();
         let fleet = Fleet::start(parse(&config), shutdown.clone())
             .await
             .expect("fleet starts");
@@ -980,7 +993,9 @@ async fn a_standby_relay_stops_when_its_database_stopped_answering() {
             .set("shutdown_timeout_ms", "2000")
             .set("instance_id", &format!("\"{id}\""));
         let listed = vec![(databases[0].name.clone(), url)];
-        let config = fleet::config(&listed, &nats.url(), &relay, "[ownership]\nlease_seconds = 3\n");
+        let config = fleet::fleet(&listed, &nats.url(), &relay)
+            .set("ownership", "lease_seconds", 3)
+            .toml();
         let shutdown = CancellationToken::new();
         let fleet = Fleet::start(parse(&config), shutdown.clone())
             .await

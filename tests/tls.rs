@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
+use switchyard_tests::config::{Plugin, Target, TestConfig, path, table};
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, verify, write_orders};
 use switchyard_tests::postgres::{TestDb, admin_pool, fresh_tls_db, tls_file, tls_server_url};
 use switchyard_tests::rabbitmq::RabbitMq;
-use switchyard_tests::relay::{InProcess, Process, RelaySection, Settings, example_config, parse};
+use switchyard_tests::relay::{InProcess, Process, RelaySection, Settings, example, parse};
 use switchyard_tests::{cli, eventually, fleet, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -38,11 +39,10 @@ async fn all_arrive(nats: &NatsServer, expected: &HashMap<String, Expected>, sec
 
 /// The example pipeline in replication mode on `url`, through a slot
 /// named after the database.
-fn replication_config(url: &str, slot: &str, nats: &NatsServer) -> String {
-    format!(
-        "{}\n[replication]\nslot = \"{slot}\"\npublication = \"switchyard_outbox\"\n",
-        example_config(&Settings::new(url, &nats.url()).relay("mode", "\"replication\"")),
-    )
+fn replication_config(url: &str, slot: &str, nats: &NatsServer) -> TestConfig {
+    example(&Settings::new(url, &nats.url()).relay("mode", "\"replication\""))
+        .set("replication", "slot", slot)
+        .set("replication", "publication", "switchyard_outbox")
 }
 
 /// `(application_name, ssl, backend_type, query)` of the relay's sessions
@@ -76,8 +76,8 @@ async fn claim_mode_over_verify_full_relays_every_event_on_tls_sessions_only() {
     let db = fresh_tls_db().await;
     assert!(db.url.contains("sslmode=verify-full"), "{}", db.url);
     let nats = nats().await;
-    let config = example_config(&Settings::new(&db.url, &nats.url()));
-    let relay = InProcess::start(&parse(&config)).await;
+    let config = example(&Settings::new(&db.url, &nats.url()));
+    let relay = InProcess::start(&config.parse()).await;
     let expected = write_orders(&db.pool, 50, 4, 2).await;
     all_arrive(&nats, &expected, 60).await;
 
@@ -97,7 +97,7 @@ async fn claim_mode_over_verify_full_relays_every_event_on_tls_sessions_only() {
         "a session without TLS: {sessions:?}"
     );
     // The cluster refuses plaintext: a CLI command that answers used TLS.
-    let admin_off = format!("{config}\n[admin]\nlisten = \"\"\n");
+    let admin_off = config.set("admin", "listen", "").toml();
     for command in [&["status"][..], &["dlq", "list"], &["migrate"]] {
         let (code, out, err) = cli_with(&admin_off, command).await;
         assert_eq!(code, 0, "{command:?}: {out}{err}");
@@ -110,7 +110,7 @@ async fn replication_mode_over_verify_full_reads_the_slot_on_tls() {
     init_logging();
     let db = fresh_tls_db().await;
     let nats = nats().await;
-    let config = replication_config(&db.url, &db.name, &nats);
+    let config = replication_config(&db.url, &db.name, &nats).toml();
     let (code, out, err) = cli_with(&config, &["migrate"]).await;
     assert_eq!(code, 0, "{out}{err}");
     let relay = InProcess::start(&parse(&config)).await;
@@ -175,17 +175,16 @@ async fn a_client_certificate_logs_the_relay_in() {
         port(&db.url),
         db.name
     );
-    let config = example_config(&Settings::new(&url, &nats.url())).replacen(
-        "max_connections = 8\n",
-        &format!(
-            "max_connections = 8\n[database.tls]\nmode = \"verify-full\"\nroot_cert = \"{}\"\nclient_cert = \"{}\"\nclient_key = \"{}\"\n",
-            tls_file("ca.pem"),
-            tls_file("client.pem"),
-            tls_file("client.key")
-        ),
-        1,
+    let config = example(&Settings::new(&url, &nats.url())).database(
+        "tls",
+        table(&[
+            ("mode", "verify-full".into()),
+            ("root_cert", tls_file("ca.pem").into()),
+            ("client_cert", tls_file("client.pem").into()),
+            ("client_key", tls_file("client.key").into()),
+        ]),
     );
-    let relay = InProcess::start(&parse(&config)).await;
+    let relay = InProcess::start(&config.parse()).await;
     let expected = write_orders(&db.pool, 20, 3, 2).await;
     all_arrive(&nats, &expected, 60).await;
     let users: Vec<String> = sqlx::query_scalar(
@@ -405,17 +404,15 @@ async fn rotate(admin: &PgPool, role: &str, file: &std::path::Path, password: &s
 }
 
 /// A role with a checked password, a file holding it and the
-/// `[password]` table that runs a command to read it.
-async fn rotating_role(role: &str) -> (PgPool, std::path::PathBuf, String) {
+/// `password` table that runs a command to read it.
+async fn rotating_role(role: &str) -> (PgPool, std::path::PathBuf, toml::Value) {
     let admin = admin_pool(&tls_server_url()).await;
     ensure_role(&admin, role, Some("first-password")).await;
     let file = std::env::temp_dir().join(format!("sy-{role}-{}", uuid::Uuid::new_v4().simple()));
     std::fs::write(&file, "first-password\n").unwrap();
-    let table = format!(
-        "{{ command = [\"cat\", \"{}\"], refresh_seconds = 1 }}",
-        file.display()
-    );
-    (admin, file, table)
+    let command = vec![toml::Value::from("cat"), path(&file)];
+    let password = table(&[("command", command.into()), ("refresh_seconds", 1.into())]);
+    (admin, file, password)
 }
 
 /// The password is checked: the old one is refused after the rotation.
@@ -436,17 +433,14 @@ async fn a_rotated_password_reaches_the_pool_listen_and_the_ownership_follower()
     let url = as_role(&db.url, role);
     let listed = vec![("a".to_string(), url)];
     let relay_section = RelaySection::new().set("concurrency", "2");
-    let config = fleet::config(
-        &listed,
-        &nats.url(),
-        &relay_section,
-        "[ownership]\nlease_seconds = 3\n",
-    )
-    .replacen(
-        "max_connections = 3\n",
-        &format!("max_connections = 3\npassword = {password}\n"),
-        1,
-    );
+    let config = fleet::fleet(&[], &nats.url(), &relay_section)
+        .member(
+            &listed[0].0,
+            &listed[0].1,
+            &[("max_connections", 3.into()), ("password", password)],
+        )
+        .set("ownership", "lease_seconds", 3)
+        .toml();
     let mut relay = Process::spawn(SWITCHYARD, &config, "relay-rotating");
     let first = fleet_orders(&db.pool, 0, 10).await;
     wait_for_stream(&nats, first, 60).await;
@@ -535,11 +529,9 @@ async fn a_rotated_password_reaches_the_replication_session() {
     let db = fresh_tls_db().await;
     let nats = nats().await;
     let url = as_role(&db.url, role);
-    let config = replication_config(&url, &db.name, &nats).replacen(
-        "max_connections = 8\n",
-        &format!("max_connections = 8\npassword = {password}\n"),
-        1,
-    );
+    let config = replication_config(&url, &db.name, &nats)
+        .database("password", password)
+        .toml();
     let (code, out, err) = cli_with(&config, &["migrate"]).await;
     assert_eq!(code, 0, "{out}{err}");
     let relay = InProcess::start(&parse(&config)).await;
@@ -593,20 +585,12 @@ async fn secured_nats() -> (NatsServer, nkeys::KeyPair) {
     (nats, user)
 }
 
-/// `config` with `keys` added to its NATS target.
-fn nats_target_with(config: &str, keys: &str) -> String {
-    config.replacen("[targets.events]\n", &format!("[targets.events]\n{keys}\n"), 1)
-}
-
-/// A relay on `db` whose one plugin sends every event to the target
-/// `name` (its section's keys: `section`) under `topic`.
-fn one_target(db: &str, name: &str, topic: &str, section: &str) -> String {
-    format!(
-        "[database]\nurl = \"{db}\"\n{relay}\n[[plugins]]\nname = \"route\"\npath = \"{route}\"\n\
-         [plugins.config]\ntarget = \"{name}\"\ntopic = \"{topic}\"\n\n[targets.{name}]\n{section}",
-        relay = RelaySection::new().toml(),
-        route = switchyard_tests::plugins::plugin("route_by_type").display(),
-    )
+/// A relay on `db` whose one plugin sends every event to `target`, named
+/// `name`, under `topic`.
+fn one_target(db: &str, name: &str, topic: &str, target: Target) -> TestConfig {
+    TestConfig::new(db)
+        .plugin(Plugin::new("route", &switchyard_tests::plugins::plugin("route_by_type")).to(name, topic))
+        .target(name, target)
 }
 
 /// Why the targets of `config` cannot be reached: the relay starts
@@ -639,36 +623,30 @@ async fn nats_over_tls_with_a_client_certificate_and_an_nkey_seed() {
     let (nats, user) = secured_nats().await;
     let db = switchyard_tests::postgres::fresh_db().await;
     let seed = secret_file(&format!("{}\n", user.seed().unwrap()));
-    let tls = format!(
-        "tls = {{ root_cert = \"{}\", client_cert = \"{}\", client_key = \"{}\" }}",
-        tls_file("ca.pem"),
-        tls_file("client.pem"),
-        tls_file("client.key")
-    );
-    let base = example_config(&Settings::new(&db.url, &nats.url()));
-    let config = nats_target_with(&base, &format!("nkey_seed_file = \"{}\"\n{tls}", seed.display()));
-    let relay = InProcess::start(&parse(&config)).await;
+    let tls = table(&[
+        ("root_cert", tls_file("ca.pem").into()),
+        ("client_cert", tls_file("client.pem").into()),
+        ("client_key", tls_file("client.key").into()),
+    ]);
+    let base = example(&Settings::new(&db.url, &nats.url()));
+    let with = |seed: &std::path::Path, tls: toml::Value| {
+        base.clone()
+            .target_set("events", "nkey_seed_file", path(seed))
+            .target_set("events", "tls", tls)
+            .toml()
+    };
+    let relay = InProcess::start(&parse(&with(&seed, tls.clone()))).await;
     let expected = write_orders(&db.pool, 20, 3, 2).await;
     all_arrive(&nats, &expected, 60).await;
     relay.stop().await;
 
     // No client certificate: refused at the handshake, and said so.
-    let without_cert = nats_target_with(
-        &base,
-        &format!(
-            "nkey_seed_file = \"{}\"\ntls = {{ root_cert = \"{}\" }}",
-            seed.display(),
-            tls_file("ca.pem")
-        ),
-    );
+    let without_cert = with(&seed, table(&[("root_cert", tls_file("ca.pem").into())]));
     let refused = connect_targets(&without_cert).await;
     assert!(refused.contains("cannot connect to NATS"), "{refused}");
     // Another user's seed: refused as a login.
     let stranger = secret_file(&nkeys::KeyPair::new_user().seed().unwrap());
-    let wrong_seed = nats_target_with(
-        &base,
-        &format!("nkey_seed_file = \"{}\"\n{tls}", stranger.display()),
-    );
+    let wrong_seed = with(&stranger, tls);
     let refused = connect_targets(&wrong_seed).await;
     assert!(refused.to_lowercase().contains("authorization"), "{refused}");
     assert!(!refused.contains(&user.seed().unwrap()), "{refused}");
@@ -683,39 +661,35 @@ async fn rabbitmq_over_tls_logs_in_with_the_client_certificate() {
     let rabbit = RabbitMq::own_with_tls(tls_port).await;
     rabbit.declare("orders", "tls-orders", "orders.#").await;
     let db = switchyard_tests::postgres::fresh_db().await;
-    let target = |tls: &str| {
+    let target = |ca: &str, client: bool| {
+        let mut tls = vec![("root_cert", tls_file(ca).into())];
+        if client {
+            tls.push(("client_cert", tls_file("client.pem").into()));
+            tls.push(("client_key", tls_file("client.key").into()));
+        }
+        let url = format!("amqps://localhost:{tls_port}/%2f?auth_mechanism=external");
         one_target(
             &db.url,
             "rabbit",
             "orders.{event_type}",
-            &format!(
-                "type = \"rabbitmq\"\nurl = \"amqps://localhost:{tls_port}/%2f?auth_mechanism=external\"\nexchange = \"orders\"\ntls = {{ {tls} }}\n"
-            ),
+            Target::rabbitmq(&url, "orders").set("tls", table(&tls)),
         )
+        .toml()
     };
-    let ca = format!("root_cert = \"{}\"", tls_file("ca.pem"));
-    let full = format!(
-        "{ca}, client_cert = \"{}\", client_key = \"{}\"",
-        tls_file("client.pem"),
-        tls_file("client.key")
-    );
-    let relay = InProcess::start(&parse(&target(&full))).await;
+    let relay = InProcess::start(&parse(&target("ca.pem", true))).await;
     write_orders(&db.pool, 10, 2, 1).await;
     let received = rabbit.drain("tls-orders", 20, Duration::from_secs(60)).await;
     assert_eq!(received.len(), 20);
     relay.stop().await;
 
     // Without a client certificate there is nothing to log in with.
-    let refused = connect_targets(&target(&ca)).await;
+    let refused = connect_targets(&target("ca.pem", false)).await;
     assert!(
         refused.contains("cannot connect to amqps://localhost"),
         "{refused}"
     );
     // The system's roots do not know the test CA.
-    let refused = connect_targets(&target(
-        &full.replace(&tls_file("ca.pem"), &tls_file("other-ca.pem")),
-    ))
-    .await;
+    let refused = connect_targets(&target("other-ca.pem", true)).await;
     assert!(refused.contains("cannot connect"), "{refused}");
 }
 
@@ -730,11 +704,12 @@ async fn kafka_over_tls_verifies_the_brokers_certificate() {
             &db.url,
             "kafka",
             "orders",
-            &format!(
-                "type = \"kafka\"\nbootstrap_servers = \"{}\"\n[targets.kafka.properties]\n\"security.protocol\" = \"ssl\"\n\"ssl.ca.location\" = \"{ca}\"\n\"linger.ms\" = \"2\"\n",
-                kafka.bootstrap()
-            ),
+            Target::kafka(&kafka.bootstrap())
+                .property("security.protocol", "ssl")
+                .property("ssl.ca.location", ca)
+                .property("linger.ms", "2"),
         )
+        .toml()
     };
     let relay = InProcess::start(&parse(&config(&tls_file("ca.pem")))).await;
     write_orders(&db.pool, 10, 2, 1).await;
@@ -768,14 +743,15 @@ async fn a_catalog_on_tls_lists_databases_served_with_the_fleets_tls_defaults() 
         .execute(&control.pool)
         .await
         .unwrap();
-    let catalog = format!(
-        "[catalog]\nurl = \"{}\"\nquery = \"SELECT name, url FROM tenants\"\ninterval_seconds = 1\nmax_connections = 3\n\
-         [catalog.tls]\nmode = \"verify-full\"\nroot_cert = \"{}\"\n",
-        bare(&control),
-        tls_file("ca.pem")
-    );
     let relay_section = RelaySection::new().set("concurrency", "2");
-    let config = fleet::config(&[], &nats.url(), &relay_section, &catalog);
+    let config = fleet::fleet(&[], &nats.url(), &relay_section)
+        .set("catalog", "url", bare(&control))
+        .set("catalog", "query", "SELECT name, url FROM tenants")
+        .set("catalog", "interval_seconds", 1)
+        .set("catalog", "max_connections", 3)
+        .set("catalog.tls", "mode", "verify-full")
+        .set("catalog.tls", "root_cert", tls_file("ca.pem"))
+        .toml();
     let mut relay = Process::spawn(SWITCHYARD, &config, "relay-catalog");
     let written = fleet_orders(&tenant.pool, 0, 10).await;
     wait_for_stream(&nats, written, 60).await;
@@ -788,14 +764,16 @@ async fn nats_in_operator_mode_takes_a_creds_file() {
     let (nats, creds) = NatsServer::start_operator_mode().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
     let db = switchyard_tests::postgres::fresh_db().await;
-    let base = example_config(&Settings::new(&db.url, &nats.url()));
-    let config = nats_target_with(&base, &format!("credentials_file = \"{}\"", creds.display()));
-    let relay = InProcess::start(&parse(&config)).await;
+    let base = example(&Settings::new(&db.url, &nats.url()));
+    let config = base
+        .clone()
+        .target_set("events", "credentials_file", path(&creds));
+    let relay = InProcess::start(&config.parse()).await;
     let expected = write_orders(&db.pool, 20, 3, 2).await;
     all_arrive(&nats, &expected, 60).await;
     relay.stop().await;
     // Without the creds there is no login.
-    let refused = connect_targets(&base).await;
+    let refused = connect_targets(&base.toml()).await;
     assert!(refused.to_lowercase().contains("authorization"), "{refused}");
     let _ = std::fs::remove_file(&creds);
 }
@@ -807,15 +785,17 @@ async fn a_kafka_password_that_rotates_under_a_running_relay_loses_nothing() {
     kafka.create_topic("orders", 3).await;
     let db = switchyard_tests::postgres::fresh_db().await;
     let file = secret_file("password-1\n");
-    let section = format!(
-        "type = \"kafka\"\nbootstrap_servers = \"{}\"\npassword = {{ file = \"{}\", refresh_seconds = 1 }}\n\
-         [targets.kafka.properties]\n\"security.protocol\" = \"sasl_ssl\"\n\"ssl.ca.location\" = \"{}\"\n\
-         \"sasl.mechanisms\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"relay\"\n\"linger.ms\" = \"2\"\n",
-        kafka.bootstrap(),
-        file.display(),
-        tls_file("ca.pem"),
-    );
-    let relay = InProcess::start(&parse(&one_target(&db.url, "kafka", "orders", &section))).await;
+    let target = Target::kafka(&kafka.bootstrap())
+        .set(
+            "password",
+            table(&[("file", path(&file)), ("refresh_seconds", 1.into())]),
+        )
+        .property("security.protocol", "sasl_ssl")
+        .property("ssl.ca.location", &tls_file("ca.pem"))
+        .property("sasl.mechanisms", "SCRAM-SHA-512")
+        .property("sasl.username", "relay")
+        .property("linger.ms", "2");
+    let relay = InProcess::start(&one_target(&db.url, "kafka", "orders", target).parse()).await;
 
     // Events keep coming while the password rotates: the file first, as a
     // secret store hands the new one out, then the broker, which drops

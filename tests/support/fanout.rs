@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::config::{Plugin, Target, TestConfig, routes};
 use super::kafka::KafkaReceived;
 use super::nats::Received;
 use super::orders::{Expected, assert_trace_continued};
@@ -23,43 +24,26 @@ pub fn relay_section() -> RelaySection {
 
 /// Every event goes to Kafka `orders` (keyed by order id), to the second
 /// cluster's `orders-analytics`, and to NATS `audit.orders.<EventType>`.
+pub fn fan_out(relay: &RelaySection, db: &str, kafka: &str, analytics: &str, nats: &str) -> TestConfig {
+    TestConfig::new(db)
+        .database("max_connections", 8)
+        .tuning(relay.clone())
+        .plugin(Plugin::new("fanout", &plugin("fan_out")).config(
+            "default",
+            routes(&[
+                ("kafka", "orders", Some("{aggregate_id}")),
+                ("analytics", "orders-analytics", None),
+                ("audit", "audit.orders.{event_type}", None),
+            ]),
+        ))
+        .target("kafka", Target::kafka(kafka).property("linger.ms", "2"))
+        .target("analytics", Target::kafka(analytics))
+        .target("audit", Target::nats(nats))
+}
+
+/// [`fan_out`] as TOML.
 pub fn fan_out_config(relay: &RelaySection, db: &str, kafka: &str, analytics: &str, nats: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-max_connections = 8
-
-{relay}
-
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-[plugins.config]
-default = [
-  {{ target = "kafka", topic = "orders", key = "{{aggregate_id}}" }},
-  {{ target = "analytics", topic = "orders-analytics" }},
-  {{ target = "audit", topic = "audit.orders.{{event_type}}" }},
-]
-
-[targets.kafka]
-type = "kafka"
-bootstrap_servers = "{kafka}"
-[targets.kafka.properties]
-"linger.ms" = "2"
-
-[targets.analytics]
-type = "kafka"
-bootstrap_servers = "{analytics}"
-
-[targets.audit]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-"#,
-        relay = relay.toml(),
-        plugin = plugin("fan_out").display(),
-    )
+    fan_out(relay, db, kafka, analytics, nats).toml()
 }
 
 /// How many copies of an event a check accepts.

@@ -3,51 +3,32 @@
 
 use sqlx::PgPool;
 
+use super::config::{Plugin, Target, TestConfig, strings};
 use super::plugins::plugin;
 use super::relay::RelaySection;
 
 /// `databases` (name, URL) behind one relay: every order goes to
 /// `orders.<database>.<aggregate id>` on NATS at `nats`; a `Poison` event
-/// goes to a plugin that traps. `extra` is appended (`[catalog]`,
-/// `[ownership]`).
-pub fn config(databases: &[(String, String)], nats: &str, relay: &RelaySection, extra: &str) -> String {
-    let listed: String = databases
-        .iter()
-        .map(|(name, url)| {
-            format!("[[databases]]\nname = \"{name}\"\nurl = \"{url}\"\nmax_connections = 3\n\n")
-        })
-        .collect();
-    format!(
-        r#"{listed}
-{relay}
-[admin]
-listen = ""
-
-[[plugins]]
-name = "poison"
-path = "{misbehave}"
-event_types = ["Poison"]
-[plugins.config]
-mode = "trap"
-
-[[plugins]]
-name = "router"
-path = "{route}"
-aggregate_types = ["order"]
-[plugins.config]
-target = "events"
-topic = "orders.{{database}}.{{aggregate_id}}"
-
-[targets.events]
-type = "nats"
-url = "{nats}"
-mode = "jetstream"
-duplicate_window_seconds = 3600
-{extra}"#,
-        relay = relay.toml(),
-        misbehave = plugin("misbehave").display(),
-        route = plugin("route_by_type").display(),
-    )
+/// goes to a plugin that traps. Add `[catalog]`, `[ownership]` with
+/// [`TestConfig::set`].
+pub fn fleet(databases: &[(String, String)], nats: &str, relay: &RelaySection) -> TestConfig {
+    let config = databases.iter().fold(TestConfig::fleet(), |config, (name, url)| {
+        config.member(name, url, &[("max_connections", 3.into())])
+    });
+    config
+        .tuning(relay.clone())
+        .set("admin", "listen", "")
+        .plugin(
+            Plugin::new("poison", &plugin("misbehave"))
+                .event_types(&["Poison"])
+                .config("mode", "trap"),
+        )
+        .plugin(
+            Plugin::new("router", &plugin("route_by_type"))
+                .set("aggregate_types", strings(&["order"]))
+                .to("events", "orders.{database}.{aggregate_id}"),
+        )
+        .target("events", Target::nats(nats).set("mode", "jetstream"))
 }
 
 /// Who holds each database now (`None`: nobody, or a lease that ran out).

@@ -9,6 +9,7 @@ use switchyard::Config;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::config::{Plugin, Target, TestConfig, strings};
 use super::plugins::plugin;
 
 /// Settings that vary between tests.
@@ -109,55 +110,39 @@ impl Default for RelaySection {
 /// masked, internal note removed, CloudEvents envelope), everything else
 /// through route-by-type; both publish to `orders.<EventType>` on NATS, keyed
 /// by aggregate id.
-pub fn example_config(settings: &Settings) -> String {
-    let redact = plugin("redact_fields");
-    let route = plugin("route_by_type");
+pub fn example(settings: &Settings) -> TestConfig {
     let relay = settings.relay.iter().fold(
         RelaySection::new()
             .set("max_attempts", "8")
             .set("shutdown_timeout_ms", "5000"),
         |section, (key, value)| section.set(key, value),
     );
-    format!(
-        r#"
-[database]
-url = "{db}"
-max_connections = 8
+    TestConfig::new(&settings.database_url)
+        .database("max_connections", 8)
+        .tuning(relay)
+        .plugin(
+            Plugin::new("redact", &plugin("redact_fields"))
+                .event_types(&["OrderPaid"])
+                .to("events", "orders.{event_type}")
+                .config("mask", strings(&["card.number"]))
+                .config("remove", strings(&["internal_note"]))
+                .config("cloudevents", true)
+                .config("source", "/order-service"),
+        )
+        .plugin(
+            Plugin::new("router", &plugin("route_by_type"))
+                .set("aggregate_types", strings(&["order"]))
+                .to("events", "orders.{event_type}"),
+        )
+        .target(
+            "events",
+            Target::nats(&settings.nats_url).set("mode", settings.nats_mode),
+        )
+}
 
-{relay}
-[[plugins]]
-name = "redact"
-path = "{redact}"
-event_types = ["OrderPaid"]
-[plugins.config]
-target = "events"
-topic = "orders.{{event_type}}"
-mask = ["card.number"]
-remove = ["internal_note"]
-cloudevents = true
-source = "/order-service"
-
-[[plugins]]
-name = "router"
-path = "{route}"
-aggregate_types = ["order"]
-[plugins.config]
-target = "events"
-topic = "orders.{{event_type}}"
-
-[targets.events]
-type = "nats"
-url = "{nats}"
-mode = "{mode}"
-duplicate_window_seconds = 3600
-"#,
-        db = settings.database_url,
-        nats = settings.nats_url,
-        mode = settings.nats_mode,
-        relay = relay.toml(),
-        redact = redact.display(),
-        route = route.display(),
-    )
+/// [`example`] as TOML.
+pub fn example_config(settings: &Settings) -> String {
+    example(settings).toml()
 }
 
 /// Parses and validates config text.

@@ -32,12 +32,9 @@ fn config(databases: &[TestDb], nats: &str) -> String {
         .set("publish_timeout_ms", "1500")
         .set("max_attempts", "500")
         .set("max_backoff_ms", "2000");
-    fleet::config(
-        &listed,
-        nats,
-        &relay,
-        &format!("[ownership]\nlease_seconds = {LEASE_SECONDS}\n"),
-    )
+    fleet::fleet(&listed, nats, &relay)
+        .set("ownership", "lease_seconds", LEASE_SECONDS as i64)
+        .toml()
 }
 
 /// Who holds each database now.
