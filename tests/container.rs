@@ -11,7 +11,7 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{verify, write_orders};
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{all_published, count_status, fresh_db};
-use switchyard_tests::relay::{Settings, example_config};
+use switchyard_tests::relay::{Settings, example};
 use switchyard_tests::{eventually, init_logging};
 
 /// Where the image keeps the example plugins.
@@ -105,9 +105,10 @@ impl Drop for Container {
 fn config_for_image(db_url: &str, nats_url: &str) -> std::path::PathBuf {
     let host_plugins = plugin("route_by_type");
     let host_plugins = host_plugins.parent().unwrap().display().to_string();
-    let config = example_config(&Settings::new(db_url, nats_url).relay("shutdown_timeout_ms", "20000"))
+    let config = example(&Settings::new(db_url, nats_url).relay("shutdown_timeout_ms", "20000"))
+        .set("admin", "listen", "127.0.0.1:0")
+        .toml()
         .replace(&host_plugins, IMAGE_PLUGINS);
-    let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\n");
     let path = std::env::temp_dir().join(format!("sy-image-{}.toml", uuid::Uuid::new_v4().simple()));
     std::fs::write(&path, config).unwrap();
     // The container's user reads it.

@@ -8,15 +8,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sqlx::{Executor, PgPool};
-use switchyard_tests::fanout::{
-    AUDIT_STREAM, Copies, fan_out_config, relay_section, verify_kafka, verify_nats,
-};
+use switchyard_tests::config::{Plugin, Source, Target, TestConfig};
+use switchyard_tests::fanout::{AUDIT_STREAM, Copies, fan_out, relay_section, verify_kafka, verify_nats};
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::write_orders_to;
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{
-    DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, all_published, count_status, fresh_db, fresh_db_before,
+    DEBEZIUM_OUTBOX, Outbox, all_published, count_status, debezium_source, fresh_db, fresh_db_before,
 };
 use switchyard_tests::relay::{Process, kill_while_holding_leases, parse};
 use switchyard_tests::stall::{StallingProxy, gives_up_unanswered};
@@ -33,26 +32,14 @@ fn write_config(text: &str) -> PathBuf {
     path
 }
 
-/// A relay config for `[source]` checks: the Debezium mapping, one plugin,
-/// the stdout target.
-fn stdout_config(db: &str, source: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-
-[[plugins]]
-name = "router"
-path = "{route}"
-[plugins.config]
-target = "out"
-topic = "orders.{{event_type}}"
-
-[targets.out]
-type = "stdout"
-{source}"#,
-        route = plugin("route_by_type").display(),
-    )
+/// A relay config for `[source]` checks: `source`, one plugin, the stdout
+/// target.
+fn stdout_config(db: &str, source: Source) -> String {
+    TestConfig::new(db)
+        .plugin(Plugin::new("router", &plugin("route_by_type")).to("out", "orders.{event_type}"))
+        .target("out", Target::stdout())
+        .source(source)
+        .toml()
 }
 
 /// Checks `config`'s `[source]` against the database and installs its
@@ -91,16 +78,15 @@ async fn a_debezium_outbox_reaches_nats_and_kafka_in_order_through_a_relay_kille
     let relay = relay_section()
         .set("lease_duration_ms", "3000")
         .set("publish_timeout_ms", "1000");
-    let config = format!(
-        "{}{DEBEZIUM_SOURCE}",
-        fan_out_config(
-            &relay,
-            &db.url,
-            &kafka.bootstrap(),
-            &kafka.bootstrap(),
-            &nats.url()
-        )
-    );
+    let config = fan_out(
+        &relay,
+        &db.url,
+        &kafka.bootstrap(),
+        &kafka.bootstrap(),
+        &nats.url(),
+    )
+    .source(debezium_source())
+    .toml();
     let path = write_config(&config);
     let (code, out, err) = cli(SWITCHYARD, &["migrate", "--config", path.to_str().unwrap()], &[]).await;
     assert_eq!(code, 0, "migrate: {out}{err}");
@@ -168,7 +154,7 @@ async fn migrate_dry_run_shows_the_capture_and_changes_nothing_then_migrate_inst
         )
         .await
         .unwrap();
-    let config = stdout_config(&db.url, DEBEZIUM_SOURCE);
+    let config = stdout_config(&db.url, debezium_source());
     let path = write_config(&config);
     let path = path.to_str().unwrap();
 
@@ -255,13 +241,7 @@ async fn migrate_dry_run_shows_the_capture_and_changes_nothing_then_migrate_inst
 
     // Another mapping: the installed trigger no longer matches, and a relay
     // refuses to start rather than relay by the old one.
-    let changed = stdout_config(
-        &db.url,
-        &DEBEZIUM_SOURCE.replace(
-            "[source.columns]\n",
-            "[source.columns]\ntenant = \"aggregatetype\"\n",
-        ),
-    );
+    let changed = stdout_config(&db.url, debezium_source().column("tenant", "aggregatetype"));
     let error = switchyard::runtime::build(&parse(&changed))
         .await
         .err()
@@ -287,17 +267,15 @@ async fn validate_lists_every_mismatch_with_the_live_table() {
         .execute("CREATE TABLE legacy_events (id text, kind integer, body integer, occurred timestamptz)")
         .await
         .unwrap();
-    let source = r#"
-[source]
-table = "legacy_events"
-[source.columns]
-event_id = "id"
-aggregate_type = "kind"
-aggregate_id = "entity"
-event_type = "name"
-payload = "body"
-"#;
-    let path = write_config(&stdout_config(&db.url, source));
+    let source = |table: &str| {
+        Source::table(table)
+            .column("event_id", "id")
+            .column("aggregate_type", "kind")
+            .column("aggregate_id", "entity")
+            .column("event_type", "name")
+            .column("payload", "body")
+    };
+    let path = write_config(&stdout_config(&db.url, source("legacy_events")));
     let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", path.to_str().unwrap()], &[]).await;
     assert_ne!(code, 0, "{out}");
     for problem in [
@@ -310,7 +288,7 @@ payload = "body"
         assert!(err.contains(problem), "missing {problem:?} in:\n{err}");
     }
 
-    let missing = stdout_config(&db.url, &source.replace("legacy_events", "no_such_table"));
+    let missing = stdout_config(&db.url, source("no_such_table"));
     let path = write_config(&missing);
     let (code, _, err) = cli(SWITCHYARD, &["validate", "--config", path.to_str().unwrap()], &[]).await;
     assert_ne!(code, 0);
@@ -329,15 +307,11 @@ async fn a_writer_is_never_failed_by_the_copy_and_needs_no_privilege_on_the_rela
         )
         .await
         .unwrap();
-    let source = r#"
-[source]
-table = "events"
-[source.columns]
-aggregate_type = "aggregate_type"
-aggregate_id = "aggregate_id"
-event_type = "event_type"
-payload = "body"
-"#;
+    let source = Source::table("events")
+        .column("aggregate_type", "aggregate_type")
+        .column("aggregate_id", "aggregate_id")
+        .column("event_type", "event_type")
+        .column("payload", "body");
     let config = parse(&stdout_config(&db.url, source));
     install_capture(&db.url, &config).await;
 
@@ -442,7 +416,7 @@ async fn a_capture_trigger_disabled_or_dropped_while_the_relay_runs_makes_it_unr
     init_logging();
     let db = fresh_db().await;
     db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
-    let config = parse(&stdout_config(&db.url, DEBEZIUM_SOURCE));
+    let config = parse(&stdout_config(&db.url, debezium_source()));
     install_capture(&db.url, &config).await;
     let relay = switchyard::runtime::build(&config).await.expect("relay starts");
     let capture_check = || async {
@@ -487,17 +461,13 @@ async fn names_that_need_quoting_are_captured() {
         )
         .await
         .unwrap();
-    let source = r#"
-[source]
-schema = "Shop Data"
-table = "Outbox Events"
-[source.columns]
-event_id = "Id"
-aggregate_type = "Aggregate %s Type"
-aggregate_id = "aggregate-id"
-event_type = "Type"
-payload = "Pay%load"
-"#;
+    let source = Source::table("Outbox Events")
+        .set("schema", "Shop Data")
+        .column("event_id", "Id")
+        .column("aggregate_type", "Aggregate %s Type")
+        .column("aggregate_id", "aggregate-id")
+        .column("event_type", "Type")
+        .column("payload", "Pay%load");
     let config = parse(&stdout_config(&db.url, source));
     let capture = install_capture(&db.url, &config).await;
     assert_eq!(capture.table(), r#""Shop Data"."Outbox Events""#);
@@ -553,7 +523,7 @@ payload = "Pay%load"
 async fn a_capture_check_on_a_session_that_stops_answering_leaves_no_session_behind() {
     let db = fresh_db().await;
     db.pool.execute(DEBEZIUM_OUTBOX).await.unwrap();
-    let config = parse(&stdout_config(&db.url, DEBEZIUM_SOURCE));
+    let config = parse(&stdout_config(&db.url, debezium_source()));
     let capture = install_capture(&db.url, &config).await;
     let proxy = StallingProxy::in_front_of(&db.url).await;
     let store = switchyard::OutboxStore::connect_bounded(

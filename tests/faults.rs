@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use switchyard::sinks::{OutgoingMessage, Sink, SinkError, Sinks};
+use switchyard_tests::config::{Plugin, Target, TestConfig, routes, strings};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::relay::{InProcess, RelaySection, parse};
@@ -74,14 +75,11 @@ impl Drop for Sqlite {
     }
 }
 
-/// Relay settings for these tests: short leases and backoff, two attempts;
-/// no reload, no cache, no admin endpoint.
-static RELAY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "\n{}[plugin_runtime]\nwatch = false\ncache = false\n[admin]\nlisten = \"\"\n",
-        RelaySection::quick().toml()
-    )
-});
+/// A config on `db_url` for these tests: short leases and backoff, two
+/// attempts; no reload, no cache, no admin endpoint.
+fn quick(db_url: &str) -> TestConfig {
+    TestConfig::new(db_url).tuning(RelaySection::quick()).quiet()
+}
 
 /// One misbehaving plugin per mode, each on the event type of that name.
 const HOSTILE: [(&str, &str); 9] = [
@@ -98,22 +96,22 @@ const HOSTILE: [(&str, &str); 9] = [
 
 fn hostile_config(db_url: &str, out: &std::path::Path) -> String {
     let misbehave = plugin("misbehave");
-    let mut text = format!(
-        "[database]\nurl = \"{db_url}\"\nmax_connections = 4\n{RELAY}",
-        RELAY = *RELAY
-    );
-    for (mode, event_type) in HOSTILE {
-        text.push_str(&format!(
-            "[[plugins]]\nname = \"{mode}\"\npath = \"{}\"\nevent_types = [\"{event_type}\"]\n[plugins.config]\nmode = \"{mode}\"\ntarget = \"out\"\n",
-            misbehave.display()
-        ));
-    }
-    text.push_str(&format!(
-        "[[plugins]]\nname = \"router\"\npath = \"{}\"\n[plugins.config]\ntarget = \"out\"\ntopic = \"orders.{{event_type}}\"\n[targets.out]\ntype = \"file\"\npath = \"{}\"\n",
-        plugin("route_by_type").display(),
-        out.display()
-    ));
-    text
+    HOSTILE
+        .iter()
+        .fold(
+            quick(db_url).database("max_connections", 4),
+            |config, (mode, event_type)| {
+                config.plugin(
+                    Plugin::new(mode, &misbehave)
+                        .event_types(&[event_type])
+                        .config("mode", *mode)
+                        .config("target", "out"),
+                )
+            },
+        )
+        .plugin(Plugin::new("router", &plugin("route_by_type")).to("out", "orders.{event_type}"))
+        .target("out", Target::file(out))
+        .toml()
 }
 
 /// Plugins that print, panic, fail an unwrap or return output no broker
@@ -222,13 +220,18 @@ async fn a_batch_plugin_fails_only_the_events_at_fault() {
     init_logging();
     let db = Sqlite::new().await;
     let out = db.dir.join("out.jsonl");
-    let text = format!(
-        "[database]\nurl = \"{}\"\nmax_connections = 4\n{RELAY}[[plugins]]\nname = \"batch\"\npath = \"{}\"\ntimeout_ms = 20\n[plugins.config]\ntarget = \"out\"\ntrap = [\"Trap\"]\nloop = [\"Spin\"]\nshort = [\"Short\"]\n[targets.out]\ntype = \"file\"\npath = \"{}\"\n",
-        db.url,
-        plugin("batch_probe").display(),
-        out.display(),
-        RELAY = *RELAY
-    );
+    let text = quick(&db.url)
+        .database("max_connections", 4)
+        .plugin(
+            Plugin::new("batch", &plugin("batch_probe"))
+                .set("timeout_ms", 20)
+                .config("target", "out")
+                .config("trap", strings(&["Trap"]))
+                .config("loop", strings(&["Spin"]))
+                .config("short", strings(&["Short"])),
+        )
+        .target("out", Target::file(&out))
+        .toml();
     for seq in 0..20 {
         for aggregate in 0..10 {
             db.insert(&format!("o-{aggregate}"), "OrderUpdated", seq).await;
@@ -375,12 +378,15 @@ async fn plugin_test_routes_several_events_as_one_batch() {
 
 /// A config with one misbehave plugin, `name`, limited to `timeout_ms` per
 /// event, with `settings` in its `[plugins.config]`, writing to stdout.
-fn misbehaving_in_init(url: &str, name: &str, timeout_ms: u64, settings: &str) -> String {
-    format!(
-        "[database]\nurl = \"{url}\"\n{RELAY}[[plugins]]\nname = \"{name}\"\npath = \"{}\"\ntimeout_ms = {timeout_ms}\n[plugins.config]\n{settings}\ntarget = \"out\"\n[targets.out]\ntype = \"stdout\"\n",
-        plugin("misbehave").display(),
-        RELAY = *RELAY
-    )
+fn misbehaving_in_init(url: &str, name: &str, timeout_ms: i64, settings: &[(&str, toml::Value)]) -> String {
+    let misbehave = Plugin::new(name, &plugin("misbehave")).set("timeout_ms", timeout_ms);
+    let misbehave = settings.iter().fold(misbehave, |plugin, (key, value)| {
+        plugin.config(key, value.clone())
+    });
+    quick(url)
+        .plugin(misbehave.config("target", "out"))
+        .target("out", Target::stdout())
+        .toml()
 }
 
 /// A plugin whose `init` never returns is refused at startup with its time
@@ -389,7 +395,7 @@ fn misbehaving_in_init(url: &str, name: &str, timeout_ms: u64, settings: &str) -
 async fn a_plugin_that_loops_in_init_is_refused() {
     init_logging();
     let db = Sqlite::new().await;
-    let text = misbehaving_in_init(&db.url, "looper", 50, "mode = \"init-loop\"");
+    let text = misbehaving_in_init(&db.url, "looper", 50, &[("mode", "init-loop".into())]);
     let started = Instant::now();
     let error = switchyard::runtime::build(&parse(&text))
         .await
@@ -409,7 +415,12 @@ async fn a_plugin_that_loops_in_init_is_refused() {
 async fn an_init_slower_than_the_per_event_limit_still_loads() {
     init_logging();
     let db = Sqlite::new().await;
-    let text = misbehaving_in_init(&db.url, "slow", 5, "mode = \"init-slow\"\ninit_spins = 50000000");
+    let text = misbehaving_in_init(
+        &db.url,
+        "slow",
+        5,
+        &[("mode", "init-slow".into()), ("init_spins", 50_000_000.into())],
+    );
     let started = Instant::now();
     let relay = switchyard::runtime::build(&parse(&text)).await;
     let took = started.elapsed();
@@ -442,16 +453,20 @@ async fn a_panicking_batch_is_reported_and_the_relay_goes_on() {
     init_logging();
     let db = Sqlite::new().await;
     let out = db.dir.join("out.jsonl");
-    let text = format!(
-        "[database]\nurl = \"{}\"\n{}[[plugins]]\nname = \"boom\"\npath = \"{route}\"\nevent_types = [\"Boom\"]\n[plugins.config]\ntarget = \"boom\"\n[[plugins]]\nname = \"router\"\npath = \"{route}\"\n[plugins.config]\ntarget = \"out\"\n[targets.boom]\ntype = \"stdout\"\n[targets.out]\ntype = \"file\"\npath = \"{}\"\n",
-        db.url,
-        RELAY
-            .replace("batch_size = 50", "batch_size = 1")
-            .replace("publish_timeout_ms = 1000", "publish_timeout_ms = 700")
-            .replace("lease_duration_ms = 3000", "lease_duration_ms = 2500"),
-        out.display(),
-        route = plugin("route_by_type").display(),
-    );
+    let route = plugin("route_by_type");
+    let text = quick(&db.url)
+        .relay("batch_size", 1)
+        .relay("publish_timeout_ms", 700)
+        .relay("lease_duration_ms", 2500)
+        .plugin(
+            Plugin::new("boom", &route)
+                .event_types(&["Boom"])
+                .config("target", "boom"),
+        )
+        .plugin(Plugin::new("router", &route).config("target", "out"))
+        .target("boom", Target::stdout())
+        .target("out", Target::file(&out))
+        .toml();
     let config = parse(&text);
     let store = switchyard::store::OutboxStore::connect(&db.url, 4).await.unwrap();
     let engine = switchyard::plugin::PluginEngine::new(None).unwrap();
@@ -870,29 +885,17 @@ async fn two_nats_targets_into_one_stream_keep_both_messages() {
     let db = Sqlite::new().await;
     let nats = NatsServer::start().await;
     nats.create_stream("BOTH", &["orders.>", "audit.>"]).await;
-    let text = format!(
-        r#"[database]
-url = "{db}"
-{RELAY}
-[[plugins]]
-name = "fan"
-path = "{fan}"
-[plugins.config]
-default = [{{ target = "main", topic = "orders.{{event_type}}" }}, {{ target = "audit", topic = "audit.{{event_type}}" }}]
-[targets.main]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-[targets.audit]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-"#,
-        db = db.url,
-        fan = plugin("fan_out").display(),
-        nats = nats.url(),
-        RELAY = *RELAY,
-    );
+    let text = quick(&db.url)
+        .plugin(Plugin::new("fan", &plugin("fan_out")).config(
+            "default",
+            routes(&[
+                ("main", "orders.{event_type}", None),
+                ("audit", "audit.{event_type}", None),
+            ]),
+        ))
+        .target("main", Target::nats(&nats.url()))
+        .target("audit", Target::nats(&nats.url()))
+        .toml();
     let relay = InProcess::start(&parse(&text)).await;
     for seq in 0..20 {
         db.insert(&format!("o-{}", seq % 4), "OrderUpdated", seq).await;
@@ -943,15 +946,13 @@ async fn claims_recover_from_statistics_taken_on_a_drained_outbox() {
     .await;
 
     let out = std::env::temp_dir().join(format!("sy-stale-{}.jsonl", uuid::Uuid::new_v4().simple()));
-    let text = format!(
-        "[database]\nurl = \"{}\"\nmax_connections = 8\n{}[[plugins]]\nname = \"router\"\npath = \"{}\"\n[plugins.config]\ntarget = \"out\"\n[targets.out]\ntype = \"file\"\npath = \"{}\"\nfsync = false\n",
-        db.url,
-        RELAY
-            .replace("batch_size = 50", "batch_size = 200")
-            .replace("max_attempts = 2", "max_attempts = 5"),
-        plugin("route_by_type").display(),
-        out.display()
-    );
+    let text = quick(&db.url)
+        .database("max_connections", 8)
+        .relay("batch_size", 200)
+        .relay("max_attempts", 5)
+        .plugin(Plugin::new("router", &plugin("route_by_type")).config("target", "out"))
+        .target("out", Target::file(&out).set("fsync", false))
+        .toml();
     let relay = InProcess::start(&parse(&text)).await;
     let started = Instant::now();
     eventually("the backlog drains", Duration::from_secs(90), || async {
@@ -989,13 +990,13 @@ async fn a_permanent_refusal_is_logged_as_dead_lettered() {
     let db = Sqlite::new().await;
     let nats = NatsServer::start().await;
     // A wildcard is no publish subject: NATS refuses it on every attempt.
-    let text = format!(
-        "[database]\nurl = \"{}\"\n{RELAY}[[plugins]]\nname = \"router\"\npath = \"{}\"\n[plugins.config]\ntarget = \"events\"\ntopic = \"orders.*\"\n[targets.events]\ntype = \"nats\"\nurl = \"{}\"\nmode = \"core\"\n",
-        db.url,
-        plugin("route_by_type").display(),
-        nats.url(),
-        RELAY = *RELAY
-    );
+    let text = quick(&db.url)
+        .plugin(Plugin::new("router", &plugin("route_by_type")).to("events", "orders.*"))
+        .target(
+            "events",
+            Target::of("nats").set("url", nats.url()).set("mode", "core"),
+        )
+        .toml();
     let config_path = db.dir.join("relay.toml");
     std::fs::write(&config_path, text).unwrap();
     let log_path = db.dir.join("relay.log");
@@ -1076,19 +1077,19 @@ async fn plugin_test_exit_code_follows_the_outcome() {
     let dir = std::env::temp_dir().join(format!("sy-plugin-test-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let relay = dir.join("relay.toml");
-    std::fs::write(
-        &relay,
-        format!(
-            "[database]\nurl = \"sqlite://{db}\"\n[[plugins]]\nname = \"wild\"\npath = \"{misbehave}\"\n[plugins.config]\nmode = \"print\"\ntarget = \"events\"\n\
-             [[plugins]]\nname = \"looper\"\npath = \"{misbehave}\"\ntimeout_ms = 50\n[plugins.config]\nmode = \"loop\"\ntarget = \"events\"\n\
-             [[plugins]]\nname = \"elsewhere\"\npath = \"{misbehave}\"\n[plugins.config]\nmode = \"unknown-target\"\ntarget = \"events\"\n\
-             [[plugins]]\nname = \"wildcard\"\npath = \"{router}\"\n[plugins.config]\ntarget = \"events\"\ntopic = \"orders.*\"\n\
-             [targets.events]\ntype = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n",
-            db = dir.join("outbox.db").display(),
-            router = plugin("route_by_type").display(),
-        ),
-    )
-    .unwrap();
+    let misbehaving = |name: &str, mode: &str| {
+        Plugin::new(name, std::path::Path::new(misbehave))
+            .config("mode", mode)
+            .config("target", "events")
+    };
+    let text = TestConfig::new(&format!("sqlite://{}", dir.join("outbox.db").display()))
+        .plugin(misbehaving("wild", "print"))
+        .plugin(misbehaving("looper", "loop").set("timeout_ms", 50))
+        .plugin(misbehaving("elsewhere", "unknown-target"))
+        .plugin(Plugin::new("wildcard", &plugin("route_by_type")).to("events", "orders.*"))
+        .target("events", Target::of("nats").set("url", "nats://127.0.0.1:4222"))
+        .toml();
+    std::fs::write(&relay, text).unwrap();
     let router = plugin("route_by_type");
     let with_relay = |name: &str, extra: &[&str]| {
         // The entry's config applies to the FILE under test.

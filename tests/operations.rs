@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use switchyard_tests::brokers::Broker;
+use switchyard_tests::config::{Plugin, Target, TestConfig, routes, strings};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::write_orders;
 use switchyard_tests::plugins::{plugin, replace_atomically};
@@ -227,39 +228,28 @@ fn router_config(
     db: &str,
     nats: &str,
     plugin_path: &std::path::Path,
-    plugin_config: &str,
-    extra: &str,
-) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-max_connections = 8
-{relay}
-[plugin_runtime]
-reload_debounce_ms = 20
-cache = false
-{extra}
-[[plugins]]
-name = "router"
-path = "{path}"
-aggregate_types = ["order"]
-[plugins.config]
-{plugin_config}
-[targets.events]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-"#,
-        path = plugin_path.display(),
-        relay = RelaySection::new()
-            .set("batch_size", "100")
-            .set("concurrency", "2")
-            .set("poll_interval_ms", "100")
-            .set("max_attempts", "5")
-            .set("max_backoff_ms", "500")
-            .toml(),
-    )
+    plugin_config: &[(&str, &str)],
+) -> TestConfig {
+    let router = plugin_config
+        .iter()
+        .fold(Plugin::new("router", plugin_path), |router, (key, value)| {
+            router.config(key, *value)
+        })
+        .set("aggregate_types", strings(&["order"]));
+    TestConfig::new(db)
+        .database("max_connections", 8)
+        .tuning(
+            RelaySection::new()
+                .set("batch_size", "100")
+                .set("concurrency", "2")
+                .set("poll_interval_ms", "100")
+                .set("max_attempts", "5")
+                .set("max_backoff_ms", "500"),
+        )
+        .set("plugin_runtime", "reload_debounce_ms", 20)
+        .set("plugin_runtime", "cache", false)
+        .plugin(router)
+        .target("events", Target::nats(nats))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,9 +265,9 @@ async fn dlq_replay_after_a_plugin_fix_publishes_each_dead_letter_exactly_once()
         &db.url,
         &nats.url(),
         &plugin("misbehave"),
-        "mode = \"unknown-target\"\ntarget = \"events\"",
-        "",
-    );
+        &[("mode", "unknown-target"), ("target", "events")],
+    )
+    .toml();
     let relay = InProcess::start(&parse(&broken)).await;
     let expected = write_orders(&db.pool, 20, 3, 2).await;
     eventually("all 60 dead-lettered", Duration::from_secs(60), || async {
@@ -322,9 +312,9 @@ async fn dlq_replay_after_a_plugin_fix_publishes_each_dead_letter_exactly_once()
         &db.url,
         &nats.url(),
         &plugin("route_by_type"),
-        "target = \"events\"\ntopic = \"orders.{event_type}\"",
-        "",
-    );
+        &[("target", "events"), ("topic", "orders.{event_type}")],
+    )
+    .toml();
     let relay = InProcess::start(&parse(&fixed)).await;
     let fixed_version = relay
         .relay
@@ -416,9 +406,10 @@ async fn status_json_matches_the_database_and_the_running_relay() {
         &db.url,
         &nats.url(),
         &plugin_path,
-        "target = \"events\"\ntopic = \"orders.{event_type}\"",
-        &format!("[admin]\nlisten = \"{admin}\"\n"),
-    );
+        &[("target", "events"), ("topic", "orders.{event_type}")],
+    )
+    .set("admin", "listen", admin.as_str())
+    .toml();
     let config_path = dir.join("relay.toml");
     std::fs::write(&config_path, &config).unwrap();
 
@@ -739,15 +730,12 @@ async fn validate_runs_each_plugins_init_with_its_config() {
     std::fs::create_dir_all(&dir).unwrap();
     let write = |name: &str, topic: &str| {
         let path = dir.join(name);
-        std::fs::write(
-            &path,
-            format!(
-                "[database]\nurl = \"sqlite://{db}\"\n[[plugins]]\nname = \"fanout\"\npath = \"{plugin}\"\n[plugins.config]\ndefault = [{{ target = \"out\", topic = \"{topic}\" }}]\n[targets.out]\ntype = \"stdout\"\n",
-                db = dir.join("outbox.db").display(),
-                plugin = plugin("fan_out").display(),
-            ),
-        )
-        .unwrap();
+        let config = TestConfig::new(&format!("sqlite://{}", dir.join("outbox.db").display()))
+            .plugin(
+                Plugin::new("fanout", &plugin("fan_out")).config("default", routes(&[("out", topic, None)])),
+            )
+            .target("out", Target::stdout());
+        std::fs::write(&path, config.toml()).unwrap();
         path.to_str().unwrap().to_string()
     };
     let good = write("good.toml", "orders.{event_type}");
@@ -779,9 +767,10 @@ async fn status_finds_a_relay_whose_admin_port_the_system_chose() {
         &db.url,
         &nats.url(),
         &plugin("route_by_type"),
-        "target = \"events\"\ntopic = \"orders.{event_type}\"",
-        "[admin]\nlisten = \"127.0.0.1:0\"\n",
-    );
+        &[("target", "events"), ("topic", "orders.{event_type}")],
+    )
+    .set("admin", "listen", "127.0.0.1:0")
+    .toml();
     let dir = std::env::temp_dir().join(format!("sy-port-zero-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("relay.toml");
@@ -827,9 +816,9 @@ async fn status_counts_rows_still_in_the_intake() {
         &db.url,
         "nats://127.0.0.1:1",
         &plugin("route_by_type"),
-        "target = \"events\"\ntopic = \"orders.{event_type}\"",
-        "",
-    );
+        &[("target", "events"), ("topic", "orders.{event_type}")],
+    )
+    .toml();
     let dir = std::env::temp_dir().join(format!("sy-intake-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("relay.toml");
@@ -930,7 +919,7 @@ async fn a_relay_on_a_schema_too_old_waits_for_migrate_and_then_loses_nothing() 
     let db = fresh_db_before(second).await;
     let broker = Broker::start("nats").await;
     let expected = write_orders(&db.pool, 10, 5, 2).await;
-    let (config, admin) = with_admin(&broker.config(&db.url, &RelaySection::quick().toml(), ""));
+    let (config, admin) = with_admin(&broker.config(&db.url, RelaySection::quick()).toml());
     let mut relay = Process::spawn(SWITCHYARD, &config, "schema-too-old");
     switchyard_tests::readyz_unready(admin, &["older than this relay serves", "switchyard migrate"]).await;
     assert!(!relay.has_exited(), "the relay stays up");

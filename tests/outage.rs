@@ -120,7 +120,7 @@ async fn broker_down(kind: &str, outbox: Outbox) {
     let relay_section = RelaySection::quick()
         .set("publish_timeout_ms", "5000")
         .set("lease_duration_ms", "12000");
-    let config = broker.config(&db.url, &relay_section.toml(), "");
+    let config = broker.config(&db.url, relay_section).toml();
     let relay = InProcess::start(&parse(&config)).await;
     let writer = write_steadily(&db, outbox);
 
@@ -207,7 +207,7 @@ async fn the_database_gone_for_a_while_costs_no_attempt() {
     // A backlog, so that batches are in flight (claimed, publishing,
     // recording) when the database goes.
     let expected = write_orders(&db.pool, 200, 10, 4).await;
-    let config = nats.config(&db.url, &RelaySection::quick().toml(), "");
+    let config = nats.config(&db.url, RelaySection::quick()).toml();
     let relay = InProcess::start(&parse(&config)).await;
     eventually("draining", Duration::from_secs(30), || async {
         (count_status(&db.pool, "published").await > 0).then_some(())
@@ -331,7 +331,7 @@ async fn started_with_the_broker_down(kind: &str) {
     let db = fresh_db().await;
     let mut broker = Broker::start(kind).await;
     broker.stop();
-    let (config, admin) = with_admin(&broker.config(&db.url, &RelaySection::quick().toml(), ""));
+    let (config, admin) = with_admin(&broker.config(&db.url, RelaySection::quick()).toml());
     let mut relay = Process::spawn(SWITCHYARD, &config, "started-while-down");
     switchyard_tests::readyz_unready(admin, &["\"out\""]).await;
     let expected = write_orders(&db.pool, 10, 5, 2).await;
@@ -380,7 +380,7 @@ async fn a_relay_started_while_the_database_is_down_waits_and_serves_on_its_retu
     let server = switchyard_tests::postgres::server_pool().await;
     let allow = |allowed: bool| format!("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}", db.name);
     sqlx::query(&allow(false)).execute(&server).await.unwrap();
-    let (config, admin) = with_admin(&broker.config(&db.url, &RelaySection::quick().toml(), ""));
+    let (config, admin) = with_admin(&broker.config(&db.url, RelaySection::quick()).toml());
     let mut relay = Process::spawn(SWITCHYARD, &config, "started-without-db");
     switchyard_tests::readyz_unready(admin, &["not currently accepting connections"]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;

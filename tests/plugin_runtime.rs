@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use switchyard::config::PluginConfig;
 use switchyard::plugin::{CallFailure, Event, PayloadFormat, PluginEngine, ReloadResult};
+use switchyard_tests::config::{Plugin, Target, TestConfig, strings};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{order_event, write_orders};
 use switchyard_tests::plugins::{plugin, replace_atomically, with_custom_section};
 use switchyard_tests::postgres::{count_status, fresh_db, place_order_event};
-use switchyard_tests::relay::{InProcess, RelaySection, parse};
+use switchyard_tests::relay::InProcess;
 use switchyard_tests::{eventually, exclusive, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -22,33 +23,18 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
-/// A relay with one hot-reloadable "router" plugin at `plugin_path`, plus extra config.
-fn config(db: &str, nats: &str, plugin_path: &Path, relay: &str, extra: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-max_connections = 8
-{section}{relay}
-[plugin_runtime]
-reload_debounce_ms = 20
-cache = false
-{extra}
-[[plugins]]
-name = "router"
-path = "{path}"
-aggregate_types = ["order"]
-[plugins.config]
-target = "events"
-topic = "orders.{{event_type}}"
-[targets.events]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-"#,
-        path = plugin_path.display(),
-        section = RelaySection::new().toml(),
-    )
+/// A relay with one hot-reloadable "router" plugin at `plugin_path`.
+fn config(db: &str, nats: &str, plugin_path: &Path) -> TestConfig {
+    TestConfig::new(db)
+        .database("max_connections", 8)
+        .set("plugin_runtime", "reload_debounce_ms", 20)
+        .set("plugin_runtime", "cache", false)
+        .plugin(
+            Plugin::new("router", plugin_path)
+                .set("aggregate_types", strings(&["order"]))
+                .to("events", "orders.{event_type}"),
+        )
+        .target("events", Target::nats(nats))
 }
 
 /// A relay whose only plugin, "router", is a copy of route-by-type in a
@@ -71,7 +57,7 @@ impl Setup {
         let path = dir.join("router.wasm");
         let plugin = std::fs::read(plugin("route_by_type")).unwrap();
         std::fs::write(&path, &plugin).unwrap();
-        let running = InProcess::start(&parse(&config(&db.url, &nats.url(), &path, "", ""))).await;
+        let running = InProcess::start(&config(&db.url, &nats.url(), &path).parse()).await;
         Setup {
             db,
             nats,
@@ -319,7 +305,7 @@ async fn misbehaving_plugins_fail_only_their_own_events() {
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>", "test.>"]).await;
     let misbehave = plugin("misbehave");
-    let mut extra = String::new();
+    let mut misbehaving = Vec::new();
     for (mode, memory) in [
         ("loop", 16),
         ("alloc", 16),
@@ -329,22 +315,24 @@ async fn misbehaving_plugins_fail_only_their_own_events() {
         ("empty-topic", 16),
         ("transient", 16),
     ] {
-        extra.push_str(&format!(
-            "[[plugins]]\nname = \"{mode}\"\npath = \"{}\"\nevent_types = [\"{mode}\"]\ntimeout_ms = {}\nmax_memory_bytes = {}\n[plugins.config]\nmode = \"{mode}\"\ntarget = \"events\"\n",
-            misbehave.display(),
-            // Only the loop should hit the time limit; the others get time to fail their own way.
-            if mode == "loop" { 50 } else { 2500 },
-            memory * 1024 * 1024
-        ));
+        misbehaving.push(
+            Plugin::new(mode, &misbehave)
+                .event_types(&[mode])
+                // Only the loop should hit the time limit; the others get
+                // time to fail their own way.
+                .set("timeout_ms", if mode == "loop" { 50 } else { 2500 })
+                .set("max_memory_bytes", memory * 1024 * 1024)
+                .config("mode", mode)
+                .config("target", "events"),
+        );
     }
     // The misbehaving plugins go before the router so their filters match first.
     let router = plugin("route_by_type");
-    let text = config(&db.url, &nats.url(), &router, "max_attempts = 1", "").replacen(
-        "[[plugins]]",
-        &format!("{extra}[[plugins]]"),
-        1,
+    let text = misbehaving.into_iter().fold(
+        config(&db.url, &nats.url(), &router).relay("max_attempts", 1),
+        TestConfig::plugin_first,
     );
-    let running = InProcess::start(&parse(&text)).await;
+    let running = InProcess::start(&text.parse()).await;
 
     for mode in [
         "loop",
@@ -428,12 +416,14 @@ fn probe_event() -> Event {
     }
 }
 
-fn plugin_config(name: &str, path: &Path, config: &str) -> PluginConfig {
-    toml::from_str(&format!(
-        "name = \"{name}\"\npath = \"{}\"\n[config]\n{config}",
-        path.display()
-    ))
-    .unwrap()
+/// The plugin `name` at `path`, with `config` in its `[plugins.config]`.
+fn plugin_config(name: &str, path: &Path, config: &[(&str, &str)]) -> PluginConfig {
+    config
+        .iter()
+        .fold(Plugin::new(name, path), |plugin, (key, value)| {
+            plugin.config(key, *value)
+        })
+        .entry()
 }
 
 #[test]
@@ -443,7 +433,7 @@ fn plugins_see_no_environment_files_or_clock() {
         .load(&plugin_config(
             "probe",
             &plugin("misbehave"),
-            "mode = \"probe\"\ntarget = \"t\"",
+            &[("mode", "probe"), ("target", "t")],
         ))
         .unwrap();
     let (result, instance) = version.route(version.checkout().unwrap(), &probe_event());
@@ -463,7 +453,7 @@ fn a_trapped_instance_is_discarded_and_init_errors_are_reported() {
         .load(&plugin_config(
             "trap",
             &plugin("misbehave"),
-            "mode = \"trap\"\ntarget = \"t\"",
+            &[("mode", "trap"), ("target", "t")],
         ))
         .unwrap();
     let (result, instance) = version.route(version.checkout().unwrap(), &probe_event());
@@ -477,7 +467,7 @@ fn a_trapped_instance_is_discarded_and_init_errors_are_reported() {
         .load(&plugin_config(
             "router",
             &plugin("route_by_type"),
-            "topic = \"x\"",
+            &[("topic", "x")],
         ))
         .err()
         .expect("init must refuse a config without target");
@@ -535,16 +525,18 @@ fn batch_answers(version: &switchyard::plugin::PluginVersion, events: &[Event]) 
 #[test]
 fn one_event_cannot_fail_its_batch() {
     let engine = PluginEngine::new(None).unwrap();
-    let config = |extra: &str| {
-        let mut entry = plugin_config(
-            "batch",
-            &plugin("batch_probe"),
-            &format!("target = \"t\"\n{extra}"),
-        );
+    // `poisoned`: the list of the probe's config that fails `Poison` events.
+    let config = |poisoned: Option<&str>| {
+        let probe = Plugin::new("batch", &plugin("batch_probe")).config("target", "t");
+        let probe = match poisoned {
+            Some(list) => probe.config(list, strings(&["Poison"])),
+            None => probe,
+        };
+        let mut entry = probe.entry();
         entry.timeout_ms = 50;
         entry
     };
-    let version = engine.load(&config("")).unwrap();
+    let version = engine.load(&config(None)).unwrap();
     assert!(version.batched(), "the batch export is found");
     let events: Vec<Event> = (0..40)
         .map(|i| batch_event("OrderUpdated", i % 7, b"{}".to_vec()))
@@ -559,47 +551,44 @@ fn one_event_cannot_fail_its_batch() {
     );
 
     let poisons = [
-        ("trap = [\"Poison\"]", "`unreachable` instruction executed"),
-        ("loop = [\"Poison\"]", "exceeded its time limit of 50 ms"),
-        ("short = [\"Poison\"]", "returned 0 results for 1 event"),
-        (
-            "transient = [\"Poison\"]",
-            "Transient(\"Poison refused for now\")",
-        ),
+        ("trap", "`unreachable` instruction executed"),
+        ("loop", "exceeded its time limit of 50 ms"),
+        ("short", "returned 0 results for 1 event"),
+        ("transient", "Transient(\"Poison refused for now\")"),
     ];
-    for (extra, failure) in poisons {
-        let version = engine.load(&config(extra)).unwrap();
+    for (list, failure) in poisons {
+        let version = engine.load(&config(Some(list))).unwrap();
         let mut events = events.clone();
         events[17] = batch_event("Poison", 3, b"{}".to_vec());
         let started = Instant::now();
         let (answers, calls) = batch_answers(&version, &events);
         let took = started.elapsed();
-        let fallback = !extra.starts_with("transient");
+        let fallback = !list.starts_with("transient");
         for (at, answer) in answers.iter().enumerate() {
             if at == 17 {
                 assert!(
                     matches!(answer, Err(e) if e.contains(failure)),
-                    "{extra}: {answer:?}"
+                    "{list}: {answer:?}"
                 );
             } else {
                 let size = if fallback { 1 } else { 40 };
                 assert_eq!(
                     answer,
                     &Ok(("batch.OrderUpdated".to_string(), size)),
-                    "{extra}: event {at}"
+                    "{list}: event {at}"
                 );
             }
         }
         let expected_calls = if fallback { 41 } else { 1 };
-        assert_eq!(calls.len(), expected_calls, "{extra}: {calls:?}");
+        assert_eq!(calls.len(), expected_calls, "{list}: {calls:?}");
         // A spinning batch call may run 50 ms per event (2 s), then the
         // poisoned event its own 50 ms.
-        assert!(took < Duration::from_secs(5), "{extra}: {took:?}");
+        assert!(took < Duration::from_secs(5), "{list}: {took:?}");
     }
 
     // On its next attempt the event that spun is routed on its own, so it
     // costs its own time limit, not a whole batch call's.
-    let version = engine.load(&config("loop = [\"Poison\"]")).unwrap();
+    let version = engine.load(&config(Some("loop"))).unwrap();
     let mut events = events.clone();
     events[17] = Event {
         attempt: 2,
@@ -624,7 +613,7 @@ fn one_event_cannot_fail_its_batch() {
 #[test]
 fn large_batches_are_split_to_fit_the_plugin_memory() {
     let engine = PluginEngine::new(None).unwrap();
-    let mut entry = plugin_config("batch", &plugin("batch_probe"), "target = \"t\"");
+    let mut entry = plugin_config("batch", &plugin("batch_probe"), &[("target", "t")]);
     entry.max_memory_bytes = 16 * 1024 * 1024;
     let version = engine.load(&entry).unwrap();
     let events: Vec<Event> = (0..40)
@@ -654,7 +643,7 @@ fn components_built_against_wit_0_1_0_still_load() {
         inspection.imports
     );
     let version = engine
-        .load(&plugin_config("old", &path, "target = \"t\""))
+        .load(&plugin_config("old", &path, &[("target", "t")]))
         .unwrap();
     assert!(!version.batched());
     let (result, _) = version.route(version.checkout().unwrap(), &probe_event());
@@ -668,7 +657,7 @@ fn components_built_against_wit_0_1_0_still_load() {
 #[test]
 fn compiled_plugins_are_cached_across_engines() {
     let cache = temp_dir();
-    let config = plugin_config("router", &plugin("route_by_type"), "target = \"t\"");
+    let config = plugin_config("router", &plugin("route_by_type"), &[("target", "t")]);
     let first = PluginEngine::new(Some(&cache)).unwrap();
     first.load(&config).unwrap();
     let (hits, misses) = first.cache_stats().unwrap();

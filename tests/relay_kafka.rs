@@ -5,15 +5,14 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use switchyard_tests::fanout::{
-    AUDIT_STREAM, Copies, fan_out_config, relay_section, verify_kafka, verify_nats,
-};
+use switchyard_tests::config::{Plugin, Target, TestConfig, routes};
+use switchyard_tests::fanout::{AUDIT_STREAM, Copies, fan_out, relay_section, verify_kafka, verify_nats};
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, write_orders};
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{NewEvent, all_published, count_status, fresh_db, place_order_event};
-use switchyard_tests::relay::{InProcess, parse};
+use switchyard_tests::relay::InProcess;
 use switchyard_tests::{eventually, exclusive, init_logging};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,14 +26,14 @@ async fn ten_thousand_events_fan_out_to_two_kafka_clusters_and_nats() {
     kafka.create_topic("orders", 8).await;
     analytics.create_topic("orders-analytics", 3).await;
     nats.create_stream(AUDIT_STREAM, &["audit.>"]).await;
-    let config = fan_out_config(
+    let config = fan_out(
         &relay_section(),
         &db.url,
         &kafka.bootstrap(),
         &analytics.bootstrap(),
         &nats.url(),
     );
-    let relay = InProcess::start(&parse(&config)).await;
+    let relay = InProcess::start(&config.parse()).await;
 
     let expected = write_orders(&db.pool, 500, 20, 8).await;
     assert_eq!(expected.len(), 10_000);
@@ -88,7 +87,7 @@ async fn a_target_down_alone(replication: bool) {
     kafka.create_topic("orders", 4).await;
     analytics.create_topic("orders-analytics", 2).await;
     nats.create_stream(AUDIT_STREAM, &["audit.>"]).await;
-    let config = fan_out_config(
+    let config = fan_out(
         &relay_section(),
         &db.url,
         &kafka.bootstrap(),
@@ -103,12 +102,13 @@ async fn a_target_down_alone(replication: bool) {
             .await
             .unwrap();
         pg.run_feed_statements(&statements).await.unwrap();
-        config.replacen("[relay]", "[relay]\nmode = \"replication\"", 1)
-            + &format!("\n[replication]\nslot = \"{}\"\n", db.name)
+        config
+            .relay("mode", "replication")
+            .set("replication", "slot", db.name.as_str())
     } else {
         config
     };
-    let relay = InProcess::start(&parse(&config)).await;
+    let relay = InProcess::start(&config.parse()).await;
 
     nats.stop();
     let expected = write_orders(&db.pool, 100, 5, 4).await;
@@ -188,35 +188,22 @@ async fn a_message_over_the_size_limit_is_dead_lettered_while_others_flow() {
     let db = fresh_db().await;
     let kafka = KafkaServer::start().await;
     kafka.create_topic("orders", 2).await;
-    let config = format!(
-        r#"
-[database]
-url = "{db}"
-
-{relay}
-
-# Reading 1.5 MB can pass the default 100 ms on a loaded machine; this test
-# is about the broker's size limit, so the plugin gets time to spare.
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-timeout_ms = 2000
-[plugins.config]
-default = [{{ target = "kafka", topic = "orders" }}]
-
-[targets.kafka]
-type = "kafka"
-bootstrap_servers = "{kafka}"
-"#,
-        db = db.url,
-        relay = relay_section()
-            .set("max_payload_bytes", "4194304")
-            .set("max_message_bytes", "4194304")
-            .toml(),
-        plugin = plugin("fan_out").display(),
-        kafka = kafka.bootstrap(),
-    );
-    let relay = InProcess::start(&parse(&config)).await;
+    let config = TestConfig::new(&db.url)
+        .tuning(
+            relay_section()
+                .set("max_payload_bytes", "4194304")
+                .set("max_message_bytes", "4194304"),
+        )
+        .plugin(
+            Plugin::new("fanout", &plugin("fan_out"))
+                // Reading 1.5 MB can pass the default 100 ms on a loaded
+                // machine; this test is about the broker's size limit, so
+                // the plugin gets time to spare.
+                .set("timeout_ms", 2000)
+                .config("default", routes(&[("kafka", "orders", None)])),
+        )
+        .target("kafka", Target::kafka(&kafka.bootstrap()));
+    let relay = InProcess::start(&config.parse()).await;
 
     let big = NewEvent {
         payload: serde_json::json!({ "seq": 0, "blob": "x".repeat(1_500_000) }),

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use switchyard_tests::config::{Plugin, Target, TestConfig, routes, table};
 use switchyard_tests::fanout::relay_section;
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::{NatsServer, Received};
@@ -19,67 +20,34 @@ use switchyard_tests::{eventually, exclusive, init_logging};
 /// Every event to the RabbitMQ exchange `orders` (routing key
 /// `orders.<EventType>`), to Kafka `orders` and to NATS `audit.orders.<EventType>`.
 fn fan_out_config(db: &str, rabbit: &str, kafka: &str, nats: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-max_connections = 8
-
-{relay}
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-[plugins.config]
-default = [
-  {{ target = "rabbit", topic = "orders.{{event_type}}", key = "{{aggregate_id}}" }},
-  {{ target = "kafka", topic = "orders", key = "{{aggregate_id}}" }},
-  {{ target = "audit", topic = "audit.orders.{{event_type}}" }},
-]
-
-[targets.rabbit]
-type = "rabbitmq"
-url = "{rabbit}"
-exchange = "orders"
-
-[targets.kafka]
-type = "kafka"
-bootstrap_servers = "{kafka}"
-[targets.kafka.properties]
-"linger.ms" = "2"
-
-[targets.audit]
-type = "nats"
-url = "{nats}"
-duplicate_window_seconds = 3600
-"#,
-        relay = relay_section().toml(),
-        plugin = plugin("fan_out").display(),
-    )
+    TestConfig::new(db)
+        .database("max_connections", 8)
+        .tuning(relay_section())
+        .plugin(Plugin::new("fanout", &plugin("fan_out")).config(
+            "default",
+            routes(&[
+                ("rabbit", "orders.{event_type}", Some("{aggregate_id}")),
+                ("kafka", "orders", Some("{aggregate_id}")),
+                ("audit", "audit.orders.{event_type}", None),
+            ]),
+        ))
+        .target("rabbit", Target::rabbitmq(rabbit, "orders"))
+        .target("kafka", Target::kafka(kafka).property("linger.ms", "2"))
+        .target("audit", Target::nats(nats))
+        .toml()
 }
 
-/// The fan-out plugin with `routes` (the inline table's contents: event
-/// type -> destinations) and the given target sections, quick retries.
-fn fan_out_routes(db: &str, routes: &str, targets: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-{relay}
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-[plugins.config]
-routes = {{ {routes} }}
-{targets}
-"#,
-        relay = RelaySection::quick().toml(),
-        plugin = plugin("fan_out").display(),
-    )
-}
-
-/// A `[targets.NAME]` section for a RabbitMQ exchange.
-fn rabbitmq_target(name: &str, url: &str, exchange: &str) -> String {
-    format!("[targets.{name}]\ntype = \"rabbitmq\"\nurl = \"{url}\"\nexchange = \"{exchange}\"\n")
+/// The fan-out plugin with `by_type` (event type -> destinations) and the
+/// given targets, quick retries.
+fn fan_out_routes(db: &str, by_type: &[(&str, toml::Value)], targets: Vec<(&str, Target)>) -> String {
+    let routes = table(by_type);
+    let config = TestConfig::new(db)
+        .tuning(RelaySection::quick())
+        .plugin(Plugin::new("fanout", &plugin("fan_out")).config("routes", routes));
+    targets
+        .into_iter()
+        .fold(config, |config, (name, target)| config.target(name, target))
+        .toml()
 }
 
 fn counts(received: &[Received], expected: &HashMap<String, Expected>) -> (usize, usize, usize) {
@@ -195,9 +163,14 @@ async fn a_missing_exchange_waits_and_an_unroutable_message_is_dead_lettered_wit
     rabbit.declare(&unbound, "", "").await;
     let config = fan_out_routes(
         &db.url,
-        r#"Gone = [{ target = "doomed", topic = "orders.gone" }], Lost = [{ target = "unbound", topic = "orders.lost" }]"#,
-        &(rabbitmq_target("doomed", rabbit.url(), &doomed)
-            + &rabbitmq_target("unbound", rabbit.url(), &unbound)),
+        &[
+            ("Gone", routes(&[("doomed", "orders.gone", None)])),
+            ("Lost", routes(&[("unbound", "orders.lost", None)])),
+        ],
+        vec![
+            ("doomed", Target::rabbitmq(rabbit.url(), &doomed)),
+            ("unbound", Target::rabbitmq(rabbit.url(), &unbound)),
+        ],
     );
     let relay = InProcess::start(&parse(&config)).await;
     rabbit.delete_exchange(&doomed).await;
@@ -248,14 +221,18 @@ async fn a_long_routing_key_keeps_the_message_id_within_amqp_limits() {
     let key = format!("orders.{}", "x".repeat(240));
     let config = fan_out_routes(
         &db.url,
-        &format!(
-            r#"Long = [{{ target = "audit", topic = "audit.one" }}, {{ target = "audit", topic = "audit.two" }}, {{ target = "rabbit", topic = "{key}" }}]"#
-        ),
-        &format!(
-            "[targets.audit]\ntype = \"nats\"\nurl = \"{}\"\nduplicate_window_seconds = 3600\n{}",
-            nats.url(),
-            rabbitmq_target("rabbit", rabbit.url(), &exchange)
-        ),
+        &[(
+            "Long",
+            routes(&[
+                ("audit", "audit.one", None),
+                ("audit", "audit.two", None),
+                ("rabbit", &key, None),
+            ]),
+        )],
+        vec![
+            ("audit", Target::nats(&nats.url())),
+            ("rabbit", Target::rabbitmq(rabbit.url(), &exchange)),
+        ],
     );
     let relay = InProcess::start(&parse(&config)).await;
     let events = write_orders_of(&db.pool, &["Long", "Long", "Long"]).await;
@@ -290,32 +267,22 @@ async fn write_orders_of(pool: &sqlx::PgPool, event_types: &[&str]) -> usize {
     event_types.len()
 }
 
-/// route-by-type to one RabbitMQ target (`target` adds its settings), with
-/// retries for as long as a broker restart takes.
-fn patient_relay(db: &str, url: &str, target: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db}"
-max_connections = 8
-{relay}
-[[plugins]]
-name = "router"
-path = "{plugin}"
-[plugins.config]
-target = "rabbit"
-topic = "orders.{{event_type}}"
-[targets.rabbit]
-type = "rabbitmq"
-url = "{url}"
-{target}
-"#,
-        relay = RelaySection::new()
-            .set("max_attempts", "100")
-            .set("max_backoff_ms", "500")
-            .toml(),
-        plugin = plugin("route_by_type").display(),
-    )
+/// route-by-type to the RabbitMQ exchange `exchange` (`grace_ms`: how long
+/// an unroutable message waits for a binding), with retries for as long as
+/// a broker restart takes.
+fn patient_relay(db: &str, url: &str, exchange: &str, grace_ms: Option<i64>) -> String {
+    let target = Target::rabbitmq(url, exchange);
+    let target = match grace_ms {
+        Some(grace) => target.set("unroutable_grace_ms", grace),
+        None => target,
+    };
+    TestConfig::new(db)
+        .database("max_connections", 8)
+        .relay("max_attempts", 100)
+        .relay("max_backoff_ms", 500)
+        .plugin(Plugin::new("router", &plugin("route_by_type")).to("rabbit", "orders.{event_type}"))
+        .target("rabbit", target)
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,7 +292,7 @@ async fn rabbitmq_killed_while_confirms_are_pending_loses_nothing() {
     let db = fresh_db().await;
     let mut rabbit = RabbitMq::own().await;
     rabbit.declare("orders", "orders-consumer", "orders.#").await;
-    let config = patient_relay(&db.url, rabbit.url(), "exchange = \"orders\"");
+    let config = patient_relay(&db.url, rabbit.url(), "orders", None);
     let relay = InProcess::start(&parse(&config)).await;
 
     // The broker dies while the relay is mid-stream: some publishes were
@@ -368,11 +335,7 @@ async fn an_unroutable_message_just_after_a_reconnect_is_retried() {
     let db = fresh_db().await;
     let mut rabbit = RabbitMq::own().await;
     rabbit.declare("late", "", "").await;
-    let config = patient_relay(
-        &db.url,
-        rabbit.url(),
-        "exchange = \"late\"\nunroutable_grace_ms = 60000",
-    );
+    let config = patient_relay(&db.url, rabbit.url(), "late", Some(60_000));
     let relay = InProcess::start(&parse(&config)).await;
     rabbit.stop();
     rabbit.start().await;

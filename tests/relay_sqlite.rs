@@ -6,42 +6,27 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use switchyard_tests::config::{Plugin, Target, TestConfig};
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::relay::{InProcess, RelaySection, parse};
 use switchyard_tests::{eventually, exclusive, init_logging};
 
 fn config(db_url: &str, out: &std::path::Path) -> String {
-    format!(
-        r#"
-[database]
-url = "{db_url}"
-max_connections = 4
-{relay}[plugin_runtime]
-watch = false
-cache = false
-[[plugins]]
-name = "slow"
-path = "{misbehave}"
-event_types = ["Slow"]
-timeout_ms = 50
-[plugins.config]
-mode = "loop"
-target = "out"
-[[plugins]]
-name = "router"
-path = "{router}"
-[plugins.config]
-target = "out"
-topic = "orders.{{event_type}}"
-[targets.out]
-type = "file"
-path = "{out}"
-"#,
-        relay = RelaySection::quick().set("batch_size", "100").toml(),
-        misbehave = plugin("misbehave").display(),
-        router = plugin("route_by_type").display(),
-        out = out.display(),
-    )
+    TestConfig::new(db_url)
+        .database("max_connections", 4)
+        .tuning(RelaySection::quick().set("batch_size", "100"))
+        .set("plugin_runtime", "watch", false)
+        .set("plugin_runtime", "cache", false)
+        .plugin(
+            Plugin::new("slow", &plugin("misbehave"))
+                .event_types(&["Slow"])
+                .set("timeout_ms", 50)
+                .config("mode", "loop")
+                .config("target", "out"),
+        )
+        .plugin(Plugin::new("router", &plugin("route_by_type")).to("out", "orders.{event_type}"))
+        .target("out", Target::file(out))
+        .toml()
 }
 
 /// A migrated SQLite outbox in a directory of its own, beside the file

@@ -5,12 +5,13 @@
 
 use std::time::Duration;
 
+use switchyard_tests::config::{Plugin, TestConfig};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, verify, write_orders, write_orders_to};
 use switchyard_tests::postgres::{
-    DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, TestDb, count_status, fresh_db, place_event, place_order_event,
+    DEBEZIUM_OUTBOX, Outbox, TestDb, count_status, debezium_source, fresh_db, place_event, place_order_event,
 };
-use switchyard_tests::relay::{InProcess, Process, Settings, example_config, parse};
+use switchyard_tests::relay::{InProcess, Process, Settings, example, example_config, parse};
 use switchyard_tests::{cli, eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -18,16 +19,19 @@ const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 
 /// The example pipeline in replication mode, through a slot of this
 /// database's own (slot names are unique in the whole server).
-fn replication_config(db: &TestDb, nats: &NatsServer, relay: &[(&str, &str)]) -> String {
+fn replication(db: &TestDb, nats: &NatsServer, relay: &[(&str, &str)]) -> TestConfig {
     let settings = relay.iter().fold(
         Settings::new(&db.url, &nats.url()).relay("mode", "\"replication\""),
         |settings, (key, value)| settings.relay(key, value),
     );
-    format!(
-        "{}\n[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
-        example_config(&settings),
-        db.name
-    )
+    example(&settings)
+        .set("replication", "slot", db.name.as_str())
+        .set("replication", "publication", "switchyard_outbox")
+}
+
+/// [`replication`] as TOML.
+fn replication_config(db: &TestDb, nats: &NatsServer, relay: &[(&str, &str)]) -> String {
+    replication(db, nats, relay).toml()
 }
 
 /// Waits until the stream holds `count` messages, failing after `seconds`.
@@ -73,14 +77,12 @@ async fn migrate(config: &str) -> String {
 
 /// `config` with a plugin that traps on `Poison` events: the event's own
 /// fault, retried and then dead-lettered.
-fn with_poison_plugin(config: &str) -> String {
-    config.replacen(
-        "[[plugins]]",
-        &format!(
-            "[[plugins]]\nname = \"poison\"\npath = \"{}\"\nevent_types = [\"Poison\"]\n[plugins.config]\nmode = \"trap\"\ntarget = \"events\"\n\n[[plugins]]",
-            switchyard_tests::plugins::plugin("misbehave").display()
-        ),
-        1,
+fn with_poison_plugin(config: TestConfig) -> TestConfig {
+    config.plugin_first(
+        Plugin::new("poison", &switchyard_tests::plugins::plugin("misbehave"))
+            .event_types(&["Poison"])
+            .config("mode", "trap")
+            .config("target", "events"),
     )
 }
 
@@ -116,7 +118,8 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_config(&db, &nats, &[]);
+    let built = replication(&db, &nats, &[]);
+    let config = built.toml();
 
     // Before migrate, startup names what is missing.
     let refused = switchyard::runtime::build(&parse(&config))
@@ -186,7 +189,7 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
     .await;
     // `status` shows the slot and who reads it.
     let path = std::env::temp_dir().join(format!("sy-status-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, format!("{config}\n[admin]\nlisten = \"\"\n")).unwrap();
+    std::fs::write(&path, built.set("admin", "listen", "").toml()).unwrap();
     let (code, out, err) = cli(SWITCHYARD, &["status", "--config", path.to_str().unwrap()], &[]).await;
     let _ = std::fs::remove_file(&path);
     assert_eq!(code, 0, "{out}{err}");
@@ -215,7 +218,7 @@ async fn a_failing_event_takes_only_its_own_aggregate_to_the_table() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = with_poison_plugin(&replication_config(
+    let config = with_poison_plugin(replication(
         &db,
         &nats,
         &[
@@ -223,7 +226,8 @@ async fn a_failing_event_takes_only_its_own_aggregate_to_the_table() {
             ("initial_backoff_ms", "200"),
             ("max_backoff_ms", "400"),
         ],
-    ));
+    ))
+    .toml();
     migrate(&config).await;
     let relay = InProcess::start(&parse(&config)).await;
 
@@ -310,7 +314,7 @@ async fn a_killed_reader_is_replaced_by_its_standby_and_nothing_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_reader_of_a_services_own_table_is_replaced_and_nothing_is_lost() {
     let (db, nats) = with_a_services_table().await;
-    let config = format!("{}{DEBEZIUM_SOURCE}", replication_config(&db, &nats, &[]));
+    let config = replication(&db, &nats, &[]).source(debezium_source()).toml();
     migrate(&config).await;
     killed_reader_replaced(&db, &nats, &config, Outbox::Debezium).await;
 }
@@ -451,7 +455,7 @@ async fn events_written_without_a_row_keep_their_order_among_rows_and_fail_alone
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = with_poison_plugin(&replication_config(
+    let config = with_poison_plugin(replication(
         &db,
         &nats,
         &[
@@ -459,7 +463,8 @@ async fn events_written_without_a_row_keep_their_order_among_rows_and_fail_alone
             ("initial_backoff_ms", "200"),
             ("max_backoff_ms", "400"),
         ],
-    ));
+    ))
+    .toml();
     migrate(&config).await;
     // The function refuses what the table would.
     let refused = sqlx::query("SELECT switchyard_emit(NULL, 'o-1', 'OrderCreated', '{}')")
@@ -596,21 +601,19 @@ async fn events_written_without_a_row_keep_their_order_among_rows_and_fail_alone
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_services_own_outbox_table_is_read_from_the_wal_with_its_trigger_turned_off() {
     let (db, nats) = with_a_services_table().await;
-    let config = format!(
-        "{}{DEBEZIUM_SOURCE}",
-        with_poison_plugin(&replication_config(
-            &db,
-            &nats,
-            &[
-                ("max_attempts", "2"),
-                ("initial_backoff_ms", "200"),
-                ("max_backoff_ms", "400")
-            ],
-        ))
-    );
+    let built = with_poison_plugin(replication(
+        &db,
+        &nats,
+        &[
+            ("max_attempts", "2"),
+            ("initial_backoff_ms", "200"),
+            ("max_backoff_ms", "400"),
+        ],
+    ))
+    .source(debezium_source());
+    let config = built.toml();
     // The table was relayed in claim mode before: its capture trigger is on.
-    let claim_mode = in_claim_mode(&config, &db);
-    migrate(&claim_mode).await;
+    migrate(&in_claim_mode(built)).await;
     let out = dry_run(&config).await;
     for step in [
         "WHERE (status = 'streamed'::text), \"public\".\"outbox\" (\"aggregateid\", \"aggregatetype\", \"id\", \"payload\", \"tracingspancontext\", \"type\") WITH (publish = 'insert')",
@@ -684,7 +687,8 @@ async fn replication_mode_closes_the_intake_and_will_not_start_over_rows_in_it()
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_config(&db, &nats, &[]);
+    let built = replication(&db, &nats, &[]);
+    let config = built.toml();
     let write = || place_event_result(&db.pool, Outbox::Intake);
     write().await.expect("claim mode: the intake is open");
     migrate(&config).await;
@@ -704,22 +708,13 @@ async fn replication_mode_closes_the_intake_and_will_not_start_over_rows_in_it()
         refused.contains("switchyard_intake holds 1 rows written for claim mode"),
         "{refused}"
     );
-    let claim_mode = in_claim_mode(&config, &db);
-    migrate(&claim_mode).await;
+    migrate(&in_claim_mode(built)).await;
     write().await.expect("claim mode again: the intake is open");
 }
 
-/// `config` from [`replication_config`], in claim mode.
-fn in_claim_mode(config: &str, db: &TestDb) -> String {
-    config
-        .replace("mode = \"replication\"", "mode = \"claim\"")
-        .replace(
-            &format!(
-                "[replication]\nslot = \"{}\"\npublication = \"switchyard_outbox\"\n",
-                db.name
-            ),
-            "",
-        )
+/// `config` from [`replication`], in claim mode.
+fn in_claim_mode(config: TestConfig) -> String {
+    config.relay("mode", "claim").unset("replication").toml()
 }
 
 async fn place_event_result(pool: &sqlx::PgPool, outbox: Outbox) -> Result<uuid::Uuid, sqlx::Error> {

@@ -260,44 +260,62 @@ async fn validate_names_every_bad_tls_file_at_once() {
     let not_pem = dir.join("not-pem.crt");
     std::fs::write(&not_pem, "hello").unwrap();
     let missing = dir.join("missing.pem");
-    let config = |database: &str| {
-        format!(
-            "{database}\n[[plugins]]\nname = \"p\"\npath = \"{}\"\n[targets.out]\ntype = \"stdout\"\n",
-            switchyard_tests::plugins::plugin("route_by_type").display()
+    let pem = |name: &str| toml::Value::from(tls_file(name));
+    let config = TestConfig::fleet()
+        .member(
+            "missing-ca",
+            &format!(
+                "postgres://u@db.example.com/a?sslmode=verify-full&sslrootcert={}",
+                missing.display()
+            ),
+            &[],
         )
-    };
-    let databases = format!(
-        r#"[[databases]]
-name = "missing-ca"
-url = "postgres://u@db.example.com/a?sslmode=verify-full&sslrootcert={missing}"
-[[databases]]
-name = "not-pem"
-url = "postgres://u@db.example.com/b"
-tls = {{ mode = "verify-full", root_cert = "{not_pem}" }}
-[[databases]]
-name = "mismatch"
-url = "postgres://u@db.example.com/c"
-tls = {{ client_cert = "{client}", client_key = "{server_key}" }}
-[[databases]]
-name = "expired"
-url = "postgres://u@db.example.com/d"
-tls = {{ client_cert = "{expired}", client_key = "{expired_key}" }}
-[[databases]]
-name = "half"
-url = "postgres://u@db.example.com/e?sslcert={client}"
-[[databases]]
-name = "twice"
-url = "postgres://u:pw@db.example.com/f"
-password = {{ file = "{missing}" }}
-"#,
-        missing = missing.display(),
-        not_pem = not_pem.display(),
-        client = tls_file("client.pem"),
-        server_key = tls_file("server.key"),
-        expired = tls_file("expired.pem"),
-        expired_key = tls_file("expired.key"),
-    );
-    let (code, out, err) = cli_with(&config(&databases), &["validate"]).await;
+        .member(
+            "not-pem",
+            "postgres://u@db.example.com/b",
+            &[(
+                "tls",
+                table(&[("mode", "verify-full".into()), ("root_cert", path(&not_pem))]),
+            )],
+        )
+        .member(
+            "mismatch",
+            "postgres://u@db.example.com/c",
+            &[(
+                "tls",
+                table(&[
+                    ("client_cert", pem("client.pem")),
+                    ("client_key", pem("server.key")),
+                ]),
+            )],
+        )
+        .member(
+            "expired",
+            "postgres://u@db.example.com/d",
+            &[(
+                "tls",
+                table(&[
+                    ("client_cert", pem("expired.pem")),
+                    ("client_key", pem("expired.key")),
+                ]),
+            )],
+        )
+        .member(
+            "half",
+            &format!("postgres://u@db.example.com/e?sslcert={}", tls_file("client.pem")),
+            &[],
+        )
+        .member(
+            "twice",
+            "postgres://u:pw@db.example.com/f",
+            &[("password", table(&[("file", path(&missing))]))],
+        )
+        .plugin(Plugin::new(
+            "p",
+            &switchyard_tests::plugins::plugin("route_by_type"),
+        ))
+        .target("out", Target::stdout());
+    let (code, out, err) = cli_with(&config.toml(), &["validate"]).await;
     let said = format!("{out}{err}");
     assert_ne!(code, 0, "{said}");
     for expected in [
@@ -431,12 +449,11 @@ async fn a_rotated_password_reaches_the_pool_listen_and_the_ownership_follower()
     let db = fresh_tls_db().await;
     let nats = nats().await;
     let url = as_role(&db.url, role);
-    let listed = vec![("a".to_string(), url)];
     let relay_section = RelaySection::new().set("concurrency", "2");
     let config = fleet::fleet(&[], &nats.url(), &relay_section)
         .member(
-            &listed[0].0,
-            &listed[0].1,
+            "a",
+            &url,
             &[("max_connections", 3.into()), ("password", password)],
         )
         .set("ownership", "lease_seconds", 3)

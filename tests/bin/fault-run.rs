@@ -59,10 +59,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use switchyard_tests::config::TestConfig;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, Tally, tally, write_orders, write_orders_to};
 use switchyard_tests::postgres::{Outbox, fresh_db};
-use switchyard_tests::relay::{Process, Settings, example_config};
+use switchyard_tests::relay::{Process, Settings, example};
 use switchyard_tests::stall::StallingProxy;
 
 #[path = "fault-run/fleet.rs"]
@@ -226,9 +227,9 @@ fn print_rows(rows: Vec<Row>) {
     }
 }
 
-fn settings(db_url: &str, nats_url: &str) -> String {
+fn settings(db_url: &str, nats_url: &str) -> TestConfig {
     // Short leases so a killed relay's rows come back quickly.
-    example_config(
+    example(
         &Settings::new(db_url, nats_url)
             .relay("lease_duration_ms", "4000")
             .relay("publish_timeout_ms", "1500")
@@ -287,7 +288,7 @@ impl Scenario {
         let db = fresh_db().await;
         let nats = NatsServer::start().await;
         nats.create_stream(STREAM, &["orders.>"]).await;
-        let config = settings(&db.url, &nats.url());
+        let config = settings(&db.url, &nats.url()).toml();
         let relays = (0..relays)
             .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
             .collect();
@@ -326,7 +327,7 @@ async fn upgrade_run(old_bin: &str, relay_bin: &str, events: usize) -> Row {
     let db = switchyard_tests::postgres::fresh_db_before(0).await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = settings(&db.url, &nats.url());
+    let config = settings(&db.url, &nats.url()).toml();
     replication::migrate(old_bin, &config).await;
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(old_bin, &config, &format!("old-{n}")))
@@ -531,7 +532,7 @@ async fn drain_under_faults(
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
     let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
-    let config = settings(relay_url, &nats.url());
+    let config = settings(relay_url, &nats.url()).toml();
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
         .collect();

@@ -7,11 +7,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::config::{Plugin, Target, TestConfig, routes};
 use super::kafka::KafkaServer;
 use super::nats::{NatsServer, Received};
 use super::orders::{Expected, tally};
 use super::plugins::plugin;
 use super::rabbitmq::RabbitMq;
+use super::relay::RelaySection;
 
 /// A broker under test.
 pub enum Broker {
@@ -50,48 +52,25 @@ impl Broker {
 
     /// A relay config sending every event to this broker as target `out`
     /// (keyed by aggregate) through the fan-out plugin, with `relay` as the
-    /// `[relay]` section (empty for the defaults) and `extra` appended.
-    pub fn config(&self, db_url: &str, relay: &str, extra: &str) -> String {
+    /// `[relay]` section ([`RelaySection::defaults`] for the relay's own).
+    pub fn config(&self, db_url: &str, relay: RelaySection) -> TestConfig {
         let (target, topic) = match self {
-            Broker::Nats(nats) => (
-                format!(
-                    "type = \"nats\"\nurl = \"{}\"\nduplicate_window_seconds = 3600",
-                    nats.url()
-                ),
-                "orders.{event_type}",
-            ),
-            Broker::Kafka(kafka, _) => (
-                format!("type = \"kafka\"\nbootstrap_servers = \"{}\"", kafka.bootstrap()),
-                "orders",
-            ),
-            Broker::Rabbit(rabbit) => (
-                format!(
-                    "type = \"rabbitmq\"\nurl = \"{}\"\nexchange = \"orders\"",
-                    rabbit.url()
-                ),
-                "orders.{event_type}",
-            ),
+            Broker::Nats(nats) => (Target::nats(&nats.url()), "orders.{event_type}"),
+            Broker::Kafka(kafka, _) => (Target::kafka(&kafka.bootstrap()), "orders"),
+            Broker::Rabbit(rabbit) => (Target::rabbitmq(rabbit.url(), "orders"), "orders.{event_type}"),
         };
-        format!(
-            r#"
-[database]
-url = "{db_url}"
-max_connections = 8
-{relay}
-[[plugins]]
-name = "fanout"
-path = "{plugin}"
-# Generous: a plugin call past its limit spends an attempt, and a loaded
-# two-core machine can stall one; these runs count attempts.
-timeout_ms = 1000
-[plugins.config]
-default = [{{ target = "out", topic = "{topic}", key = "{{aggregate_id}}" }}]
-
-[targets.out]
-{target}
-{extra}"#,
-            plugin = plugin("fan_out").display(),
-        )
+        TestConfig::new(db_url)
+            .database("max_connections", 8)
+            .tuning(relay)
+            .plugin(
+                Plugin::new("fanout", &plugin("fan_out"))
+                    // Generous: a plugin call past its limit spends an
+                    // attempt, and a loaded two-core machine can stall one;
+                    // these runs count attempts.
+                    .set("timeout_ms", 1000)
+                    .config("default", routes(&[("out", topic, Some("{aggregate_id}"))])),
+            )
+            .target("out", target)
     }
 
     /// Stops it like a crash.

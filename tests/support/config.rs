@@ -83,6 +83,14 @@ impl TestConfig {
         self
     }
 
+    /// Adds a `[[plugins]]` entry before the others: the first whose
+    /// filters match an event routes it.
+    #[must_use]
+    pub fn plugin_first(mut self, plugin: Plugin) -> TestConfig {
+        self.plugins.insert(0, plugin);
+        self
+    }
+
     /// Adds the target `[targets.NAME]`.
     #[must_use]
     pub fn target(mut self, name: &str, target: Target) -> TestConfig {
@@ -105,6 +113,13 @@ impl TestConfig {
         self
     }
 
+    /// Reads events from a table of the service's own (`[source]`).
+    #[must_use]
+    pub fn source(mut self, source: Source) -> TestConfig {
+        self.sections.insert("source".into(), Value::Table(source.0));
+        self
+    }
+
     /// Sets `key` of the section `[section]` (`admin`, `replication`,
     /// `source`, `plugin_runtime`, ...); a dotted section name (`relay.failures`)
     /// nests.
@@ -119,6 +134,13 @@ impl TestConfig {
                 .unwrap_or_else(|| panic!("[{section}] is not a table"));
         }
         table.insert(key.into(), value.into());
+        self
+    }
+
+    /// Leaves the section `[section]` out.
+    #[must_use]
+    pub fn unset(mut self, section: &str) -> TestConfig {
+        self.sections.remove(section);
         self
     }
 
@@ -146,23 +168,18 @@ impl TestConfig {
         if !targets.is_empty() {
             root.insert("targets".into(), Value::Table(targets));
         }
+        let tuning: Table = toml::from_str(&self.relay.toml()).expect("[relay] tuning");
+        root.extend(tuning);
         for (key, value) in &self.sections {
-            root.insert(key.clone(), value.clone());
+            match (root.get_mut(key), value) {
+                // `[relay.failures]` beside the tuning's keys.
+                (Some(Value::Table(present)), Value::Table(more)) => present.extend(more.clone()),
+                _ => {
+                    root.insert(key.clone(), value.clone());
+                }
+            }
         }
-        // `[relay]` comes as text: its keys are kept as the tuning wrote them,
-        // and the `[relay.failures]` a test sets goes after it.
-        let relay_extra = root.remove("relay");
-        let mut text = format!(
-            "{}\n{}",
-            self.relay.toml(),
-            toml::to_string(&root).expect("config as TOML")
-        );
-        if let Some(Value::Table(extra)) = relay_extra {
-            let mut nested = Table::new();
-            nested.insert("relay".into(), Value::Table(extra));
-            text.push_str(&toml::to_string(&nested).expect("config as TOML"));
-        }
-        text
+        toml::to_string(&root).expect("config as TOML")
     }
 
     /// The config, parsed and validated.
@@ -212,10 +229,62 @@ impl Plugin {
         self
     }
 
+    /// The entry as the relay reads it.
+    ///
+    /// # Panics
+    /// When it is not a valid entry.
+    pub fn entry(&self) -> switchyard::config::PluginConfig {
+        Value::Table(self.0.clone())
+            .try_into()
+            .unwrap_or_else(|e| panic!("plugin entry: {e}"))
+    }
+
     /// Routes to `target`, on `topic` (which may hold `{event_type}`).
     #[must_use]
     pub fn to(self, target: &str, topic: &str) -> Plugin {
         self.config("target", target).config("topic", topic)
+    }
+}
+
+/// A `[source]` mapping: a table of the service's own, its columns.
+#[derive(Debug, Clone)]
+pub struct Source(Table);
+
+impl Source {
+    /// The table `name` (in the default schema).
+    pub fn table(name: &str) -> Source {
+        let mut table = Table::new();
+        table.insert("table".into(), name.into());
+        Source(table)
+    }
+
+    /// Sets a key of `[source]` (`schema`, `order_by`, ...).
+    #[must_use]
+    pub fn set(mut self, key: &str, value: impl Into<Value>) -> Source {
+        self.0.insert(key.into(), value.into());
+        self
+    }
+
+    /// Maps the event's `field` to `column` (`[source.columns]`).
+    #[must_use]
+    pub fn column(self, field: &str, column: &str) -> Source {
+        self.nested("columns", field, column)
+    }
+
+    /// Reads the header `name` from `column` (`[source.header_columns]`).
+    #[must_use]
+    pub fn header_column(self, name: &str, column: &str) -> Source {
+        self.nested("header_columns", name, column)
+    }
+
+    fn nested(mut self, section: &str, key: &str, value: &str) -> Source {
+        self.0
+            .entry(section)
+            .or_insert_with(|| Value::Table(Table::new()))
+            .as_table_mut()
+            .expect("a table")
+            .insert(key.into(), value.into());
+        self
     }
 }
 
@@ -276,6 +345,24 @@ impl Target {
             .insert(key.into(), value.into());
         self
     }
+}
+
+/// `text` (a whole config) with `key` of `[section]` set to `value`, or
+/// left as it is when `keep` and the key is there already.
+///
+/// # Panics
+/// When `text` is not TOML.
+pub fn with_key(text: &str, section: &str, key: &str, value: impl Into<Value>, keep: bool) -> String {
+    let mut root: Table = toml::from_str(text).unwrap_or_else(|e| panic!("config: {e}\n{text}"));
+    let table = root
+        .entry(section)
+        .or_insert_with(|| Value::Table(Table::new()))
+        .as_table_mut()
+        .unwrap_or_else(|| panic!("[{section}] is not a table"));
+    if !(keep && table.contains_key(key)) {
+        table.insert(key.into(), value.into());
+    }
+    toml::to_string(&root).expect("config as TOML")
 }
 
 /// The fan-out plugin's routes: `(target, topic, key)` each.

@@ -93,7 +93,7 @@ pub async fn try_http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16
 pub fn with_admin(config: &str) -> (String, std::net::SocketAddr) {
     let port = free_port();
     (
-        format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
+        config::with_key(config, "admin", "listen", format!("127.0.0.1:{port}"), false),
         std::net::SocketAddr::from(([127, 0, 0, 1], port)),
     )
 }

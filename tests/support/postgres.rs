@@ -4,6 +4,8 @@
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
 
+use super::config::Source;
+
 /// The server URL; defaults to the port the project script uses.
 pub fn server_url() -> String {
     std::env::var("DATABASE_URL")
@@ -256,19 +258,16 @@ pub const DEBEZIUM_OUTBOX: &str = r#"CREATE TABLE outbox (
 
 /// `[source]` mapping [`DEBEZIUM_OUTBOX`] (the W3C trace context travels in
 /// `tracingspancontext`).
-pub const DEBEZIUM_SOURCE: &str = r#"
-[source]
-table = "outbox"
-order_by = "timestamp"
-[source.columns]
-event_id = "id"
-aggregate_type = "aggregatetype"
-aggregate_id = "aggregateid"
-event_type = "type"
-payload = "payload"
-[source.header_columns]
-traceparent = "tracingspancontext"
-"#;
+pub fn debezium_source() -> Source {
+    Source::table("outbox")
+        .set("order_by", "timestamp")
+        .column("event_id", "id")
+        .column("aggregate_type", "aggregatetype")
+        .column("aggregate_id", "aggregateid")
+        .column("event_type", "type")
+        .column("payload", "payload")
+        .header_column("traceparent", "tracingspancontext")
+}
 
 /// The sample order service: one business transaction updates the order row
 /// and writes the outbox row, committing both or neither. Returns the event id.

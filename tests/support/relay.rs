@@ -9,7 +9,7 @@ use switchyard::Config;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::config::{Plugin, Target, TestConfig, strings};
+use super::config::{Plugin, Target, TestConfig, strings, with_key};
 use super::plugins::plugin;
 
 /// Settings that vary between tests.
@@ -67,6 +67,12 @@ impl RelaySection {
         RelaySection {
             keys: keys.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         }
+    }
+
+    /// No keys: the relay's own defaults, as a user's config without
+    /// `[relay]` has them.
+    pub fn defaults() -> RelaySection {
+        RelaySection { keys: Vec::new() }
     }
 
     /// For fault tests that want outcomes fast: batches of 50 over 2 workers,
@@ -229,13 +235,9 @@ impl Process {
     /// If the process cannot be started.
     pub fn spawn(binary: &str, config: &str, instance_id: &str) -> Process {
         let path = std::env::temp_dir().join(format!("sy-relay-{}.toml", uuid::Uuid::new_v4().simple()));
-        let config = config.replacen("[relay]", &format!("[relay]\ninstance_id = \"{instance_id}\""), 1);
+        let config = with_key(config, "relay", "instance_id", instance_id, false);
         // Several processes run at once: each takes a free admin port.
-        let config = if config.contains("[admin]") {
-            config
-        } else {
-            format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\n")
-        };
+        let config = with_key(&config, "admin", "listen", "127.0.0.1:0", true);
         std::fs::write(&path, config).expect("write config");
         let child = Command::new(binary)
             .args(["run", "--config"])

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use switchyard_tests::brokers::Broker;
 use switchyard_tests::orders::{Expected, Tally, order_event, tally};
 use switchyard_tests::postgres::{Outbox, TestDb, fresh_db, try_place_event};
-use switchyard_tests::relay::Process;
+use switchyard_tests::relay::{Process, RelaySection};
 
 /// Events written per second, one aggregate after another.
 const RATE: u64 = 100;
@@ -119,15 +119,18 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     let db = fresh_db().await;
     let mut broker = Broker::start(if down == "pg" { "nats" } else { down }).await;
     // The default retry settings: [relay] names the mode at most.
+    let config = broker
+        .config(&db.url, RelaySection::defaults())
+        .set("admin", "listen", "");
     let config = if replication {
-        let relay = "[relay]\nmode = \"replication\"\n";
-        let extra = format!("[admin]\nlisten = \"\"\n[replication]\nslot = \"{}\"\n", db.name);
-        let config =
-            super::replication::for_writers_into(&db, outbox, broker.config(&db.url, relay, &extra)).await;
+        let config = config
+            .relay("mode", "replication")
+            .set("replication", "slot", db.name.as_str());
+        let config = super::replication::for_writers_into(&db, outbox, config).await;
         super::replication::migrate(relay_bin, &config).await;
         config
     } else {
-        broker.config(&db.url, "", "[admin]\nlisten = \"\"\n")
+        config.toml()
     };
     let mut relay = Process::spawn(relay_bin, &config, "relay-0");
     let stop = tokio_util::sync::CancellationToken::new();

@@ -3,18 +3,20 @@
 
 use std::time::{Duration, Instant};
 
+use switchyard_tests::config::{Plugin, TestConfig};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{write_orders, write_orders_to};
-use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, DEBEZIUM_SOURCE, Outbox, TestDb, fresh_db};
+use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, Outbox, TestDb, debezium_source, fresh_db};
 use switchyard_tests::relay::Process;
 
 use super::{AGGREGATES, Row, STREAM, restart_postgres, settings};
 
 /// The fault run's config in replication mode, through a slot named after
 /// the database.
-fn replication_settings(db: &TestDb, nats: &NatsServer) -> String {
-    settings(&db.url, &nats.url()).replacen("[relay]", "[relay]\nmode = \"replication\"", 1)
-        + &format!("\n[replication]\nslot = \"{}\"\n", db.name)
+fn replication_settings(db: &TestDb, nats: &NatsServer) -> TestConfig {
+    settings(&db.url, &nats.url())
+        .relay("mode", "replication")
+        .set("replication", "slot", db.name.as_str())
 }
 
 /// [`replication_settings`] for writers into `outbox`: with
@@ -27,15 +29,15 @@ async fn settings_for(db: &TestDb, nats: &NatsServer, outbox: Outbox) -> String 
 /// `config` for writers into `outbox`: with `Outbox::Debezium` the
 /// service's table is created and `[source]` added, so the relays read it
 /// from the WAL.
-pub(super) async fn for_writers_into(db: &TestDb, outbox: Outbox, config: String) -> String {
+pub(super) async fn for_writers_into(db: &TestDb, outbox: Outbox, config: TestConfig) -> String {
     if outbox != Outbox::Debezium {
-        return config;
+        return config.toml();
     }
     sqlx::query(DEBEZIUM_OUTBOX)
         .execute(&db.pool)
         .await
         .expect("create the service's table");
-    config + DEBEZIUM_SOURCE
+    config.source(debezium_source()).toml()
 }
 
 /// How a scenario names writers into `outbox`.
@@ -206,7 +208,7 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_settings(&db, &nats);
+    let config = replication_settings(&db, &nats).toml();
     migrate(relay_bin, &config).await;
     let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
     let total = expected.len() as u64;
@@ -240,7 +242,7 @@ pub async fn relay_down_run(relay_bin: &str, minutes: u64) -> Row {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_settings(&db, &nats);
+    let config = replication_settings(&db, &nats).toml();
     migrate(relay_bin, &config).await;
     let mut relay = Process::spawn(relay_bin, &config, "relay-0");
     let stop = tokio_util::sync::CancellationToken::new();
@@ -339,16 +341,15 @@ pub async fn poison_run(relay_bin: &str, events: usize) -> Row {
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
     let config = replication_settings(&db, &nats)
-        .replace("max_attempts = 500", "max_attempts = 3")
-        .replace("max_backoff_ms = 2000", "max_backoff_ms = 400")
-        .replacen(
-            "[[plugins]]",
-            &format!(
-                "[[plugins]]\nname = \"poison\"\npath = \"{}\"\nevent_types = [\"Poison\"]\n[plugins.config]\nmode = \"trap\"\ntarget = \"events\"\n\n[[plugins]]",
-                switchyard_tests::plugins::plugin("misbehave").display()
-            ),
-            1,
-        );
+        .relay("max_attempts", 3)
+        .relay("max_backoff_ms", 400)
+        .plugin_first(
+            Plugin::new("poison", &switchyard_tests::plugins::plugin("misbehave"))
+                .event_types(&["Poison"])
+                .config("mode", "trap")
+                .config("target", "events"),
+        )
+        .toml();
     migrate(relay_bin, &config).await;
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
