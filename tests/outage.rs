@@ -124,11 +124,12 @@ async fn broker_down(kind: &str, outbox: Outbox) {
     let relay = InProcess::start(&parse(&config)).await;
     let writer = write_steadily(&db, outbox);
 
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        count_status(&db.pool, "published").await > 0,
-        "some events went before the outage"
-    );
+    eventually(
+        "some events published before the outage",
+        Duration::from_secs(30),
+        || async { (count_status(&db.pool, "published").await > 0).then_some(()) },
+    )
+    .await;
     broker.stop();
     rows_wait_for_the_target(&db).await;
     let readiness = switchyard::admin::readiness(&relay.relay).await;

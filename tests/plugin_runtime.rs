@@ -276,13 +276,17 @@ async fn broken_files_never_replace_a_working_plugin_and_deletion_parks_events()
     })
     .await;
     let parked = place_order_event(&db.pool, &order_event(99, 0), true).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (status, attempts, error): (String, i32, Option<String>) =
-        sqlx::query_as("SELECT status, attempts, last_error FROM switchyard_outbox WHERE event_id = $1")
-            .bind(parked)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    // Its first outcome: waiting for the plugin.
+    let (status, attempts, error) = eventually("the event tried", Duration::from_secs(30), || async {
+        let row: (String, i32, Option<String>) =
+            sqlx::query_as("SELECT status, attempts, last_error FROM switchyard_outbox WHERE event_id = $1")
+                .bind(parked)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        (row.0 != "in_flight" && row.2.is_some()).then_some(row)
+    })
+    .await;
     assert_eq!(status, "pending");
     assert_eq!(attempts, 0, "waiting for a deleted plugin spends no attempts");
     assert!(error.unwrap().contains("is unloaded"));

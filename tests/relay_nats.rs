@@ -286,8 +286,8 @@ async fn bad_rows_are_dead_lettered_with_a_reason_while_others_flow() {
     let (status, attempts, last_error) = between_tries().await;
     assert_eq!((status.as_str(), attempts), ("pending", 0), "{last_error}");
     assert!(last_error.contains("no JetStream stream"), "{last_error}");
-    // Several of its waits later it is still pending, with no attempt spent.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Several claims later it is still pending, with no attempt spent.
+    claims_reach(&relay, relay.relay.metrics().claims() + 10).await;
     let (status, attempts, _) = between_tries().await;
     assert_eq!((status.as_str(), attempts), ("pending", 0));
     nats.create_stream("REFUNDS", &["orders.OrderRefunded"]).await;
@@ -378,8 +378,26 @@ async fn polling_once_a_minute() -> (switchyard_tests::postgres::TestDb, NatsSer
     nats.create_stream(STREAM, &["orders.>"]).await;
     let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "60000");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    listening(&relay, 1).await;
     (db, nats, relay)
+}
+
+/// Waits until the relay's `sessions`-th LISTEN session hears commits.
+async fn listening(relay: &InProcess, sessions: u64) {
+    let metrics = relay.relay.metrics();
+    eventually("the relay listens", Duration::from_secs(30), || async {
+        (metrics.listening() && metrics.listen_sessions() >= sessions).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the relay has run `total` claims.
+async fn claims_reach(relay: &InProcess, total: u64) {
+    let metrics = relay.relay.metrics();
+    eventually("the relay claims", Duration::from_secs(30), || async {
+        (metrics.claims() >= total).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,7 +416,7 @@ async fn notify_wakes_the_relay_and_survives_a_dropped_listen_connection() {
     .await
     .unwrap();
     assert_eq!(killed, 1, "one LISTEN connection");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    listening(&relay, 2).await;
     place_order_event(&db.pool, &order_event(2, 0), true).await;
     all_published(&db.pool, 2, Duration::from_secs(10)).await;
     relay.stop().await;
@@ -425,7 +443,7 @@ async fn a_listen_session_that_stops_answering_is_replaced() {
     let (db, nats, proxy) = behind_a_stalling_proxy().await;
     let settings = Settings::new(&proxy.url(&db.url), &nats.url()).relay("poll_interval_ms", "60000");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    listening(&relay, 1).await;
     place_order_event(&db.pool, &order_event(1, 0), true).await;
     all_published(&db.pool, 1, Duration::from_secs(10)).await;
 
@@ -600,8 +618,8 @@ async fn a_move_in_progress_keeps_later_rows_of_its_aggregate_waiting() {
     .unwrap();
     let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "100");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
-    // The relay claims twenty times meanwhile.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Twenty claims find nothing to take meanwhile.
+    claims_reach(&relay, relay.relay.metrics().claims() + 20).await;
     assert_eq!(count_status(&db.pool, "published").await, 0);
     mover.commit().await.unwrap();
     all_published(&db.pool, 2, Duration::from_secs(30)).await;
@@ -707,8 +725,10 @@ async fn eventually_dead(pool: &sqlx::PgPool) -> (String, String) {
 async fn a_row_committed_while_another_claim_moves_is_not_left_for_the_poll() {
     let (db, _nats, relay) = polling_once_a_minute().await;
     let mover = holding_the_movers_lock(&db.pool).await;
+    let before = relay.relay.metrics().claims();
     place_event(&db.pool, Outbox::Intake, &order_event(1, 0), true).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The claim its commit woke moved nothing.
+    claims_reach(&relay, before + 1).await;
     assert_eq!(count_status(&db.pool, "published").await, 0);
     mover.rollback().await.unwrap();
     all_published(&db.pool, 1, Duration::from_secs(10)).await;

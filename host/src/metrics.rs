@@ -56,6 +56,12 @@ pub mod names {
     /// 1 while the database is served, 0 while the relay cannot serve it
     /// (unreachable, not migrated, set up for the other mode).
     pub const DATABASE_SERVED: &str = "switchyard_database_served";
+    /// 1 while a LISTEN session hears the outbox's commits, 0 while the
+    /// poll alone finds new rows (a lost session, SQLite, no room for it).
+    pub const LISTENING: &str = "switchyard_listening";
+    /// LISTEN sessions that started hearing commits: more than one means
+    /// the session was lost and replaced.
+    pub const LISTEN_SESSIONS: &str = "switchyard_listen_sessions";
     /// Replication mode: `replication.max_retained_wal_bytes`, for alerts
     /// on the retained WAL nearing it.
     pub const REPLICATION_MAX_RETAINED_WAL: &str = "switchyard_replication_max_retained_wal_bytes";
@@ -161,6 +167,8 @@ struct Families {
     replication_reading: Family<DatabaseLabel, Gauge>,
     database_served: Family<DatabaseLabel, Gauge>,
     replication_max_retained_wal: Family<DatabaseLabel, Gauge>,
+    listening: Family<DatabaseLabel, Gauge>,
+    listen_sessions: Family<DatabaseLabel, Counter>,
 }
 
 impl Families {
@@ -184,6 +192,8 @@ impl Families {
             replication_reading: Family::default(),
             database_served: Family::default(),
             replication_max_retained_wal: Family::default(),
+            listening: Family::default(),
+            listen_sessions: Family::default(),
         }
     }
 
@@ -267,6 +277,16 @@ impl Families {
             REPLICATION_MAX_RETAINED_WAL,
             "replication.max_retained_wal_bytes: past it the relay reports not ready",
             f.replication_max_retained_wal.clone(),
+        );
+        registry.register(
+            LISTENING,
+            "1 while a LISTEN session hears commits, 0 while polling alone finds new rows",
+            f.listening.clone(),
+        );
+        registry.register(
+            LISTEN_SESSIONS,
+            "LISTEN sessions that started hearing commits (more than one: one was replaced)",
+            f.listen_sessions.clone(),
         );
     }
 }
@@ -525,6 +545,33 @@ impl Metrics {
             .replication_max_retained_wal
             .get_or_create(&self.label())
             .set(i64::try_from(limit).unwrap_or(i64::MAX));
+    }
+
+    /// Records that a LISTEN session hears commits (`true`, counted) or
+    /// was lost.
+    pub fn set_listening(&self, listening: bool) {
+        self.families
+            .listening
+            .get_or_create(&self.label())
+            .set(i64::from(listening));
+        if listening {
+            self.families.listen_sessions.get_or_create(&self.label()).inc();
+        }
+    }
+
+    /// Whether a LISTEN session hears commits now.
+    pub fn listening(&self) -> bool {
+        self.families.listening.get_or_create(&self.label()).get() > 0
+    }
+
+    /// LISTEN sessions that started hearing commits so far.
+    pub fn listen_sessions(&self) -> u64 {
+        self.families.listen_sessions.get_or_create(&self.label()).get()
+    }
+
+    /// Claim statements run so far.
+    pub fn claims(&self) -> u64 {
+        self.families.claims.get_or_create(&self.label()).get()
     }
 
     /// Records whether this relay reads the slot.

@@ -61,8 +61,10 @@ impl ClaimFeed {
         // SQLite has no NOTIFY: the poll alone finds new rows there.
         let _listener = relay.inner.store.postgres().filter(|_| self.listen).map(|pg| {
             let (wake, shutdown) = (wake.clone(), shutdown.clone());
+            let metrics = relay.inner.metrics.clone();
             AbortOnDropHandle::new(tokio::spawn(async move {
-                pg.wake_on_commits(wake, shutdown).await;
+                pg.wake_on_commits(wake, shutdown, move |on| metrics.set_listening(on))
+                    .await;
             }))
         });
         let _sweeper = AbortOnDropHandle::new(tokio::spawn(sweep_parked(

@@ -9,10 +9,11 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::{Acquire, PgPool};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::connect::{CONNECT_TIMEOUT, pinged};
 use crate::store::{NOTIFY_CHANNEL, PgOutbox};
+use crate::telemetry::{Occurrence, Repeats};
 
 /// Longest wait between two attempts to (re)connect the listener.
 const MAX_RETRY: Duration = Duration::from_secs(5);
@@ -26,17 +27,33 @@ const QUIET_FOR: Duration = Duration::from_secs(5);
 impl PgOutbox {
     /// Wakes a worker on every NOTIFY, and all of them after a reconnect
     /// (notifications sent while disconnected are lost, so workers should
-    /// look), until `shutdown`.
+    /// look), until `shutdown`. `listening` hears `true` each time a session
+    /// starts hearing commits and `false` when it is lost (polling alone
+    /// finds rows meanwhile).
     ///
     /// The session is one more than the store's pool holds: a relay that
     /// listens connects its store with one connection fewer.
-    pub async fn wake_on_commits(&self, wake: Arc<Notify>, shutdown: CancellationToken) {
-        listen(&self.backend.pool, &wake, &shutdown).await;
+    pub async fn wake_on_commits(
+        &self,
+        wake: Arc<Notify>,
+        shutdown: CancellationToken,
+        listening: impl Fn(bool) + Send + Sync,
+    ) {
+        listen(&self.backend.pool, &wake, &shutdown, &listening).await;
+        listening(false);
     }
 }
 
-async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
+async fn listen(
+    pool: &PgPool,
+    wake: &Notify,
+    shutdown: &CancellationToken,
+    listening: &(dyn Fn(bool) + Send + Sync),
+) {
     let mut retry = crate::backoff::Backoff::new(Duration::from_millis(100), MAX_RETRY);
+    // A database down for an hour is a line when LISTEN fails, one a
+    // minute while it still does, and one when it listens again.
+    let failing = Repeats::default();
     while !shutdown.is_cancelled() {
         // A pool of its own, one session, new for each listener: sqlx sends
         // UNLISTEN from a dropped listener and pools the session after, so
@@ -46,7 +63,7 @@ async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
             .max_connections(1)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with((*pool.connect_options()).clone());
-        let listening = async {
+        let connecting = async {
             let mut listener = PgListener::connect_with(&own).await?;
             // A lost session ends `hear`; the next comes from the pool's
             // options as they are then (see `hear`).
@@ -54,7 +71,7 @@ async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
             listener.listen(NOTIFY_CHANNEL).await?;
             Ok::<_, sqlx::Error>(listener)
         };
-        let mut listener = match tokio::time::timeout(CONNECT_TIMEOUT, listening).await {
+        let mut listener = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(listener)) => listener,
             failed => {
                 let error = match failed {
@@ -62,7 +79,16 @@ async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
                     _ => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
                 };
                 let wait = retry.next_pause();
-                warn!(%error, retry_ms = wait.as_millis() as u64, "LISTEN failed; polling meanwhile.");
+                match failing.occurred() {
+                    Occurrence::First => {
+                        warn!(%error, retry_ms = wait.as_millis() as u64, "LISTEN failed; polling meanwhile.")
+                    }
+                    Occurrence::Still { count, lasting } => warn!(
+                        %error, count, lasting_s = lasting.as_secs(),
+                        "LISTEN still fails; polling meanwhile."
+                    ),
+                    Occurrence::Quiet => {}
+                }
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = shutdown.cancelled() => return,
@@ -71,8 +97,13 @@ async fn listen(pool: &PgPool, wake: &Notify, shutdown: &CancellationToken) {
             }
         };
         retry.reset();
+        if let Some((failures, lasted)) = failing.ended() {
+            info!(failures, failed_for_s = lasted.as_secs(), "LISTEN works again.");
+        }
+        listening(true);
         wake.notify_waiters();
         hear(&mut listener, wake, shutdown).await;
+        listening(false);
     }
 }
 
