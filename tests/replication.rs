@@ -3,6 +3,7 @@
 //! event takes only its own aggregate to the table and the claim path; a
 //! killed reader's standby takes over and nothing is lost.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use switchyard_tests::config::{Plugin, TestConfig};
@@ -84,6 +85,24 @@ fn with_poison_plugin(config: TestConfig) -> TestConfig {
             .config("mode", "trap")
             .config("target", "events"),
     )
+}
+
+/// Waits for every `expected` event in the stream (a minute at most),
+/// stops `relay`, and checks that each arrived once.
+async fn each_streamed_once(
+    nats: &NatsServer,
+    relay: &mut Process,
+    expected: &HashMap<String, Expected>,
+    what: &str,
+) {
+    stream_holds(nats, expected.len() as u64, what, 60).await;
+    relay.terminate();
+    let verdict = verify(&nats.read_stream(STREAM).await, expected);
+    assert_eq!(
+        (verdict.distinct, verdict.duplicates),
+        (expected.len(), 0),
+        "{verdict:?}"
+    );
 }
 
 /// What `switchyard migrate --dry-run` prints for `config`; fails the
@@ -439,14 +458,7 @@ async fn a_slot_dropped_under_the_relay_makes_it_unready_with_what_to_do() {
     migrate(&config).await;
     switchyard_tests::readyz_answers(admin, 200).await;
     let expected = write_orders(&db.pool, 10, 3, 2).await;
-    stream_holds(&nats, expected.len() as u64, "served once migrated", 60).await;
-    relay.terminate();
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
+    each_streamed_once(&nats, &mut relay, &expected, "served once migrated").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -742,14 +754,7 @@ async fn a_relay_started_while_the_database_is_down_reads_the_slot_on_its_return
 
     sqlx::query(&allow(true)).execute(&server).await.unwrap();
     switchyard_tests::readyz_answers(admin, 200).await;
-    stream_holds(&nats, expected.len() as u64, "every event streamed", 60).await;
-    relay.terminate();
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
+    each_streamed_once(&nats, &mut relay, &expected, "every event streamed").await;
 }
 
 /// `config` as a file, for the command line.
@@ -782,14 +787,7 @@ async fn mismatch_named_then_served(db: &TestDb, nats: &NatsServer, config: &str
     migrate(config).await;
     let expected = write_orders(&db.pool, 10, 3, 2).await;
     switchyard_tests::readyz_answers(admin, 200).await;
-    stream_holds(nats, expected.len() as u64, "served once migrated", 60).await;
-    relay.terminate();
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
+    each_streamed_once(nats, &mut relay, &expected, "served once migrated").await;
     let _ = std::fs::remove_file(file);
 }
 
