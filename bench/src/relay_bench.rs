@@ -15,6 +15,8 @@
 //! cargo run --release -p switchyard-bench --bin relay-bench [-- --rows 1000000]
 //! ```
 
+// The relay runs in this process: its allocator is this binary's.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,5 +1,6 @@
 //! The `switchyard` binary: everything lives in the library's [`switchyard::cli`].
 
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
