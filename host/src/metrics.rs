@@ -550,12 +550,14 @@ impl Metrics {
     /// Records that a LISTEN session hears commits (`true`, counted) or
     /// was lost.
     pub fn set_listening(&self, listening: bool) {
-        self.families
-            .listening
-            .get_or_create(&self.label())
-            .set(i64::from(listening));
+        let label = self.label();
         if listening {
-            self.families.listen_sessions.get_or_create(&self.label()).inc();
+            self.families.listening.get_or_create(&label).set(1);
+            self.families.listen_sessions.get_or_create(&label).inc();
+        } else if let Some(gauge) = self.families.listening.get(&label) {
+            // Not made again by a listener that ends after its database
+            // left the fleet (and its figures /metrics).
+            gauge.set(0);
         }
     }
 
@@ -651,6 +653,8 @@ impl Metrics {
         f.replication_reading.remove(&label);
         f.database_served.remove(&label);
         f.replication_max_retained_wal.remove(&label);
+        f.listening.remove(&label);
+        f.listen_sessions.remove(&label);
     }
 }
 
