@@ -2,14 +2,16 @@
 # Installs (if missing) and starts or stops the local services the tests and
 # the relay use: PostgreSQL 15 (and a second cluster that takes only TLS,
 # with certificates this script makes), nats-server with JetStream, tansu (a
-# Kafka-protocol broker) and RabbitMQ, as plain processes on loopback.
+# Kafka-protocol broker), RabbitMQ and the Google Cloud Pub/Sub emulator, as
+# plain processes on loopback.
 # Idempotent: `start` on a running set is a no-op.
 #
 #   scripts/services.sh install|start|stop|status|env
 #
 # Ports and directories can be moved with SWITCHYARD_PG_PORT, SWITCHYARD_PG_TLS_PORT,
 # SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
-# (AMQP; the next port is its Erlang distribution port), SWITCHYARD_STATE_DIR and
+# (AMQP; the next port is its Erlang distribution port), SWITCHYARD_PUBSUB_PORT,
+# SWITCHYARD_STATE_DIR and
 # SWITCHYARD_TOOLS_DIR (where tansu is installed).
 set -euo pipefail
 
@@ -18,6 +20,7 @@ PG_PORT="${SWITCHYARD_PG_PORT:-55432}"
 NATS_PORT="${SWITCHYARD_NATS_PORT:-54222}"
 KAFKA_PORT="${SWITCHYARD_KAFKA_PORT:-59092}"
 RABBIT_PORT="${SWITCHYARD_RABBITMQ_PORT:-55672}"
+PUBSUB_PORT="${SWITCHYARD_PUBSUB_PORT:-58085}"
 TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
 TANSU_BIN="$TOOLS_DIR/bin/tansu"
 TANSU_VERSION=0.6.0
@@ -29,6 +32,7 @@ TLS_DIR="$STATE_DIR/tls"
 NATS_DIR="$STATE_DIR/nats"
 KAFKA_DIR="$STATE_DIR/kafka"
 RABBIT_DIR="$STATE_DIR/rabbitmq"
+PUBSUB_DIR="$STATE_DIR/pubsub"
 # The server script that runs as the calling user (the one in /usr/sbin
 # switches to the `rabbitmq` user and its fixed directories).
 RABBIT_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
@@ -305,6 +309,44 @@ rabbit_stop() {
     fi
 }
 
+# The Pub/Sub emulator is a component of Google's Cloud SDK (package
+# google-cloud-cli-pubsub-emulator from Google's own package source, not in
+# Debian): it cannot be installed from here, so a machine without it is
+# told so and the Pub/Sub tests fail saying the same. Its launcher is run
+# directly (`gcloud beta emulators pubsub start` wraps it in a Python
+# process): one Java process whose pid the tests can stop and kill.
+pubsub_emulator() {
+    local gcloud candidates=()
+    if gcloud="$(command -v gcloud 2>/dev/null)"; then
+        candidates+=("$(dirname "$(readlink -f "$gcloud")")/../platform/pubsub-emulator/bin/cloud-pubsub-emulator")
+    fi
+    candidates+=(/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator)
+    for candidate in "${candidates[@]}"; do
+        if [ -x "$candidate" ]; then readlink -f "$candidate"; return 0; fi
+    done
+    return 1
+}
+
+pubsub_start() {
+    mkdir -p "$PUBSUB_DIR"
+    pid_running "$PUBSUB_DIR/emulator.pid" java && return 0
+    local emulator
+    if ! emulator="$(pubsub_emulator)"; then
+        echo "services: the Pub/Sub emulator is not installed (gcloud component pubsub-emulator, package" \
+            "google-cloud-cli-pubsub-emulator from Google's package source); the Pub/Sub tests need it" >&2
+        return 0
+    fi
+    JAVA_OPTS="-Xmx512m" nohup "$emulator" --host=127.0.0.1 --port="$PUBSUB_PORT" \
+        </dev/null >"$PUBSUB_DIR/emulator.log" 2>&1 &
+    echo $! >"$PUBSUB_DIR/emulator.pid"
+    for _ in $(seq 1 600); do
+        if listening "$PUBSUB_PORT"; then return 0; fi
+        sleep 0.1
+    done
+    echo "services: the Pub/Sub emulator did not start, see $PUBSUB_DIR/emulator.log" >&2
+    return 1
+}
+
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     echo "export SWITCHYARD_PG_TLS_URL='postgres://postgres@localhost:$PG_TLS_PORT/postgres?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem'"
@@ -314,6 +356,10 @@ print_env() {
     echo "export SWITCHYARD_TANSU_BIN=$TANSU_BIN"
     echo "export SWITCHYARD_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RABBIT_PORT/%2f"
     echo "export SWITCHYARD_RABBITMQ_SERVER=$RABBIT_SERVER"
+    if pubsub_emulator >/dev/null; then
+        echo "export SWITCHYARD_PUBSUB_EMULATOR=$(pubsub_emulator)"
+        echo "export SWITCHYARD_PUBSUB_EMULATOR_HOST=127.0.0.1:$PUBSUB_PORT"
+    fi
 }
 
 case "${1:-}" in
@@ -327,9 +373,11 @@ case "${1:-}" in
         nats_start
         kafka_start
         rabbit_start
+        pubsub_start
         print_env
         ;;
     stop)
+        pid_stop "$PUBSUB_DIR/emulator.pid" java
         rabbit_stop
         pid_stop "$KAFKA_DIR/tansu.pid" tansu
         pid_stop "$NATS_DIR/nats.pid" nats-server
@@ -338,7 +386,7 @@ case "${1:-}" in
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid"; do
+        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid"; do
             pidfile="${service##*:}" command="${service#*:}" command="${command%%:*}"
             if pid_running "$pidfile" "$command"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
         done

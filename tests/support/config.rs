@@ -317,6 +317,13 @@ impl Target {
         Target::of("rabbitmq").set("url", url).set("exchange", exchange)
     }
 
+    /// Pub/Sub topics of `project` on the emulator at `emulator_host`.
+    pub fn pubsub(project: &str, emulator_host: &str) -> Target {
+        Target::of("pubsub")
+            .set("project", project)
+            .set("emulator_host", emulator_host)
+    }
+
     /// A JSON-lines file.
     pub fn file(path: &Path) -> Target {
         Target::of("file").set("path", path.display().to_string())

@@ -14,6 +14,7 @@ pub mod orders;
 pub mod outbox;
 pub mod plugins;
 pub mod postgres;
+pub mod pubsub;
 pub mod rabbitmq;
 pub mod relay;
 pub mod stall;

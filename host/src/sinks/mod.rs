@@ -7,6 +7,7 @@ mod deferred;
 pub mod file;
 pub mod kafka;
 pub mod nats;
+pub mod pubsub;
 pub mod rabbitmq;
 pub mod registry;
 pub mod stdout;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Sink, SinkError, file, kafka, nats, rabbitmq, stdout};
+use super::{Sink, SinkError, file, kafka, nats, pubsub, rabbitmq, stdout};
 
 /// What a target takes from the relay's settings.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +61,8 @@ pub enum TargetConfig {
     Kafka(kafka::KafkaSinkConfig),
     /// A RabbitMQ exchange.
     Rabbitmq(rabbitmq::RabbitMqSinkConfig),
+    /// Google Cloud Pub/Sub topics of one project.
+    Pubsub(pubsub::PubSubSinkConfig),
     /// Standard output, for demos and debugging.
     Stdout(stdout::StdoutSinkConfig),
     /// A JSON-lines file, for demos, debugging and tests.
@@ -74,6 +76,7 @@ macro_rules! each_kind {
             TargetConfig::Nats($config) => $body,
             TargetConfig::Kafka($config) => $body,
             TargetConfig::Rabbitmq($config) => $body,
+            TargetConfig::Pubsub($config) => $body,
             TargetConfig::Stdout($config) => $body,
             TargetConfig::File($config) => $body,
         }
