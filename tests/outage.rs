@@ -199,6 +199,13 @@ async fn rabbitmq_down_costs_no_attempt_and_everything_arrives_in_order() {
     broker_down("rabbitmq", Outbox::Switchyard).await;
 }
 
+/// Frozen, not killed: a killed emulator loses what it held, which the
+/// real service does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_frozen_costs_no_attempt_and_everything_arrives_in_order() {
+    broker_down("pubsub-frozen", Outbox::Switchyard).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_gone_for_a_while_costs_no_attempt() {
     init_logging();
@@ -367,6 +374,13 @@ async fn a_relay_started_while_kafka_is_down_waits_and_publishes_on_its_return()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_while_rabbitmq_is_down_waits_and_publishes_on_its_return() {
     started_with_the_broker_down("rabbitmq").await;
+}
+
+/// The emulator comes back empty; the run makes the topic again, and the
+/// relay (which lists it) waits for that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_pubsub_is_down_waits_and_publishes_on_its_return() {
+    started_with_the_broker_down("pubsub").await;
 }
 
 /// A relay process started while its database refuses connections: up,

@@ -40,6 +40,13 @@ async fn every_aggregate_arrives_in_order_once_with_its_headers_as_attributes() 
 
     let expected = write_orders(&db.pool, 100, 20, 4).await;
     all_published(&db.pool, 2000, Duration::from_secs(120)).await;
+    let readiness = serde_json::to_value(switchyard::admin::readiness(&relay.relay).await).unwrap();
+    assert_eq!(readiness["targets"]["pubsub"], "ok", "{readiness}");
+    let metrics = relay.relay.metrics().render();
+    assert!(
+        metrics.contains("switchyard_messages_published_total{database=\"default\",target=\"pubsub\"} 2000"),
+        "{metrics}"
+    );
     relay.stop().await;
 
     let received = emulator
@@ -182,7 +189,13 @@ async fn a_frozen_emulator_dead_letters_nothing_and_delivery_resumes_within_two_
     )
     .await;
     emulator.freeze();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    let frozen = Instant::now();
+    eventually("the target paused", Duration::from_secs(10), || async {
+        let readiness = serde_json::to_value(switchyard::admin::readiness(&relay.relay).await).unwrap();
+        (readiness["targets"]["pubsub"] != "ok" && readiness["paused"]["pubsub"].is_object()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(frozen.elapsed())).await;
     let before = count_status(&db.pool, "published").await;
     let thawed = Instant::now();
     emulator.thaw();

@@ -1,7 +1,9 @@
 //! One broker of each kind behind one interface, for the outage tests and
 //! the long outage runs: started with its data kept across a restart
 //! (JetStream store, tansu on SQLite, a durable RabbitMQ queue), stopped
-//! like a crash, started again, and read by a consumer.
+//! like a crash, started again, and read by a consumer. The Pub/Sub
+//! emulator keeps nothing across a restart: a consumer reads it all along,
+//! and its topic and subscription are made again when it comes back.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -12,6 +14,7 @@ use super::kafka::KafkaServer;
 use super::nats::{NatsServer, Received};
 use super::orders::{Expected, tally};
 use super::plugins::plugin;
+use super::pubsub::{Emulator, consume_forever};
 use super::rabbitmq::RabbitMq;
 use super::relay::RelaySection;
 
@@ -23,13 +26,50 @@ pub enum Broker {
     Kafka(KafkaServer, PathBuf),
     /// A node of the test's own, exchange `orders` bound to queue `orders-consumer`.
     Rabbit(RabbitMq),
+    /// A Pub/Sub emulator of the test's own, topic `orders` with an
+    /// ordering-enabled subscription.
+    PubSub(PubSub),
+}
+
+/// The Pub/Sub emulator as a broker under test.
+pub struct PubSub {
+    emulator: Emulator,
+    project: String,
+    /// Stopped by SIGSTOP (frozen, keeping its state) rather than SIGKILL.
+    freezes: bool,
+    received: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+    consumer: tokio::task::JoinHandle<()>,
+}
+
+impl PubSub {
+    async fn start(freezes: bool) -> PubSub {
+        let emulator = Emulator::own().await;
+        let project = super::pubsub::project();
+        emulator.topic(&project, "orders").await;
+        let received = std::sync::Arc::default();
+        let consumer = tokio::spawn(consume_forever(
+            emulator.host().to_string(),
+            project.clone(),
+            "orders".into(),
+            std::sync::Arc::clone(&received),
+        ));
+        PubSub {
+            emulator,
+            project,
+            freezes,
+            received,
+            consumer,
+        }
+    }
 }
 
 impl Broker {
-    /// Starts a broker of `kind` (`nats`, `kafka` or `rabbitmq`) with its
-    /// stream, topic or queue.
+    /// Starts a broker of `kind` (`nats`, `kafka`, `rabbitmq`, `pubsub`
+    /// or `pubsub-frozen`, stopped by freezing it) with its stream, topic
+    /// or queue.
     pub async fn start(kind: &str) -> Broker {
         match kind {
+            "pubsub" | "pubsub-frozen" => Broker::PubSub(PubSub::start(kind == "pubsub-frozen").await),
             "kafka" => {
                 let dir = std::env::temp_dir().join(format!("sy-kafka-{}", uuid::Uuid::new_v4().simple()));
                 std::fs::create_dir_all(&dir).expect("broker dir");
@@ -58,6 +98,13 @@ impl Broker {
             Broker::Nats(nats) => (Target::nats(&nats.url()), "orders.{event_type}"),
             Broker::Kafka(kafka, _) => (Target::kafka(&kafka.bootstrap()), "orders"),
             Broker::Rabbit(rabbit) => (Target::rabbitmq(rabbit.url(), "orders"), "orders.{event_type}"),
+            // Listed, so the health check finds a restarted emulator not
+            // ready until the run made the topic again.
+            Broker::PubSub(pubsub) => (
+                Target::pubsub(&pubsub.project, pubsub.emulator.host())
+                    .set("topics", super::config::strings(&["orders"])),
+                "orders",
+            ),
         };
         TestConfig::new(db_url)
             .database("max_connections", 8)
@@ -79,6 +126,8 @@ impl Broker {
             Broker::Nats(nats) => nats.stop(),
             Broker::Kafka(kafka, _) => kafka.stop(),
             Broker::Rabbit(rabbit) => rabbit.stop(),
+            Broker::PubSub(pubsub) if pubsub.freezes => pubsub.emulator.freeze(),
+            Broker::PubSub(pubsub) => pubsub.emulator.kill(),
         }
     }
 
@@ -88,6 +137,11 @@ impl Broker {
             Broker::Nats(nats) => nats.resume().await,
             Broker::Kafka(kafka, _) => kafka.resume().await,
             Broker::Rabbit(rabbit) => rabbit.start().await,
+            Broker::PubSub(pubsub) if pubsub.freezes => pubsub.emulator.thaw(),
+            Broker::PubSub(pubsub) => {
+                pubsub.emulator.start().await;
+                pubsub.emulator.topic(&pubsub.project, "orders").await;
+            }
         }
     }
 
@@ -118,6 +172,29 @@ impl Broker {
                     .collect()
             }
             Broker::Rabbit(rabbit) => rabbit.drain("orders-consumer", expected, limit).await,
+            Broker::PubSub(pubsub) => {
+                let deadline = std::time::Instant::now() + limit;
+                let mut seen = 0;
+                // Until everything, or nothing more for longer than the
+                // subscription's ack deadline (an ack lost in a freeze
+                // holds its key back that long).
+                let mut quiet_since = std::time::Instant::now();
+                loop {
+                    let now = pubsub.received.lock().unwrap().len();
+                    if now != seen {
+                        seen = now;
+                        quiet_since = std::time::Instant::now();
+                    }
+                    if seen >= expected
+                        || quiet_since.elapsed() > Duration::from_secs(15)
+                        || std::time::Instant::now() > deadline
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                pubsub.received.lock().unwrap().clone()
+            }
         }
     }
 
@@ -135,9 +212,13 @@ impl Broker {
 
 impl Drop for Broker {
     fn drop(&mut self) {
-        if let Broker::Kafka(kafka, dir) = self {
-            kafka.stop();
-            let _ = std::fs::remove_dir_all(dir);
+        match self {
+            Broker::Kafka(kafka, dir) => {
+                kafka.stop();
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Broker::PubSub(pubsub) => pubsub.consumer.abort(),
+            _ => {}
         }
     }
 }

@@ -173,7 +173,9 @@ impl Emulator {
             .set_name(format!("projects/{project}/subscriptions/{topic}-sub"))
             .set_topic(&name)
             .set_enable_message_ordering(true)
-            .set_ack_deadline_seconds(60)
+            // Short: an ack lost while the emulator was frozen holds the
+            // rest of that ordering key back until the deadline passes.
+            .set_ack_deadline_seconds(10)
             .send()
             .await
             .unwrap_or_else(|e| panic!("subscribe to {name}: {e}"));
@@ -224,15 +226,42 @@ impl Consumer {
                 break;
             };
             handler.ack();
-            let mut headers: HashMap<String, String> = message.attributes.into_iter().collect();
-            headers.insert(ORDERING_KEY.to_string(), message.ordering_key);
-            received.push(Received {
-                subject: self.topic.clone(),
-                headers,
-                payload: message.data.to_vec(),
-            });
+            received.push(as_received(&self.topic, message));
         }
         received
+    }
+}
+
+/// Reads `topic`'s subscription on the emulator at `host` into `into`
+/// until aborted, with a new stream whenever one ends (the emulator was
+/// killed and started again).
+pub async fn consume_forever(
+    host: String,
+    project: String,
+    topic: String,
+    into: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+) {
+    let emulator = Emulator { host, child: None };
+    loop {
+        let mut consumer = emulator.consumer(&project, &topic).await;
+        // Never cancelled mid-way: a stream's `next` dropped half done
+        // loses what it had received.
+        while let Some(Ok((message, handler))) = consumer.stream.next().await {
+            handler.ack();
+            into.lock().unwrap().push(as_received(&topic, message));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A pulled message as [`Received`].
+fn as_received(topic: &str, message: google_cloud_pubsub::model::Message) -> Received {
+    let mut headers: HashMap<String, String> = message.attributes.into_iter().collect();
+    headers.insert(ORDERING_KEY.to_string(), message.ordering_key);
+    Received {
+        subject: topic.to_string(),
+        headers,
+        payload: message.data.to_vec(),
     }
 }
 
