@@ -7,6 +7,7 @@
 #
 #   scripts/quickstart.sh          # examples/relay.toml: NATS JetStream
 #   scripts/quickstart.sh kafka    # examples/relay-kafka.toml: Kafka, plus new orders to a NATS audit stream
+#   scripts/quickstart.sh pubsub   # examples/relay-pubsub.toml: the Google Cloud Pub/Sub emulator
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,8 @@ broker="${1:-nats}"
 case "$broker" in
     nats) config=examples/relay.toml ;;
     kafka) config=examples/relay-kafka.toml ;;
-    *) echo "usage: $0 [nats|kafka]" >&2; exit 2 ;;
+    pubsub) config=examples/relay-pubsub.toml ;;
+    *) echo "usage: $0 [nats|kafka|pubsub]" >&2; exit 2 ;;
 esac
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -34,6 +36,16 @@ if [ "$broker" = kafka ]; then
     "$SWITCHYARD_TANSU_BIN" topic create --broker "tcp://$SWITCHYARD_KAFKA_BOOTSTRAP" --partitions 3 orders \
         >/dev/null 2>&1 || true
 fi
+if [ "$broker" = pubsub ]; then
+    if [ -z "${SWITCHYARD_PUBSUB_EMULATOR_HOST:-}" ]; then
+        echo "quickstart: this machine has no Pub/Sub emulator (gcloud component pubsub-emulator)" >&2
+        exit 1
+    fi
+    # A subscription gets only what is published after it exists: make it first.
+    pubsub_args=(pubsub --emulator-host "$SWITCHYARD_PUBSUB_EMULATOR_HOST" --project switchyard-demo)
+    "$bin/consumer" "${pubsub_args[@]}" --create-for orders
+    export SWITCHYARD_TARGET_EVENTS_EMULATOR_HOST="$SWITCHYARD_PUBSUB_EMULATOR_HOST"
+fi
 "$bin/switchyard" migrate --config "$config"
 "$bin/order-service" --orders "${ORDERS:-5}"
 
@@ -49,7 +61,10 @@ kill -TERM $relay && wait $relay || true
 trap - EXIT
 
 inbox="sqlite:///tmp/switchyard-inbox-$broker.db"
-if [ "$broker" = kafka ]; then
+if [ "$broker" = pubsub ]; then
+    echo "== published to Pub/Sub topic orders (subscription orders-view)"
+    "$bin/consumer" "${pubsub_args[@]}" --inbox "$inbox" --idle-ms 3000 | tail -n 30
+elif [ "$broker" = kafka ]; then
     echo "== published to Kafka topic orders"
     "$bin/consumer" kafka --bootstrap-servers "$SWITCHYARD_KAFKA_BOOTSTRAP" --topic orders --inbox "$inbox" \
         --idle-ms 3000 | tail -n 30

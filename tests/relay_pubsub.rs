@@ -6,14 +6,16 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use switchyard_tests::config::{Plugin, Target, TestConfig, routes, table};
+use switchyard_tests::config::{Plugin, Target, TestConfig, routes, strings, table};
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, tally, write_orders};
 use switchyard_tests::plugins::plugin;
 use switchyard_tests::postgres::{NewEvent, all_published, count_status, fresh_db, place_order_event};
 use switchyard_tests::pubsub::{Emulator, ORDERING_KEY, project};
 use switchyard_tests::relay::{InProcess, RelaySection, parse};
-use switchyard_tests::{eventually, exclusive, init_logging};
+use switchyard_tests::{cli, eventually, exclusive, init_logging};
+
+const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
 
 /// Every event to Pub/Sub topic `orders` of `project`, plus `more` targets.
 fn to_orders(db: &str, relay: RelaySection, project: &str, host: &str) -> TestConfig {
@@ -406,4 +408,49 @@ async fn create_topics_makes_the_listed_and_the_missing_topics() {
         .send()
         .await
         .expect("the plugin's topic was created at its first publish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_names_a_listed_topic_that_does_not_exist() {
+    init_logging();
+    let db = fresh_db().await;
+    let emulator = Emulator::shared();
+    let project = project();
+    emulator.topic(&project, "orders").await;
+    let config = to_orders(&db.url, RelaySection::quick(), &project, emulator.host()).target_set(
+        "pubsub",
+        "topics",
+        strings(&["orders", "refunds"]),
+    );
+    let dir = tempfile_dir();
+    let path = dir.join("switchyard.toml");
+    std::fs::write(&path, config.toml()).unwrap();
+    let path = path.to_str().unwrap();
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", path], &[]).await;
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains(&format!(
+            "target \"pubsub\": Pub/Sub topic projects/{project}/topics/refunds does not exist"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("topics/orders does not"), "{err}");
+
+    std::fs::write(path, config.target_set("pubsub", "create_topics", true).toml()).unwrap();
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", path], &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    emulator
+        .admin()
+        .await
+        .get_topic()
+        .set_topic(format!("projects/{project}/topics/refunds"))
+        .send()
+        .await
+        .expect("validate made the listed topic with create_topics");
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sy-pubsub-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

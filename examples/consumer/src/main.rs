@@ -1,10 +1,12 @@
 //! Sample consumer: applies every event of a JetStream stream, a Kafka
-//! topic or a RabbitMQ queue once (inbox table keyed by event id) and prints what it did.
+//! topic, a RabbitMQ queue or a Pub/Sub subscription once (inbox table
+//! keyed by event id) and prints what it did.
 //!
 //! ```text
 //! cargo run -p consumer -- nats --url nats://127.0.0.1:54222 --stream ORDERS
 //! cargo run -p consumer -- kafka --bootstrap-servers 127.0.0.1:59092 --topic orders
 //! cargo run -p consumer -- rabbitmq --url amqp://guest:guest@127.0.0.1:55672/%2f --queue orders
+//! cargo run -p consumer -- pubsub --emulator-host 127.0.0.1:58085 --project demo --subscription orders-view
 //! ```
 
 use std::time::Duration;
@@ -61,11 +63,46 @@ enum Source {
         #[arg(long, default_value = "orders")]
         queue: String,
     },
+    /// A Pub/Sub subscription (ordering on); the emulator's, or the real
+    /// service's with Application Default Credentials.
+    Pubsub {
+        /// `host:port` of a Pub/Sub emulator.
+        #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
+        emulator_host: Option<String>,
+        /// Project.
+        #[arg(long)]
+        project: String,
+        /// Subscription.
+        #[arg(long, default_value = "orders-view")]
+        subscription: String,
+        /// Only make the topic and an ordering subscription on it, then exit
+        /// (before anything is published: a subscription gets only what
+        /// comes after it).
+        #[arg(long, value_name = "TOPIC")]
+        create_for: Option<String>,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // The Google clients use the process's rustls provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Source::Pubsub {
+        emulator_host,
+        project,
+        subscription,
+        create_for: Some(topic),
+    } = &args.source
+    {
+        let place = consumer::pubsub::Place {
+            emulator_host: emulator_host.as_deref(),
+            project,
+        };
+        consumer::pubsub::create(&place, topic, subscription).await?;
+        println!("topic {topic} and subscription {subscription} (ordering on) ready");
+        return Ok(());
+    }
     let inbox = Inbox::open(&args.inbox).await?;
     let idle = Duration::from_millis(args.idle_ms);
     let print = |delivered: &consumer::Delivered, applied: bool| println!("{}", delivered.describe(applied));
@@ -81,6 +118,18 @@ async fn main() -> anyhow::Result<()> {
         } => consumer::kafka::consume(&bootstrap_servers, &topic, &group, &inbox, idle, print).await?,
         Source::Rabbitmq { url, queue } => {
             consumer::rabbitmq::consume(&url, &queue, &inbox, idle, print).await?
+        }
+        Source::Pubsub {
+            emulator_host,
+            project,
+            subscription,
+            ..
+        } => {
+            let place = consumer::pubsub::Place {
+                emulator_host: emulator_host.as_deref(),
+                project: &project,
+            };
+            consumer::pubsub::consume(&place, &subscription, &inbox, idle, print).await?
         }
     };
     println!(

@@ -319,6 +319,23 @@ pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
             ),
         }
     }
+    let settings = loaded.relay.sink_settings();
+    crate::tls::install_provider();
+    let mut target_problems = Vec::new();
+    for (name, target) in &loaded.targets {
+        match target.live_problems(name, &settings).await {
+            Ok(problems) => {
+                target_problems.extend(problems.into_iter().map(|p| format!("target {name:?}: {p}")))
+            }
+            Err(why) => println!("warning: target {name:?}: cannot check it now: {why}"),
+        }
+    }
+    anyhow::ensure!(
+        target_problems.is_empty(),
+        "{}: {}",
+        path.display(),
+        target_problems.join("\n  ")
+    );
     // A plugin may refuse its own config (a placeholder it does
     // not know): only its `init` can say.
     crate::runtime::load_plugins(&loaded)

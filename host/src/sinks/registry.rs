@@ -49,6 +49,15 @@ pub(crate) trait TargetKind {
 
     /// Builds the sink called `name` (its health check is the caller's).
     async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError>;
+
+    /// What `switchyard validate` finds wrong on the broker itself (a
+    /// listed topic missing), or why it could not look.
+    ///
+    /// # Errors
+    /// The broker could not be asked (a warning, not a problem).
+    async fn live_problems(&self, _name: &str, _settings: &SinkSettings) -> Result<Vec<String>, String> {
+        Ok(Vec::new())
+    }
 }
 
 /// A broker plugins can publish to, picked by `type`.
@@ -118,5 +127,13 @@ impl TargetConfig {
     /// What the kind's constructor refused.
     pub async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         each_kind!(self, config => config.build(name, settings).await)
+    }
+
+    /// What `switchyard validate` finds wrong on the broker itself.
+    ///
+    /// # Errors
+    /// The broker could not be asked.
+    pub async fn live_problems(&self, name: &str, settings: &SinkSettings) -> Result<Vec<String>, String> {
+        each_kind!(self, config => config.live_problems(name, settings).await)
     }
 }

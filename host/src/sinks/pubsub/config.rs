@@ -208,6 +208,14 @@ impl TargetKind for PubSubSinkConfig {
         Ok(Arc::new(sink) as Arc<dyn Sink>)
     }
 
+    #[cfg(feature = "pubsub")]
+    async fn live_problems(&self, name: &str, settings: &SinkSettings) -> Result<Vec<String>, String> {
+        let sink = super::PubSubSink::connect(name, self, settings.publish_timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        sink.listed_topic_problems().await.map_err(|e| e.to_string())
+    }
+
     #[cfg(not(feature = "pubsub"))]
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(

@@ -121,6 +121,28 @@ impl PubSubSink {
         Ok(())
     }
 
+    /// Each listed topic that does not exist (made at connect with
+    /// `create_topics`). A topic the account may not read is not a
+    /// problem: the publisher role cannot.
+    ///
+    /// # Errors
+    /// Pub/Sub could not be asked.
+    pub async fn listed_topic_problems(&self) -> Result<Vec<String>, SinkError> {
+        let mut problems = Vec::new();
+        for topic in &self.config.topics {
+            let name = self.config.topic_name(topic);
+            match self.admin.get_topic().set_topic(&name).send().await {
+                Ok(_) => {}
+                Err(e) => match classify_rpc(&e, &name) {
+                    missing if missing.kind == FailureKind::UnknownTopic => problems.push(missing.message),
+                    _ if e.status().is_some_and(|s| s.code == Code::PermissionDenied) => {}
+                    other => return Err(other),
+                },
+            }
+        }
+        Ok(problems)
+    }
+
     /// Creates `name`; one that exists already is fine.
     async fn create_topic(&self, name: &str) -> Result<(), SinkError> {
         match self.admin.create_topic().set_name(name).send().await {
