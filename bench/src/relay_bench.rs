@@ -1,5 +1,6 @@
 //! The relay benchmark, run by hand: drain throughput to NATS JetStream and
-//! to Kafka against the raw SQL claim/ack ceiling measured in the same run,
+//! to Kafka (and to the Pub/Sub emulator) against the raw SQL claim/ack
+//! ceiling measured in the same run,
 //! the current schema generation against the previous one (an outbox
 //! migrated only that far: no intake) and against a minimal SKIP LOCKED claim + mark-published loop,
 //! PostgreSQL CPU per event, claim latency on stale statistics, the wasm
@@ -66,6 +67,9 @@ struct Args {
     /// Skip the Kafka drain.
     #[arg(long)]
     no_kafka: bool,
+    /// Skip the Pub/Sub drain (on the emulator `scripts/services.sh` runs).
+    #[arg(long)]
+    no_pubsub: bool,
     /// Only the latency and hot-reload runs (and the plot).
     #[arg(long)]
     latency_only: bool,
@@ -123,6 +127,7 @@ struct Services {
     server_url: String,
     nats_url: String,
     kafka: String,
+    pubsub: String,
 }
 
 impl Services {
@@ -132,6 +137,7 @@ impl Services {
             server_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:55432/postgres"),
             nats_url: var("SWITCHYARD_NATS_URL", "nats://127.0.0.1:54222"),
             kafka: var("SWITCHYARD_KAFKA_BOOTSTRAP", "127.0.0.1:59092"),
+            pubsub: var("SWITCHYARD_PUBSUB_EMULATOR_HOST", "127.0.0.1:58085"),
         }
     }
 
@@ -492,6 +498,9 @@ async fn drained(pool: &sqlx::PgPool, schema: Schema) -> anyhow::Result<bool> {
 enum Target {
     Nats,
     Kafka,
+    /// The emulator: its figures are the relay's and the emulator's on one
+    /// machine, not the service's.
+    PubSub,
 }
 
 fn relay_config(
@@ -513,6 +522,14 @@ fn relay_config(
         Target::Kafka => (
             "target = \"out\"\ntopic = \"bench\"",
             format!("type = \"kafka\"\nbootstrap_servers = \"{}\"", services.kafka),
+        ),
+        Target::PubSub => (
+            "target = \"out\"\ntopic = \"bench\"",
+            format!(
+                "type = \"pubsub\"\nproject = \"{}\"\nemulator_host = \"{}\"",
+                pubsub_project(url),
+                services.pubsub
+            ),
         ),
     };
     let text = format!(
@@ -554,7 +571,7 @@ fn native_router(target: Target) -> switchyard::relay::NativeRouter {
     Arc::new(move |event: &Event| {
         let topic = match target {
             Target::Nats => format!("bench.{}", event.event_type),
-            Target::Kafka => "bench".to_string(),
+            Target::Kafka | Target::PubSub => "bench".to_string(),
         };
         Ok(vec![Message {
             target: "out".to_string(),
@@ -566,8 +583,22 @@ fn native_router(target: Target) -> switchyard::relay::NativeRouter {
     })
 }
 
+/// A project per drain database: the emulator keeps what it was sent, so
+/// every drain starts on an empty topic of its own.
+fn pubsub_project(db_url: &str) -> String {
+    let db = db_url
+        .rsplit('/')
+        .next()
+        .unwrap_or("bench")
+        .split('?')
+        .next()
+        .unwrap_or("bench");
+    format!("{}-{}", db.replace('_', "-"), std::process::id())
+}
+
 async fn reset_brokers(services: &Services, target: Target) -> anyhow::Result<()> {
     match target {
+        Target::PubSub => {}
         Target::Nats => {
             let client = async_nats::connect(&services.nats_url).await?;
             let js = async_nats::jetstream::new(client);
@@ -648,7 +679,11 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
     } = kind;
     let name = format!(
         "sy_bench_{}_{}",
-        if target == Target::Nats { "nats" } else { "kafka" },
+        match target {
+            Target::Nats => "nats",
+            Target::Kafka => "kafka",
+            Target::PubSub => "pubsub",
+        },
         if native { "native" } else { "wasm" }
     );
     let url = clone_db(services, &name, schema).await?;
@@ -672,6 +707,12 @@ async fn drain(services: &Services, args: &Args, kind: DrainKind) -> anyhow::Res
         pool.close().await;
     }
     reset_brokers(services, target).await?;
+    if target == Target::PubSub {
+        // An ordering subscription, as a consumer of the events would have.
+        switchyard_tests::pubsub::Emulator::at(&services.pubsub)
+            .topic(&pubsub_project(&url), "bench")
+            .await;
+    }
     let plugin = workspace_root().join("plugins/target").join(plugin);
     let config = relay_config(&url, services, args, target, &plugin, published_rows)?;
     reset_peak_rss();
@@ -1304,6 +1345,18 @@ async fn main() -> anyhow::Result<()> {
             ));
         }
     }
+    if !args.no_pubsub {
+        for native in [false, true] {
+            let key = if native { "pubsub_native" } else { "pubsub_wasm" };
+            plan.push((
+                key,
+                DrainKind {
+                    target: Target::PubSub,
+                    ..nats(Schema::Current, native, PublishedRows::Keep)
+                },
+            ));
+        }
+    }
     if !args.drain.is_empty() {
         let unknown: Vec<_> = args
             .drain
@@ -1368,6 +1421,9 @@ async fn main() -> anyhow::Result<()> {
     let (nats_archive, _) = median("nats_wasm_archive").context("no NATS run")?;
     let kafka = median("kafka_wasm")
         .zip(median("kafka_native"))
+        .map(|((w, _), (n, _))| (w, n));
+    let pubsub = median("pubsub_wasm")
+        .zip(median("pubsub_native"))
         .map(|((w, _), (n, _))| (w, n));
     for schema in [Schema::Previous, Schema::Current] {
         drop_db(&services, schema.template()).await?;
@@ -1457,6 +1513,12 @@ async fn main() -> anyhow::Result<()> {
             ("drain, native -> Kafka (acks=all)", native, String::new()),
         ]
     }))
+    .chain(pubsub.iter().flat_map(|(wasm, native)| {
+        [
+            ("drain, wasm -> Pub/Sub emulator", wasm, String::new()),
+            ("drain, native -> Pub/Sub emulator", native, String::new()),
+        ]
+    }))
     .collect();
     for (label, d, extra) in &drains {
         println!(
@@ -1510,6 +1572,10 @@ async fn main() -> anyhow::Result<()> {
     if let Some((wasm, native)) = &kafka {
         peaks.push(("Kafka wasm drain", wasm.peak_rss));
         peaks.push(("Kafka native drain", native.peak_rss));
+    }
+    if let Some((wasm, native)) = &pubsub {
+        peaks.push(("Pub/Sub wasm drain", wasm.peak_rss));
+        peaks.push(("Pub/Sub native drain", native.peak_rss));
     }
     let (worst, peak) = peaks.iter().max_by_key(|(_, p)| *p).copied().unwrap_or(("-", 0));
     println!(

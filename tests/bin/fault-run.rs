@@ -23,7 +23,11 @@
 //! `down-nats`, `down-kafka`, `down-rabbitmq MINUTES`: one relay with the
 //! default retry settings, writers at 100 events/s, the broker stopped for
 //! MINUTES (10 by default) and started again with its data (JetStream
-//! store, tansu on SQLite, a durable RabbitMQ queue). `down-pg MINUTES`
+//! store, tansu on SQLite, a durable RabbitMQ queue). `down-pubsub-frozen`
+//! freezes the Pub/Sub emulator (SIGSTOP) for MINUTES; `down-pubsub` kills
+//! it and starts a new one, whose topic and subscription the run makes
+//! again (what the killed one held is gone: the run counts, among the
+//! lost, those acknowledged before the kill). `down-pg MINUTES`
 //! (2 by default): the same with NATS up and PostgreSQL stopped.
 //! `replication-down-*` runs each of them in replication mode,
 //! `replication-source-down-*` in replication mode with writers into a

@@ -45,6 +45,15 @@ impl Emulator {
         Emulator { host, child: None }
     }
 
+    /// The emulator at `host` (`host:port`), started by someone else.
+    pub fn at(host: &str) -> Emulator {
+        switchyard::tls::install_provider();
+        Emulator {
+            host: host.to_string(),
+            child: None,
+        }
+    }
+
     /// An emulator of this test's own on a free port, for tests that stop it.
     ///
     /// # Panics

@@ -138,6 +138,7 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     tokio::time::sleep(AROUND).await;
     let outage = Duration::from_secs(minutes * 60);
     eprintln!("{down}: down for {minutes} min");
+    let down_at: chrono::DateTime<chrono::Utc> = scalar(&db, "SELECT now()").await;
     if down == "pg" {
         pg_ctl("stop");
     } else {
@@ -220,7 +221,7 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     let received = broker.received(expected.len()).await;
     let counted = tally(&received, &expected);
     if counted.lost > 0 {
-        report_lost(&db, &received, &expected).await;
+        report_lost(&db, &received, &expected, down_at).await;
     }
     let mode = match (replication, outbox) {
         (true, _) => &format!(", replication{}", super::replication::written_to(outbox)),
@@ -248,6 +249,7 @@ async fn report_lost(
     db: &TestDb,
     received: &[switchyard_tests::nats::Received],
     expected: &HashMap<String, Expected>,
+    down_at: chrono::DateTime<chrono::Utc>,
 ) {
     let seen: std::collections::HashSet<&str> = received
         .iter()
@@ -273,6 +275,17 @@ async fn report_lost(
             .ok()
             .flatten();
     eprintln!("lost: {} events; the outbox's last row: {last:?}", lost.len());
+    // A killed Pub/Sub emulator drops what it held: those were acknowledged
+    // before the kill, and lost with it, not by the relay.
+    let acknowledged_before: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE event_id::text = ANY($1) AND published_at < $2",
+    )
+    .bind(&lost)
+    .bind(down_at)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap_or_default();
+    eprintln!("lost: {acknowledged_before} of them acknowledged by the broker before it went down");
     for row in rows {
         eprintln!("  lost: {row}");
     }
