@@ -28,6 +28,10 @@ use crate::sinks::{FailureKind, KEY_HEADER, OutgoingMessage, Sink, SinkError};
 /// messages so memory stays bounded with millions of aggregates.
 const KEYED_MESSAGES_PER_PUBLISHER: usize = 10_000;
 
+/// Topics with a publisher of their own; past this many (plugins that
+/// name a topic per tenant or per day) the idle ones are let go.
+const PUBLISHERS: usize = 1_000;
+
 /// How long the client waits to fill a batch: a relay batch arrives all at
 /// once, so this only gathers its messages into one call per key.
 const BATCH_DELAY: Duration = Duration::from_millis(1);
@@ -212,6 +216,10 @@ impl PubSubSink {
             current.keyed += keyed;
             return current.publisher.clone();
         }
+        if publishers.len() >= PUBLISHERS {
+            // Calls in flight keep theirs until they are answered.
+            publishers.clear();
+        }
         let publisher = self
             .base
             .publisher(topic)
@@ -236,6 +244,9 @@ impl PubSubSink {
                 .push((index, ready.ordering_key, ready.message));
         }
         let mut pending = Vec::new();
+        // Held until every answer is in: a publisher replaced meanwhile
+        // would otherwise shut down with these messages in it.
+        let mut publishers = Vec::new();
         for (topic, messages) in by_topic {
             let keyed = messages.iter().filter(|(_, key, _)| !key.is_empty()).count();
             let publisher = self.publisher(&topic, keyed);
@@ -246,12 +257,14 @@ impl PubSubSink {
                 }
                 pending.push((index, topic.clone(), key, publisher.publish(message)));
             }
+            publishers.push(publisher);
         }
         let (places, futures): (Vec<_>, Vec<_>) = pending
             .into_iter()
             .map(|(index, topic, key, future)| ((index, topic, key), future))
             .unzip();
         let answers = join_all(futures).await;
+        drop(publishers);
         // The client fails the messages after a failed one of the same key
         // as "paused": they carry the first failure's kind.
         let mut first_failure: HashMap<(String, String), SinkError> = HashMap::new();
