@@ -336,7 +336,8 @@ pubsub_start() {
             "google-cloud-cli-pubsub-emulator from Google's package source); the Pub/Sub tests need it" >&2
         return 0
     fi
-    JAVA_OPTS="-Xmx512m" nohup "$emulator" --host=127.0.0.1 --port="$PUBSUB_PORT" \
+    # Its heap holds every message a subscription has not acknowledged.
+    JAVA_OPTS="-Xmx1g" nohup "$emulator" --host=127.0.0.1 --port="$PUBSUB_PORT" \
         </dev/null >"$PUBSUB_DIR/emulator.log" 2>&1 &
     echo $! >"$PUBSUB_DIR/emulator.pid"
     for _ in $(seq 1 600); do

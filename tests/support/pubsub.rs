@@ -158,12 +158,12 @@ impl Emulator {
             .expect("topic admin")
     }
 
-    /// Makes `topic` in `project` and an ordering-enabled subscription
-    /// `topic-sub` on it.
+    /// Makes `topic` in `project` with no subscription (what is published
+    /// to it is dropped: the emulator holds nothing), and returns its name.
     ///
     /// # Panics
     /// When the emulator refuses.
-    pub async fn topic(&self, project: &str, topic: &str) {
+    pub async fn bare_topic(&self, project: &str, topic: &str) -> String {
         let name = format!("projects/{project}/topics/{topic}");
         self.admin()
             .await
@@ -172,6 +172,16 @@ impl Emulator {
             .send()
             .await
             .unwrap_or_else(|e| panic!("create {name}: {e}"));
+        name
+    }
+
+    /// Makes `topic` in `project` and an ordering-enabled subscription
+    /// `topic-sub` on it.
+    ///
+    /// # Panics
+    /// When the emulator refuses.
+    pub async fn topic(&self, project: &str, topic: &str) {
+        let name = self.bare_topic(project, topic).await;
         SubscriptionAdmin::builder()
             .with_endpoint(self.endpoint())
             .with_credentials(anonymous::Builder::new().build())
