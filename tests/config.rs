@@ -673,6 +673,9 @@ fn the_environment_overrides_are_the_ones_the_fields_name() {
         type = "rabbitmq"
         url = "amqp://127.0.0.1:5672/%2f"
         exchange = "events"
+        [targets.gcp]
+        type = "pubsub"
+        project = "p"
     "#;
     let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let loaded = Config::from_toml(text, Path::new("."), &|name| {
@@ -689,8 +692,10 @@ fn the_environment_overrides_are_the_ones_the_fields_name() {
                 .strip_suffix("_FILE")
                 .is_some_and(|bare| asked.contains(bare))
         })
+        // Every Google client's own variable, named in emulator_host's text.
+        .filter(|name| !name.starts_with("PUBSUB_EMULATOR_HOST"))
         .map(|name| {
-            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT"]
+            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT", "GCP"]
                 .iter()
                 .fold(name.clone(), |name, each| {
                     name.replace(&format!("_{each}_"), "_<NAME>_")
