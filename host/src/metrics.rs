@@ -169,6 +169,8 @@ struct Families {
     replication_max_retained_wal: Family<DatabaseLabel, Gauge>,
     listening: Family<DatabaseLabel, Gauge>,
     listen_sessions: Family<DatabaseLabel, Counter>,
+    /// What the console's charts sample, per database.
+    recent: std::sync::Mutex<rustc_hash::FxHashMap<String, Arc<Recent>>>,
 }
 
 impl Families {
@@ -194,6 +196,7 @@ impl Families {
             replication_max_retained_wal: Family::default(),
             listening: Family::default(),
             listen_sessions: Family::default(),
+            recent: std::sync::Mutex::default(),
         }
     }
 
@@ -478,6 +481,17 @@ impl Metrics {
             .clone()
     }
 
+    /// This database's running tally of published events and their
+    /// commit-to-publish times, which the console samples for its charts.
+    pub fn recent(&self) -> Arc<Recent> {
+        let mut recent = self
+            .families
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.entry(self.database.clone()).or_default().clone()
+    }
+
     /// The plugin-time histogram of `plugin` in this database.
     pub fn plugin_call(&self, plugin: &str) -> Histogram {
         self.families
@@ -607,6 +621,10 @@ impl Metrics {
     pub fn forget_database(&self, plugins: &[String], targets: &[String]) {
         const OUTCOMES: [&str; 5] = ["published", "retried", "waiting", "dead_lettered", "dropped"];
         let f = &self.families;
+        f.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.database);
         let database = || self.database.clone();
         for plugin in plugins.iter().map(String::as_str).chain(["none"]) {
             let labels = PluginLabels {
@@ -691,5 +709,120 @@ impl Collector for ReloadCollector {
             }
         }
         Ok(())
+    }
+}
+
+/// Bounds (seconds) of [`Recent`]'s latency buckets: those of the
+/// commit-to-publish histogram, the last one open.
+pub const RECENT_BOUNDS: [f64; 16] = {
+    let mut bounds = [0.0005; 16];
+    let mut i = 1;
+    while i < 16 {
+        bounds[i] = bounds[i - 1] * 2.0;
+        i += 1;
+    }
+    bounds
+};
+
+/// A database's published events and their commit-to-publish times as
+/// plain counters, which Prometheus' histogram does not let a reader see.
+/// Read by differences between two samples.
+#[derive(Debug, Default)]
+pub struct Recent {
+    published: AtomicU64,
+    buckets: [AtomicU64; 17],
+}
+
+/// One reading of a [`Recent`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecentSample {
+    /// Events published so far.
+    pub published: u64,
+    /// Events per latency bucket so far ([`RECENT_BOUNDS`], then above them).
+    pub buckets: [u64; 17],
+}
+
+impl Recent {
+    /// Counts `count` events published.
+    pub fn published(&self, count: u64) {
+        self.published
+            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts one commit-to-publish time.
+    pub fn observe(&self, seconds: f64) {
+        let bucket = RECENT_BOUNDS
+            .iter()
+            .position(|&bound| seconds <= bound)
+            .unwrap_or(16);
+        self.buckets[bucket].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counts now.
+    pub fn sample(&self) -> RecentSample {
+        let load = |n: &AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        RecentSample {
+            published: load(&self.published),
+            buckets: std::array::from_fn(|i| load(&self.buckets[i])),
+        }
+    }
+}
+
+impl RecentSample {
+    /// The `q` quantile (0 to 1) of the times counted between `earlier`
+    /// and this one, in seconds, interpolated within its bucket; `None`
+    /// when nothing was.
+    pub fn quantile_since(&self, earlier: &RecentSample, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = (0..17)
+            .map(|i| self.buckets[i].saturating_sub(earlier.buckets[i]))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let mut seen = 0.0;
+        for (i, &count) in counts.iter().enumerate() {
+            let next = seen + count as f64;
+            if count > 0 && next >= rank {
+                let low = if i == 0 { 0.0 } else { RECENT_BOUNDS[i - 1] };
+                // Above the last bound nothing says how far: its lower bound.
+                let Some(&high) = RECENT_BOUNDS.get(i) else {
+                    return Some(low);
+                };
+                return Some(low + (high - low) * ((rank - seen) / count as f64));
+            }
+            seen = next;
+        }
+        Some(RECENT_BOUNDS[15])
+    }
+}
+
+#[cfg(test)]
+mod recent_tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_come_from_the_times_between_two_samples() {
+        let recent = Recent::default();
+        for _ in 0..1000 {
+            recent.observe(10.0);
+        }
+        let before = recent.sample();
+        // 99 fast, 1 slow: p50 is fast, p99 is at the slow one's bucket edge.
+        for _ in 0..99 {
+            recent.observe(0.003);
+        }
+        recent.observe(2.0);
+        recent.published(100);
+        let after = recent.sample();
+        assert_eq!(after.published - before.published, 100);
+        let p50 = after.quantile_since(&before, 0.5).unwrap();
+        assert!((0.002..=0.004).contains(&p50), "{p50}");
+        let p99 = after.quantile_since(&before, 0.99).unwrap();
+        assert!(p99 <= 0.004, "the 99th of 100 is still fast: {p99}");
+        let max = after.quantile_since(&before, 1.0).unwrap();
+        assert!((1.024..=2.048).contains(&max), "{max}");
+        assert_eq!(after.quantile_since(&after, 0.5), None);
     }
 }

@@ -562,11 +562,9 @@ pub struct TargetStatus {
     pub paused: Option<PausedTarget>,
 }
 
-/// Collects [`RelayStatus`] (runs the same checks as `/readyz`).
-pub async fn relay_status(relay: &Relay) -> RelayStatus {
-    let readiness = readiness(relay).await;
-    let plugins = relay
-        .plugins()
+/// Every configured plugin's state, in match order.
+pub fn plugin_statuses(plugins: &crate::plugin::Plugins) -> Vec<PluginStatus> {
+    plugins
         .slots()
         .iter()
         .map(|slot| {
@@ -590,7 +588,13 @@ pub async fn relay_status(relay: &Relay) -> RelayStatus {
                 },
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Collects [`RelayStatus`] (runs the same checks as `/readyz`).
+pub async fn relay_status(relay: &Relay) -> RelayStatus {
+    let readiness = readiness(relay).await;
+    let plugins = plugin_statuses(relay.plugins());
     let targets = readiness
         .targets
         .iter()

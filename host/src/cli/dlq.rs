@@ -37,6 +37,9 @@ pub struct Filter {
     /// Only rows whose last error contains this text (case-insensitive).
     #[arg(long, value_name = "TEXT")]
     error: Option<String>,
+    /// Only rows with a delivery to this target that was not acknowledged.
+    #[arg(long, value_name = "NAME")]
+    target: Option<String>,
 }
 
 impl Filter {
@@ -48,6 +51,7 @@ impl Filter {
             && self.since.is_none()
             && self.until.is_none()
             && self.error.is_none()
+            && self.target.is_none()
     }
 
     fn resolve(&self) -> anyhow::Result<DeadLetterFilter> {
@@ -69,22 +73,14 @@ impl Filter {
                 .transpose()
                 .context("--until")?,
             error_contains: self.error.clone(),
+            target: self.target.clone(),
         })
     }
 }
 
 /// RFC 3339, or a duration before now.
 fn parse_time(text: &str) -> anyhow::Result<i64> {
-    if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(time.timestamp_millis());
-    }
-    let ago = humantime::parse_duration(text).map_err(|_| {
-        anyhow::anyhow!(
-            "{text:?} is neither an RFC 3339 time (2026-11-22T10:00:00Z) nor a duration (90m, 2h, 1d)"
-        )
-    })?;
-    let ago = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
-    Ok(chrono::Utc::now().timestamp_millis().saturating_sub(ago))
+    DeadLetterFilter::time_ms(text).map_err(anyhow::Error::msg)
 }
 
 /// `switchyard dlq ...`

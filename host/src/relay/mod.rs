@@ -334,9 +334,13 @@ impl Relay {
         let metrics = &self.inner.metrics;
         let now_ms = chrono::Utc::now().timestamp_millis();
         let commit_to_publish = metrics.commit_to_publish();
+        let recent = metrics.recent();
         for created_at_ms in &settled.published_created_at_ms {
-            commit_to_publish.observe((now_ms - created_at_ms).max(0) as f64 / 1000.0);
+            let seconds = (now_ms - created_at_ms).max(0) as f64 / 1000.0;
+            commit_to_publish.observe(seconds);
+            recent.observe(seconds);
         }
+        recent.published(settled.published_created_at_ms.len() as u64);
         let mut claimed: BTreeMap<&str, u64> = BTreeMap::new();
         for (&(plugin, kind), &count) in &settled.tally {
             metrics.event(kind, plugin, count);

@@ -71,6 +71,12 @@ pub(super) trait Backend {
     ) -> Result<Vec<OutboxEntry>, Error>;
     /// How many dead letters match `filter`.
     async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<i64, Error>;
+    /// See [`super::OutboxStore::count_dead_letters_to`].
+    async fn count_dead_letters_to(&self, filter: &DeadLetterFilter, bound: i64) -> Result<i64, Error>;
+    /// See [`super::OutboxStore::backlog_to`].
+    async fn backlog_to(&self, bound: i64) -> Result<i64, Error>;
+    /// See [`super::OutboxStore::event`].
+    async fn event(&self, event_id: uuid::Uuid) -> Result<Option<OutboxEntry>, Error>;
     /// One row by id.
     async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error>;
     /// Up to `batch` matching dead letters back to pending; their ids.
@@ -132,6 +138,36 @@ macro_rules! dialect_queries {
                 .build_query_scalar()
                 .fetch_one(&self.pool)
                 .await?)
+        }
+
+        async fn count_dead_letters_to(&self, filter: &DeadLetterFilter, bound: i64) -> Result<i64, Error> {
+            let $this = self;
+            Ok(
+                dialect::bounded_dead_count_query($dialect, filter, bound, false)
+                    .build_query_scalar()
+                    .fetch_one(&self.pool)
+                    .await?,
+            )
+        }
+
+        async fn backlog_to(&self, bound: i64) -> Result<i64, Error> {
+            let $this = self;
+            Ok(dialect::bounded_backlog_query($dialect, bound, false)
+                .build_query_scalar()
+                .fetch_one(&self.pool)
+                .await?)
+        }
+
+        async fn event(&self, event_id: uuid::Uuid) -> Result<Option<OutboxEntry>, Error> {
+            let $this = self;
+            let record = dialect::event_query($dialect, event_id.hyphenated().to_string(), false)
+                .build()
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(record
+                .as_ref()
+                .map(dialect::entry_from_record)
+                .transpose()?)
         }
 
         async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::backend::Backend;
-use super::{AnyBackend, DeadLetterFilter, Error, OutboxEntry, OutboxStats, OutboxStore, RetentionMode};
+use super::{
+    AnyBackend, DeadLetterFilter, Error, OutboxEntry, OutboxStats, OutboxStore, PgOutbox, RetentionMode,
+    dialect,
+};
 
 impl OutboxStore {
     /// Backlog, retries and dead letters, read from the partial indexes (none
@@ -40,6 +43,35 @@ impl OutboxStore {
     /// [`Error::Database`].
     pub async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<i64, Error> {
         dispatch!(self, backend => backend.count_dead_letters(filter).await)
+    }
+
+    /// How many dead letters match `filter`, counting no further than
+    /// `bound` (a figure for a page, read from the dead-letter index).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn count_dead_letters_to(&self, filter: &DeadLetterFilter, bound: i64) -> Result<i64, Error> {
+        dispatch!(self, backend => backend.count_dead_letters_to(filter, bound).await)
+    }
+
+    /// Rows waiting to be published, counted no further than `bound` in
+    /// each queue: at least `bound` when it returns `bound` or more. Its
+    /// cost does not grow with the backlog, unlike [`OutboxStore::backlog`].
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn backlog_to(&self, bound: i64) -> Result<i64, Error> {
+        dispatch!(self, backend => backend.backlog_to(bound).await)
+    }
+
+    /// One row by its event id, whatever its status; `None` when the
+    /// outbox has no such row (never written, still in the intake, or
+    /// removed by retention).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn event(&self, event_id: uuid::Uuid) -> Result<Option<OutboxEntry>, Error> {
+        dispatch!(self, backend => backend.event(event_id).await)
     }
 
     /// One row by id, whatever its status.
@@ -105,5 +137,42 @@ impl OutboxStore {
         batch: u32,
     ) -> Result<u64, Error> {
         dispatch!(self, backend => backend.prune_published(max_age, mode, batch).await)
+    }
+}
+
+impl PgOutbox {
+    /// The plans of the queries the console's pages run, by name (`dead
+    /// letters`, `dead letter count`, `backlog`, `event`), for `filter`:
+    /// what shows that each reads an index, not the table.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn explain_console_queries(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<(String, String)>, Error> {
+        let dialect = self.backend.dialect().await?;
+        let pool = &self.backend.pool;
+        let mut plans = Vec::new();
+        let queries: [(&str, sqlx::QueryBuilder<'_, sqlx::Postgres>); 4] = [
+            (
+                "dead letters",
+                dialect::explained_dead_letters_query(dialect, filter, 0, 50, true),
+            ),
+            (
+                "dead letter count",
+                dialect::bounded_dead_count_query(dialect, filter, 100_000, true),
+            ),
+            ("backlog", dialect::bounded_backlog_query(dialect, 100_000, true)),
+            (
+                "event",
+                dialect::event_query(dialect, uuid::Uuid::nil().to_string(), true),
+            ),
+        ];
+        for (name, mut query) in queries {
+            let lines: Vec<String> = query.build_query_scalar().fetch_all(pool).await?;
+            plans.push((name.to_string(), lines.join("\n")));
+        }
+        Ok(plans)
     }
 }

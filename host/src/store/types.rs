@@ -243,6 +243,29 @@ pub struct DeadLetterFilter {
     pub created_before_ms: Option<i64>,
     /// Only rows whose `last_error` contains this text (case-insensitive).
     pub error_contains: Option<String>,
+    /// Only rows with a delivery to this target that was not acknowledged.
+    pub target: Option<String>,
+}
+
+impl DeadLetterFilter {
+    /// A time bound as the filters take it: RFC 3339
+    /// (`2026-11-22T10:00:00Z`) or a duration before now (`90m`, `2h`,
+    /// `1d`), in milliseconds since the epoch.
+    ///
+    /// # Errors
+    /// Neither form, said with both.
+    pub fn time_ms(text: &str) -> Result<i64, String> {
+        if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
+            return Ok(time.timestamp_millis());
+        }
+        let ago = humantime::parse_duration(text).map_err(|_| {
+            format!(
+                "{text:?} is neither an RFC 3339 time (2026-11-22T10:00:00Z) nor a duration (90m, 2h, 1d)"
+            )
+        })?;
+        let ago = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
+        Ok(chrono::Utc::now().timestamp_millis().saturating_sub(ago))
+    }
 }
 
 /// One outbox row as an operator sees it.

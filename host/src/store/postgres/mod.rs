@@ -157,7 +157,7 @@ impl Postgres {
     }
 
     /// The dialect for this outbox's generation.
-    async fn dialect(&self) -> Result<Dialect, Error> {
+    pub(in crate::store) async fn dialect(&self) -> Result<Dialect, Error> {
         Ok(Dialect::Postgres(self.generation().await?))
     }
 
