@@ -50,6 +50,8 @@ install_missing() {
     [ -x "$PG_BIN/pg_ctl" ] || pkgs+=(postgresql-15)
     command -v psql >/dev/null || pkgs+=(postgresql-client-15)
     command -v nats-server >/dev/null || pkgs+=(nats-server)
+    # The console's browser tests drive Debian's chromium through chromedriver.
+    command -v chromedriver >/dev/null || pkgs+=(chromium chromium-driver)
     if [ ${#pkgs[@]} -gt 0 ]; then
         echo "services: installing ${pkgs[*]}" >&2
         apt_install "${pkgs[@]}"

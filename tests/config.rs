@@ -676,6 +676,8 @@ fn the_environment_overrides_are_the_ones_the_fields_name() {
         [targets.gcp]
         type = "pubsub"
         project = "p"
+        [admin.tokens]
+        ops = "an-admin-token-of-length"
     "#;
     let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let loaded = Config::from_toml(text, Path::new("."), &|name| {
@@ -695,10 +697,14 @@ fn the_environment_overrides_are_the_ones_the_fields_name() {
         // Every Google client's own variable, named in emulator_host's text.
         .filter(|name| !name.starts_with("PUBSUB_EMULATOR_HOST"))
         .map(|name| {
-            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT", "GCP"]
+            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT", "GCP", "OPS"]
                 .iter()
                 .fold(name.clone(), |name, each| {
-                    name.replace(&format!("_{each}_"), "_<NAME>_")
+                    let name = name.replace(&format!("_{each}_"), "_<NAME>_");
+                    match name.strip_suffix(&format!("_{each}")) {
+                        Some(bare) => format!("{bare}_<NAME>"),
+                        None => name,
+                    }
                 })
         })
         .collect();

@@ -29,9 +29,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .as_ref()
         .and_then(|listener| listener.local_addr().ok())
         .map(|addr| addr.to_string());
+    let admin_config = config.admin.clone();
     let fleet = crate::fleet::Fleet::start_announcing(config, address, shutdown.clone()).await?;
+    let console = if admin_config.console {
+        crate::console::router(fleet.clone(), &admin_config, shutdown.clone())
+    } else {
+        axum::Router::new()
+    };
     let admin = match listener
-        .map(|listener| crate::fleet::admin::serve_on(listener, fleet.clone(), shutdown.clone()))
+        .map(|listener| crate::fleet::admin::serve_with(listener, fleet.clone(), console, shutdown.clone()))
     {
         Some(Err(error)) => {
             shutdown.cancel();

@@ -32,6 +32,7 @@ pub mod app;
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod demo;
 pub mod endpoint;
 pub mod fleet;

@@ -5,6 +5,7 @@
 pub mod backlog;
 pub mod book;
 pub mod brokers;
+pub mod browser;
 pub mod config;
 pub mod fanout;
 pub mod fleet;

@@ -86,7 +86,7 @@ pub struct Config {
     /// Hot reload and the compiled-plugin cache.
     #[serde(default)]
     pub plugin_runtime: PluginRuntimeConfig,
-    /// The admin HTTP endpoint (metrics, health, readiness).
+    /// The admin HTTP endpoint (metrics, health, readiness) and the console.
     #[serde(default)]
     pub admin: AdminConfig,
     /// What happens to published rows after a while. Without this section
@@ -130,7 +130,8 @@ const fn default_retention_batch_size() -> u32 {
     1000
 }
 
-/// `[admin]`: where `/metrics`, `/healthz` and `/readyz` are served.
+/// `[admin]`: where `/metrics`, `/healthz` and `/readyz` are served, and
+/// the operator's console.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
@@ -138,14 +139,43 @@ pub struct AdminConfig {
     /// picks a free port (logged at startup).
     #[serde(default = "default_admin_listen")]
     pub listen: String,
+    /// Serve the operator's console at `/`: the overview, dead letters and
+    /// single events. Its overview pages are as open as the endpoint;
+    /// payloads and actions need one of `tokens`.
+    #[serde(default)]
+    pub console: bool,
+    /// Named tokens that let a person see payloads and replay or purge dead
+    /// letters in the console: `ops = { file = "/run/secrets/ops" }` (read
+    /// again at each use, so it may rotate) or a value. The name is what the
+    /// log says did an action. Without any, payloads and actions are not
+    /// offered. From the environment, `_FILE` names a file read at each use.
+    #[serde(default)]
+    #[schemars(extend("x-env" = "SWITCHYARD_ADMIN_TOKEN_<NAME>"))]
+    pub tokens: BTreeMap<String, crate::secret::SecretValue>,
+    /// Payload fields the console shows as `***`, as dotted paths
+    /// (`card.number`, `customer.email`); a name matches at any depth when
+    /// written alone (`ssn`).
+    #[serde(default)]
+    pub mask_fields: Vec<String>,
+    /// Replays and purges one token may do per minute.
+    #[serde(default = "default_actions_per_minute")]
+    pub actions_per_minute: u32,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: default_admin_listen(),
+            console: false,
+            tokens: BTreeMap::new(),
+            mask_fields: Vec::new(),
+            actions_per_minute: default_actions_per_minute(),
         }
     }
+}
+
+const fn default_actions_per_minute() -> u32 {
+    10
 }
 
 fn default_admin_listen() -> String {
@@ -538,6 +568,7 @@ impl Config {
     /// holds the value, as `NAME_FILE` (how Kubernetes and Docker hand
     /// secrets over); a file that cannot be read is a problem returned.
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+        let raw_env = env;
         let problems = std::cell::RefCell::new(Vec::new());
         let env = |name: &str| env_or_file(env, name, &mut problems.borrow_mut());
         if let Some(url) = env("SWITCHYARD_DATABASE_URL") {
@@ -562,6 +593,15 @@ impl Config {
         }
         for (name, target) in &mut self.targets {
             target.apply_env(&format!("SWITCHYARD_TARGET_{}_", env_name(name)), &env);
+        }
+        for (name, token) in &mut self.admin.tokens {
+            // `_FILE` stays a path, read at each use: the token may rotate.
+            if let Some(value) = crate::secret::SecretValue::from_env(
+                raw_env,
+                &format!("SWITCHYARD_ADMIN_TOKEN_{}", env_name(name)),
+            ) {
+                *token = value;
+            }
         }
         problems.into_inner()
     }

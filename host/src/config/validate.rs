@@ -51,10 +51,37 @@ pub fn validate(config: &Config) -> Result<(), Vec<String>> {
         listen.is_empty() || listen.parse::<std::net::SocketAddr>().is_ok(),
         format!("admin.listen {listen:?} must be ip:port (e.g. 127.0.0.1:9187) or empty to turn it off"),
     );
+    admin(&mut problems, &config.admin);
     if problems.0.is_empty() {
         Ok(())
     } else {
         Err(problems.0)
+    }
+}
+
+fn admin(problems: &mut Problems, admin: &super::AdminConfig) {
+    for (name, token) in &admin.tokens {
+        if let Some(problem) = super::databases::name_problem(name) {
+            problems.0.push(format!("admin.tokens: token {problem}"));
+        }
+        problems.0.extend(token.problems(&format!("admin.tokens.{name}")));
+        if let crate::secret::SecretValue::Value(value) = token {
+            // A token a person could guess is no lock.
+            problems.check(
+                value.chars().count() >= 16,
+                format!("admin.tokens.{name} must be at least 16 characters"),
+            );
+        }
+    }
+    problems.check(
+        admin.actions_per_minute >= 1,
+        "admin.actions_per_minute must be at least 1".to_string(),
+    );
+    for field in &admin.mask_fields {
+        problems.check(
+            !field.is_empty() && field.split('.').all(|part| !part.is_empty()),
+            format!("admin.mask_fields: {field:?} is not a dotted field path"),
+        );
     }
 }
 

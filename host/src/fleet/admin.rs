@@ -38,7 +38,20 @@ pub fn serve_on(
     fleet: Fleet,
     shutdown: CancellationToken,
 ) -> anyhow::Result<AdminServer> {
-    crate::admin::serve_listener(listener, crate::admin::router(fleet), shutdown)
+    serve_with(listener, fleet, axum::Router::new(), shutdown)
+}
+
+/// [`serve_on`], with more routes beside the admin endpoints (the console).
+///
+/// # Errors
+/// The listener has no local address.
+pub fn serve_with(
+    listener: tokio::net::TcpListener,
+    fleet: Fleet,
+    more: axum::Router,
+    shutdown: CancellationToken,
+) -> anyhow::Result<AdminServer> {
+    crate::admin::serve_listener(listener, crate::admin::router(fleet).merge(more), shutdown)
 }
 
 /// The fleet's `/readyz` body.
