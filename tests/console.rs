@@ -269,6 +269,10 @@ async fn the_overview_shows_a_target_paused_within_2_s_of_its_broker_stopping_an
             text.ends_with("/s") && text != "0/s"
         })
         .await;
+    // A few more samples, so the screenshot's charts have lines.
+    if std::env::var_os("SWITCHYARD_SCREENSHOTS").is_some() {
+        tokio::time::sleep(Duration::from_secs(8)).await;
+    }
     browser.screenshot("console-overview").await;
 
     nats.stop();
@@ -890,6 +894,19 @@ async fn the_pages_queries_read_indexes_on_a_large_outbox() {
             );
         }
     }
+    // The target filter takes any name, quotes and backslashes included.
+    let for_target = |name: &str| switchyard::store::DeadLetterFilter {
+        target: Some(name.into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        store.count_dead_letters(&for_target("events")).await.unwrap(),
+        20_000
+    );
+    assert_eq!(
+        store.count_dead_letters(&for_target("ev\"ents\\")).await.unwrap(),
+        0
+    );
     // The bounded counts say "at least" rather than reading every row.
     assert!(store.backlog_to(1000).await.unwrap() >= 1000);
     assert_eq!(
@@ -899,4 +916,71 @@ async fn the_pages_queries_read_indexes_on_a_large_outbox() {
             .unwrap(),
         20_000
     );
+}
+
+#[tokio::test]
+async fn the_dead_letter_filters_of_the_console_work_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("sy-console-sqlite-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("outbox.db").display());
+    let store = switchyard::store::OutboxStore::connect(url.as_str(), 2)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    for (i, target, acked) in [(1, "events", false), (2, "audit", false), (3, "events", true)] {
+        let deliveries = serde_json::json!({
+            format!("{target}/t"): {"target": target, "topic": "t", "acked_at": acked.then_some("2026-11-28T00:00:00Z")}
+        })
+        .to_string();
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload, status, last_error, deliveries)
+             VALUES (?, 'order', ?, 'OrderPaid', '{}', 'dead', ?, ?)",
+        )
+        .bind(uuid::Uuid::new_v4().to_string())
+        .bind(format!("o-{i}"))
+        .bind(format!("Refused BY broker {i}"))
+        .bind(deliveries)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let filter = |target: Option<&str>, error: Option<&str>| switchyard::store::DeadLetterFilter {
+        target: target.map(str::to_string),
+        error_contains: error.map(str::to_string),
+        ..Default::default()
+    };
+    assert_eq!(
+        store
+            .count_dead_letters(&filter(Some("events"), None))
+            .await
+            .unwrap(),
+        1,
+        "an acknowledged delivery does not count"
+    );
+    assert_eq!(
+        store
+            .count_dead_letters(&filter(Some("audit"), None))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .count_dead_letters(&filter(None, Some("by broker 2")))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.count_dead_letters_to(&filter(None, None), 2).await.unwrap(),
+        2,
+        "bounded"
+    );
+    assert!(store.backlog_to(10).await.unwrap() == 0);
+    let listed = store.dead_letters(&filter(None, None), 0, 50).await.unwrap();
+    let id = uuid::Uuid::parse_str(&listed[0].event_id).unwrap();
+    assert_eq!(store.event(id).await.unwrap().unwrap().id, listed[0].id);
+    store.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -88,8 +88,11 @@ pub fn sparkline(title: &str, values: &[Option<f64>], unit: Unit) -> Markup {
     const HEIGHT: f64 = 48.0;
     let top = values.iter().flatten().copied().fold(0.0_f64, f64::max);
     let scale = if top > 0.0 { top } else { 1.0 };
-    let step = WIDTH / (KEPT as f64 - 1.0);
-    let first = KEPT.saturating_sub(values.len());
+    // The last minute at least, five at most: a fresh relay's first
+    // samples make a line, not a dot at the right edge.
+    let window = values.len().clamp(30, KEPT);
+    let step = WIDTH / (window as f64 - 1.0);
+    let first = window.saturating_sub(values.len());
     let mut lines: Vec<String> = Vec::new();
     let mut current = String::new();
     for (i, value) in values.iter().enumerate() {
@@ -107,6 +110,11 @@ pub fn sparkline(title: &str, values: &[Option<f64>], unit: Unit) -> Markup {
         lines.push(current);
     }
     let latest = values.iter().rev().flatten().next().copied();
+    // The newest point, marked: a chart of one sample still shows it.
+    let dot = values.last().copied().flatten().map(|value| {
+        let x = (first + values.len() - 1) as f64 * step;
+        (x, HEIGHT - (value / scale) * (HEIGHT - 2.0) - 1.0)
+    });
     html! {
         figure.chart {
             figcaption {
@@ -117,6 +125,9 @@ pub fn sparkline(title: &str, values: &[Option<f64>], unit: Unit) -> Markup {
             svg viewBox={"0 0 " (WIDTH) " " (HEIGHT)} width=(WIDTH) height=(HEIGHT) role="img" aria-label=(title) {
                 @for points in &lines {
                     polyline points=(points) {}
+                }
+                @if let Some((x, y)) = dot {
+                    circle cx=(format!("{x:.1}")) cy=(format!("{y:.1}")) r="2.5" {}
                 }
             }
         }

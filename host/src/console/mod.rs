@@ -306,7 +306,7 @@ async fn dead_letters(
             let read = async {
                 futures::try_join!(
                     store.dead_letters(&filter, after, PAGE_SIZE + 1),
-                    store.count_dead_letters_to(&filter, view::COUNT_BOUND)
+                    store.count_dead_letters_to(&filter, view::MATCHING_BOUND)
                 )
             };
             match tokio::time::timeout(QUERY_TIMEOUT, read).await {

@@ -6,7 +6,9 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::auth::Who;
 use super::charts::{Point, Unit, sparkline};
-use super::view::{COUNT_BOUND, DatabaseLine, Figures, Served, SlotLine, TargetLine, TargetState};
+use super::view::{
+    COUNT_BOUND, DatabaseLine, Figures, MATCHING_BOUND, Served, SlotLine, TargetLine, TargetState,
+};
 use crate::admin::PluginStatus;
 use crate::store::OutboxEntry;
 
@@ -354,6 +356,7 @@ pub fn dead_letters(list: &DeadLetterList<'_>) -> Markup {
             Ok(rows) => {
                 p.matching {
                     @match list.matching {
+                        Some(n) if n >= MATCHING_BOUND => { (count(n).trim_end_matches(" or more")) " or more matching" }
                         Some(n) => { (count(n)) " matching" }
                         None => "",
                     }

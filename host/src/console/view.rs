@@ -14,9 +14,13 @@ use crate::fleet::{DatabaseState, Fleet};
 use crate::relay::Relay;
 use crate::store::DeadLetterFilter;
 
-/// Counts on a page stop here ("100,000 or more"): each reads at most this
-/// many index entries, whatever the outbox holds.
+/// The overview's counts stop here ("100,000 or more"): each reads at
+/// most this many index entries, whatever the outbox holds.
 pub const COUNT_BOUND: i64 = 100_000;
+
+/// The dead-letter list's count of matching rows stops here: a filter on a
+/// target or an error text reads each dead letter until it counts this many.
+pub const MATCHING_BOUND: i64 = 1_000;
 
 /// Bound on each query a page runs: a database that does not answer makes
 /// its part of the page say so, not the page hang.
