@@ -13,6 +13,8 @@ pub struct Browser {
     /// The WebDriver session.
     pub client: Client,
     driver: Child,
+    /// The browser's profile directory, which also names its processes.
+    profile: std::path::PathBuf,
 }
 
 impl Browser {
@@ -31,9 +33,12 @@ impl Browser {
             .unwrap_or_else(|e| {
                 panic!("cannot run {binary} ({e}); run scripts/services.sh start to install it")
             });
+        let profile = std::env::temp_dir().join(format!("sy-chromium-{}", uuid::Uuid::new_v4().simple()));
         let mut options = serde_json::json!({
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1280,1000", "--hide-scrollbars", "--force-device-scale-factor=1"],
+                     "--window-size=1280,1000", "--hide-scrollbars", "--force-device-scale-factor=1",
+                     "--disable-breakpad", "--disable-crash-reporter",
+                     format!("--user-data-dir={}", profile.display())],
         });
         // Debian's /usr/bin/chromium is a wrapper script; the browser itself is here.
         let chromium = std::path::Path::new("/usr/lib/chromium/chromium");
@@ -59,7 +64,11 @@ impl Browser {
                 Err(error) => panic!("no browser session from chromedriver at {url}: {error}"),
             }
         };
-        Browser { client, driver }
+        Browser {
+            client,
+            driver,
+            profile,
+        }
     }
 
     /// Opens `url`.
@@ -164,18 +173,20 @@ impl Browser {
     }
 
     /// Ends the session and chromedriver.
-    pub async fn close(mut self) {
+    pub async fn close(self) {
         let _ = self.client.clone().close().await;
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
     }
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // A failed test does not reach close(): chromedriver takes its
-        // browser down with it.
+        // A failed test does not reach close(), and chromium leaves the
+        // driver's process group: its processes are found by their profile.
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", &self.profile.display().to_string()])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.profile);
     }
 }

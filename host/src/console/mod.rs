@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use self::auth::{Auth, Refusal};
 use self::charts::Charts;
 use self::pages::{FilterForm, Viewer};
-use self::view::{DatabaseLine, FigureCache, QUERY_TIMEOUT, Served};
+use self::view::{DatabaseLine, FigureCache, QUERY_TIMEOUT, Served, TargetChecks};
 use crate::config::AdminConfig;
 use crate::fleet::{DatabaseState, Fleet};
 use crate::store::{DeadLetterFilter, OutboxEntry};
@@ -51,6 +51,7 @@ struct Inner {
     auth: Auth,
     charts: Charts,
     figures: FigureCache,
+    checks: TargetChecks,
     masks: Vec<String>,
 }
 
@@ -63,6 +64,7 @@ pub fn router(fleet: Fleet, admin: &AdminConfig, shutdown: CancellationToken) ->
             auth: Auth::new(admin.tokens.clone(), admin.actions_per_minute),
             charts: Charts::default(),
             figures: FigureCache::default(),
+            checks: TargetChecks::default(),
             masks: admin.mask_fields.clone(),
         }),
     };
@@ -115,7 +117,8 @@ async fn protect(mut response: Response) -> Response {
     response
 }
 
-/// Samples every served database's tally for the charts.
+/// Samples every served database's tally for the charts, and starts a
+/// round of target health checks.
 async fn sample(console: Console, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(charts::SAMPLE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -135,6 +138,7 @@ async fn sample(console: Console, shutdown: CancellationToken) {
             })
             .collect();
         console.inner.charts.record(now);
+        console.inner.checks.refresh(&console.inner.fleet);
     }
 }
 
@@ -193,10 +197,8 @@ fn html_page(status: StatusCode, markup: Markup) -> Response {
 async fn overview(State(console): State<Console>, headers: HeaderMap) -> Response {
     let viewer = console.viewer(&headers).await;
     let fleet = &console.inner.fleet;
-    let (databases, targets) = futures::join!(
-        view::databases(fleet, &console.inner.figures),
-        view::targets(fleet)
-    );
+    let databases = view::databases(fleet, &console.inner.figures).await;
+    let targets = view::targets(fleet, &console.inner.checks);
     let plugins = view::plugins(fleet);
     if fleet.alone()
         && let Some(line) = databases.first()

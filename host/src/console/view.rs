@@ -209,10 +209,49 @@ pub async fn databases(fleet: &Fleet, cache: &FigureCache) -> Vec<DatabaseLine> 
         .await
 }
 
-/// Every target's state: its health check, and the databases that hold
-/// it paused.
-pub async fn targets(fleet: &Fleet) -> Vec<TargetLine> {
-    let checks = crate::admin::target_checks(fleet.sinks()).await;
+/// The targets' latest health checks, run in the background: a broker that
+/// hangs its check delays no page.
+#[derive(Default, Clone)]
+pub struct TargetChecks {
+    latest: Arc<Mutex<Option<BTreeMap<String, Check>>>>,
+    running: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl TargetChecks {
+    /// Starts a round of checks unless one is still running.
+    pub fn refresh(&self, fleet: &Fleet) {
+        if self.running.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let (this, fleet) = (self.clone(), fleet.clone());
+        tokio::spawn(async move {
+            let checks = crate::admin::target_checks(fleet.sinks()).await;
+            *this
+                .latest
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(checks);
+            this.running.store(false, std::sync::atomic::Ordering::Release);
+        });
+    }
+
+    fn latest(&self) -> Option<BTreeMap<String, Check>> {
+        self.latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Every target's state: the databases that hold it paused (from memory),
+/// else its latest health check.
+pub fn targets(fleet: &Fleet, checks: &TargetChecks) -> Vec<TargetLine> {
+    let checks = checks.latest().unwrap_or_else(|| {
+        fleet
+            .sinks()
+            .names()
+            .map(|name| (name.to_string(), Check::Failed("not checked yet".into())))
+            .collect()
+    });
     let mut paused: BTreeMap<String, BTreeMap<String, PausedTarget>> = BTreeMap::new();
     for (database, state) in fleet.databases() {
         if let DatabaseState::Running(relay) = state {
