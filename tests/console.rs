@@ -984,3 +984,59 @@ async fn the_dead_letter_filters_of_the_console_work_on_sqlite() {
     store.close().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_replication_mode_the_overview_shows_the_slot_its_reader_and_the_wal_kept() {
+    init_logging();
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    stream(&nats, -1).await;
+    let config = config(&db, &nats)
+        .tuning(RelaySection::quick().set("mode", "\"replication\""))
+        .set("replication", "slot", db.name.as_str())
+        .set("replication", "publication", "switchyard_outbox");
+    let path = std::env::temp_dir().join(format!(
+        "sy-console-migrate-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&path, config.toml()).unwrap();
+    let (code, out, err) =
+        switchyard_tests::cli(SWITCHYARD, &["migrate", "--config", path.to_str().unwrap()], &[]).await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "migrate: {out}{err}");
+    let relay = Relay::start(config).await;
+    for i in 0..20 {
+        write_event(
+            &db,
+            "OrderCreated",
+            &format!("r-{i}"),
+            serde_json::json!({"n": i}),
+            serde_json::json!({}),
+        )
+        .await;
+    }
+    let page = eventually(
+        "the slot read by this relay, on the overview",
+        Duration::from_secs(60),
+        || async {
+            let (status, page) = try_http_get(relay.admin, "/").await?;
+            (status == 200 && page.contains("(this relay)")).then_some(page)
+        },
+    )
+    .await;
+    assert!(page.contains("Replication slot"), "{page}");
+    assert!(
+        page.contains(&format!("<dd>{}</dd>", db.name)),
+        "the slot's name: {page}"
+    );
+    assert!(page.contains("Retained WAL"), "{page}");
+    assert!(page.contains("<dt>Check</dt><dd>ok</dd>"), "{page}");
+    assert!(
+        page.contains("<dt>Behind the server</dt><dd class=\"lag\">"),
+        "{page}"
+    );
+    eventually("the 20 events published", Duration::from_secs(60), || async {
+        (nats.stream_len("ORDERS").await == 20).then_some(())
+    })
+    .await;
+}

@@ -151,6 +151,7 @@ pub fn database_overview(
                 dt { "Reader" } dd { (slot.reader.as_deref().unwrap_or("none")) @if slot.reading_here { " (this relay)" } }
                 dt { "Retained WAL" } dd { (slot.retained_wal_bytes.map_or_else(|| "unknown".into(), bytes)) }
                 dt { "Confirmed up to" } dd { (slot.confirmed_flush_lsn.as_deref().unwrap_or("nothing yet")) }
+                dt { "Behind the server" } dd.lag { (slot.confirmed_lag_bytes.map_or_else(|| "unknown".into(), bytes)) }
                 dt { "Check" } dd { (visible(&slot.check.to_string())) }
             }
         }

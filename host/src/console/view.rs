@@ -124,6 +124,8 @@ pub struct SlotLine {
     pub retained_wal_bytes: Option<i64>,
     /// How far its reader confirmed.
     pub confirmed_flush_lsn: Option<String>,
+    /// WAL written since, bytes.
+    pub confirmed_lag_bytes: Option<i64>,
     /// This process reads it.
     pub reading_here: bool,
     /// `ok` or what is wrong.
@@ -303,6 +305,7 @@ pub async fn slot(relay: &Relay) -> Option<SlotLine> {
             reader: status.reader,
             retained_wal_bytes: status.retained_wal_bytes,
             confirmed_flush_lsn: status.confirmed_flush_lsn,
+            confirmed_lag_bytes: status.confirmed_lag_bytes,
             reading_here,
             check: if status.wal_status.as_deref() == Some("lost") {
                 Check::Failed("the slot lost the WAL it needed".into())
@@ -323,6 +326,7 @@ fn empty_slot(slot: &str, reading_here: bool, why: String) -> SlotLine {
         reader: None,
         retained_wal_bytes: None,
         confirmed_flush_lsn: None,
+        confirmed_lag_bytes: None,
         reading_here,
         check: Check::Failed(why),
     }

@@ -336,6 +336,8 @@ pub struct SlotStatus {
     pub retained_wal_bytes: Option<i64>,
     /// How far it is confirmed.
     pub confirmed_flush_lsn: Option<String>,
+    /// WAL written since that point, in bytes: how far its reader is behind.
+    pub confirmed_lag_bytes: Option<i64>,
 }
 
 /// The slot's state; `None` when there is no such slot.
@@ -351,20 +353,31 @@ pub(crate) async fn slot_status<'e>(
         Option<String>,
         Option<i64>,
         Option<String>,
+        Option<i64>,
     );
     let row: Option<Row> = sqlx::query_as(
         "SELECT COALESCE(plugin::text, '') AS plugin, COALESCE(database::text, '') AS database,
                 active_pid, (SELECT a.application_name FROM pg_stat_activity a WHERE a.pid = active_pid) AS reader,
                 wal_status,
                 pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_wal_bytes,
-                confirmed_flush_lsn::text AS confirmed_flush_lsn
+                confirmed_flush_lsn::text AS confirmed_flush_lsn,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS confirmed_lag_bytes
            FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(slot)
     .fetch_optional(db)
     .await?;
     Ok(row.map(
-        |(plugin, database, active_pid, reader, wal_status, retained_wal_bytes, confirmed_flush_lsn)| {
+        |(
+            plugin,
+            database,
+            active_pid,
+            reader,
+            wal_status,
+            retained_wal_bytes,
+            confirmed_flush_lsn,
+            confirmed_lag_bytes,
+        )| {
             SlotStatus {
                 plugin,
                 database,
@@ -373,6 +386,7 @@ pub(crate) async fn slot_status<'e>(
                 wal_status,
                 retained_wal_bytes,
                 confirmed_flush_lsn,
+                confirmed_lag_bytes,
             }
         },
     ))
