@@ -41,6 +41,13 @@ impl Relay {
     /// Starts the relay process for `config` (the console and its token
     /// added) and waits until it is ready.
     async fn start(config: TestConfig) -> Relay {
+        let relay = Relay::spawn(config);
+        readyz_answers(relay.admin, 200).await;
+        relay
+    }
+
+    /// Starts the relay process for `config`, the console and its token added.
+    fn spawn(config: TestConfig) -> Relay {
         let dir = std::env::temp_dir().join(format!("sy-console-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         // The token from a file, as a Kubernetes secret hands it over.
@@ -68,9 +75,7 @@ impl Relay {
             .spawn()
             .expect("spawn relay process");
         let admin = SocketAddr::from(([127, 0, 0, 1], port));
-        let relay = Relay { child, admin, dir };
-        readyz_answers(admin, 200).await;
-        relay
+        Relay { child, admin, dir }
     }
 
     fn url(&self, path: &str) -> String {
@@ -731,32 +736,8 @@ fn config_for_fleet(url: &str, down_port: u16, nats: &NatsServer) -> TestConfig 
 impl Relay {
     /// [`Relay::start`] for a fleet: ready means serving `a`, whatever `b` does.
     async fn start_fleet(config: TestConfig) -> Relay {
-        let dir = std::env::temp_dir().join(format!("sy-console-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("ops-token"), format!("{TOKEN}\n")).unwrap();
-        let port = free_port();
-        let config = config
-            .set("admin", "listen", format!("127.0.0.1:{port}"))
-            .set("admin", "console", true)
-            .set(
-                "admin.tokens.ops",
-                "file",
-                dir.join("ops-token").display().to_string(),
-            )
-            .set("plugin_runtime", "cache", false);
-        let path = dir.join("relay.toml");
-        std::fs::write(&path, config.toml()).unwrap();
-        let log = std::fs::File::create(dir.join("relay.log")).unwrap();
-        let child = Command::new(SWITCHYARD)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env("SWITCHYARD_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn relay process");
-        let admin = SocketAddr::from(([127, 0, 0, 1], port));
-        let relay = Relay { child, admin, dir };
+        let relay = Relay::spawn(config);
+        let admin = relay.admin;
         eventually("database a served", Duration::from_secs(60), || async {
             let (_, body) = try_http_get(admin, "/readyz").await?;
             body.contains("\"a\":{\"ready\":true").then_some(())
