@@ -13,9 +13,10 @@ use switchyard_tests::brokers::Broker;
 use switchyard_tests::fanout::{AUDIT_STREAM, Copies, fan_out_config, verify_kafka};
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, order_event, tally, write_orders};
-use switchyard_tests::postgres::{Outbox, TestDb, all_published, count_status, fresh_db, place_event};
+use switchyard_tests::orders::{Expected, tally, write_orders};
+use switchyard_tests::postgres::{Outbox, TestDb, all_published, count_status, fresh_db};
 use switchyard_tests::relay::{InProcess, Process, RelaySection, parse};
+use switchyard_tests::workload::{Dice, Shape, plan, write_plan};
 use switchyard_tests::{eventually, exclusive, init_logging, readyz_answers, with_admin};
 
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
@@ -28,22 +29,21 @@ const ROUNDS: usize = 40;
 /// loaded two-core machine.
 const RESUME_BOUND: Duration = Duration::from_secs(5);
 
-/// One event per aggregate every 100 ms (200 events/s) in the background,
-/// into `outbox`.
+/// Two transactions every 100 ms in the background, into `outbox`, shaped
+/// as a service writes them: several aggregates each, one to three events
+/// of each (about 140 events/s).
 fn write_steadily(db: &TestDb, outbox: Outbox) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
     let pool = db.pool.clone();
     tokio::spawn(async move {
         let mut expected = HashMap::new();
-        for seq in 0..ROUNDS {
-            for aggregate in 0..AGGREGATES {
-                let event = order_event(aggregate, seq);
-                let id = place_event(&pool, outbox, &event, true).await;
-                let want = Expected {
-                    aggregate_id: event.aggregate_id,
-                    seq: seq as u64,
-                    event_type: event.event_type,
-                };
-                expected.insert(id.to_string(), want);
+        let mut dice = Dice::new(11);
+        let mut next_seq = HashMap::new();
+        for _ in 0..ROUNDS {
+            for _ in 0..2 {
+                let plan = plan(&mut dice, Shape::rows(outbox), AGGREGATES, 0, 1);
+                let mut tx = pool.begin().await.unwrap();
+                expected.extend(write_plan(&mut tx, &plan, &mut next_seq).await.unwrap());
+                tx.commit().await.unwrap();
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

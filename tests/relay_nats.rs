@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, verify, write_orders, write_orders_to};
+use switchyard_tests::workload::{Shape, write_events};
 use switchyard_tests::postgres::{
     Outbox, all_published, count_status, fresh_db, place_event, place_order_event,
 };
@@ -179,11 +180,13 @@ async fn two_relays_one_killed(config: &str, db: &switchyard_tests::postgres::Te
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relay_processes_share_a_table_and_survive_a_kill() {
     let (db, nats, config) = for_two_relays_and_a_kill().await;
-    let expected = write_orders(&db.pool, 200, 50, 8).await;
+    // A service's transactions: several aggregates, one to three events each.
+    let shape = Shape::rows(Outbox::Switchyard);
+    let expected = write_events(&db.pool, shape, 200, 10_000, 8, 31).await;
 
     // A starts first so that it meets a full backlog: started after B, it
     // could find B had drained most of it and never be caught holding leases.
-    let orphaned = two_relays_one_killed(&config, &db, 10_000).await;
+    let orphaned = two_relays_one_killed(&config, &db, expected.len() as i64).await;
 
     let taken_over: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
         .fetch_one(&db.pool)

@@ -13,6 +13,7 @@ use switchyard_tests::postgres::{
     DEBEZIUM_OUTBOX, Outbox, TestDb, count_status, debezium_source, fresh_db, place_event, place_order_event,
 };
 use switchyard_tests::relay::{InProcess, Process, Settings, example, example_config, parse};
+use switchyard_tests::workload::{Shape, write_events};
 use switchyard_tests::{cli, eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -365,7 +366,8 @@ async fn killed_reader_replaced(db: &TestDb, nats: &NatsServer, config: &str, ou
 
     let writer = {
         let pool = db.pool.clone();
-        tokio::spawn(async move { write_orders_to(&pool, outbox, 100, 30, 2).await })
+        let shape = Shape::rows(outbox).emitting(if outbox == Outbox::Switchyard { 30 } else { 0 });
+        tokio::spawn(async move { write_events(&pool, shape, 100, 3000, 2, 22).await })
     };
     stream_holds(nats, 300, "some events through", 60).await;
     first.kill();
@@ -374,7 +376,7 @@ async fn killed_reader_replaced(db: &TestDb, nats: &NatsServer, config: &str, ou
     })
     .await;
     let expected = writer.await.unwrap();
-    stream_holds(nats, 3000, "every event in the stream", 120).await;
+    stream_holds(nats, expected.len() as u64, "every event in the stream", 120).await;
     second.terminate();
 
     // JetStream absorbs what the killed reader published but had not confirmed.
@@ -388,16 +390,19 @@ async fn a_broker_outage_in_replication_mode_dead_letters_nothing_and_keeps_orde
     let (db, mut nats, config) = migrated(&[("max_attempts", "2"), ("publish_timeout_ms", "1000")]).await;
     let relay = InProcess::start(&parse(&config)).await;
 
+    // Written as a service writes: several aggregates per transaction,
+    // one to three events of each, a third of them by `switchyard_emit`.
     let writer = {
         let pool = db.pool.clone();
-        tokio::spawn(async move { write_orders(&pool, 50, 40, 2).await })
+        let shape = Shape::rows(Outbox::Switchyard).emitting(30);
+        tokio::spawn(async move { write_events(&pool, shape, 50, 2000, 2, 21).await })
     };
     stream_holds(&nats, 200, "some events through", 60).await;
     nats.stop();
     tokio::time::sleep(Duration::from_secs(5)).await;
     nats.resume().await;
     let expected = writer.await.unwrap();
-    stream_holds(&nats, 2000, "every event in the stream", 120).await;
+    stream_holds(&nats, expected.len() as u64, "every event in the stream", 120).await;
     relay.stop().await;
 
     let verdict = verify(&nats.read_stream(STREAM).await, &expected);
@@ -811,4 +816,184 @@ async fn a_replication_mode_relay_on_a_claim_mode_database_names_the_mismatch() 
     migrate(&example_config(&Settings::new(&db.url, &nats.url()))).await;
     let replication = replication_config(&db, &nats, &[]);
     mismatch_named_then_served(&db, &nats, &replication, "set up for claim mode").await;
+}
+
+/// A transaction the WAL hands out before it is visible to other sessions
+/// (its commit record flushed, the committing backend not yet out of the
+/// process array: a synchronous standby's wait holds it there for as long
+/// as the test likes), met while the broker is down. Its events are handed
+/// over to the table, and every one of them arrives once the broker is
+/// back. The transaction writes as a service does: several aggregates, one
+/// to three events each, one of them already waiting in the table, one
+/// through `switchyard_emit`. A hand-over by plain `UPDATE` did not see
+/// such rows: they stayed `streamed` and the slot moved past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_read_before_it_is_visible_is_handed_over_whole() {
+    use switchyard_tests::postgres::{CommitHold, HeldCommit, a_session_waits_on_a_transaction};
+    use switchyard_tests::workload::write_plan;
+
+    let (db, mut nats, config) = migrated(&[("publish_timeout_ms", "1000")]).await;
+    let relay = InProcess::start(&parse(&config)).await;
+    let mut seqs = HashMap::new();
+    let mut expected = HashMap::new();
+    let commit = async |plan: Vec<(usize, usize, Outbox)>, seqs: &mut HashMap<usize, usize>| {
+        let mut tx = db.pool.begin().await.unwrap();
+        let written = write_plan(&mut tx, &plan, seqs).await.unwrap();
+        tx.commit().await.unwrap();
+        written
+    };
+    expected.extend(commit(vec![(0, 2, Outbox::Switchyard), (1, 1, Outbox::Switchyard)], &mut seqs).await);
+    stream_holds(&nats, 3, "the first transaction", 60).await;
+
+    nats.stop();
+    expected.extend(commit(vec![(0, 1, Outbox::Switchyard), (2, 2, Outbox::Switchyard)], &mut seqs).await);
+    eventually("the outage's first events handed over", Duration::from_secs(30), || async {
+        (count_status(&db.pool, "streamed").await == 3).then_some(())
+    })
+    .await;
+
+    // Aggregate 0 waits in the table and goes on through `switchyard_emit`;
+    // 3 and 4 are new rows; 5 is new and has no row.
+    let hold = CommitHold::on().await;
+    let plan = vec![
+        (0, 2, Outbox::Emitted),
+        (3, 3, Outbox::Switchyard),
+        (4, 1, Outbox::Switchyard),
+        (5, 2, Outbox::Emitted),
+    ];
+    let (sent_plan, mut held_seqs) = (plan.clone(), seqs.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut held = HeldCommit::start(&db.url, move |conn| {
+        Box::pin(async move {
+            let written = write_plan(conn, &sent_plan, &mut held_seqs).await?;
+            let _ = tx.send((written, held_seqs));
+            Ok(())
+        })
+    })
+    .await;
+    assert!(
+        held.wait_held(Duration::from_secs(30)).await,
+        "the transaction's COMMIT waits for the standby"
+    );
+    // The relay read it from the WAL and its hand-over waits for the
+    // writer's transaction: a row the hand-over cannot see yet.
+    a_session_waits_on_a_transaction(&db.name, Duration::from_secs(30)).await;
+    held.release().await.expect("committed locally when the wait is cancelled");
+    drop(hold);
+    let (written, _) = rx.await.unwrap();
+    expected.extend(written);
+
+    nats.resume().await;
+    let total = expected.len() as u64;
+    let arrived = tokio::time::timeout(Duration::from_secs(60), async {
+        while nats.stream_len(STREAM).await < total {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    if arrived.is_err() {
+        let left: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT id, aggregate_id, status FROM switchyard_outbox WHERE status NOT IN ('published') ORDER BY id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        panic!(
+            "{} of {total} events arrived; rows not published: {left:?}",
+            nats.stream_len(STREAM).await
+        );
+    }
+    relay.stop().await;
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!((verdict.distinct, verdict.duplicates), (expected.len(), 0));
+}
+
+/// An event the table does not take when it is handed over (here a
+/// trigger of the operator's skips the update) is never passed by the
+/// slot: the relay holds the slot before it, names it in an error, counts
+/// it in `switchyard_replication_held_events_total` and reads it again
+/// until the table takes it; then it arrives, in order, and the slot
+/// moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_table_does_not_take_holds_the_slot_until_it_does() {
+    use switchyard_tests::workload::write_plan;
+
+    let (db, mut nats, config) = migrated(&[("publish_timeout_ms", "1000")]).await;
+    sqlx::query(
+        "CREATE FUNCTION skip_order_7() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.status = 'streamed' AND NEW.aggregate_id = 'order-7' THEN RETURN NULL; END IF;
+             RETURN NEW;
+         END $$",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER skip_order_7 BEFORE UPDATE ON switchyard_outbox
+         FOR EACH ROW EXECUTE FUNCTION skip_order_7()",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let relay = InProcess::start(&parse(&config)).await;
+    nats.stop();
+    let mut seqs = HashMap::new();
+    let mut tx = db.pool.begin().await.unwrap();
+    let plan = vec![(7, 2, Outbox::Switchyard), (8, 1, Outbox::Switchyard)];
+    let expected: HashMap<String, Expected> = write_plan(&mut tx, &plan, &mut seqs).await.unwrap().into_iter().collect();
+    tx.commit().await.unwrap();
+    let written_to: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+
+    eventually("the slot held before order-7", Duration::from_secs(60), || async {
+        let metrics = relay.relay.metrics().render();
+        metrics
+            .lines()
+            .any(|line| {
+                line.starts_with("switchyard_replication_held_events_total") && !line.ends_with(" 0")
+            })
+            .then_some(())
+    })
+    .await;
+    let passed: bool = sqlx::query_scalar(
+        "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(&db.name)
+    .bind(&written_to)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(!passed, "the slot stays before the events the table did not take");
+    let untaken: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM switchyard_outbox WHERE aggregate_id = 'order-7' AND status = 'streamed'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(untaken, 2);
+
+    sqlx::query("DROP TRIGGER skip_order_7 ON switchyard_outbox")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    nats.resume().await;
+    stream_holds(&nats, 3, "every event once the table takes them", 60).await;
+    eventually("the slot past the transaction", Duration::from_secs(30), || async {
+        let passed: bool = sqlx::query_scalar(
+            "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&db.name)
+        .bind(&written_to)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        passed.then_some(())
+    })
+    .await;
+    relay.stop().await;
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!((verdict.distinct, verdict.duplicates), (3, 0));
 }

@@ -19,6 +19,7 @@ pub mod pubsub;
 pub mod rabbitmq;
 pub mod relay;
 pub mod stall;
+pub mod workload;
 
 use std::time::{Duration, Instant};
 

@@ -291,6 +291,25 @@ pub async fn try_place_event(
     commit: bool,
 ) -> Result<uuid::Uuid, sqlx::Error> {
     let mut tx = pool.begin().await?;
+    let event_id = insert_event(&mut tx, outbox, event).await?;
+    if commit {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(event_id)
+}
+
+/// Writes `event` inside a service's transaction: the order row updated and
+/// the event written through `outbox`. Returns the event id.
+///
+/// # Errors
+/// The database's.
+pub async fn insert_event(
+    conn: &mut sqlx::PgConnection,
+    outbox: Outbox,
+    event: &NewEvent,
+) -> Result<uuid::Uuid, sqlx::Error> {
     sqlx::query(
         "INSERT INTO orders (id, status, total_cents) VALUES ($1, $2, $3)
          ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, updated_at = now()",
@@ -304,7 +323,7 @@ pub async fn try_place_event(
             .and_then(serde_json::Value::as_i64)
             .unwrap_or(0),
     )
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
     let event_id: uuid::Uuid = match outbox {
         Outbox::Switchyard | Outbox::Intake => sqlx::query_scalar(if outbox == Outbox::Intake {
@@ -335,13 +354,8 @@ pub async fn try_place_event(
             .bind(&event.payload)
             .bind(&event.headers),
     }
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut *conn)
     .await?;
-    if commit {
-        tx.commit().await?;
-    } else {
-        tx.rollback().await?;
-    }
     Ok(event_id)
 }
 
@@ -358,6 +372,166 @@ pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
 pub async fn all_published(pool: &PgPool, total: i64, limit: std::time::Duration) {
     crate::eventually("every row published", limit, || async {
         (count_status(pool, "published").await == total).then_some(())
+    })
+    .await;
+}
+
+/// Holds commits between their WAL flush and their visibility, as a
+/// synchronous standby that never answers does: while it lives, the
+/// server names a synchronous standby nobody is, so a session with
+/// `synchronous_commit = on` waits at COMMIT with its commit record
+/// flushed (a WAL reader hands the transaction out) while other sessions
+/// cannot see it yet. Sessions with the cluster's `synchronous_commit =
+/// off` are not held. Dropping it restores the server's setting.
+pub struct CommitHold {
+    server: String,
+}
+
+/// The synchronous standby nobody is.
+const NOBODY: &str = "switchyard_test_nobody";
+
+impl CommitHold {
+    /// Turns the hold on, and returns once the server holds commits (a
+    /// probe commit is seen waiting for its standby, then let go).
+    pub async fn on() -> CommitHold {
+        let server = server_url();
+        let admin = server_pool().await;
+        let hold = CommitHold { server };
+        sqlx::query(&format!("ALTER SYSTEM SET synchronous_standby_names = '{NOBODY}'"))
+            .execute(&admin)
+            .await
+            .expect("alter system");
+        sqlx::query("SELECT pg_reload_conf()").execute(&admin).await.expect("reload");
+        // The checkpointer reads the setting a moment after the reload.
+        crate::eventually("the server to hold commits", std::time::Duration::from_secs(30), || async {
+            let mut probe = HeldCommit::start(&server_url(), |conn| {
+                Box::pin(async move {
+                    // A commit that wrote WAL waits; an id alone writes none.
+                    sqlx::query("CREATE TEMP TABLE switchyard_probe (x int)")
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .await;
+            let held = probe.wait_held(std::time::Duration::from_millis(500)).await;
+            let _ = probe.release().await;
+            held.then_some(())
+        })
+        .await;
+        hold
+    }
+}
+
+impl Drop for CommitHold {
+    fn drop(&mut self) {
+        for sql in ["ALTER SYSTEM RESET synchronous_standby_names", "SELECT pg_reload_conf()"] {
+            let _ = std::process::Command::new("psql")
+                .args([self.server.as_str(), "-qAt", "-c", sql])
+                .stdout(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A transaction whose COMMIT waits for the synchronous standby of a
+/// [`CommitHold`]: written, flushed, not yet visible to other sessions.
+pub struct HeldCommit {
+    pid: i32,
+    server: String,
+    commit: Option<tokio::task::JoinHandle<Result<(), sqlx::Error>>>,
+}
+
+impl HeldCommit {
+    /// Opens a session on `url` with `synchronous_commit = on`, runs
+    /// `writes` in a transaction and sends its COMMIT (which the hold
+    /// keeps waiting).
+    pub async fn start<F>(url: &str, writes: F) -> HeldCommit
+    where
+        F: for<'c> FnOnce(
+                &'c mut sqlx::PgConnection,
+            )
+                -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c>>
+            + Send
+            + 'static,
+    {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await
+            .expect("pid");
+        sqlx::query("SET synchronous_commit = on")
+            .execute(&mut conn)
+            .await
+            .expect("set");
+        let commit = tokio::spawn(async move {
+            sqlx::query("BEGIN").execute(&mut conn).await?;
+            writes(&mut conn).await?;
+            sqlx::query("COMMIT").execute(&mut conn).await?;
+            Ok(())
+        });
+        HeldCommit {
+            pid,
+            server: server_url(),
+            commit: Some(commit),
+        }
+    }
+
+    /// Whether the COMMIT is seen waiting for its standby within `limit`.
+    pub async fn wait_held(&mut self, limit: std::time::Duration) -> bool {
+        let admin = admin_pool(&self.server).await;
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            let waiting: Option<String> =
+                sqlx::query_scalar("SELECT wait_event FROM pg_stat_activity WHERE pid = $1")
+                    .bind(self.pid)
+                    .fetch_optional(&admin)
+                    .await
+                    .expect("activity")
+                    .flatten();
+            if waiting.as_deref() == Some("SyncRep") {
+                return true;
+            }
+            if self.commit.as_ref().is_some_and(tokio::task::JoinHandle::is_finished) {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// Lets the COMMIT go (the wait is cancelled: the transaction is
+    /// committed locally, and becomes visible); returns how it ended.
+    pub async fn release(&mut self) -> Result<(), sqlx::Error> {
+        let admin = admin_pool(&self.server).await;
+        sqlx::query("SELECT pg_cancel_backend($1)")
+            .bind(self.pid)
+            .execute(&admin)
+            .await
+            .expect("cancel");
+        match self.commit.take() {
+            Some(commit) => commit.await.expect("commit task"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Waits until a session of database `name` waits for another
+/// transaction to end (a row lock, a unique-key conflict with a row not
+/// committed yet); fails the test after `limit`.
+pub async fn a_session_waits_on_a_transaction(name: &str, limit: std::time::Duration) {
+    let admin = admin_pool(&server_url()).await;
+    crate::eventually("a session waiting on another transaction", limit, || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = $1 AND wait_event_type = 'Lock' AND wait_event = 'transactionid'",
+        )
+        .bind(name)
+        .fetch_one(&admin)
+        .await
+        .expect("activity");
+        (waiting > 0).then_some(())
     })
     .await;
 }
