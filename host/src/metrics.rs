@@ -53,6 +53,9 @@ pub mod names {
     pub const REPLICATION_RETAINED_WAL: &str = "switchyard_replication_retained_wal_bytes";
     /// Replication mode: 1 while this relay reads the slot, 0 on a standby.
     pub const REPLICATION_READING: &str = "switchyard_replication_reading";
+    /// Replication mode: events the slot was held before because they were
+    /// neither published nor in the table when it would have passed them.
+    pub const REPLICATION_HELD_EVENTS: &str = "switchyard_replication_held_events";
     /// 1 while the database is served, 0 while the relay cannot serve it
     /// (unreachable, not migrated, set up for the other mode).
     pub const DATABASE_SERVED: &str = "switchyard_database_served";
@@ -165,6 +168,7 @@ struct Families {
     target_waiting_rows: Family<TargetLabels, Gauge>,
     replication_retained_wal: Family<DatabaseLabel, Gauge>,
     replication_reading: Family<DatabaseLabel, Gauge>,
+    replication_held_events: Family<DatabaseLabel, Counter>,
     database_served: Family<DatabaseLabel, Gauge>,
     replication_max_retained_wal: Family<DatabaseLabel, Gauge>,
     listening: Family<DatabaseLabel, Gauge>,
@@ -192,6 +196,7 @@ impl Families {
             target_waiting_rows: Family::default(),
             replication_retained_wal: Family::default(),
             replication_reading: Family::default(),
+            replication_held_events: Family::default(),
             database_served: Family::default(),
             replication_max_retained_wal: Family::default(),
             listening: Family::default(),
@@ -270,6 +275,12 @@ impl Families {
             REPLICATION_READING,
             "1 while this relay reads the replication slot, 0 while it stands by",
             f.replication_reading.clone(),
+        );
+        registry.register(
+            REPLICATION_HELD_EVENTS,
+            "Events the replication slot was held before, neither published nor in the outbox table (a bug; \
+             each is read again)",
+            f.replication_held_events.clone(),
         );
         registry.register(
             DATABASE_SERVED,
@@ -598,6 +609,15 @@ impl Metrics {
             .set(i64::from(reading));
     }
 
+    /// Counts events the slot was held before (see
+    /// [`names::REPLICATION_HELD_EVENTS`]).
+    pub fn replication_held(&self, events: u64) {
+        self.families
+            .replication_held_events
+            .get_or_create(&self.label())
+            .inc_by(events);
+    }
+
     /// Records whether the database is served.
     pub fn set_database_served(&self, served: bool) {
         self.families
@@ -669,6 +689,7 @@ impl Metrics {
         f.claims.remove(&label);
         f.replication_retained_wal.remove(&label);
         f.replication_reading.remove(&label);
+        f.replication_held_events.remove(&label);
         f.database_served.remove(&label);
         f.replication_max_retained_wal.remove(&label);
         f.listening.remove(&label);

@@ -397,27 +397,36 @@ impl CommitHold {
         let server = server_url();
         let admin = server_pool().await;
         let hold = CommitHold { server };
-        sqlx::query(&format!("ALTER SYSTEM SET synchronous_standby_names = '{NOBODY}'"))
+        sqlx::query(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{NOBODY}'"
+        ))
+        .execute(&admin)
+        .await
+        .expect("alter system");
+        sqlx::query("SELECT pg_reload_conf()")
             .execute(&admin)
             .await
-            .expect("alter system");
-        sqlx::query("SELECT pg_reload_conf()").execute(&admin).await.expect("reload");
+            .expect("reload");
         // The checkpointer reads the setting a moment after the reload.
-        crate::eventually("the server to hold commits", std::time::Duration::from_secs(30), || async {
-            let mut probe = HeldCommit::start(&server_url(), |conn| {
-                Box::pin(async move {
-                    // A commit that wrote WAL waits; an id alone writes none.
-                    sqlx::query("CREATE TEMP TABLE switchyard_probe (x int)")
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok(())
+        crate::eventually(
+            "the server to hold commits",
+            std::time::Duration::from_secs(30),
+            || async {
+                let mut probe = HeldCommit::start(&server_url(), |conn| {
+                    Box::pin(async move {
+                        // A commit that wrote WAL waits; an id alone writes none.
+                        sqlx::query("CREATE TEMP TABLE switchyard_probe (x int)")
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(())
+                    })
                 })
-            })
-            .await;
-            let held = probe.wait_held(std::time::Duration::from_millis(500)).await;
-            let _ = probe.release().await;
-            held.then_some(())
-        })
+                .await;
+                let held = probe.wait_held(std::time::Duration::from_millis(500)).await;
+                let _ = probe.release().await;
+                held.then_some(())
+            },
+        )
         .await;
         hold
     }
@@ -425,7 +434,10 @@ impl CommitHold {
 
 impl Drop for CommitHold {
     fn drop(&mut self) {
-        for sql in ["ALTER SYSTEM RESET synchronous_standby_names", "SELECT pg_reload_conf()"] {
+        for sql in [
+            "ALTER SYSTEM RESET synchronous_standby_names",
+            "SELECT pg_reload_conf()",
+        ] {
             let _ = std::process::Command::new("psql")
                 .args([self.server.as_str(), "-qAt", "-c", sql])
                 .stdout(std::process::Stdio::null())
@@ -450,9 +462,9 @@ impl HeldCommit {
     where
         F: for<'c> FnOnce(
                 &'c mut sqlx::PgConnection,
-            )
-                -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c>>
-            + Send
+            ) -> std::pin::Pin<
+                Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c>,
+            > + Send
             + 'static,
     {
         use sqlx::Connection;
@@ -493,7 +505,11 @@ impl HeldCommit {
             if waiting.as_deref() == Some("SyncRep") {
                 return true;
             }
-            if self.commit.as_ref().is_some_and(tokio::task::JoinHandle::is_finished) {
+            if self
+                .commit
+                .as_ref()
+                .is_some_and(tokio::task::JoinHandle::is_finished)
+            {
                 return false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -148,7 +148,15 @@ pub async fn write_transactions(
     writers: usize,
     seed: u64,
 ) -> HashMap<String, Expected> {
-    write(pool, shape, aggregates, Until::Transactions(transactions), writers, seed).await
+    write(
+        pool,
+        shape,
+        aggregates,
+        Until::Transactions(transactions),
+        writers,
+        seed,
+    )
+    .await
 }
 
 /// [`write_transactions`] until at least `events` events are written.
@@ -160,7 +168,15 @@ pub async fn write_events(
     writers: usize,
     seed: u64,
 ) -> HashMap<String, Expected> {
-    write(pool, shape, aggregates, Until::Events(events.div_ceil(writers.max(1))), writers, seed).await
+    write(
+        pool,
+        shape,
+        aggregates,
+        Until::Events(events.div_ceil(writers.max(1))),
+        writers,
+        seed,
+    )
+    .await
 }
 
 /// How much each writer writes.

@@ -76,8 +76,10 @@ impl PgOutbox {
     }
 
     /// Hands streamed rows to the claim path with their outcomes: leased
-    /// as if claimed, then acked. Returns the rows recorded; a row handed
-    /// over before (a replay after a restart) is left as it is.
+    /// as if claimed, then acked. Returns, per row, whether the table now
+    /// holds it for the claim path (taken over now, or before: a replay).
+    /// A row taken over whose outcome is not recorded (the ack failed) is
+    /// held under a lease, and claimed again when it expires.
     ///
     /// # Errors
     /// The database's; nothing is recorded then.
@@ -87,21 +89,39 @@ impl PgOutbox {
         lease_ms: i64,
         rows: &[&StreamedRow],
         outcomes: &[RowOutcome],
-    ) -> Result<usize, Error> {
+    ) -> Result<Vec<bool>, Error> {
         let lease = LeaseId(uuid::Uuid::new_v4());
-        let renamed = pg::take_over(&self.backend.pool, owner, lease, lease_ms, rows).await?;
-        if renamed.is_empty() {
-            return Ok(self.store.ack(lease, outcomes).await?.len());
+        let mut taken = pg::take_over(&self.backend.pool, owner, lease, lease_ms, rows).await?;
+        let renamed: std::collections::HashMap<_, _> = taken.renamed.into_iter().collect();
+        // A row taken after an earlier event of its aggregate that was not
+        // would be published before it: given back, and not proved.
+        let keys = rows
+            .iter()
+            .map(|r| (r.row.aggregate_type.as_str(), r.row.aggregate_id.as_str()));
+        let behind = behind_a_gap(keys, &taken.in_table);
+        if !behind.is_empty() {
+            let (mut ids, mut fresh) = (Vec::new(), Vec::new());
+            for &at in &behind {
+                let id = rows[at].row.id;
+                match renamed.get(&id) {
+                    Some(new) => fresh.push(new.0),
+                    None => ids.push(id.0),
+                }
+                taken.in_table[at] = false;
+            }
+            pg::give_back(&self.backend.pool, lease, &ids, &fresh).await?;
         }
-        let renamed: std::collections::HashMap<_, _> = renamed.into_iter().collect();
         let outcomes: Vec<RowOutcome> = outcomes
             .iter()
-            .map(|outcome| RowOutcome {
+            .enumerate()
+            .filter(|(at, _)| !behind.contains(at))
+            .map(|(_, outcome)| RowOutcome {
                 id: renamed.get(&outcome.id).copied().unwrap_or(outcome.id),
                 ..outcome.clone()
             })
             .collect();
-        Ok(self.store.ack(lease, &outcomes).await?.len())
+        self.store.ack(lease, &outcomes).await?;
+        Ok(taken.in_table)
     }
 
     /// Of these aggregates, those whose next event must wait behind an
@@ -125,5 +145,35 @@ impl PgOutbox {
     /// The database's.
     pub async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
         pg::anything_waiting_in_table(&self.backend.pool, self.store.dead_letter_blocks_aggregate).await
+    }
+}
+
+/// Of rows handed over together (in stream order, by their aggregates)
+/// with whether the table took each, those taken after an earlier row of
+/// their aggregate that was not.
+fn behind_a_gap<K: Eq + std::hash::Hash>(keys: impl Iterator<Item = K>, in_table: &[bool]) -> Vec<usize> {
+    let mut gaps: HashSet<K> = HashSet::new();
+    let mut behind = Vec::new();
+    for (at, key) in keys.enumerate() {
+        if !in_table.get(at).copied().unwrap_or(false) {
+            gaps.insert(key);
+        } else if gaps.contains(&key) {
+            behind.push(at);
+        }
+    }
+    behind
+}
+
+#[cfg(test)]
+mod tests {
+    use super::behind_a_gap;
+
+    #[test]
+    fn rows_taken_behind_an_untaken_row_of_their_aggregate_are_named() {
+        let keys = ["a", "b", "a", "a", "b", "c"];
+        let taken = [false, true, true, false, true, true];
+        assert_eq!(behind_a_gap(keys.iter(), &taken), vec![2]);
+        assert_eq!(behind_a_gap(keys.iter(), &[true; 6]), Vec::<usize>::new());
+        assert_eq!(behind_a_gap(["a", "a"].iter(), &[false, true]), vec![1]);
     }
 }

@@ -5,18 +5,24 @@
 //! the table with its outcome, and the later events of its aggregate follow
 //! it there, so the claim feed retries, dead-letters and orders them as in
 //! claim mode. The slot's position is confirmed past a batch only once
-//! every event of it is published or in the table ([`Progress`]).
+//! every event of it is published or proved to be in the table.
+//!
+//! The decisions (waves, hand-overs, how far to confirm, what the reader
+//! does next) are pure values in [`machine`]; this module does their I/O.
+
+mod machine;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::Relay;
 use crate::store::replication::{StreamError, StreamSettings, StreamedRow, WalBatch, WalStream};
 use crate::store::{Outcome, PgOutbox, RowOutcome};
 use crate::telemetry::{Occurrence, Repeats};
+use machine::{Ended, Held, LaneBatch, Ledger, Reader, Step, Then, Why};
 
 /// Parts of batches queued per lane at most.
 const LANE_QUEUE: usize = 4;
@@ -39,9 +45,10 @@ fn key(row: &StreamedRow) -> Key {
     (row.row.aggregate_type.clone(), row.row.aggregate_id.clone())
 }
 
-/// A hash of an event's aggregate: its lane, and its place in a wave.
-/// Two aggregates that share one only share a lane or wait for the next
-/// wave; order never depends on it.
+/// A hash of an event's aggregate: its lane, its place in a wave, and
+/// whether it follows its aggregate to the table. Two aggregates that
+/// share one only share a lane, wait for the next wave or go to the table
+/// together; order never depends on it.
 fn aggregate_hash(row: &StreamedRow) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     let mut hasher = rustc_hash::FxBuildHasher.build_hasher();
@@ -55,50 +62,6 @@ fn lane_of(row: &StreamedRow, lanes: usize) -> usize {
     usize::try_from(aggregate_hash(row) % lanes as u64).unwrap_or(0)
 }
 
-/// Batches in flight, in stream order: a batch's position may be
-/// confirmed once every part of it and of every earlier batch is done.
-struct Progress<P> {
-    next: u64,
-    /// Sequence number, parts not yet done, position it completes.
-    pending: std::collections::VecDeque<(u64, usize, Option<P>)>,
-}
-
-impl<P> Default for Progress<P> {
-    fn default() -> Self {
-        Progress {
-            next: 0,
-            pending: std::collections::VecDeque::new(),
-        }
-    }
-}
-
-impl<P: Ord + Copy> Progress<P> {
-    /// A batch handed to `parts` lanes; returns its sequence number.
-    fn push(&mut self, parts: usize, done_at: Option<P>) -> u64 {
-        let seq = self.next;
-        self.next += 1;
-        self.pending.push_back((seq, parts, done_at));
-        seq
-    }
-
-    /// One lane finished its part of batch `seq`.
-    fn part_done(&mut self, seq: u64) {
-        if let Some(entry) = self.pending.iter_mut().find(|(s, _, _)| *s == seq) {
-            entry.1 = entry.1.saturating_sub(1);
-        }
-    }
-
-    /// The furthest position every finished batch at the front completes.
-    fn confirmable(&mut self) -> Option<P> {
-        let mut furthest = None;
-        while let Some(&(_, 0, done_at)) = self.pending.front() {
-            self.pending.pop_front();
-            furthest = furthest.max(done_at);
-        }
-        furthest
-    }
-}
-
 /// The bridge from the WAL feed to the table, one per lane: rows not
 /// published are handed over to the claim feed there (which is woken), and
 /// what the lane knows of the table between batches.
@@ -109,6 +72,10 @@ struct Handover {
     /// aggregates are looked up there (else none are).
     may_hold: bool,
     checked: Instant,
+    /// Aggregates an earlier batch left an unresolved event of (the slot
+    /// is held before it): their later events wait with it, to be read
+    /// again.
+    blocked: HashSet<u64>,
 }
 
 /// Reads a replication slot and relays what it reads.
@@ -132,7 +99,7 @@ impl WalFeed {
     pub(super) async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let settings = &self.settings;
         let broken = Repeats::default();
-        let mut standing_by = false;
+        let mut reader = Reader::Starting;
         // The first pause after a break is 200 ms.
         let mut pause = crate::backoff::Backoff::new(Duration::from_millis(200), RETRY_MAX);
         while !shutdown.is_cancelled() {
@@ -142,12 +109,11 @@ impl WalFeed {
             };
             let failed = match opened {
                 Ok(stream) => {
-                    if standing_by || broken.ended().is_some() {
-                        info!(slot = %settings.slot, "Reading the replication slot now.");
-                    } else {
+                    if reader.opened() == Reader::Starting {
                         info!(slot = %settings.slot, "Reading the replication slot.");
+                    } else {
+                        info!(slot = %settings.slot, "Reading the replication slot now.");
                     }
-                    standing_by = false;
                     pause.reset();
                     let metrics = &self.relay.inner.metrics;
                     metrics.set_replication_reading(true);
@@ -157,21 +123,25 @@ impl WalFeed {
                 }
                 Err(error) => error,
             };
-            let wait = match failed {
-                StreamError::Standby(why) => {
-                    if !standing_by {
+            let (how, why) = match failed {
+                StreamError::Standby(why) => (Ended::Standby, why),
+                StreamError::Gone(why) => (Ended::Gone, why),
+                StreamError::Broken(why) => (Ended::Broken, why),
+            };
+            let wait = match reader.ended(how) {
+                Then::StandBy { first } => {
+                    if first {
                         info!(slot = %settings.slot, "Standing by: {why}.");
-                        standing_by = true;
                     }
                     STANDBY_RETRY
                 }
-                StreamError::Gone(why) => {
+                Then::Stop => {
                     if shutdown.is_cancelled() {
                         return Ok(());
                     }
                     anyhow::bail!(why);
                 }
-                StreamError::Broken(why) => {
+                Then::Reconnect => {
                     match broken.occurred() {
                         Occurrence::First => {
                             warn!(slot = %settings.slot, error = %why, "The replication stream broke; connecting again.")
@@ -197,53 +167,30 @@ impl WalFeed {
     /// Each aggregate belongs to one of `concurrency` lanes, which relay
     /// their share of each batch in stream order, side by side; the slot is
     /// confirmed up to the last batch that every lane has finished, as have
-    /// all batches before it.
+    /// all batches before it, and only while every event of them is
+    /// published or in the table.
     async fn read(&self, mut stream: WalStream, shutdown: &CancellationToken) -> StreamError {
         let lanes = usize::try_from(self.relay.inner.config.concurrency.max(1)).unwrap_or(1);
-        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-        let mut senders = Vec::with_capacity(lanes);
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<LaneDone>();
         let mut running = tokio::task::JoinSet::new();
-        for _ in 0..lanes {
-            // A few parts queued per lane; a lane takes all that wait at
-            // once, so that a busy stream is published in large calls (a
-            // broker's round trip per call bounds a lane, not its rows).
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
-            senders.push(tx);
-            let done = done_tx.clone();
-            let mut handover = Handover {
-                relay: self.relay.clone(),
-                pg: self.pg.clone(),
-                may_hold: true,
-                checked: Instant::now() - TABLE_RECHECK,
-            };
-            running.spawn(async move {
-                while let Some((seq, mut rows)) = rx.recv().await {
-                    let mut seqs = vec![seq];
-                    while let Ok((seq, more)) = rx.try_recv() {
-                        seqs.push(seq);
-                        rows.extend(more);
-                    }
-                    handover.refresh().await;
-                    handover.relay_streamed(rows).await;
-                    for seq in seqs {
-                        let _ = done.send(seq);
-                    }
-                }
-            });
-        }
+        let senders: Vec<_> = (0..lanes)
+            .map(|_| self.lane(&mut running, done_tx.clone()))
+            .collect();
         drop(done_tx);
-        let mut progress = Progress::default();
+        let mut ledger: Ledger<pgwire_replication::Lsn, uuid::Uuid> = Ledger::default();
+        let mut held = false;
         let ended = loop {
-            while let Ok(seq) = done_rx.try_recv() {
-                progress.part_done(seq);
+            while let Ok(done) = done_rx.try_recv() {
+                ledger.part_done(done.seq, done.published, done.in_table, done.unresolved);
             }
-            if let Some(lsn) = progress.confirmable() {
-                stream.confirm(lsn);
+            if let Err(error) = self.confirm(&mut ledger, &stream) {
+                held = true;
+                break error;
             }
             let batch = tokio::select! {
                 batch = stream.next_batch() => batch,
-                Some(seq) = done_rx.recv() => {
-                    progress.part_done(seq);
+                Some(done) = done_rx.recv() => {
+                    ledger.part_done(done.seq, done.published, done.in_table, done.unresolved);
                     continue;
                 }
                 () = shutdown.cancelled() => break StreamError::Gone("shut down".into()),
@@ -252,11 +199,16 @@ impl WalFeed {
                 Ok(batch) => batch,
                 Err(error) => break error,
             };
+            let count = rows.len();
             let mut parts: Vec<Vec<StreamedRow>> = (0..lanes).map(|_| Vec::new()).collect();
             for streamed in rows {
                 parts[lane_of(&streamed, lanes)].push(streamed);
             }
-            let seq = progress.push(parts.iter().filter(|part| !part.is_empty()).count(), done_at);
+            let seq = ledger.push(
+                count,
+                parts.iter().filter(|part| !part.is_empty()).count(),
+                done_at,
+            );
             let mut lane_stopped = false;
             for (sender, part) in senders.iter().zip(parts) {
                 if !part.is_empty() && sender.send((seq, part)).await.is_err() {
@@ -279,15 +231,123 @@ impl WalFeed {
         {
             running.abort_all();
         }
-        while let Ok(seq) = done_rx.try_recv() {
-            progress.part_done(seq);
+        while let Ok(done) = done_rx.try_recv() {
+            ledger.part_done(done.seq, done.published, done.in_table, done.unresolved);
         }
-        if let Some(lsn) = progress.confirmable() {
-            stream.confirm(lsn);
+        if held {
+            // Said once already: only what comes before it.
+            if let (Some(lsn), _) = ledger.confirmable() {
+                stream.confirm(lsn);
+            }
+        } else {
+            let _ = self.confirm(&mut ledger, &stream);
         }
         stream.close().await;
         ended
     }
+
+    /// Starts a lane in `running`; returns where to send it parts of
+    /// batches. What it did with each part goes to `done`.
+    fn lane(
+        &self,
+        running: &mut tokio::task::JoinSet<()>,
+        done: tokio::sync::mpsc::UnboundedSender<LaneDone>,
+    ) -> tokio::sync::mpsc::Sender<(u64, Vec<StreamedRow>)> {
+        // A few parts queued per lane; a lane takes all that wait at
+        // once, so that a busy stream is published in large calls (a
+        // broker's round trip per call bounds a lane, not its rows).
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
+        let mut handover = Handover {
+            relay: self.relay.clone(),
+            pg: self.pg.clone(),
+            may_hold: true,
+            checked: Instant::now() - TABLE_RECHECK,
+            blocked: HashSet::new(),
+        };
+        running.spawn(async move {
+            while let Some((seq, mut rows)) = rx.recv().await {
+                let mut parts = vec![(seq, rows.len())];
+                while let Ok((seq, more)) = rx.try_recv() {
+                    parts.push((seq, more.len()));
+                    rows.extend(more);
+                }
+                handover.refresh().await;
+                let event_ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.row.event_id).collect();
+                let report = handover.relay_streamed(rows).await;
+                // Back to each batch its own share of the report.
+                let mut first = 0;
+                for (seq, len) in parts {
+                    let last = first + len;
+                    let share = &report.fates[first..last];
+                    let _ = done.send(LaneDone {
+                        seq,
+                        published: share.iter().filter(|f| **f == Settled::Published).count(),
+                        in_table: share.iter().filter(|f| **f == Settled::InTable).count(),
+                        unresolved: (first..last)
+                            .filter(|&at| report.fates[at] == Settled::Neither)
+                            .map(|at| event_ids[at])
+                            .collect(),
+                    });
+                    first = last;
+                }
+            }
+        });
+        tx
+    }
+
+    /// Confirms what the ledger allows. An event the slot would pass that
+    /// is neither published nor in the table is a bug that would lose it:
+    /// the slot stays before it, the relay says which event it is, counts
+    /// it, and reads again from the confirmed position (the event is read
+    /// again and handed over anew).
+    fn confirm(
+        &self,
+        ledger: &mut Ledger<pgwire_replication::Lsn, uuid::Uuid>,
+        stream: &WalStream,
+    ) -> Result<(), StreamError> {
+        let (furthest, held) = ledger.confirmable();
+        if let Some(lsn) = furthest {
+            stream.confirm(lsn);
+        }
+        let Some(Held { events, missing }) = held else {
+            return Ok(());
+        };
+        let count = events.len() + missing;
+        self.relay.inner.metrics.replication_held(count as u64);
+        let named: Vec<String> = events.iter().take(10).map(ToString::to_string).collect();
+        error!(
+            slot = %self.settings.slot,
+            events = count,
+            event_ids = %named.join(","),
+            unaccounted = missing,
+            "The replication slot is held before events that are neither published nor in the outbox table; \
+             reading them again. This is a bug: please report it."
+        );
+        Err(StreamError::Broken(format!(
+            "held before {count} events neither published nor in the table"
+        )))
+    }
+}
+
+/// What a lane did with its share of one stream batch.
+struct LaneDone {
+    seq: u64,
+    published: usize,
+    in_table: usize,
+    unresolved: Vec<uuid::Uuid>,
+}
+
+/// An event's end in a lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    Published,
+    InTable,
+    Neither,
+}
+
+/// What a lane made of a batch, per event in the order given.
+struct LaneReport {
+    fates: Vec<Settled>,
 }
 
 impl Handover {
@@ -303,100 +363,157 @@ impl Handover {
         }
     }
 
-    /// One batch from the stream. Its events go in waves of at most one per
-    /// aggregate, so that an aggregate's later event is never published
-    /// before an earlier one has its outcome.
-    async fn relay_streamed(&mut self, rows: Vec<StreamedRow>) {
+    /// One batch from the stream, through the decisions of a
+    /// [`LaneBatch`]: waves of at most one event per aggregate, what is
+    /// not published handed over with its outcome, what follows it after.
+    async fn relay_streamed(&mut self, rows: Vec<StreamedRow>) -> LaneReport {
         let now_ms = chrono::Utc::now().timestamp_millis();
-        let mut waiting = if self.may_hold {
+        let waiting: HashSet<u64> = if self.may_hold {
             let keys: Vec<Key> = rows.iter().map(key).collect();
-            self.until_answered("look up waiting aggregates", || self.pg.waiting_in_table(&keys))
-                .await
+            let waiting = self
+                .until_answered("look up waiting aggregates", || self.pg.waiting_in_table(&keys))
+                .await;
+            rows.iter()
+                .filter(|row| waiting.contains(&key(row)))
+                .map(aggregate_hash)
+                .collect()
         } else {
             HashSet::new()
         };
-        let mut follow = Vec::new();
-        let mut remaining = rows;
+        let mut batch = LaneBatch::new(
+            rows.iter().map(aggregate_hash).collect(),
+            rows.iter()
+                .map(|row| row.not_before_ms.is_some_and(|at| at > now_ms))
+                .collect(),
+            waiting,
+            std::mem::take(&mut self.blocked),
+        );
+        // The outcome a failed event is handed over with.
+        let mut outcomes: Vec<Option<RowOutcome>> = vec![None; rows.len()];
         loop {
-            let mut wave = Vec::new();
-            let mut later = Vec::new();
-            let mut in_wave = rustc_hash::FxHashSet::default();
-            for streamed in remaining {
-                if !waiting.is_empty() && waiting.contains(&key(&streamed)) {
-                    follow.push(streamed);
-                } else if streamed.not_before_ms.is_some_and(|at| at > now_ms) {
-                    // Delayed by its writer: the claim path holds it until then.
-                    waiting.insert(key(&streamed));
-                    follow.push(streamed);
-                } else if in_wave.insert(aggregate_hash(&streamed)) {
-                    wave.push(streamed);
-                } else {
-                    later.push(streamed);
+            match batch.next() {
+                Step::Publish(wave) => {
+                    let published = self.publish(&rows, &wave, &mut outcomes).await;
+                    batch.sent(&wave, &published);
                 }
+                Step::HandOver(handed) => {
+                    let in_table = self.hand_over(&rows, &handed, &outcomes).await;
+                    batch.handed_over(&handed, &in_table);
+                }
+                Step::Done => break,
             }
-            if wave.is_empty() {
-                break;
-            }
-            let failed = self.relay_wave(wave).await;
-            if !failed.is_empty() {
-                self.may_hold = true;
-                waiting.extend(failed);
-            }
-            remaining = later;
         }
-        if !follow.is_empty() {
+        if batch.used_the_table() {
             self.may_hold = true;
-            let outcomes: Vec<RowOutcome> = follow
-                .iter()
-                .map(|streamed| RowOutcome {
-                    id: streamed.row.id,
+        }
+        let fates = batch
+            .fates()
+            .iter()
+            .map(|fate| match fate {
+                machine::Fate::Published => Settled::Published,
+                machine::Fate::InTable => Settled::InTable,
+                _ => Settled::Neither,
+            })
+            .collect();
+        self.blocked = batch.blocked();
+        LaneReport { fates }
+    }
+
+    /// Runs one wave through the stages. Returns, per event of the wave,
+    /// whether it was published; keeps the outcome of each that was not.
+    /// Outcomes are matched to events by row id: an event the stages gave
+    /// no outcome for is not published.
+    async fn publish(
+        &self,
+        rows: &[StreamedRow],
+        wave: &[usize],
+        outcomes: &mut [Option<RowOutcome>],
+    ) -> Vec<bool> {
+        let deadline = Instant::now() + self.relay.inner.config.lease_duration();
+        let sent = wave.iter().map(|&at| rows[at].row.clone()).collect();
+        let settled = self.relay.stages(sent, deadline, Duration::ZERO).await;
+        let mut by_id: rustc_hash::FxHashMap<i64, RowOutcome> =
+            settled.outcomes.into_iter().map(|o| (o.id.0, o)).collect();
+        wave.iter()
+            .map(|&at| {
+                let id = rows[at].row.id;
+                match by_id.remove(&id.0) {
+                    Some(outcome) if outcome.outcome == Outcome::Published => true,
+                    Some(outcome) => {
+                        outcomes[at] = Some(outcome);
+                        false
+                    }
+                    None => {
+                        outcomes[at] = Some(RowOutcome {
+                            id,
+                            outcome: Outcome::Defer {
+                                after: Duration::ZERO,
+                                reason: "the relay lost track of this event before publishing it (a routing \
+                                         task ended early); it is published from the table"
+                                    .into(),
+                                waiting_on: Vec::new(),
+                            },
+                            deliveries: Default::default(),
+                            plugin_version: None,
+                        });
+                        false
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Hands events to the table, trying until the database answers: the
+    /// slot is not confirmed past them before, so nothing is lost either
+    /// way, but the stream waits meanwhile. Returns, per event, whether
+    /// the table proved it holds it.
+    async fn hand_over(
+        &self,
+        rows: &[StreamedRow],
+        handed: &[(usize, Why)],
+        outcomes: &[Option<RowOutcome>],
+    ) -> Vec<bool> {
+        let inner = &self.relay.inner;
+        let lease_ms = i64::try_from(inner.config.lease_duration_ms).unwrap_or(i64::MAX);
+        let given: Vec<&StreamedRow> = handed.iter().map(|&(at, _)| &rows[at]).collect();
+        let outcomes: Vec<RowOutcome> = handed
+            .iter()
+            .map(|&(at, why)| match (&outcomes[at], why) {
+                (Some(outcome), _) => outcome.clone(),
+                (None, why) => RowOutcome {
+                    id: rows[at].row.id,
                     outcome: Outcome::Defer {
                         after: Duration::ZERO,
-                        reason: "follows an earlier event of its aggregate that waits in the outbox table, or was delayed by its writer".into(),
+                        reason: match why {
+                            Why::Delayed => "delayed by its writer",
+                            Why::Follows | Why::Failed => {
+                                "follows an earlier event of its aggregate that waits in the outbox table"
+                            }
+                        }
+                        .into(),
                         waiting_on: Vec::new(),
                     },
                     deliveries: Default::default(),
                     plugin_version: None,
-                })
-                .collect();
-            let rows: Vec<&StreamedRow> = follow.iter().collect();
-            self.hand_over(&rows, &outcomes).await;
-        }
-    }
-
-    /// Runs one wave through the stages; hands what was not published to
-    /// the table. Returns the aggregates that now wait there.
-    async fn relay_wave(&self, wave: Vec<StreamedRow>) -> HashSet<Key> {
-        let deadline = Instant::now() + self.relay.inner.config.lease_duration();
-        let rows = wave.iter().map(|streamed| streamed.row.clone()).collect();
-        let settled = self.relay.stages(rows, deadline, Duration::ZERO).await;
-        let (mut rows, mut outcomes) = (Vec::new(), Vec::new());
-        for (streamed, outcome) in wave.iter().zip(settled.outcomes) {
-            if outcome.outcome != Outcome::Published {
-                rows.push(streamed);
-                outcomes.push(outcome);
-            }
-        }
-        if rows.is_empty() {
-            return HashSet::new();
-        }
-        self.hand_over(&rows, &outcomes).await;
-        rows.into_iter().map(key).collect()
-    }
-
-    /// Hands rows to the table, trying until the database takes them: the
-    /// slot is not confirmed past them before, so nothing is lost either
-    /// way, but the stream waits meanwhile.
-    async fn hand_over(&self, rows: &[&StreamedRow], outcomes: &[RowOutcome]) {
-        let inner = &self.relay.inner;
-        let lease_ms = i64::try_from(inner.config.lease_duration_ms).unwrap_or(i64::MAX);
-        let recorded = self
+                },
+            })
+            .collect();
+        let in_table = self
             .until_answered("hand rows over to the outbox table", || {
-                self.pg.hand_over(&inner.owner, lease_ms, rows, outcomes)
+                self.pg.hand_over(&inner.owner, lease_ms, &given, &outcomes)
             })
             .await;
-        debug!(rows = rows.len(), recorded, "Handed rows over to the claim path.");
+        let proved = in_table.iter().filter(|t| **t).count();
+        if proved < given.len() {
+            warn!(
+                rows = given.len(),
+                proved, "The outbox table did not take every event handed over; handing the rest over again."
+            );
+        } else {
+            debug!(rows = given.len(), "Handed rows over to the claim path.");
+        }
         inner.wake.notify_one();
+        in_table
     }
 
     /// Runs `attempt` until the database answers.
@@ -416,36 +533,5 @@ impl Handover {
             info!("The database answers again; the replication stream goes on.");
         }
         value
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Progress;
-
-    #[test]
-    fn a_position_is_confirmed_only_when_every_earlier_batch_is_done() {
-        let mut progress = Progress::default();
-        let first = progress.push(2, Some(10u64));
-        let second = progress.push(1, Some(20));
-        let empty = progress.push(0, Some(25));
-        let third = progress.push(1, None);
-        // The second batch finishing first confirms nothing.
-        progress.part_done(second);
-        assert_eq!(progress.confirmable(), None);
-        progress.part_done(first);
-        assert_eq!(
-            progress.confirmable(),
-            None,
-            "one lane of the first batch is still at work"
-        );
-        progress.part_done(first);
-        // The first three are done: the furthest of their positions.
-        assert_eq!(progress.confirmable(), Some(25));
-        assert_eq!(progress.confirmable(), None);
-        // A batch that ends inside a transaction moves nothing.
-        progress.part_done(third);
-        assert_eq!(progress.confirmable(), None);
-        let _ = empty;
     }
 }

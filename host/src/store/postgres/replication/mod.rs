@@ -488,6 +488,17 @@ pub(crate) async fn problems(
     Ok(problems)
 }
 
+/// What a hand-over made of its rows: which are now the claim path's,
+/// and the fresh ids given to events that had none in the table.
+#[derive(Debug, Default)]
+pub(crate) struct TakenOver {
+    /// Per row, in the order given: whether the row is in the table for
+    /// the claim path now (taken over by this call, or before it: a replay).
+    pub(crate) in_table: Vec<bool>,
+    /// Stand-in ids and the ids the table gave those events.
+    pub(crate) renamed: Vec<(RowId, RowId)>,
+}
+
 /// Hands streamed rows to the claim path, leased under `lease` as if
 /// claimed (their first attempt spent), for the ack to record their
 /// outcomes. A row no longer in the table (deleted by its writer after the
@@ -496,17 +507,26 @@ pub(crate) async fn problems(
 /// An event that never had a row gets one, with a fresh id in stream
 /// order (returned beside its stand-in), unless its event id is in the
 /// table already (a replay).
+///
+/// A row is taken by `INSERT … ON CONFLICT (id) DO UPDATE`, never by a
+/// plain `UPDATE`: the WAL can hand out a commit before that transaction
+/// is visible to other sessions (its commit record is flushed, and read by
+/// the WAL sender, before the committing backend leaves the process array;
+/// a synchronous standby's wait widens that window to any length). An
+/// `UPDATE` does not see such a row and changes nothing; the upsert waits
+/// for the writer's transaction to end and then takes the committed row.
 pub(crate) async fn take_over(
     pool: &PgPool,
     owner: &str,
     lease: LeaseId,
     lease_ms: i64,
     rows: &[&StreamedRow],
-) -> Result<Vec<(RowId, RowId)>, Error> {
+) -> Result<TakenOver, Error> {
     let needing = rows.iter().filter(|r| r.id_at_handover).count();
     let mut fresh = fresh_ids(pool, needing).await?.into_iter();
     let mut renamed = Vec::with_capacity(needing);
     let mut ids = Vec::with_capacity(rows.len());
+    let mut stand_ins = Vec::with_capacity(rows.len());
     let mut event_ids = Vec::with_capacity(rows.len());
     let (mut types, mut aggregates, mut event_types) = (Vec::new(), Vec::new(), Vec::new());
     let (mut payloads, mut bytes, mut headers, mut tenants) =
@@ -526,6 +546,7 @@ pub(crate) async fn take_over(
             }
             None => ids.push(row.id.0),
         }
+        stand_ins.push(streamed.id_at_handover);
         event_ids.push(row.event_id);
         types.push(row.aggregate_type.clone());
         aggregates.push(row.aggregate_id.clone());
@@ -537,35 +558,45 @@ pub(crate) async fn take_over(
         created.push(streamed.text.created_at.clone());
         not_before.push(streamed.text.not_before.clone());
     }
-    let taken = sqlx::query(
-        "WITH r AS (
+    // `r.fresh`: an event with a fresh id, whose replay shows as its event
+    // id in the table. Else the event's own id: its row is taken if it is
+    // still `streamed`, written back if it is gone, and left alone if the
+    // claim path has it already. An event id the table holds under another
+    // id (a row deleted and written again by hand) counts as in the table.
+    let in_table: Vec<bool> = sqlx::query_scalar(
+        "WITH r AS MATERIALIZED (
             SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
-                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])
+                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $15::bool[])
+                   WITH ORDINALITY
                 AS r(id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
-                     headers, tenant, created_at, not_before)
-         ), copied AS (
-            INSERT INTO switchyard_outbox (id, event_id, aggregate_type, aggregate_id, event_type, payload,
-                                           payload_bytes, headers, tenant, created_at, not_before, status,
-                                           attempts, lease_owner, lease_id, lease_expires_at, published_at)
+                     headers, tenant, created_at, not_before, fresh, n)
+         ), before AS MATERIALIZED (
+            SELECT r.n FROM r
+             WHERE EXISTS (SELECT 1 FROM switchyard_outbox o
+                            WHERE o.event_id = r.event_id AND (r.fresh OR o.id <> r.id OR o.status <> 'streamed'))
+         ), taken AS (
+            INSERT INTO switchyard_outbox AS o
+                   (id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers,
+                    tenant, created_at, not_before, status, attempts, lease_owner, lease_id, lease_expires_at,
+                    published_at)
             OVERRIDING SYSTEM VALUE
-            SELECT r.id, r.event_id, r.aggregate_type, r.aggregate_id, r.event_type, r.payload::jsonb,
+            SELECT DISTINCT ON (r.id)
+                   r.id, r.event_id, r.aggregate_type, r.aggregate_id, r.event_type, r.payload::jsonb,
                    r.payload_bytes::bytea, r.headers::jsonb, r.tenant, COALESCE(r.created_at::timestamptz, now()),
                    r.not_before::timestamptz, 'in_flight', 1, $12, $13,
-                   now() + $14 * interval '1 millisecond', NULL
+                   now() + $14 * interval '1 millisecond', NULL::timestamptz
               FROM r
-             WHERE NOT EXISTS (SELECT 1 FROM switchyard_outbox o WHERE o.id = r.id)
-            ON CONFLICT DO NOTHING
-            RETURNING 1
-         ), taken AS (
-            UPDATE switchyard_outbox o
+             WHERE r.n NOT IN (SELECT n FROM before)
+             ORDER BY r.id, r.n
+            ON CONFLICT (id) DO UPDATE
                SET status = 'in_flight', published_at = NULL, attempts = o.attempts + 1,
-                   lease_owner = $12, lease_id = $13,
-                   lease_expires_at = now() + $14 * interval '1 millisecond'
-              FROM r
-             WHERE o.id = r.id AND o.status = 'streamed'
-            RETURNING 1
+                   lease_owner = EXCLUDED.lease_owner, lease_id = EXCLUDED.lease_id,
+                   lease_expires_at = EXCLUDED.lease_expires_at
+             WHERE o.status = 'streamed'
+            RETURNING o.id
          )
-         SELECT (SELECT count(*) FROM copied) + (SELECT count(*) FROM taken)",
+         SELECT r.n IN (SELECT n FROM before) OR r.id IN (SELECT id FROM taken)
+           FROM r ORDER BY r.n",
     )
     .bind(&ids)
     .bind(&event_ids)
@@ -581,15 +612,43 @@ pub(crate) async fn take_over(
     .bind(owner)
     .bind(lease.0)
     .bind(lease_ms)
-    .fetch_one(pool)
+    .bind(&stand_ins)
+    .fetch_all(pool)
     .await?;
-    let count: i64 = sqlx::Row::try_get(&taken, 0)?;
     tracing::debug!(
         rows = rows.len(),
-        taken = count,
+        in_table = in_table.iter().filter(|t| **t).count(),
         "Rows taken over by the claim path."
     );
-    Ok(renamed)
+    Ok(TakenOver { in_table, renamed })
+}
+
+/// Gives back rows a hand-over under `lease` took but must not keep (an
+/// earlier event of their aggregate in the same hand-over was not taken,
+/// and the claim path would publish them before it): a row with its own
+/// id is `streamed` again, one written with a fresh id is removed. Fenced
+/// by the lease, which nothing else holds before the hand-over's ack.
+pub(crate) async fn give_back(
+    pool: &PgPool,
+    lease: LeaseId,
+    ids: &[i64],
+    fresh: &[i64],
+) -> Result<(), Error> {
+    sqlx::query(
+        "WITH streamed AS (
+            UPDATE switchyard_outbox
+               SET status = 'streamed', published_at = now(), attempts = greatest(attempts - 1, 0),
+                   lease_owner = NULL, lease_id = NULL, lease_expires_at = NULL
+             WHERE id = ANY($1) AND status = 'in_flight' AND lease_id = $3
+         )
+         DELETE FROM switchyard_outbox WHERE id = ANY($2) AND status = 'in_flight' AND lease_id = $3",
+    )
+    .bind(ids)
+    .bind(fresh)
+    .bind(lease.0)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// `count` ids from the table's sequence, in ascending order.
