@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, verify, write_orders, write_orders_to};
-use switchyard_tests::workload::{Shape, write_events};
 use switchyard_tests::postgres::{
     Outbox, all_published, count_status, fresh_db, place_event, place_order_event,
 };
@@ -14,6 +13,7 @@ use switchyard_tests::relay::{
     InProcess, Process, Settings, example_config, kill_while_holding_leases, parse,
 };
 use switchyard_tests::stall::StallingProxy;
+use switchyard_tests::workload::{Shape, write_events};
 use switchyard_tests::{eventually, init_logging};
 
 const STREAM: &str = "ORDERS";

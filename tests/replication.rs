@@ -842,14 +842,28 @@ async fn a_transaction_read_before_it_is_visible_is_handed_over_whole() {
         tx.commit().await.unwrap();
         written
     };
-    expected.extend(commit(vec![(0, 2, Outbox::Switchyard), (1, 1, Outbox::Switchyard)], &mut seqs).await);
+    expected.extend(
+        commit(
+            vec![(0, 2, Outbox::Switchyard), (1, 1, Outbox::Switchyard)],
+            &mut seqs,
+        )
+        .await,
+    );
     stream_holds(&nats, 3, "the first transaction", 60).await;
 
     nats.stop();
-    expected.extend(commit(vec![(0, 1, Outbox::Switchyard), (2, 2, Outbox::Switchyard)], &mut seqs).await);
-    eventually("the outage's first events handed over", Duration::from_secs(30), || async {
-        (count_status(&db.pool, "streamed").await == 3).then_some(())
-    })
+    expected.extend(
+        commit(
+            vec![(0, 1, Outbox::Switchyard), (2, 2, Outbox::Switchyard)],
+            &mut seqs,
+        )
+        .await,
+    );
+    eventually(
+        "the outage's first events handed over",
+        Duration::from_secs(30),
+        || async { (count_status(&db.pool, "streamed").await == 3).then_some(()) },
+    )
     .await;
 
     // Aggregate 0 waits in the table and goes on through `switchyard_emit`;
@@ -878,7 +892,9 @@ async fn a_transaction_read_before_it_is_visible_is_handed_over_whole() {
     // The relay read it from the WAL and its hand-over waits for the
     // writer's transaction: a row the hand-over cannot see yet.
     a_session_waits_on_a_transaction(&db.name, Duration::from_secs(30)).await;
-    held.release().await.expect("committed locally when the wait is cancelled");
+    held.release()
+        .await
+        .expect("committed locally when the wait is cancelled");
     drop(hold);
     let (written, _) = rx.await.unwrap();
     expected.extend(written);
@@ -941,22 +957,30 @@ async fn an_event_the_table_does_not_take_holds_the_slot_until_it_does() {
     let mut seqs = HashMap::new();
     let mut tx = db.pool.begin().await.unwrap();
     let plan = vec![(7, 2, Outbox::Switchyard), (8, 1, Outbox::Switchyard)];
-    let expected: HashMap<String, Expected> = write_plan(&mut tx, &plan, &mut seqs).await.unwrap().into_iter().collect();
+    let expected: HashMap<String, Expected> = write_plan(&mut tx, &plan, &mut seqs)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
     tx.commit().await.unwrap();
     let written_to: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
         .fetch_one(&db.pool)
         .await
         .unwrap();
 
-    eventually("the slot held before order-7", Duration::from_secs(60), || async {
-        let metrics = relay.relay.metrics().render();
-        metrics
-            .lines()
-            .any(|line| {
-                line.starts_with("switchyard_replication_held_events_total") && !line.ends_with(" 0")
-            })
-            .then_some(())
-    })
+    eventually(
+        "the slot held before order-7",
+        Duration::from_secs(60),
+        || async {
+            let metrics = relay.relay.metrics().render();
+            metrics
+                .lines()
+                .any(|line| {
+                    line.starts_with("switchyard_replication_held_events_total") && !line.ends_with(" 0")
+                })
+                .then_some(())
+        },
+    )
     .await;
     let passed: bool = sqlx::query_scalar(
         "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
@@ -981,17 +1005,21 @@ async fn an_event_the_table_does_not_take_holds_the_slot_until_it_does() {
         .unwrap();
     nats.resume().await;
     stream_holds(&nats, 3, "every event once the table takes them", 60).await;
-    eventually("the slot past the transaction", Duration::from_secs(30), || async {
-        let passed: bool = sqlx::query_scalar(
-            "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(&db.name)
-        .bind(&written_to)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        passed.then_some(())
-    })
+    eventually(
+        "the slot past the transaction",
+        Duration::from_secs(30),
+        || async {
+            let passed: bool = sqlx::query_scalar(
+                "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(&db.name)
+            .bind(&written_to)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            passed.then_some(())
+        },
+    )
     .await;
     relay.stop().await;
     let verdict = verify(&nats.read_stream(STREAM).await, &expected);

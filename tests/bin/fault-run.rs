@@ -20,10 +20,17 @@
 //! is restarted (fast mode: every connection cut) under them. `stall`: the
 //! same through a proxy that stalls every open connection three times
 //! (they stay open and answer nothing).
-//! `down-nats`, `down-kafka`, `down-rabbitmq MINUTES`: one relay with the
-//! default retry settings, writers at 100 events/s, the broker stopped for
-//! MINUTES (10 by default) and started again with its data (JetStream
-//! store, tansu on SQLite, a durable RabbitMQ queue). `down-pubsub-frozen`
+//! `down-nats`, `down-kafka`, `down-rabbitmq [MINUTES|SECONDSs] [KILLS]`:
+//! one relay with the default retry settings, writers committing up to 100
+//! transactions a second shaped as a service's (several aggregates each,
+//! one to three events of each: `switchyard_tests::workload`), the broker
+//! stopped for MINUTES (10 by default; `10s` for ten seconds) and started
+//! again with its data (JetStream store, tansu on SQLite, a durable
+//! RabbitMQ queue). With KILLS, two relays, and the one reading the slot
+//! (in claim mode, each in turn) SIGKILLed that many times over the outage
+//! and the 30 s after it. In replication mode over the outbox table,
+//! `SWITCHYARD_FAULT_EMIT_PERCENT` writes that share of the aggregates
+//! through `switchyard_emit`. `down-pubsub-frozen`
 //! freezes the Pub/Sub emulator (SIGSTOP) for MINUTES; `down-pubsub` kills
 //! it and starts a new one, whose topic and subscription the run makes
 //! again (what the killed one held is gone: the run counts, among the
@@ -65,10 +72,11 @@ use std::time::{Duration, Instant};
 
 use switchyard_tests::config::TestConfig;
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, Tally, tally, write_orders, write_orders_to};
+use switchyard_tests::orders::{Expected, Tally, tally};
 use switchyard_tests::postgres::{Outbox, fresh_db};
 use switchyard_tests::relay::{Process, Settings, example};
 use switchyard_tests::stall::StallingProxy;
+use switchyard_tests::workload::{Shape, write_events};
 
 #[path = "fault-run/fleet.rs"]
 mod fleet;
@@ -117,7 +125,8 @@ impl Row {
 async fn main() {
     let mut args = std::env::args().skip(1);
     let which = args.next().unwrap_or_else(|| "all".into());
-    let second: Option<u64> = args.next().and_then(|n| n.parse().ok());
+    let second_raw = args.next();
+    let second: Option<u64> = second_raw.as_deref().and_then(|n| n.parse().ok());
     let events = second.map_or(100_000, |n| n as usize);
     let rounds: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     let relay_bin = std::env::current_exe()
@@ -148,7 +157,11 @@ async fn main() {
         .or(intake_down)
         .or(source_down)
     {
-        let minutes = second.unwrap_or(if down == "pg" { 2 } else { 10 });
+        // MINUTES, or a length in seconds (`10s`).
+        let outage = match second_raw.as_deref().and_then(|n| n.strip_suffix('s')) {
+            Some(seconds) => Duration::from_secs(seconds.parse().expect("an outage length such as 10s")),
+            None => Duration::from_secs(60 * second.unwrap_or(if down == "pg" { 2 } else { 10 })),
+        };
         let outbox = if intake_down.is_some() {
             Outbox::Intake
         } else if source_down.is_some() {
@@ -157,7 +170,9 @@ async fn main() {
             Outbox::Switchyard
         };
         let replicates = replication_down.is_some() || source_down.is_some();
-        let row = outage::down_run(&relay_bin, down, minutes, replicates, outbox).await;
+        // KILLS: two relays, the slot's reader (or either, in claim
+        // mode) SIGKILLed that many times around the outage.
+        let row = outage::down_run(&relay_bin, down, outage, replicates, outbox, rounds).await;
         outage::print(&[row]);
         return;
     }
@@ -296,10 +311,9 @@ impl Scenario {
         let relays = (0..relays)
             .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
             .collect();
-        let per_aggregate = events.div_ceil(AGGREGATES);
         let writer = tokio::spawn({
             let pool = db.pool.clone();
-            async move { write_orders_to(&pool, outbox, AGGREGATES, per_aggregate, 8).await }
+            async move { write_events(&pool, Shape::rows(outbox), AGGREGATES, events, 8, 5).await }
         });
         Scenario {
             db,
@@ -307,7 +321,8 @@ impl Scenario {
             config,
             relays,
             writer,
-            total: (AGGREGATES * per_aggregate) as i64,
+            // At least this many; the writers finish their last transactions.
+            total: events as i64,
             started: Instant::now(),
         }
     }
@@ -336,11 +351,10 @@ async fn upgrade_run(old_bin: &str, relay_bin: &str, events: usize) -> Row {
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(old_bin, &config, &format!("old-{n}")))
         .collect();
-    let per_aggregate = events.div_ceil(AGGREGATES);
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_orders_to(&pool, Outbox::Switchyard, AGGREGATES, per_aggregate, 8).await }
+        async move { write_events(&pool, Shape::rows(Outbox::Switchyard), AGGREGATES, events, 8, 6).await }
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
     replication::migrate(relay_bin, &config).await;
@@ -535,7 +549,15 @@ async fn drain_under_faults(
 ) -> Row {
     let nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
+    let expected = write_events(
+        &db.pool,
+        Shape::rows(Outbox::Switchyard),
+        AGGREGATES,
+        events,
+        8,
+        7,
+    )
+    .await;
     let config = settings(relay_url, &nats.url()).toml();
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))

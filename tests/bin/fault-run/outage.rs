@@ -1,17 +1,18 @@
-//! The long outage runs: a broker, or PostgreSQL, down for minutes under a
-//! relay process with the default retry settings while writers go on.
+//! The outage runs: a broker, or PostgreSQL, down for seconds or minutes
+//! under relay processes with the default retry settings while writers go on.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use switchyard_tests::brokers::Broker;
-use switchyard_tests::orders::{Expected, Tally, order_event, tally};
-use switchyard_tests::postgres::{Outbox, TestDb, fresh_db, try_place_event};
+use switchyard_tests::orders::{Expected, Tally, tally};
+use switchyard_tests::postgres::{Outbox, TestDb, fresh_db};
 use switchyard_tests::relay::{Process, RelaySection};
+use switchyard_tests::workload::{Dice, Shape, plan, write_plan};
 
-/// Events written per second, one aggregate after another.
-const RATE: u64 = 100;
-const AGGREGATES: usize = 200;
+/// Transactions written per second (about 8 events each: 800 events/s).
+const TRANSACTIONS: u64 = 100;
+const AGGREGATES: usize = 400;
 /// Writing goes on this long before the outage and after the return.
 const AROUND: Duration = Duration::from_secs(30);
 
@@ -26,39 +27,51 @@ pub struct Row {
     drain_rate: Option<f64>,
 }
 
-/// Writes at [`RATE`] into `outbox` until `stop` is cancelled; a write
-/// that fails (the database is down) is tried again until it goes through.
+/// Writes transactions shaped as a service's ([`Shape`]: several
+/// aggregates each, one to three events of each) at [`TRANSACTIONS`] a
+/// second into `outbox` until `stop` is cancelled; with
+/// `SWITCHYARD_FAULT_EMIT_PERCENT` (replication mode over the outbox
+/// table only: the caller's), that share of the aggregates through
+/// `switchyard_emit`. A
+/// transaction that fails (the database is down) is written again until
+/// it goes through.
 pub(super) fn writer(
     db: &TestDb,
     outbox: Outbox,
+    replication: bool,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
     let pool = db.pool.clone();
+    let shape = if replication {
+        Shape::replicated(outbox)
+    } else {
+        Shape::rows(outbox)
+    };
     tokio::spawn(async move {
         let mut expected = HashMap::new();
-        let mut seqs = vec![0usize; AGGREGATES];
-        let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
-        let mut n = 0usize;
+        let mut dice = Dice::new(0x5eed);
+        let mut next_seq = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(1000 / TRANSACTIONS));
         while !stop.is_cancelled() {
             tick.tick().await;
-            let aggregate = n % AGGREGATES;
-            let event = order_event(aggregate, seqs[aggregate]);
-            let id = loop {
-                match try_place_event(&pool, outbox, &event, true).await {
-                    Ok(id) => break id,
+            let plan = plan(&mut dice, shape, AGGREGATES, 0, 1);
+            let written = loop {
+                let mut seqs = next_seq.clone();
+                let attempt = async {
+                    let mut tx = pool.begin().await?;
+                    let written = write_plan(&mut tx, &plan, &mut seqs).await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(written)
+                };
+                match attempt.await {
+                    Ok(written) => {
+                        next_seq = seqs;
+                        break written;
+                    }
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                 }
             };
-            expected.insert(
-                id.to_string(),
-                Expected {
-                    aggregate_id: event.aggregate_id,
-                    seq: seqs[aggregate] as u64,
-                    event_type: event.event_type,
-                },
-            );
-            seqs[aggregate] += 1;
-            n += 1;
+            expected.extend(written);
         }
         expected
     })
@@ -113,9 +126,19 @@ fn unfinished_sql(replication: bool) -> &'static str {
 }
 
 /// One run: `down` is `nats`, `kafka`, `rabbitmq` (that broker down) or
-/// `pg` (PostgreSQL down, NATS up), for `minutes`; in claim mode (writers
-/// into `outbox`) or, with `replication`, reading the WAL.
-pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bool, outbox: Outbox) -> Row {
+/// `pg` (PostgreSQL down, NATS up), for `outage`; in claim mode (writers
+/// into `outbox`) or, with `replication`, reading the WAL. With `kills`,
+/// two relays, and the one reading the slot (in claim mode, each in turn)
+/// is SIGKILLed and started again that many times, spread over the outage
+/// and the time after it.
+pub async fn down_run(
+    relay_bin: &str,
+    down: &str,
+    outage: Duration,
+    replication: bool,
+    outbox: Outbox,
+    kills: usize,
+) -> Row {
     let db = fresh_db().await;
     let mut broker = Broker::start(if down == "pg" { "nats" } else { down }).await;
     // The default retry settings: [relay] names the mode at most.
@@ -132,12 +155,22 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
     } else {
         config.toml()
     };
-    let mut relay = Process::spawn(relay_bin, &config, "relay-0");
+    let count = if kills > 0 { 2 } else { 1 };
+    let mut relays: Vec<(String, Process)> = (0..count)
+        .map(|n| {
+            let name = format!("relay-{n}");
+            (name.clone(), Process::spawn(relay_bin, &config, &name))
+        })
+        .collect();
     let stop = tokio_util::sync::CancellationToken::new();
-    let writing = writer(&db, outbox, stop.clone());
+    let writing = writer(&db, outbox, replication, stop.clone());
     tokio::time::sleep(AROUND).await;
-    let outage = Duration::from_secs(minutes * 60);
-    eprintln!("{down}: down for {minutes} min");
+    let length = if outage.as_secs().is_multiple_of(60) {
+        format!("{} min", outage.as_secs() / 60)
+    } else {
+        format!("{} s", outage.as_secs())
+    };
+    eprintln!("{down}: down for {length}");
     let down_at: chrono::DateTime<chrono::Utc> = scalar(&db, "SELECT now()").await;
     if down == "pg" {
         pg_ctl("stop");
@@ -145,9 +178,36 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
         broker.stop();
     }
     let started = Instant::now();
-    while started.elapsed() < outage {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        if down != "pg" {
+    // Kills land during the outage and in the time after it.
+    let every = (outage + AROUND) / u32::try_from(kills + 1).unwrap_or(u32::MAX);
+    let mut killed = 0;
+    let mut generation = 0;
+    let mut reported = Instant::now();
+    let mut back = None;
+    while started.elapsed() < outage + if kills > 0 { AROUND } else { Duration::ZERO } {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if back.is_none() && started.elapsed() >= outage {
+            back = Some(come_back(&mut broker, down, &db, replication).await);
+        }
+        if killed < kills && started.elapsed() >= every * u32::try_from(killed + 1).unwrap_or(u32::MAX) {
+            let victim = if replication {
+                let reading = super::replication::reader(&db).await;
+                relays
+                    .iter()
+                    .position(|(name, _)| reading.as_deref().is_some_and(|r| r.ends_with(name.as_str())))
+                    .unwrap_or(killed % count)
+            } else {
+                killed % count
+            };
+            relays[victim].1.kill();
+            generation += 1;
+            let name = format!("relay-{victim}-{generation}");
+            relays[victim] = (name.clone(), Process::spawn(relay_bin, &config, &name));
+            killed += 1;
+            eprintln!("{down}: kill {killed} ({} s)", started.elapsed().as_secs());
+        }
+        if down != "pg" && reported.elapsed() >= Duration::from_secs(30) {
+            reported = Instant::now();
             let waiting: i64 = scalar(
                 &db,
                 "SELECT count(*) FROM switchyard_outbox WHERE waiting_on IS NOT NULL",
@@ -155,18 +215,15 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
             .await;
             let dead: i64 = dead_letters(&db).await;
             eprintln!(
-                "{down}: {} s down, {waiting} rows waiting on it, {dead} dead",
+                "{down}: {} s, {waiting} rows waiting on it, {dead} dead",
                 started.elapsed().as_secs()
             );
         }
     }
-    if down == "pg" {
-        pg_ctl("start");
-    } else {
-        broker.resume().await;
-    }
-    let back: chrono::DateTime<chrono::Utc> = scalar(&db, "SELECT now()").await;
-    let backlog_at_return: i64 = scalar(&db, unfinished_sql(replication)).await;
+    let (back, backlog_at_return) = match back {
+        Some(back) => back,
+        None => come_back(&mut broker, down, &db, replication).await,
+    };
     eprintln!("{down}: back; backlog {backlog_at_return}");
     tokio::time::sleep(AROUND).await;
     stop.cancel();
@@ -203,7 +260,9 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    relay.terminate();
+    for (_, relay) in &mut relays {
+        relay.terminate();
+    }
     let dead: i64 = dead_letters(&db).await;
     // Only rows the relay marked published: a `streamed` row's
     // published_at is its insert time.
@@ -228,9 +287,14 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
         (false, Outbox::Intake) => ", writers into the intake",
         _ => "",
     };
+    let kills = if kills > 0 {
+        format!(", 2 relays, {kills} SIGKILLs")
+    } else {
+        String::new()
+    };
     let scenario = match down {
-        "pg" => format!("PostgreSQL down {minutes} min (NATS{mode})"),
-        broker => format!("{broker} down {minutes} min{mode}"),
+        "pg" => format!("PostgreSQL down {length} (NATS{mode}{kills})"),
+        broker => format!("{broker} down {length}{mode}{kills}"),
     };
     eprintln!("{scenario}: {counted:?}");
     Row {
@@ -242,6 +306,23 @@ pub async fn down_run(relay_bin: &str, down: &str, minutes: u64, replication: bo
         backlog_at_return,
         drain_rate: drain_s.filter(|s| *s > 0.0).map(|s| drained as f64 / s),
     }
+}
+
+/// Starts what was down again; returns when, and the backlog then.
+async fn come_back(
+    broker: &mut Broker,
+    down: &str,
+    db: &TestDb,
+    replication: bool,
+) -> (chrono::DateTime<chrono::Utc>, i64) {
+    if down == "pg" {
+        pg_ctl("start");
+    } else {
+        broker.resume().await;
+    }
+    let back: chrono::DateTime<chrono::Utc> = scalar(db, "SELECT now()").await;
+    let backlog: i64 = scalar(db, unfinished_sql(replication)).await;
+    (back, backlog)
 }
 
 /// What the outbox holds for each event the consumer did not get.

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use switchyard_tests::config::{Plugin, TestConfig};
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{write_orders, write_orders_to};
 use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, Outbox, TestDb, debezium_source, fresh_db};
 use switchyard_tests::relay::Process;
+use switchyard_tests::workload::{Shape, write_events};
 
 use super::{AGGREGATES, Row, STREAM, restart_postgres, settings};
 
@@ -59,7 +59,7 @@ pub(super) async fn migrate(relay_bin: &str, config: &str) {
 }
 
 /// The `application_name` of the session reading the slot, if one does.
-async fn reader(db: &TestDb) -> Option<String> {
+pub(super) async fn reader(db: &TestDb) -> Option<String> {
     sqlx::query_scalar(
         "SELECT a.application_name FROM pg_replication_slots s
            JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1",
@@ -107,11 +107,10 @@ pub async fn kills_run(
             (name, process)
         })
         .collect();
-    let per_aggregate = events.div_ceil(AGGREGATES);
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_orders_to(&pool, outbox, AGGREGATES, per_aggregate, 8).await }
+        async move { write_events(&pool, Shape::replicated(outbox), AGGREGATES, events, 8, 1).await }
     });
     let mut takeovers = Vec::new();
     let mut generation = 0;
@@ -210,7 +209,15 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
     nats.create_stream(STREAM, &["orders.>"]).await;
     let config = replication_settings(&db, &nats).toml();
     migrate(relay_bin, &config).await;
-    let expected = write_orders(&db.pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await;
+    let expected = write_events(
+        &db.pool,
+        Shape::replicated(Outbox::Switchyard),
+        AGGREGATES,
+        events,
+        8,
+        2,
+    )
+    .await;
     let total = expected.len() as u64;
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
@@ -246,7 +253,7 @@ pub async fn relay_down_run(relay_bin: &str, minutes: u64) -> Row {
     migrate(relay_bin, &config).await;
     let mut relay = Process::spawn(relay_bin, &config, "relay-0");
     let stop = tokio_util::sync::CancellationToken::new();
-    let writer = super::outage::writer(&db, Outbox::Switchyard, stop.clone());
+    let writer = super::outage::writer(&db, Outbox::Switchyard, true, stop.clone());
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(30)).await;
     relay.kill();
@@ -300,7 +307,7 @@ pub async fn outage_run(relay_bin: &str, outbox: Outbox, events: usize) -> Row {
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_orders_to(&pool, outbox, AGGREGATES, events.div_ceil(AGGREGATES), 8).await }
+        async move { write_events(&pool, Shape::replicated(outbox), AGGREGATES, events, 8, 3).await }
     });
     while nats.stream_len(STREAM).await < (events / 4) as u64 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -357,7 +364,17 @@ pub async fn poison_run(relay_bin: &str, events: usize) -> Row {
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_orders(&pool, AGGREGATES, events.div_ceil(AGGREGATES), 8).await }
+        async move {
+            write_events(
+                &pool,
+                Shape::replicated(Outbox::Switchyard),
+                AGGREGATES,
+                events,
+                8,
+                4,
+            )
+            .await
+        }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     // The poisoned aggregate: its events after the poison count from 0.
