@@ -10,6 +10,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each step's time, printed as a table at the end (every change to the
+# suite is judged on it): `mark NAME` ends the step before and starts NAME.
+timings=()
+step_name=""
+step_started=$SECONDS
+mark() {
+    if [ -n "$step_name" ]; then timings+=("$step_name $((SECONDS - step_started))"); fi
+    step_name="$1"
+    step_started=$SECONDS
+}
+print_timings() {
+    mark ""
+    echo "== timings (s)"
+    printf '%s\n' "${timings[@]}" | awk '{ printf "  %-22s %6d\n", $1, $2; total += $2 } END { printf "  %-22s %6d\n", "total", total }'
+}
+mark services
+
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2
 fi
@@ -28,28 +45,34 @@ for server in "$DATABASE_URL" "$SWITCHYARD_PG_TLS_URL"; do
         | psql "$server" -q >/dev/null
 done
 
+mark plugins
 echo "== plugins (wasm32-wasip2)"
 (cd plugins && cargo build --release --quiet)
 scripts/plugin-toolchains.sh
 host="$(rustc -vV | sed -n 's/^host: //p')"
 (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
 
+mark demo
 echo "== demo (the README's first command, on its own build)"
 scripts/demo.sh --dir "$(mktemp -d)" | tail -3
 
+mark deploy
 echo "== deploy (manifests, alert rules, systemd unit)"
 scripts/deploy-check.sh
 
+mark docs
 echo "== docs (the book, its links and module map)"
 scripts/docs.sh
 
 # The image tests/container.rs runs (a release build), unless one is named.
 if [ -z "${SWITCHYARD_IMAGE:-}" ]; then
+    mark image
     echo "== image"
     scripts/image.sh build
     export SWITCHYARD_IMAGE=switchyard:dev
 fi
 
+mark tests
 echo "== relay"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
@@ -69,4 +92,9 @@ awk '/^---- .* stdout ----$/ { name = $2; next }
      grab && /^$/ { grab = 0 }
      grab && shown < 6 { print "  " $0; shown++ }
      /^failures:$/ { name = "" }' "$log" | cut -c1-400
+# Each test binary's own time, as its runner reports it (the build is the
+# rest of the tests step).
+awk '/^     Running / { name = $NF; gsub(/[()]/, "", name); sub(/.*\//, "", name); sub(/-[0-9a-f]+$/, "", name) } /^test result:/ { for (i = 1; i <= NF; i++) if ($i == "in") t = $(i+1); sub(/s$/, "", t); if (name != "") printf "  %-32s %8.1f s\n", name, t; name = "" }' "$log" \
+    | sort -k2 -n -r | head -30
+print_timings
 exit "$status"
