@@ -122,6 +122,19 @@ async fn dry_run(config: &str) -> String {
     out
 }
 
+/// Whether the slot of `db` is confirmed to at least `lsn` (`strictly`: past it).
+async fn slot_confirmed(db: &TestDb, lsn: &str, strictly: bool) -> bool {
+    let op = if strictly { ">" } else { ">=" };
+    sqlx::query_scalar(&format!(
+        "SELECT confirmed_flush_lsn {op} $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1"
+    ))
+    .bind(&db.name)
+    .bind(lsn)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
 async fn streamed_untouched(db: &TestDb) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM switchyard_outbox
@@ -194,17 +207,7 @@ async fn events_come_from_the_wal_in_order_and_their_rows_are_never_updated() {
     eventually(
         "the slot confirmed past the last event",
         Duration::from_secs(30),
-        || async {
-            let past: bool = sqlx::query_scalar(
-                "SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
-            )
-            .bind(&db.name)
-            .bind(&written)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-            past.then_some(())
-        },
+        || async { slot_confirmed(&db, &written, true).await.then_some(()) },
     )
     .await;
     // `status` shows the slot and who reads it.
@@ -982,15 +985,10 @@ async fn an_event_the_table_does_not_take_holds_the_slot_until_it_does() {
         },
     )
     .await;
-    let passed: bool = sqlx::query_scalar(
-        "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
-    )
-    .bind(&db.name)
-    .bind(&written_to)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert!(!passed, "the slot stays before the events the table did not take");
+    assert!(
+        !slot_confirmed(&db, &written_to, false).await,
+        "the slot stays before the events the table did not take"
+    );
     let untaken: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM switchyard_outbox WHERE aggregate_id = 'order-7' AND status = 'streamed'",
     )
@@ -1008,17 +1006,7 @@ async fn an_event_the_table_does_not_take_holds_the_slot_until_it_does() {
     eventually(
         "the slot past the transaction",
         Duration::from_secs(30),
-        || async {
-            let passed: bool = sqlx::query_scalar(
-                "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
-            )
-            .bind(&db.name)
-            .bind(&written_to)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-            passed.then_some(())
-        },
+        || async { slot_confirmed(&db, &written_to, false).await.then_some(()) },
     )
     .await;
     relay.stop().await;
