@@ -248,9 +248,10 @@ pub async fn down_run(
     } else {
         "SELECT count(*) FROM switchyard_outbox WHERE status = 'published'"
     };
-    // Events of a `[source]` table published on the fast path have no row
-    // here: past the slot's confirm, nothing unfinished is all there is.
-    let rows_for_all = outbox != Outbox::Debezium;
+    // Events of a `[source]` table, and events written by `switchyard_emit`,
+    // published on the fast path have no row here: past the slot's
+    // confirm, nothing unfinished is all there is.
+    let rows_for_all = outbox != Outbox::Debezium && !(replication && emitting());
     while ((rows_for_all && scalar::<i64>(&db, done_sql).await < total)
         || scalar::<i64>(&db, unfinished_sql(replication)).await > 0)
         && Instant::now() < limit
@@ -306,6 +307,14 @@ pub async fn down_run(
         backlog_at_return,
         drain_rate: drain_s.filter(|s| *s > 0.0).map(|s| drained as f64 / s),
     }
+}
+
+/// Whether the writers send a share of events through `switchyard_emit`.
+fn emitting() -> bool {
+    std::env::var("SWITCHYARD_FAULT_EMIT_PERCENT")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|p| p > 0)
 }
 
 /// Starts what was down again; returns when, and the backlog then.
