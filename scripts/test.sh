@@ -35,6 +35,11 @@ fi
 services_env="$(scripts/services.sh start)"
 eval "$services_env"
 
+# A run killed midway may leave the commit hold of tests/replication.rs
+# (a synchronous standby nobody is) on the shared server.
+psql "$DATABASE_URL" -qAt -c "ALTER SYSTEM RESET synchronous_standby_names" >/dev/null
+psql "$DATABASE_URL" -qAt -c "SELECT pg_reload_conf()" >/dev/null
+
 # Test databases are dropped by the tests; a run killed midway leaves some,
 # and their replication slots (a database with a slot cannot be dropped).
 for server in "$DATABASE_URL" "$SWITCHYARD_PG_TLS_URL"; do
