@@ -272,7 +272,6 @@ impl WalFeed {
                     rows.extend(more);
                 }
                 handover.refresh().await;
-                let event_ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.row.event_id).collect();
                 let report = handover.relay_streamed(rows).await;
                 // Back to each batch its own share of the report.
                 let mut first = 0;
@@ -283,9 +282,11 @@ impl WalFeed {
                         seq,
                         published: share.iter().filter(|f| **f == Settled::Published).count(),
                         in_table: share.iter().filter(|f| **f == Settled::InTable).count(),
-                        unresolved: (first..last)
-                            .filter(|&at| report.fates[at] == Settled::Neither)
-                            .map(|at| event_ids[at])
+                        unresolved: report
+                            .unresolved
+                            .iter()
+                            .filter(|(at, _)| (first..last).contains(at))
+                            .map(|(_, id)| *id)
                             .collect(),
                     });
                     first = last;
@@ -345,9 +346,11 @@ enum Settled {
     Neither,
 }
 
-/// What a lane made of a batch, per event in the order given.
+/// What a lane made of a batch, per event in the order given, and the
+/// event ids of those neither published nor in the table.
 struct LaneReport {
     fates: Vec<Settled>,
+    unresolved: Vec<(usize, uuid::Uuid)>,
 }
 
 impl Handover {
@@ -406,7 +409,7 @@ impl Handover {
         if batch.used_the_table() {
             self.may_hold = true;
         }
-        let fates = batch
+        let fates: Vec<Settled> = batch
             .fates()
             .iter()
             .map(|fate| match fate {
@@ -415,8 +418,14 @@ impl Handover {
                 _ => Settled::Neither,
             })
             .collect();
+        let unresolved = fates
+            .iter()
+            .enumerate()
+            .filter(|(_, fate)| **fate == Settled::Neither)
+            .map(|(at, _)| (at, rows[at].row.event_id))
+            .collect();
         self.blocked = batch.blocked();
-        LaneReport { fates }
+        LaneReport { fates, unresolved }
     }
 
     /// Runs one wave through the stages. Returns, per event of the wave,
