@@ -494,7 +494,10 @@ fn restart_postgres() {
     let status = std::process::Command::new("runuser")
         .args(["-u", "postgres", "--"])
         .arg(format!("{pg_ctl}/pg_ctl"))
-        .args(["-D", &format!("{state}/pg"), "-m", "fast", "-w", "restart"])
+        // The server keeps logging to its file: without `-l` it would write
+        // to this run's stderr and outlive it.
+        .args(["-D", &format!("{state}/pg"), "-l", &format!("{state}/pg/server.log")])
+        .args(["-m", "fast", "-w", "-t", "60", "restart"])
         .stdout(std::process::Stdio::null())
         .status()
         .expect("pg_ctl");
