@@ -52,3 +52,20 @@ pub mod trace;
 pub use config::Config;
 pub use relay::{BatchReport, Relay, RelayBuilder, router};
 pub use store::OutboxStore;
+
+/// The allocator of the shipped binary: mimalloc with the default `mimalloc`
+/// feature, else the system's. Every binary that runs the relay (the
+/// `switchyard` binary, the test suite's relay processes, the benchmarks)
+/// installs this one, so what the tests and fault runs measure is what ships:
+/// `#[global_allocator] static A: switchyard::Allocator = switchyard::ALLOCATOR;`
+#[cfg(feature = "mimalloc")]
+pub type Allocator = mimalloc::MiMalloc;
+/// The allocator of the shipped binary (see the `mimalloc` feature).
+#[cfg(not(feature = "mimalloc"))]
+pub type Allocator = std::alloc::System;
+/// The value to install as the global allocator.
+#[cfg(feature = "mimalloc")]
+pub const ALLOCATOR: Allocator = mimalloc::MiMalloc;
+/// The value to install as the global allocator.
+#[cfg(not(feature = "mimalloc"))]
+pub const ALLOCATOR: Allocator = std::alloc::System;

@@ -1,8 +1,7 @@
 //! The `switchyard` binary: everything lives in the library's [`switchyard::cli`].
 
-#[cfg(feature = "mimalloc")]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: switchyard::Allocator = switchyard::ALLOCATOR;
 
 fn main() -> std::process::ExitCode {
     switchyard::cli::main()
