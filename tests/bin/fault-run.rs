@@ -496,7 +496,12 @@ fn restart_postgres() {
         .arg(format!("{pg_ctl}/pg_ctl"))
         // The server keeps logging to its file: without `-l` it would write
         // to this run's stderr and outlive it.
-        .args(["-D", &format!("{state}/pg"), "-l", &format!("{state}/pg/server.log")])
+        .args([
+            "-D",
+            &format!("{state}/pg"),
+            "-l",
+            &format!("{state}/pg/server.log"),
+        ])
         .args(["-m", "fast", "-w", "-t", "60", "restart"])
         .stdout(std::process::Stdio::null())
         .status()
