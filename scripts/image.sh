@@ -3,6 +3,11 @@
 # image is pulled: deploy/image/Containerfile starts from scratch).
 #
 #   scripts/image.sh build    release build, assemble target/image/rootfs, build the image
+#   scripts/image.sh build --binary PATH
+#                             the same from a binary built already: the test
+#                             suite assembles its image from its own dev build
+#                             (tests/bin/relay-process, the same code and
+#                             allocator), so CI compiles the tree once
 #   scripts/image.sh tools    install and configure podman (Debian) if no engine is there
 #
 # IMAGE names the image (default switchyard:dev). Uses podman, or docker
@@ -45,13 +50,17 @@ CONF
 
 build() {
     tools
-    local started step root bin
+    local started step root bin="${1:-}"
     started=$(date +%s)
-    echo "== release build"
-    cargo build --release --locked --quiet -p switchyard --bin switchyard
+    if [ -z "$bin" ]; then
+        echo "== release build"
+        cargo build --release --locked --quiet -p switchyard --bin switchyard
+        bin=target/release/switchyard
+    fi
+    [ -x "$bin" ] || { echo "image: $bin is not an executable" >&2; exit 2; }
     (cd plugins && cargo build --release --quiet)
     step=$(date +%s)
-    echo "release build: $((step - started)) s"
+    echo "build: $((step - started)) s ($bin)"
 
     echo "== rootfs"
     root=target/image/rootfs
@@ -60,7 +69,6 @@ build() {
         "$root/etc/switchyard" "$root/tmp" target/image/writable/var/cache/switchyard \
         target/image/writable/var/lib/switchyard
     chmod 1777 "$root/tmp"
-    bin=target/release/switchyard
     # Symbols go to a debug file beside the image (for a backtrace from a
     # core), not into it.
     objcopy --only-keep-debug "$bin" target/image/switchyard.debug
@@ -84,7 +92,16 @@ build() {
 }
 
 case "${1:-build}" in
-build) build ;;
+build)
+    if [ "${2:-}" = --binary ] && [ -n "${3:-}" ]; then
+        build "$3"
+    elif [ -n "${2:-}" ]; then
+        echo "usage: scripts/image.sh build [--binary PATH]" >&2
+        exit 2
+    else
+        build
+    fi
+    ;;
 tools) tools ;;
 *)
     echo "usage: scripts/image.sh [build|tools]" >&2
