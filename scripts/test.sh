@@ -3,12 +3,27 @@
 # missing (apt packages, the wasm32-wasip2 target, the tansu broker), starts
 # PostgreSQL, nats-server, tansu and RabbitMQ on loopback, builds the example
 # plugins (Rust, and the Python port through scripts/plugin-toolchains.sh),
-# checks deploy/ (scripts/deploy-check.sh) and the book (scripts/docs.sh),
-# builds the container image
-# (scripts/image.sh; SWITCHYARD_IMAGE names a ready one instead) and runs
-# every test.
+# builds the tree once (the tests and the relay binary every later step
+# runs), walks the demo on it, checks deploy/ (scripts/deploy-check.sh) and
+# the book (scripts/docs.sh), assembles the container image from that same
+# build (scripts/image.sh build --binary; SWITCHYARD_IMAGE names a ready one
+# instead) and runs every test: with cargo-nextest when it is installed (a
+# process per test, all binaries in one pool, .config/nextest.toml), else
+# with cargo test. Arguments go to the test runner.
+#
+#   scripts/test.sh [ARGS]         everything, as CI runs it
+#   scripts/test.sh quick [ARGS]   the contributor's loop: unit tests and the
+#                                  core promises on SQLite, PostgreSQL and NATS
+#                                  (claims, replication mode, the relay end to
+#                                  end, the config); no demo, deploy, book or
+#                                  image steps
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=""
+if [ "${1:-}" = quick ]; then
+    quick=1
+    shift
+fi
 
 # Each step's time, printed as a table at the end (every change to the
 # suite is judged on it): `mark NAME` ends the step before and starts NAME.
@@ -53,53 +68,87 @@ done
 mark plugins
 echo "== plugins (wasm32-wasip2)"
 (cd plugins && cargo build --release --quiet)
-scripts/plugin-toolchains.sh
+[ -n "$quick" ] || scripts/plugin-toolchains.sh
 host="$(rustc -vV | sed -n 's/^host: //p')"
 (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
 
-mark demo
-echo "== demo (the README's first command, on its own build)"
-scripts/demo.sh --dir "$(mktemp -d)" | tail -3
+mark build
+echo "== build (once: the tests, and the relay binary the next steps run)"
+# No binary holds a test: `--bins` would only compile each one again as a
+# test harness. The tests package's own binaries (relay-process) are built
+# for its integration tests all the same.
+targets=(--workspace --lib --tests)
+if cargo nextest --version >/dev/null 2>&1; then runner=nextest; else runner=cargo; fi
+cargo test "${targets[@]}" --no-run --quiet
+relay="$PWD/target/debug/relay-process"
 
-mark deploy
-echo "== deploy (manifests, alert rules, systemd unit)"
-scripts/deploy-check.sh
+if [ -n "$quick" ]; then
+    export SWITCHYARD_IMAGE=""
+    # The core promises: what users lose if they break.
+    core='kind(lib) | test(/^(claim|replication|relay_sqlite|relay_nats|config)::/)'
+    if [ "$runner" = nextest ]; then set -- -E "$core" "$@"; else set -- -- claim:: replication:: relay_sqlite:: relay_nats:: config:: "$@"; fi
+else
+    mark demo
+    echo "== demo (the README's first command, on the test build's binary)"
+    SWITCHYARD_DEMO_BINARY="$relay" scripts/demo.sh --dir "$(mktemp -d)" | tail -3
 
-mark docs
-echo "== docs (the book, its links and module map)"
-scripts/docs.sh
+    mark deploy
+    echo "== deploy (manifests, alert rules, systemd unit)"
+    SWITCHYARD_BIN="$relay" scripts/deploy-check.sh
 
-# The image tests/container.rs runs (a release build), unless one is named.
-if [ -z "${SWITCHYARD_IMAGE:-}" ]; then
-    mark image
-    echo "== image"
-    scripts/image.sh build
-    export SWITCHYARD_IMAGE=switchyard:dev
+    mark docs
+    echo "== docs (the book, its links and module map)"
+    scripts/docs.sh
+
+    # The image tests/container.rs runs, from the same build, unless one is named.
+    if [ -z "${SWITCHYARD_IMAGE:-}" ]; then
+        mark image
+        echo "== image (from the test build)"
+        IMAGE=switchyard:test scripts/image.sh build --binary "$relay"
+        export SWITCHYARD_IMAGE=switchyard:test
+    fi
 fi
 
 mark tests
-echo "== relay"
+echo "== relay ($runner)"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-# Every test binary runs even after one fails, and the summary is printed
-# either way: a red run says everything that failed, not the first binary.
+# Every test runs even after one fails, and the summary is printed either
+# way: a red run says everything that failed, not the first failure.
 status=0
 args=()
 for arg in "$@"; do [ "$arg" = --no-fail-fast ] || args+=("$arg"); done
-cargo test --workspace --lib --bins --tests --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     /^test .* \.\.\. FAILED$/ { failed[++n] = $2 }
-     END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"
-# Why each one failed, after the summary: a CI log is often read from its
-# end, and the panic sits above thousands of lines of other tests' output.
-awk '/^---- .* stdout ----$/ { name = $2; next }
-     name != "" && / panicked at / { print "why " name ":"; shown = 0; grab = 1 }
-     grab && /^$/ { grab = 0 }
-     grab && shown < 6 { print "  " $0; shown++ }
-     /^failures:$/ { name = "" }' "$log" | cut -c1-400
-# Each test binary's own time, as its runner reports it (the build is the
-# rest of the tests step).
-awk '/^     Running / { name = $NF; gsub(/[()]/, "", name); sub(/.*\//, "", name); sub(/-[0-9a-f]+$/, "", name) } /^test result:/ { for (i = 1; i <= NF; i++) if ($i == "in") t = $(i+1); sub(/s$/, "", t); if (name != "") printf "  %-32s %8.1f s\n", name, t; name = "" }' "$log" \
-    | sort -k2 -n -r | head -30
+if [ "$runner" = nextest ]; then
+    cargo nextest run "${targets[@]}" --no-fail-fast --status-level pass ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
+    awk '/^ *Summary \[/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p = $i; if ($(i+1) ~ /^failed/) f = $i } }
+         /^ *(FAIL|TIMEOUT|SIGSEGV|SIGABRT) \[/ { name = $NF; bin = $(NF-1); if (!seen[bin " " name]++) failed[++n] = bin " " name }
+         END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"
+    # Why each one failed, after the summary: a CI log is often read from
+    # its end, and the panic sits above thousands of lines of output.
+    awk '/^ *(FAIL|TIMEOUT|SIGSEGV|SIGABRT) \[/ { name = $NF; next }
+         /^ *PASS \[/ { name = "" }
+         name != "" && / panicked at / { print "why " name ":"; shown = 0; grab = 1 }
+         grab && /^$/ { grab = 0 }
+         grab && shown < 6 { print "  " $0; shown++ }' "$log" | cut -c1-400
+    # Each test binary's time (the sum of its tests') and the slowest tests.
+    awk '/^ *PASS \[/ { t = $0; sub(/.*\[ */, "", t); sub(/s\].*/, "", t); bin = $(NF-1); sub(/.*::/, "", bin); sum[bin] += t; printf "  %-70s %8.1f s\n", bin " " $NF, t > "/dev/stderr" }
+         END { for (b in sum) printf "  %-32s %8.1f s\n", b, sum[b] }' "$log" 2>"$log.tests" | sort -k2 -n -r
+    echo "== slowest tests"
+    sort -k3 -n -r "$log.tests" | head -15
+    rm -f "$log.tests"
+else
+    cargo test "${targets[@]}" --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
+    awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+         /^test .* \.\.\. FAILED$/ { failed[++n] = $2 }
+         END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"
+    awk '/^---- .* stdout ----$/ { name = $2; next }
+         name != "" && / panicked at / { print "why " name ":"; shown = 0; grab = 1 }
+         grab && /^$/ { grab = 0 }
+         grab && shown < 6 { print "  " $0; shown++ }
+         /^failures:$/ { name = "" }' "$log" | cut -c1-400
+    # Each test binary's own time, as its runner reports it.
+    awk '/^     Running / { name = $NF; gsub(/[()]/, "", name); sub(/.*\//, "", name); sub(/-[0-9a-f]+$/, "", name) } /^test result:/ { for (i = 1; i <= NF; i++) if ($i == "in") t = $(i+1); sub(/s$/, "", t); if (name != "") printf "  %-32s %8.1f s\n", name, t; name = "" }' "$log" \
+        | sort -k2 -n -r | head -30
+fi
 print_timings
 exit "$status"

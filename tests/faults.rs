@@ -6,7 +6,7 @@
 //! the relay is still serving. The long version is the `fault-run` bench
 //! binary (by hand).
 
-// Broker and database outages, in this binary to keep the test build to one link.
+// Broker and database outages.
 #[path = "outage.rs"]
 mod outage;
 

@@ -252,8 +252,12 @@ async fn a_missing_topic_waits_and_each_message_pubsub_would_refuse_is_dead_lett
     emulator.topic(&project, "orders").await;
     // Long aggregates get a doubled key as their ordering key.
     let config = TestConfig::new(&db.url)
+        // Payloads of 10 MiB through the plugin: on a busy 2-core machine a
+        // batch of them may outlast the quick lease, and the attempt spent
+        // on that would hide the reason under test.
         .tuning(
             RelaySection::quick()
+                .set("lease_duration_ms", "15000")
                 .set("max_message_bytes", "16777216")
                 .set("max_payload_bytes", "16777216"),
         )
