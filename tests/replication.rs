@@ -313,16 +313,24 @@ async fn a_failing_event_takes_only_its_own_aggregate_to_the_table() {
     .fetch_all(&db.pool)
     .await
     .unwrap();
+    // The poison first; then those of the three after it the reader met
+    // while the aggregate still had a row waiting (all three when writers
+    // outpace the poison's retries; fewer on a busy machine, where they
+    // arrive once it is dead and the table is empty again).
     assert!(
         through_table.iter().all(|(aggregate, _)| aggregate == "order-0"),
         "{through_table:?}"
     );
     assert_eq!(
-        through_table.len(),
-        4,
-        "the poison and the three after it: {through_table:?}"
+        through_table.first().map(|(_, kind)| kind.as_str()),
+        Some("Poison"),
+        "the poison went to the table first: {through_table:?}"
     );
-    assert_eq!(streamed_untouched(&db).await, 156);
+    assert!(
+        through_table.len() <= 4,
+        "the poison and at most the three after it: {through_table:?}"
+    );
+    assert_eq!(streamed_untouched(&db).await, 160 - through_table.len() as i64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
