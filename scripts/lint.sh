@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Formatting and lints, as CI runs them: rustfmt on both workspaces, the
 # book's links and module map (seconds), clippy with warnings as errors on
-# the host workspace, with and without its default features, and no host
-# function over 100 lines.
+# the host workspace (no host function over 100 lines: host/src/lib.rs),
+# and the host without its default features.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all --check
 (cd plugins && cargo fmt --all --check)
 python3 scripts/docs-check.py
+# One run over everything: the host's own `too_many_lines` (its functions
+# stay under 100 lines) is a crate attribute, so no second run with other
+# features has to check the dependency tree again.
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-# The relay's own functions stay under 100 lines (clippy's count: code only).
-cargo clippy -p switchyard --all-targets --quiet -- -D warnings -D clippy::too_many_lines
-# The demo's build leaves the Kafka client out (scripts/demo.sh).
-cargo clippy -p switchyard --no-default-features --all-targets --quiet -- -D warnings
+# The demo's build leaves the Kafka client out (scripts/demo.sh): the code
+# behind the features must compile without them.
+cargo clippy -p switchyard --no-default-features --lib --bins --quiet -- -D warnings
 echo "lint: ok"
