@@ -233,14 +233,19 @@ fn print_rows(rows: Vec<Row>) {
     println!("|---|---|---|---|---|---|---|---|");
     for row in rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             row.scenario,
             row.written,
             row.received,
             row.lost,
             row.duplicates,
             row.reordered,
-            row.worst_commit_to_publish_s,
+            // Not known when the outbox could not be read after the run.
+            if row.worst_commit_to_publish_s.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{:.1} s", row.worst_commit_to_publish_s)
+            },
             row.drain_s
         );
     }
