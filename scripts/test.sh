@@ -118,7 +118,7 @@ fi
 mark tests
 echo "== relay ($runner)"
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log.tests"' EXIT
 # Every test runs even after one fails, and the summary is printed either
 # way: a red run says everything that failed, not the first failure.
 status=0
@@ -136,9 +136,10 @@ if [ "$runner" = nextest ]; then
          name != "" && / panicked at / { print "why " name ":"; shown = 0; grab = 1 }
          grab && /^$/ { grab = 0 }
          grab && shown < 6 { print "  " $0; shown++ }' "$log" | cut -c1-400
-    # Each test binary's time (the sum of its tests') and the slowest tests.
-    awk '/^ *PASS \[/ { t = $0; sub(/.*\[ */, "", t); sub(/s\].*/, "", t); bin = $(NF-1); sub(/.*::/, "", bin); sum[bin] += t; printf "  %-70s %8.1f s\n", bin " " $NF, t > "/dev/stderr" }
-         END { for (b in sum) printf "  %-32s %8.1f s\n", b, sum[b] }' "$log" 2>"$log.tests" | sort -k2 -n -r
+    # Each test module's time (the sum of its tests': one binary holds them
+    # all, so a binary's time would say nothing) and the slowest tests.
+    awk '/^ *PASS \[/ { t = $0; sub(/.*\[ */, "", t); sub(/s\].*/, "", t); bin = $(NF-1); sub(/.*::/, "", bin); mod = $NF; sub(/::.*/, "", mod); sum[bin "/" mod] += t; printf "  %-70s %8.1f s\n", bin " " $NF, t > "/dev/stderr" }
+         END { for (b in sum) printf "  %-32s %8.1f s\n", b, sum[b] }' "$log" 2>"$log.tests" | sort -k2 -n -r | head -25
     echo "== slowest tests"
     sort -k3 -n -r "$log.tests" | head -15
     rm -f "$log.tests"
