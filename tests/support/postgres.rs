@@ -368,12 +368,40 @@ pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
         .expect("count")
 }
 
-/// Waits until `total` rows are published, failing the test after `limit`.
+/// Waits until `total` rows are published, failing the test after `limit`
+/// with the rows' statuses, or at once when dead rows leave `total` out
+/// of reach (a dead row is never published), with their errors.
 pub async fn all_published(pool: &PgPool, total: i64, limit: std::time::Duration) {
-    crate::eventually("every row published", limit, || async {
-        (count_status(pool, "published").await == total).then_some(())
-    })
-    .await;
+    let started = std::time::Instant::now();
+    loop {
+        let statuses: Vec<(String, i64)> =
+            sqlx::query_as("SELECT status, count(*) FROM switchyard_outbox GROUP BY status ORDER BY status")
+                .fetch_all(pool)
+                .await
+                .expect("count by status");
+        let count = |name: &str| statuses.iter().find(|(s, _)| s == name).map_or(0, |(_, n)| *n);
+        let (published, dead) = (count("published"), count("dead"));
+        if published == total {
+            return;
+        }
+        let all: i64 = statuses.iter().map(|(_, n)| n).sum();
+        if dead > 0 && all - dead < total {
+            let errors: Vec<(String, Option<String>)> = sqlx::query_as(
+                "SELECT aggregate_id, last_error FROM switchyard_outbox WHERE status = 'dead' ORDER BY id LIMIT 3",
+            )
+            .fetch_all(pool)
+            .await
+            .expect("dead rows");
+            panic!(
+                "{dead} rows dead-lettered, so {total} cannot be published ({statuses:?}); the first: {errors:?}"
+            );
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {total} rows published: {statuses:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Holds commits between their WAL flush and their visibility, as a
