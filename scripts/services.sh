@@ -65,7 +65,7 @@ install_missing() {
 # default features have no storage engine; `dynostore` brings memory:// (the
 # shared test broker) and `libsql` brings sqlite://, a broker whose topics
 # survive its restart (the outage tests count what was delivered before).
-# opt-level 1 halves the build and is plenty for a test broker.
+# opt-level 0 halves the build and is plenty for a test broker.
 TANSU_FEATURES="dynostore,libsql"
 install_tansu() {
     if [ -x "$TANSU_BIN" ] && "$TANSU_BIN" --version 2>/dev/null | grep -q "$TANSU_VERSION" \
@@ -365,12 +365,24 @@ print_env() {
     fi
 }
 
+# One install at a time: .ci/run installs in the background while the tree
+# builds, and the test script's `start` waits for it here. `-o`: a daemon
+# an install starts (a package's post-install script may) must not hold
+# the lock for ever.
+install_locked() {
+    mkdir -p "$TOOLS_DIR"
+    flock -o "$TOOLS_DIR/install.lock" "${BASH_SOURCE[0]}" install-now
+}
+
 case "${1:-}" in
     install)
+        install_locked
+        ;;
+    install-now)
         install_missing
         ;;
     start)
-        install_missing
+        install_locked
         pg_start
         pg_tls_start
         nats_start

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine with Rust: installs what is
-# missing (apt packages, the wasm32-wasip2 target, the tansu broker), starts
-# PostgreSQL, nats-server, tansu and RabbitMQ on loopback, builds the example
-# plugins (Rust, and the Python port through scripts/plugin-toolchains.sh),
-# builds the tree once (the tests and the relay binary every later step
-# runs), walks the demo on it, checks deploy/ (scripts/deploy-check.sh) and
-# the book (scripts/docs.sh), assembles the container image from that same
-# build (scripts/image.sh build --binary; SWITCHYARD_IMAGE names a ready one
+# The whole test suite, from a fresh machine with Rust: builds the tree
+# once (the tests, and the relay binary every later step runs; with
+# SWITCHYARD_CLIPPY=1 clippy lints that same build), installs what is
+# missing (apt packages, the wasm32-wasip2 target, the tansu broker),
+# starts PostgreSQL, nats-server, tansu, RabbitMQ and the Pub/Sub emulator
+# on loopback, builds the example plugins (Rust, and the Python and
+# JavaScript ports through scripts/plugin-toolchains.sh), walks the demo on
+# the test build, checks deploy/ (scripts/deploy-check.sh) and the book
+# (scripts/docs.sh), assembles the container image from that same build
+# (scripts/image.sh build --binary; SWITCHYARD_IMAGE names a ready one
 # instead) and runs every test: with cargo-nextest when it is installed (a
 # process per test, all binaries in one pool, .config/nextest.toml), else
 # with cargo test. Arguments go to the test runner.
@@ -40,6 +42,34 @@ print_timings() {
     echo "== timings (s)"
     printf '%s\n' "${timings[@]}" | awk '{ printf "  %-22s %6d\n", $1, $2; total += $2 } END { printf "  %-22s %6d\n", "total", total }'
 }
+mark build
+echo "== build (once: the tests, and the relay binary the next steps run)"
+# No binary holds a test: `--bins` would only compile each one again as a
+# test harness. The tests package's own binaries (relay-process) are built
+# for its integration tests all the same.
+targets=(--workspace --lib --tests)
+# .config/nextest.toml needs nextest 0.9.91 (test priorities); an older
+# one, or none, means cargo test.
+runner=cargo
+nextest_version="$(cargo nextest --version 2>/dev/null | awk 'NR == 1 { print $2 }')" || true
+if [ -n "$nextest_version" ] && [ "$(printf '0.9.91\n%s\n' "$nextest_version" | sort -V | head -1)" = 0.9.91 ]; then
+    runner=nextest
+fi
+if [ -n "${SWITCHYARD_CLIPPY:-}" ]; then
+    # Clippy as the compiler of the workspace's own crates, warnings as
+    # errors: this one build is also `scripts/lint.sh`'s clippy run, every
+    # target included, instead of a second pass over the dependency tree.
+    # Cargo leaves the wrapper out of its fingerprints, so the test run
+    # below reuses this build; a crate built before without it is not
+    # linted again (CI builds from a clean clone).
+    echo "   (clippy -D warnings on every workspace target)"
+    RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver" \
+        CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__" \
+        cargo build --workspace --all-targets --quiet
+fi
+cargo test "${targets[@]}" --no-run --quiet
+relay="$PWD/target/debug/relay-process"
+
 mark services
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -72,21 +102,6 @@ echo "== plugins (wasm32-wasip2)"
 host="$(rustc -vV | sed -n 's/^host: //p')"
 (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
 
-mark build
-echo "== build (once: the tests, and the relay binary the next steps run)"
-# No binary holds a test: `--bins` would only compile each one again as a
-# test harness. The tests package's own binaries (relay-process) are built
-# for its integration tests all the same.
-targets=(--workspace --lib --tests)
-# .config/nextest.toml needs nextest 0.9.91 (test priorities); an older
-# one, or none, means cargo test.
-runner=cargo
-nextest_version="$(cargo nextest --version 2>/dev/null | awk 'NR == 1 { print $2 }')" || true
-if [ -n "$nextest_version" ] && [ "$(printf '0.9.91\n%s\n' "$nextest_version" | sort -V | head -1)" = 0.9.91 ]; then
-    runner=nextest
-fi
-cargo test "${targets[@]}" --no-run --quiet
-relay="$PWD/target/debug/relay-process"
 
 if [ -n "$quick" ]; then
     export SWITCHYARD_IMAGE=""
