@@ -52,7 +52,7 @@ targets=(--workspace --lib --tests)
 # one, or none, means cargo test.
 runner=cargo
 nextest_version="$(cargo nextest --version 2>/dev/null | awk 'NR == 1 { print $2 }')" || true
-if [ -n "$nextest_version" ] && [ "$(printf '0.9.91\n%s\n' "$nextest_version" | sort -V | head -1)" = 0.9.91 ]; then
+if [ -n "$nextest_version" ] && [ "$(printf '0.9.91\n%s\n' "$nextest_version" | sort -V | sed -n 1p)" = 0.9.91 ]; then
     runner=nextest
 fi
 if [ -n "${SWITCHYARD_CLIPPY:-}" ]; then
@@ -154,9 +154,9 @@ if [ "$runner" = nextest ]; then
     # Each test module's time (the sum of its tests': one binary holds them
     # all, so a binary's time would say nothing) and the slowest tests.
     awk '/^ *PASS \[/ { t = $0; sub(/.*\[ */, "", t); sub(/s\].*/, "", t); bin = $(NF-1); sub(/.*::/, "", bin); mod = $NF; sub(/::.*/, "", mod); sum[bin "/" mod] += t; printf "  %-70s %8.1f s\n", bin " " $NF, t > "/dev/stderr" }
-         END { for (b in sum) printf "  %-32s %8.1f s\n", b, sum[b] }' "$log" 2>"$log.tests" | sort -k2 -n -r | head -25
+         END { for (b in sum) printf "  %-32s %8.1f s\n", b, sum[b] }' "$log" 2>"$log.tests" | sort -k2 -n -r | sed -n 1,25p
     echo "== slowest tests"
-    sort -k3 -n -r "$log.tests" | head -15
+    sort -k3 -n -r "$log.tests" | sed -n 1,15p
     rm -f "$log.tests"
 else
     cargo test "${targets[@]}" --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
@@ -170,7 +170,7 @@ else
          /^failures:$/ { name = "" }' "$log" | cut -c1-400
     # Each test binary's own time, as its runner reports it.
     awk '/^     Running / { name = $NF; gsub(/[()]/, "", name); sub(/.*\//, "", name); sub(/-[0-9a-f]+$/, "", name) } /^test result:/ { for (i = 1; i <= NF; i++) if ($i == "in") t = $(i+1); sub(/s$/, "", t); if (name != "") printf "  %-32s %8.1f s\n", name, t; name = "" }' "$log" \
-        | sort -k2 -n -r | head -30
+        | sort -k2 -n -r | sed -n 1,30p
 fi
 print_timings
 exit "$status"
