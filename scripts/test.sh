@@ -65,7 +65,8 @@ if [ -n "${SWITCHYARD_CLIPPY:-}" ]; then
     echo "   (clippy -D warnings on every workspace target)"
     RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver" \
         CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__" \
-        cargo build --workspace --all-targets --quiet
+        cargo build --workspace --all-targets --quiet --timings
+    python3 scripts/build-units.py target/cargo-timings/cargo-timing.html
 fi
 cargo test "${targets[@]}" --no-run --quiet
 relay="$PWD/target/debug/relay-process"
