@@ -174,18 +174,31 @@ impl Broker {
             Broker::Rabbit(rabbit) => rabbit.drain("orders-consumer", expected, limit).await,
             Broker::PubSub(pubsub) => {
                 let deadline = std::time::Instant::now() + limit;
-                let mut seen = 0;
-                // Until everything, or nothing more for longer than the
+                // Until every event (redelivered copies do not count: with
+                // them the count reaches `expected` while events are still
+                // on their way), or nothing more for longer than the
                 // subscription's ack deadline (an ack lost in a freeze
                 // holds its key back that long).
+                let mut events = std::collections::HashSet::new();
+                let mut read = 0;
                 let mut quiet_since = std::time::Instant::now();
                 loop {
-                    let now = pubsub.received.lock().unwrap().len();
-                    if now != seen {
-                        seen = now;
-                        quiet_since = std::time::Instant::now();
+                    {
+                        let received = pubsub.received.lock().unwrap();
+                        if received.len() != read {
+                            quiet_since = std::time::Instant::now();
+                        }
+                        for message in &received[read..] {
+                            events.insert(
+                                message
+                                    .header("Switchyard-Event-Id")
+                                    .unwrap_or_default()
+                                    .to_string(),
+                            );
+                        }
+                        read = received.len();
                     }
-                    if seen >= expected
+                    if events.len() >= expected
                         || quiet_since.elapsed() > Duration::from_secs(15)
                         || std::time::Instant::now() > deadline
                     {
