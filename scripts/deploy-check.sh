@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Checks what deploy/ ships, offline and in seconds: every Kubernetes
-# overlay renders with kustomize and validates against the Kubernetes
-# schemas (kubernetes-validate, strict), the Prometheus rules load and their
-# unit tests pass (promtool), the dashboard is JSON, and systemd accepts the
-# unit. Installs promtool (Debian's prometheus package) and
-# kubernetes-validate (PyPI) when missing; kubectl comes with the machine.
+# overlay renders with kustomize, alone and with the ServiceMonitor
+# component, and validates against the Kubernetes schemas
+# (kubernetes-validate, strict) and the Prometheus Operator's CRDs; its
+# selectors, probes and grace are checked (scripts/k8s-check.py); the
+# Prometheus rules load and their unit tests pass (promtool), the dashboard
+# is JSON, and systemd accepts the unit. Installs promtool (Debian's
+# prometheus package), kubernetes-validate (PyPI) and the CRD validators
+# (npm) when missing; kubectl comes with the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,25 +25,63 @@ if ! command -v kubernetes-validate >/dev/null; then
     hash -r
 fi
 command -v kubectl >/dev/null || { echo "deploy-check: kubectl (with kustomize) is missing" >&2; exit 1; }
+# The Prometheus Operator's CRD schemas, generated from its CRDs into
+# validators (npm); node comes with the plugin toolchains.
+k8s_models="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}/k8s-models"
+prometheus_operator_models=6.0.0
+if ! grep -qs "\"version\": \"$prometheus_operator_models\"" \
+    "$k8s_models/node_modules/@kubernetes-models/prometheus-operator/package.json"; then
+    if ! command -v npm >/dev/null; then
+        if [ "$(id -u)" = 0 ]; then as_root=(); else as_root=(sudo); fi
+        "${as_root[@]}" apt-get update -qq
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    echo "deploy-check: installing @kubernetes-models/prometheus-operator $prometheus_operator_models"
+    mkdir -p "$k8s_models"
+    npm install --silent --no-audit --no-fund --prefix "$k8s_models" \
+        "@kubernetes-models/prometheus-operator@$prometheus_operator_models" >&2
+fi
+cp scripts/crd-validate.mjs "$k8s_models/crd-validate.mjs"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-echo "== kubernetes (kustomize, kubernetes-validate --strict, Kubernetes $kubernetes_version)"
+echo "== kubernetes (kustomize, kubernetes-validate --strict, Kubernetes $kubernetes_version; CRDs; selectors, probes, grace)"
+# Each overlay as shipped, and with the ServiceMonitor component an
+# operator's cluster adds: built-in kinds against the Kubernetes schemas,
+# custom ones against their CRDs' schemas (scripts/crd-validate.mjs), and
+# what no schema says (scripts/k8s-check.py): the budget and the spread
+# select the relays, the monitor finds the Service, the grace covers the
+# relay's shutdown.
+rel="$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$PWD/deploy/kubernetes" "$work/overlay")"
 for overlay in deploy/kubernetes/overlays/*/; do
     name="$(basename "$overlay")"
     kubectl kustomize "$overlay" >"$work/$name.yaml"
-    # The ServiceMonitor is a CRD whose schema is not vendored here: its
-    # lack of a schema is the one warning accepted.
-    if ! kubernetes-validate -k "$kubernetes_version" --strict --quiet "$work/$name.yaml" >"$work/$name.out" 2>&1; then
-        cat "$work/$name.out" >&2
-        exit 1
-    fi
-    if grep -v "Couldn't find schema for kind ServiceMonitor" "$work/$name.out" | grep -q .; then
-        cat "$work/$name.out" >&2
-        exit 1
-    fi
-    echo "$name: $(grep -c '^kind:' "$work/$name.yaml") objects valid (ServiceMonitor: no schema, not checked)"
+    mkdir -p "$work/$name+monitor"
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n  - %s\n' \
+        "$rel/overlays/$name" "$rel/components/servicemonitor" >"$work/$name+monitor/kustomization.yaml"
+    kubectl kustomize "$work/$name+monitor" >"$work/$name+monitor.yaml"
+    for rendered in "$work/$name.yaml" "$work/$name+monitor.yaml"; do
+        # Built-in kinds only: kubernetes-validate has no CRD schemas.
+        python3 - "$rendered" >"$rendered.builtin" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+yaml.safe_dump_all([d for d in docs if not d["apiVersion"].split("/")[0].count(".") or d["apiVersion"].split("/")[0].endswith("k8s.io")], sys.stdout)
+PY
+        if ! kubernetes-validate -k "$kubernetes_version" --strict --quiet "$rendered.builtin" >"$rendered.out" 2>&1 || [ -s "$rendered.out" ]; then
+            cat "$rendered.out" >&2
+            exit 1
+        fi
+        python3 scripts/k8s-check.py "$rendered" "$overlay/switchyard.toml"
+    done
+    python3 - "$work/$name+monitor.yaml" <<'PY' | node "$k8s_models/crd-validate.mjs"
+import json, sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    group = d["apiVersion"].split("/")[0] if d else ""
+    if "." in group and not group.endswith("k8s.io"):
+        print(json.dumps(d))
+PY
+    echo "$name: $(grep -c '^kind:' "$work/$name.yaml") objects valid, $(grep -c '^kind:' "$work/$name+monitor.yaml") with the ServiceMonitor component"
 done
 
 echo "== prometheus"
