@@ -754,6 +754,46 @@ async fn validate_runs_each_plugins_init_with_its_config() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `validate --offline`, a service manager's pre-start check, passes while
+/// every database and broker is out of reach (at boot they may still be
+/// coming up, and the relay waits for them) and still stops a start on a
+/// plugin that refuses its config; plain `validate` names the unreachable
+/// database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_offline_checks_config_and_plugins_without_the_network() {
+    let dir = std::env::temp_dir().join(format!("sy-offline-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Port 1 on loopback: refused at once, nothing listens there.
+    let write = |name: &str, topic: &str| {
+        let path = dir.join(name);
+        let text = format!(
+            "[[databases]]\nname = \"orders\"\nurl = \"postgres://switchyard@127.0.0.1:1/orders\"\n\n\
+             [[plugins]]\nname = \"route\"\npath = \"{}\"\n[plugins.config]\ntarget = \"bus\"\ntopic = \"{topic}\"\n\n\
+             [targets.bus]\ntype = \"nats\"\nurl = \"nats://127.0.0.1:1\"\n",
+            plugin("route_by_type").display()
+        );
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let good = write("good.toml", "orders.{event_type}");
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--offline", "--config", &good], &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("good.toml: ok"), "{out}");
+
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", &good], &[]).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("database orders") && err.contains("cannot connect"),
+        "{err}"
+    );
+
+    let typo = write("typo.toml", "orders.{evnt_type}");
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--offline", "--config", &typo], &[]).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("unknown placeholder {evnt_type}"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A relay whose admin endpoint listens on a port the system chose is found
 /// by `status` all the same: running relays record their address in the
 /// database, and a relay that stops removes itself.

@@ -66,6 +66,13 @@ pub enum Command {
         /// The relay config (TOML).
         #[arg(long, short)]
         config: PathBuf,
+        /// Check only what needs no network: the config and the plugins'
+        /// own `init`. For a
+        /// service manager's pre-start check, which must not fail a boot
+        /// while a database or broker is still coming up (the relay waits
+        /// for them by itself).
+        #[arg(long)]
+        offline: bool,
     },
     /// Run the whole path on this machine with nothing else installed: a
     /// SQLite outbox, a sample order service, the example plugins, and the
@@ -257,7 +264,7 @@ async fn dispatch_unit(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Status { .. } | Command::Dlq(_) => unreachable!("dispatched above"),
         Command::Run { config } => crate::app::run(Config::load(&config)?).await,
-        Command::Validate { config } => ops::validate(&config).await,
+        Command::Validate { config, offline } => ops::validate(&config, offline).await,
         Command::Plugin(command) => plugin::run(command).await,
         Command::Config(ConfigCommand::Schema) => {
             println!("{:#}", crate::config::reference::schema());

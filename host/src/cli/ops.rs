@@ -279,12 +279,17 @@ fn render_status(report: &StatusReport) -> String {
 
 /// Runs `switchyard validate`: the config, then what can only be checked
 /// live: each listed database (reachable and migrated), a `[source]`
-/// mapping, replication mode's setup, the plugins' own `init`.
+/// mapping, replication mode's setup, the plugins' own `init`. `offline`
+/// leaves out every check that needs the network.
 ///
 /// # Errors
 /// The first part that fails, or every database that does.
-pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
+pub(super) async fn validate(path: &std::path::Path, offline: bool) -> anyhow::Result<()> {
     let loaded = Config::load(path)?;
+    if offline {
+        crate::tls::install_provider();
+        return plugins_and_warnings(path, &loaded).await;
+    }
     if loaded.serves_many() {
         let mut failed = Vec::new();
         for database in crate::fleet::catalog::all_databases(&loaded).await? {
@@ -336,9 +341,15 @@ pub(super) async fn validate(path: &std::path::Path) -> anyhow::Result<()> {
         path.display(),
         target_problems.join("\n  ")
     );
+    plugins_and_warnings(path, &loaded).await
+}
+
+/// The end of `validate`, online or not: the plugins start, and the
+/// config's warnings are printed.
+async fn plugins_and_warnings(path: &std::path::Path, loaded: &Config) -> anyhow::Result<()> {
     // A plugin may refuse its own config (a placeholder it does
     // not know): only its `init` can say.
-    crate::runtime::load_plugins(&loaded)
+    crate::runtime::load_plugins(loaded)
         .await
         .with_context(|| format!("{}: the plugins do not start", path.display()))?;
     for warning in loaded.warnings() {
