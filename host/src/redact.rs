@@ -17,7 +17,25 @@ pub fn url(text: &str) -> String {
         let end = tail
             .find(|c: char| c.is_whitespace() || matches!(c, '/' | '"' | '\'' | ',' | '?' | '#' | ')'))
             .unwrap_or(tail.len());
-        let authority = &tail[..end];
+        let mut authority = &tail[..end];
+        let mut end = end;
+        // A password typed without percent-encoding may hold `/ ? # ,`,
+        // which end the authority above before its `@`: then the
+        // credentials run to the last `@` of the whole URL (up to a space,
+        // a quote or the next URL), and all of them are masked.
+        if !authority.contains('@') && authority.contains(':') {
+            let token_end = tail
+                .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ')' | '>'))
+                .unwrap_or(tail.len());
+            let token = &tail[..tail[..token_end].find("://").unwrap_or(token_end)];
+            if let Some(sign) = token.rfind('@') {
+                authority = &tail[..sign
+                    + token[sign..]
+                        .find(['/', '?', '#', ','])
+                        .unwrap_or(token.len() - sign)];
+                end = authority.len();
+            }
+        }
         match authority.rfind('@') {
             Some(sign) => {
                 let userinfo = &authority[..sign];
@@ -99,6 +117,27 @@ mod tests {
             url("host=db password=hunter2 user=app"),
             "host=db password=*** user=app"
         );
+    }
+
+    #[test]
+    fn masks_passwords_holding_unencoded_url_delimiters() {
+        for (typed, shown) in [
+            ("postgres://u:pa/ss@h/app", "postgres://u:***@h/app"),
+            ("postgres://u:pa?ss@h:5432/app", "postgres://u:***@h:5432/app"),
+            ("postgres://u:pa#ss@h", "postgres://u:***@h"),
+            ("nats://u:a,b@h:4222", "nats://u:***@h:4222"),
+            ("amqp://u:a/b@c@h/%2f", "amqp://u:***@h/%2f"),
+            (
+                "invalid URL \"postgres://u:p/w@db/app\": bad port",
+                "invalid URL \"postgres://u:***@db/app\": bad port",
+            ),
+            (
+                "postgres://u:p/w@db/app and nats://n:x@h",
+                "postgres://u:***@db/app and nats://n:***@h",
+            ),
+        ] {
+            assert_eq!(url(typed), shown, "{typed}");
+        }
     }
 
     #[test]
