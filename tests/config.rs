@@ -160,6 +160,25 @@ fn unknown_keys_are_rejected_by_name() {
     }
 }
 
+/// A TOML mistake is named by its line and column, never by quoting the
+/// line: the line may be the one holding a secret.
+#[test]
+fn a_parse_error_names_the_place_and_not_the_secret_beside_it() {
+    for text in [
+        "[database]\nurl = \"postgres://app:hunter2@db/app\" extra\n",
+        "[admin.tokens]\nops = \"hunter2hunter2hunter2\"x\n",
+        "[targets.k]\ntype = \"kafka\"\nbootstrap_servers = \"b:9092\"\npassword = \"hunter2\n",
+    ] {
+        match Config::from_toml(text, Path::new("."), &|_| None) {
+            Err(LoadError::Parse(message)) => {
+                assert!(!message.contains("hunter2"), "{message}");
+                assert!(message.starts_with("line "), "{message}");
+            }
+            other => panic!("expected a parse error, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn secrets_come_from_the_environment() {
     let wasm = plugin("route_by_type");

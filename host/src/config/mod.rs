@@ -525,7 +525,7 @@ impl Config {
             if sections.len() > 1 {
                 LoadError::Invalid(sections)
             } else {
-                LoadError::Parse(whole.to_string())
+                LoadError::Parse(parse_message(text, &whole))
             }
         })?;
         let env_problems = config.apply_env(env);
@@ -688,4 +688,21 @@ pub enum PublishedRows {
     Delete,
     /// Moves it to `switchyard_outbox_archive` in the ack's statement.
     Archive,
+}
+
+/// A TOML error as `line L, column C: what`. The parser's own rendering
+/// quotes the offending source line, which may be the one holding a
+/// password or token: the position is enough to find it, and the message
+/// has any URL credentials masked.
+fn parse_message(text: &str, error: &toml::de::Error) -> String {
+    let message = crate::redact::url(error.message().trim());
+    match error.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.chars().rev().take_while(|&c| c != '\n').count() + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message,
+    }
 }
