@@ -261,6 +261,45 @@ async fn validate_names_every_bad_tls_file_at_once() {
     std::fs::write(&not_pem, "hello").unwrap();
     let missing = dir.join("missing.pem");
     let pem = |name: &str| toml::Value::from(tls_file(name));
+    // PostgreSQL's own recipe for a client certificate: `openssl x509 -req`
+    // without extensions, which makes an X.509 v1 certificate.
+    let v1 = dir.join("client-v1.pem");
+    let key = dir.join("client-v1.key");
+    let csr = dir.join("client-v1.csr");
+    let openssl = |args: &[&str]| {
+        let done = std::process::Command::new("openssl").args(args).output().unwrap();
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    };
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=switchyard_cert",
+        "-keyout",
+        key.to_str().unwrap(),
+        "-out",
+        csr.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        csr.to_str().unwrap(),
+        "-CA",
+        &tls_file("ca.pem"),
+        "-CAkey",
+        &tls_file("ca.key"),
+        "-set_serial",
+        "4242",
+        "-days",
+        "30",
+        "-out",
+        v1.to_str().unwrap(),
+    ]);
     let config = TestConfig::fleet()
         .member(
             "missing-ca",
@@ -310,6 +349,14 @@ async fn validate_names_every_bad_tls_file_at_once() {
             "postgres://u:pw@db.example.com/f",
             &[("password", table(&[("file", path(&missing))]))],
         )
+        .member(
+            "v1",
+            "postgres://u@db.example.com/g",
+            &[(
+                "tls",
+                table(&[("client_cert", path(&v1)), ("client_key", path(&key))]),
+            )],
+        )
         .plugin(Plugin::new(
             "p",
             &switchyard_tests::plugins::plugin("route_by_type"),
@@ -330,6 +377,9 @@ async fn validate_names_every_bad_tls_file_at_once() {
         "databases[4]: a client certificate needs both sslcert and sslkey",
         "databases[5]: the URL has a password and databases[5].password is set too",
         "databases[5].password.file",
+        "databases[6]: client certificate",
+        "is an X.509 v1 certificate",
+        "sign it again as v3",
     ] {
         assert!(said.contains(expected), "{expected:?} missing from:\n{said}");
     }

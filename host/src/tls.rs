@@ -82,7 +82,15 @@ pub fn file_problems(key: &str, root_cert: Option<&Path>, client: Option<(&Path,
             if let Some(problem) = validity(&chain[0]) {
                 problems.push(format!("{key}: client certificate {} {problem}", cert.display()));
             }
-            if let Err(error) = client_config(chain, secret) {
+            if let Some(version) = old_version(&chain[0]) {
+                problems.push(format!(
+                    "{key}: client certificate {} is an X.509 v{version} certificate, which the relay's TLS library \
+                     (rustls) does not take, although psql does: sign it again as v3, for example \
+                     `openssl x509 -req -in client.csr -CA root.crt -CAkey root.key -out client.crt -days 365 \
+                     -extfile <(echo basicConstraints=CA:FALSE)` (an -extfile makes it v3)",
+                    cert.display()
+                ));
+            } else if let Err(error) = client_config(chain, secret) {
                 problems.push(format!(
                     "{key}: client certificate {} does not go with key {}: {error}",
                     cert.display(),
@@ -104,6 +112,15 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
         return Err(format!("{} holds no PEM certificate", path.display()));
     }
     Ok(certs)
+}
+
+/// The X.509 version (1 or 2) of a certificate older than v3, the only one
+/// rustls's certificate parser takes. PostgreSQL's own recipe for client
+/// certificates (`openssl x509 -req` without extensions) makes v1.
+fn old_version(cert: &CertificateDer<'_>) -> Option<u32> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert).ok()?;
+    let version = parsed.version().0 + 1;
+    (version < 3).then_some(version)
 }
 
 /// Why a certificate is not valid now: expired, or not yet valid.
@@ -219,6 +236,10 @@ fn handshake_problem(error: &rustls::Error, host: &str, endpoint: &Endpoint) -> 
         }
         CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => format!(
             "the certificate of {host} is not valid yet ({certificate}): check the clocks of both machines"
+        ),
+        CertificateError::Other(other) if format!("{other:?}").contains("UnsupportedCertVersion") => format!(
+            "the certificate of the server at {host} is an X.509 v1 certificate, which the relay's TLS library (rustls) \
+             does not take: the server must present a v3 certificate (`openssl x509 -req` with an -extfile)"
         ),
         other => format!("the certificate of {host} was refused: {other}"),
     }
