@@ -188,9 +188,34 @@ async fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String, String) {
+    http_from(
+        admin,
+        [127, 0, 0, 1],
+        &admin.to_string(),
+        method,
+        path,
+        headers,
+        body,
+    )
+    .await
+}
+
+/// [`http`] from another loopback address (`127.0.0.0/8` is all loopback:
+/// another client, as the relay sees it), naming `host` in `Host`.
+async fn http_from(
+    admin: SocketAddr,
+    source: [u8; 4],
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n");
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((std::net::Ipv4Addr::from(source), 0).into()).unwrap();
+    let mut stream = socket.connect(admin).await.unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -359,17 +384,27 @@ async fn a_poison_event_is_opened_refused_a_replay_without_a_token_and_replayed_
     );
     browser.screenshot("console-dead-letters").await;
 
-    // Signed out, the row opens without its payload, and no action is offered.
+    // Signed out, the row asks for a sign-in: no payload, aggregate or
+    // trace context, and no action offered.
     browser.click("tr[data-row] a").await;
     let page = browser.source().await;
-    assert!(page.contains(&poison), "the event page shows the event id");
+    assert!(
+        page.contains("Sign in with an admin token to open an event."),
+        "{page}"
+    );
     assert!(!page.contains("POISON-MARKER"), "no payload without a token");
     assert!(
-        page.contains("0af7651916cd43dd8448eb211c80319c"),
-        "the trace context is shown"
+        !page.contains("0af7651916cd43dd8448eb211c80319c"),
+        "no trace context"
     );
     assert_eq!(browser.count("a.button").await, 0, "no action offered signed out");
-    assert!(browser.text("dd.status").await.unwrap() == "dead");
+    browser.open(&relay.url(&format!("/events?id={poison}"))).await;
+    assert!(
+        !browser
+            .source()
+            .await
+            .contains("0af7651916cd43dd8448eb211c80319c")
+    );
 
     // A replay without a token: the confirmation and the action are refused.
     browser
@@ -405,6 +440,13 @@ async fn a_poison_event_is_opened_refused_a_replay_without_a_token_and_replayed_
     browser.click("tr[data-row] a").await;
     let payload = browser.text("pre.payload").await.expect("the payload, signed in");
     assert!(payload.contains("POISON-MARKER"), "{payload}");
+    assert!(
+        browser
+            .source()
+            .await
+            .contains("0af7651916cd43dd8448eb211c80319c"),
+        "the trace context, signed in"
+    );
     assert!(
         payload.contains("</pre><script>window.__pwned = 1</script>"),
         "shown as text"
@@ -622,10 +664,66 @@ async fn no_secret_reaches_a_page_and_wrong_missing_and_cross_site_requests_are_
     assert!(sign_in(relay.admin, "not-the-token-000000000").await.is_none());
     let (status, _, _) = http(relay.admin, "POST", "/sign-in", &[], "").await;
     assert_eq!(status, 403, "no token");
+    // A guesser at another address uses up its own minute, even for the
+    // right token; the operator's address still signs in.
+    let guesser = [127, 0, 0, 2];
+    let at = relay.admin.to_string();
+    for _ in 0..20 {
+        let (status, _, _) = http_from(
+            relay.admin,
+            guesser,
+            &at,
+            "POST",
+            "/sign-in",
+            &[],
+            "token=guess-guess-guess-00",
+        )
+        .await;
+        assert_eq!(status, 403);
+    }
+    let (status, _, body) = http_from(
+        relay.admin,
+        guesser,
+        &at,
+        "POST",
+        "/sign-in",
+        &[],
+        &format!("token={TOKEN}"),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
     let cookie = sign_in(relay.admin, TOKEN)
         .await
         .expect("the right token signs in");
     let signed_in = [("Cookie", cookie.as_str())];
+    // DNS rebinding: another site's name pointed at the relay's address.
+    let (status, _, body) = http_from(
+        relay.admin,
+        [127, 0, 0, 1],
+        "evil.example",
+        "GET",
+        "/",
+        &signed_in,
+        "",
+    )
+    .await;
+    assert_eq!(status, 421, "{body}");
+    assert!(!body.contains("database"), "nothing read: {body}");
+    let (status, _, _) = http_from(
+        relay.admin,
+        [127, 0, 0, 1],
+        &format!("localhost:{}", relay.admin.port()),
+        "GET",
+        "/",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "localhost is the console's own name");
+    // An event by row id needs the session.
+    let (status, _, body) = http(relay.admin, "GET", "/dead-letters/1?database=a", &[], "").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.contains("poison-1"), "no aggregate id signed out: {body}");
     let (status, _, confirm) = http(
         relay.admin,
         "GET",

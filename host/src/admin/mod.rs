@@ -152,9 +152,13 @@ pub(crate) fn serve_listener(
 ) -> anyhow::Result<AdminServer> {
     let local_addr = listener.local_addr()?;
     let handle = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
+        // The peer's address: the console limits failed sign-ins per client.
+        let served = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
         if let Err(e) = served {
             tracing::warn!(error = %e, "Admin endpoint stopped.");
         }

@@ -160,6 +160,13 @@ pub struct AdminConfig {
     /// Replays and purges one token may do per minute.
     #[serde(default = "default_actions_per_minute")]
     pub actions_per_minute: u32,
+    /// Host names the console answers to, beside `localhost` and any IP
+    /// address (`relays.internal.example`, the name you browse it by).
+    /// A request naming another host is refused: a page on another site
+    /// cannot reach the console by pointing its own name at this address
+    /// (DNS rebinding).
+    #[serde(default)]
+    pub console_hosts: Vec<String>,
 }
 
 impl Default for AdminConfig {
@@ -170,6 +177,7 @@ impl Default for AdminConfig {
             tokens: BTreeMap::new(),
             mask_fields: Vec::new(),
             actions_per_minute: default_actions_per_minute(),
+            console_hosts: Vec::new(),
         }
     }
 }

@@ -9,9 +9,12 @@
 //! `Sec-Fetch-Site` says it came from another site is refused before
 //! anything else is looked at. A session remembers a digest of the token
 //! it was opened with and checks it against the token's current value at
-//! each use: rotating or removing a token ends its sessions.
+//! each use: rotating or removing a token ends its sessions. Failed
+//! sign-ins are limited per client address, so a guesser holds back only
+//! itself; and the console answers only to the host names it is known by.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -26,9 +29,15 @@ pub const COOKIE: &str = "switchyard_console";
 /// A session ends this long after it opened.
 const SESSION_LIFETIME: Duration = Duration::from_secs(8 * 3600);
 
-/// Failed sign-ins accepted per minute, all sources together: a guesser
-/// gets 20 tries a minute, not thousands.
+/// Failed sign-ins accepted per minute from one client (an IPv4 address,
+/// an IPv6 /64): a guesser gets 20 tries a minute, not thousands, and
+/// nobody else is held back by them.
 const FAILED_SIGN_INS_PER_MINUTE: usize = 20;
+
+/// Clients whose failures are remembered at once; past it, the clients
+/// without a failure in the last minute are forgotten, and then new ones
+/// share one count, so a flood of addresses cannot grow memory.
+const CLIENTS_REMEMBERED: usize = 4096;
 
 /// A person signed in: the token's name, and the session's CSRF value.
 #[derive(Debug, Clone)]
@@ -50,7 +59,7 @@ struct Session {
 pub struct Auth {
     tokens: BTreeMap<String, SecretValue>,
     sessions: Mutex<HashMap<String, Session>>,
-    failures: Mutex<VecDeque<Instant>>,
+    failures: Mutex<HashMap<IpAddr, VecDeque<Instant>>>,
     actions: Mutex<HashMap<String, VecDeque<Instant>>>,
     actions_per_minute: usize,
 }
@@ -101,11 +110,12 @@ impl Auth {
     /// # Errors
     /// [`Refusal::NoTokens`], [`Refusal::TooMany`] past the failed sign-in
     /// limit, [`Refusal::WrongToken`].
-    pub async fn sign_in(&self, presented: &str) -> Result<(String, Who), Refusal> {
+    pub async fn sign_in(&self, presented: &str, client: IpAddr) -> Result<(String, Who), Refusal> {
         if !self.enabled() {
             return Err(Refusal::NoTokens);
         }
-        if !within(&mut lock(&self.failures), FAILED_SIGN_INS_PER_MINUTE, false) {
+        let client = client_key(client);
+        if !self.failures_within(client, false) {
             return Err(Refusal::TooMany("failed sign-ins"));
         }
         let presented = digest(presented);
@@ -120,8 +130,8 @@ impl Auth {
             }
         }
         let Some(name) = matched else {
-            within(&mut lock(&self.failures), FAILED_SIGN_INS_PER_MINUTE, true);
-            tracing::warn!("Console: a sign-in with a wrong token was refused.");
+            self.failures_within(client, true);
+            tracing::warn!(%client, "Console: a sign-in with a wrong token was refused.");
             return Err(Refusal::WrongToken);
         };
         let id = random();
@@ -142,6 +152,31 @@ impl Auth {
         );
         tracing::info!(token = %name, "Console: signed in.");
         Ok((id, who))
+    }
+
+    /// Whether `client` may fail one more sign-in this minute; `record`
+    /// counts a failure.
+    fn failures_within(&self, client: IpAddr, record: bool) -> bool {
+        // One place is kept for the count the newcomers share.
+        let room = |failures: &HashMap<IpAddr, VecDeque<Instant>>| failures.len() < CLIENTS_REMEMBERED - 1;
+        let mut failures = lock(&self.failures);
+        let known = failures.contains_key(&client);
+        if !known && !room(&failures) {
+            failures.retain(|_, recent| {
+                within(recent, FAILED_SIGN_INS_PER_MINUTE, false);
+                !recent.is_empty()
+            });
+        }
+        let client = if known || room(&failures) {
+            client
+        } else {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        };
+        within(
+            failures.entry(client).or_default(),
+            FAILED_SIGN_INS_PER_MINUTE,
+            record,
+        )
     }
 
     /// Ends the session in `headers`' cookie.
@@ -238,6 +273,41 @@ pub fn same_site(headers: &HeaderMap) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Whose failed sign-ins `ip` counts as: the address itself, or for IPv6
+/// its /64 (one host usually holds a whole /64).
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+        v4 @ IpAddr::V4(_) => v4,
+    }
+}
+
+/// Whether the request's `Host` is one the console answers to: `localhost`,
+/// an IP address, or one of `names` (`admin.console_hosts`). A page on
+/// another site that points its own name at this address (DNS rebinding)
+/// sends that name, and is refused before anything is read.
+pub fn known_host(headers: &HeaderMap, names: &[String]) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        }),
+    };
+    name.parse::<IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || names.iter().any(|allowed| allowed.eq_ignore_ascii_case(name))
+}
+
 /// The `Set-Cookie` value that holds a session `id`.
 pub fn session_cookie(id: &str) -> String {
     format!(
@@ -300,6 +370,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    const ME: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
@@ -320,8 +392,8 @@ mod tests {
     #[tokio::test]
     async fn a_session_needs_the_right_token_and_its_own_form_value() {
         let auth = auth();
-        assert_eq!(auth.sign_in("guess").await.unwrap_err(), Refusal::WrongToken);
-        let (id, who) = auth.sign_in("a-long-ops-token-1234").await.unwrap();
+        assert_eq!(auth.sign_in("guess", ME).await.unwrap_err(), Refusal::WrongToken);
+        let (id, who) = auth.sign_in("a-long-ops-token-1234", ME).await.unwrap();
         assert_eq!(who.name, "ops");
         let cookie = format!("other=1; {COOKIE}={id}");
         let signed_in = headers(&[("cookie", &cookie), ("host", "127.0.0.1:9187")]);
@@ -372,7 +444,7 @@ mod tests {
         )]
         .into();
         let auth = Auth::new(tokens, 10);
-        let (id, _) = auth.sign_in("first-token-value-0001").await.unwrap();
+        let (id, _) = auth.sign_in("first-token-value-0001", ME).await.unwrap();
         let signed_in = headers(&[("cookie", &format!("{COOKIE}={id}"))]);
         assert!(auth.who(&signed_in).await.is_some());
         std::fs::write(&file, "second-token-value-002\n").unwrap();
@@ -381,27 +453,91 @@ mod tests {
             "the old token's session ended"
         );
         assert_eq!(
-            auth.sign_in("first-token-value-0001").await.unwrap_err(),
+            auth.sign_in("first-token-value-0001", ME).await.unwrap_err(),
             Refusal::WrongToken
         );
-        assert!(auth.sign_in("second-token-value-002").await.is_ok());
+        assert!(auth.sign_in("second-token-value-002", ME).await.is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
     async fn actions_and_failed_sign_ins_are_limited_per_minute() {
         let auth = auth();
-        let (_, who) = auth.sign_in("a-long-ops-token-1234").await.unwrap();
+        let (_, who) = auth.sign_in("a-long-ops-token-1234", ME).await.unwrap();
         assert!(auth.take_action(&who).is_ok());
         assert!(auth.take_action(&who).is_ok());
         assert_eq!(auth.take_action(&who).unwrap_err(), Refusal::TooMany("actions"));
         for _ in 0..FAILED_SIGN_INS_PER_MINUTE {
-            assert_eq!(auth.sign_in("wrong").await.unwrap_err(), Refusal::WrongToken);
+            assert_eq!(auth.sign_in("wrong", ME).await.unwrap_err(), Refusal::WrongToken);
         }
-        // Even the right token waits once the guessers used up the minute.
+        // The guesser's address waits, even with the right token...
         assert_eq!(
-            auth.sign_in("a-long-ops-token-1234").await.unwrap_err(),
+            auth.sign_in("a-long-ops-token-1234", ME).await.unwrap_err(),
             Refusal::TooMany("failed sign-ins")
         );
+        // ...and so does the rest of its IPv6 /64, but nobody else.
+        let guesser: IpAddr = "2001:db8::1".parse().unwrap();
+        for _ in 0..FAILED_SIGN_INS_PER_MINUTE {
+            assert_eq!(
+                auth.sign_in("wrong", guesser).await.unwrap_err(),
+                Refusal::WrongToken
+            );
+        }
+        let neighbour: IpAddr = "2001:db8::ffff:2".parse().unwrap();
+        assert_eq!(
+            auth.sign_in("a-long-ops-token-1234", neighbour)
+                .await
+                .unwrap_err(),
+            Refusal::TooMany("failed sign-ins")
+        );
+        let operator: IpAddr = "192.0.2.7".parse().unwrap();
+        assert!(auth.sign_in("a-long-ops-token-1234", operator).await.is_ok());
+        assert!(
+            auth.sign_in("a-long-ops-token-1234", "2001:db8:0:1::1".parse().unwrap())
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_addresses_neither_grows_memory_nor_locks_out_a_known_client() {
+        let auth = auth();
+        let operator: IpAddr = "192.0.2.7".parse().unwrap();
+        assert_eq!(
+            auth.sign_in("typo", operator).await.unwrap_err(),
+            Refusal::WrongToken
+        );
+        for n in 0..(CLIENTS_REMEMBERED as u32 * 2) {
+            let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n));
+            let _ = auth.sign_in("wrong", ip).await;
+        }
+        assert!(lock(&auth.failures).len() <= CLIENTS_REMEMBERED);
+        assert!(auth.sign_in("a-long-ops-token-1234", operator).await.is_ok());
+    }
+
+    #[test]
+    fn the_console_answers_only_to_its_own_host_names() {
+        let names = vec!["relays.example.internal".to_string()];
+        for host in [
+            "localhost:9187",
+            "LOCALHOST",
+            "127.0.0.1:9187",
+            "10.1.2.3",
+            "[::1]:9187",
+            "relays.example.internal:9187",
+            "Relays.Example.Internal",
+        ] {
+            assert!(known_host(&headers(&[("host", host)]), &names), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:9187",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example",
+            "",
+        ] {
+            assert!(!known_host(&headers(&[("host", host)]), &names), "{host}");
+        }
+        assert!(!known_host(&HeaderMap::new(), &names), "no Host at all");
     }
 }

@@ -69,6 +69,7 @@ pub fn router(fleet: Fleet, admin: &AdminConfig, shutdown: CancellationToken) ->
         }),
     };
     tokio::spawn(sample(console.clone(), shutdown));
+    let hosts: Arc<[String]> = admin.console_hosts.clone().into();
     Router::new()
         .route("/", get(overview))
         .route("/db/{name}", get(database_page))
@@ -92,6 +93,28 @@ pub fn router(fleet: Fleet, admin: &AdminConfig, shutdown: CancellationToken) ->
                 )
             }),
         )
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let hosts = hosts.clone();
+                async move {
+                    if auth::known_host(request.headers(), &hosts) {
+                        next.run(request).await
+                    } else {
+                        let host = request
+                            .headers()
+                            .get(header::HOST)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("");
+                        tracing::warn!(host, "Console: a request for an unknown host name was refused.");
+                        (
+                            StatusCode::MISDIRECTED_REQUEST,
+                            "This console answers to localhost, IP addresses and admin.console_hosts only.\n",
+                        )
+                            .into_response()
+                    }
+                }
+            },
+        ))
         .layer(axum::middleware::map_response(protect))
         .with_state(console)
 }
@@ -367,6 +390,9 @@ async fn dead_letter(
     headers: HeaderMap,
 ) -> Response {
     let viewer = console.viewer(&headers).await;
+    if let Some(refusal) = signed_out(&viewer) {
+        return refusal;
+    }
     let (name, relay) = match console.database(&query.database) {
         Ok(found) => found,
         Err(error) => return not_found(&console, &viewer, &error),
@@ -380,6 +406,24 @@ async fn dead_letter(
         Ok(Err(error)) => unavailable(&viewer, &database_error(&name, &error)),
         Err(_) => unavailable(&viewer, &no_answer(&name)),
     }
+}
+
+/// With tokens configured, an event page needs a session: rows open by
+/// sequential id, and even without its payload an event shows its
+/// aggregate, its last error and its trace context. (With none, the pages
+/// are as open as the endpoint, which is the operator's choice.)
+fn signed_out(viewer: &Viewer) -> Option<Response> {
+    matches!(viewer, Viewer::SignedOut).then(|| {
+        html_page(
+            StatusCode::FORBIDDEN,
+            pages::layout(
+                "Sign in",
+                viewer,
+                false,
+                pages::message("error", "Sign in with an admin token to open an event."),
+            ),
+        )
+    })
 }
 
 fn not_found(console: &Console, viewer: &Viewer, why: &str) -> Response {
@@ -415,6 +459,9 @@ async fn find_event(
     let asked = query.id.trim();
     if asked.is_empty() {
         return console.page("Find an event", &viewer, false, pages::find_event("", None));
+    }
+    if let Some(refusal) = signed_out(&viewer) {
+        return refusal;
     }
     let Ok(event_id) = uuid::Uuid::parse_str(asked) else {
         let found = pages::message("error", &format!("{asked:?} is not an event id (a UUID)."));
@@ -709,6 +756,7 @@ struct SignInForm {
 
 async fn sign_in(
     State(console): State<Console>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: HeaderMap,
     Form(form): Form<SignInForm>,
 ) -> Response {
@@ -717,7 +765,7 @@ async fn sign_in(
     if let Err(refusal) = auth::same_site(&headers) {
         return refused(&viewer, &refusal.to_string());
     }
-    match auth.sign_in(form.token.trim()).await {
+    match auth.sign_in(form.token.trim(), peer.ip()).await {
         Ok((id, _)) => {
             let mut response = Redirect::to("/").into_response();
             if let Ok(cookie) = HeaderValue::from_str(&auth::session_cookie(&id)) {
