@@ -18,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::relay::Relay;
 
+mod serve;
+
 /// Bound on each readiness check, so a hung broker makes `/readyz` say
 /// not-ready instead of hanging the probe.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -151,18 +153,10 @@ pub(crate) fn serve_listener(
     shutdown: CancellationToken,
 ) -> anyhow::Result<AdminServer> {
     let local_addr = listener.local_addr()?;
-    let handle = tokio::spawn(async move {
-        // The peer's address: the console limits failed sign-ins per client.
-        let served = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "Admin endpoint stopped.");
-        }
-    });
+    // Bounded: a request's header within 10 s, 256 connections at once;
+    // each request carries the peer's address (the console limits failed
+    // sign-ins per client).
+    let handle = tokio::spawn(serve::run(listener, app, shutdown, serve::HEADER_READ_TIMEOUT));
     tracing::info!(%local_addr, "Admin endpoint listening (/metrics, /healthz, /readyz, /status).");
     Ok(AdminServer { local_addr, handle })
 }
@@ -453,11 +447,8 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
 /// Each target's health check, at once.
 pub async fn target_checks(sinks: &crate::sinks::Sinks) -> BTreeMap<String, Check> {
     futures::future::join_all(sinks.names().map(|name| async move {
-        let state = match sinks.get(name).cloned() {
-            Some(sink) => match tokio::time::timeout(CHECK_TIMEOUT, sink.healthcheck()).await {
-                Ok(result) => Check::from_result(result),
-                Err(_) => Check::Failed("health check timed out".to_string()),
-            },
+        let state = match sinks.recent_health(name, CHECK_TIMEOUT).await {
+            Some(result) => Check::from_result(result),
             None => Check::Failed("not configured".to_string()),
         };
         (name.to_string(), state)

@@ -200,7 +200,25 @@ async fn ready(name: &str, sink: &dyn Sink, bound: Duration) -> anyhow::Result<(
 #[derive(Clone, Default)]
 pub struct Sinks {
     by_name: BTreeMap<String, Arc<dyn Sink>>,
+    health: Arc<HealthCache>,
 }
+
+/// How long a target's health check answers `/readyz`, `/status` and the
+/// console before it runs again.
+pub const HEALTH_FRESH_FOR: Duration = Duration::from_secs(2);
+
+/// Each target's latest health check. A check is a broker round trip (a
+/// Kafka metadata fetch, a RabbitMQ declare, Pub/Sub admin calls that
+/// spend project quota): whoever can reach the admin port must not be able
+/// to multiply them, so one runs at most every [`HEALTH_FRESH_FOR`] per
+/// target, and callers that arrive while it runs wait for its answer.
+#[derive(Default)]
+struct HealthCache {
+    by_name: std::sync::Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<Option<Checked>>>>>,
+}
+
+// Tokio's clock, so that a test can move it.
+type Checked = (tokio::time::Instant, Result<(), String>);
 
 impl Sinks {
     /// Connects every configured target and runs its health check. A
@@ -239,14 +257,46 @@ impl Sinks {
             }
             by_name.insert(name.clone(), sink);
         }
-        Ok(Sinks { by_name })
+        Ok(Sinks {
+            by_name,
+            health: Arc::default(),
+        })
     }
 
     /// Builds from ready-made sinks (tests, embedding).
     pub fn from_sinks(sinks: impl IntoIterator<Item = (String, Arc<dyn Sink>)>) -> Sinks {
         Sinks {
             by_name: sinks.into_iter().collect(),
+            health: Arc::default(),
         }
+    }
+
+    /// Target `name`'s health, from a check at most [`HEALTH_FRESH_FOR`]
+    /// old, else from one run now (bounded by `timeout`); `None` for a
+    /// name not configured. The recovery probes of a paused target do not
+    /// come here: they must see the broker as it is.
+    pub async fn recent_health(&self, name: &str, timeout: Duration) -> Option<Result<(), String>> {
+        let sink = self.by_name.get(name)?.clone();
+        let slot = self
+            .health
+            .by_name
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        let mut latest = slot.lock().await;
+        if let Some((at, result)) = latest.as_ref()
+            && at.elapsed() < HEALTH_FRESH_FOR
+        {
+            return Some(result.clone());
+        }
+        let result = match tokio::time::timeout(timeout, sink.healthcheck()).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err("health check timed out".to_string()),
+        };
+        *latest = Some((tokio::time::Instant::now(), result.clone()));
+        Some(result)
     }
 
     /// The sink called `name`.
@@ -314,6 +364,58 @@ mod tests {
         fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
             Box::pin(std::future::pending())
         }
+    }
+
+    /// A broker whose health checks are counted, each taking 50 ms.
+    #[derive(Default)]
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl Sink for Counted {
+        fn kind(&self) -> &'static str {
+            "counted"
+        }
+
+        fn publish(&self, _messages: Vec<OutgoingMessage>) -> BoxFuture<'_, Vec<Result<(), SinkError>>> {
+            Box::pin(async { Vec::new() })
+        }
+
+        fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(())
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hundred_askers_cost_the_broker_one_check_per_freshness_period() {
+        let counted = Arc::new(Counted::default());
+        let sinks = Sinks::from_sinks([("bus".to_string(), counted.clone() as Arc<dyn Sink>)]);
+        let answers =
+            futures::future::join_all((0..100).map(|_| sinks.recent_health("bus", Duration::from_secs(3))))
+                .await;
+        assert!(answers.iter().all(|a| a == &Some(Ok(()))));
+        assert_eq!(
+            counted.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one check for all of them"
+        );
+        tokio::time::advance(HEALTH_FRESH_FOR / 2).await;
+        sinks.recent_health("bus", Duration::from_secs(3)).await;
+        assert_eq!(
+            counted.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "still fresh"
+        );
+        tokio::time::advance(HEALTH_FRESH_FOR).await;
+        sinks.recent_health("bus", Duration::from_secs(3)).await;
+        assert_eq!(
+            counted.0.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "checked again once stale"
+        );
+        assert_eq!(sinks.recent_health("nope", Duration::from_secs(3)).await, None);
     }
 
     #[tokio::test]
