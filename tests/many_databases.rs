@@ -463,7 +463,17 @@ async fn databases_come_and_go_with_the_catalog_while_the_relay_runs() {
     )
     .await;
     assert_eq!(fleet.databases().len(), 2);
+    let catalog_up = |value: &str| {
+        let text = fleet.metrics().render();
+        text.contains(&format!("switchyard_catalog_up {value}"))
+            || text.contains(&format!("switchyard_catalog_up{{}} {value}"))
+    };
+    assert!(catalog_up("0"), "the catalog's failure is a metric too");
     set_connections(&control.name, true).await;
+    eventually("the catalog read again", Duration::from_secs(30), || async {
+        catalog_up("1").then_some(())
+    })
+    .await;
     shutdown.cancel();
     fleet.stopped().await;
 }

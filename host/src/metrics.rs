@@ -65,6 +65,9 @@ pub mod names {
     /// LISTEN sessions that started hearing commits: more than one means
     /// the session was lost and replaced.
     pub const LISTEN_SESSIONS: &str = "switchyard_listen_sessions";
+    /// With `[catalog]`: 1 while its last read worked, 0 while it fails
+    /// (the databases it listed last are served meanwhile).
+    pub const CATALOG_UP: &str = "switchyard_catalog_up";
     /// Replication mode: `replication.max_retained_wal_bytes`, for alerts
     /// on the retained WAL nearing it.
     pub const REPLICATION_MAX_RETAINED_WAL: &str = "switchyard_replication_max_retained_wal_bytes";
@@ -173,6 +176,8 @@ struct Families {
     replication_max_retained_wal: Family<DatabaseLabel, Gauge>,
     listening: Family<DatabaseLabel, Gauge>,
     listen_sessions: Family<DatabaseLabel, Counter>,
+    // Keyed by no label: a series only once a catalog was read.
+    catalog_up: Family<Vec<(String, String)>, Gauge>,
     /// What the console's charts sample, per database.
     recent: std::sync::Mutex<rustc_hash::FxHashMap<String, Arc<Recent>>>,
 }
@@ -201,6 +206,7 @@ impl Families {
             replication_max_retained_wal: Family::default(),
             listening: Family::default(),
             listen_sessions: Family::default(),
+            catalog_up: Family::default(),
             recent: std::sync::Mutex::default(),
         }
     }
@@ -282,6 +288,13 @@ impl Families {
              each is read again)",
             f.replication_held_events.clone(),
         );
+        self.register_health(registry);
+    }
+
+    /// What says whether a database is served and heard, and the catalog read.
+    fn register_health(&self, registry: &mut Named<'_>) {
+        use names::*;
+        let f = self;
         registry.register(
             DATABASE_SERVED,
             "1 while the database is served, 0 while the relay cannot serve it yet",
@@ -301,6 +314,11 @@ impl Families {
             LISTEN_SESSIONS,
             "LISTEN sessions that started hearing commits (more than one: one was replaced)",
             f.listen_sessions.clone(),
+        );
+        registry.register(
+            CATALOG_UP,
+            "1 while [catalog] was last read, 0 while not",
+            f.catalog_up.clone(),
         );
     }
 }
@@ -624,6 +642,14 @@ impl Metrics {
             .database_served
             .get_or_create(&self.label())
             .set(i64::from(served));
+    }
+
+    /// Whether the catalog's last read worked.
+    pub fn set_catalog_up(&self, up: bool) {
+        self.families
+            .catalog_up
+            .get_or_create(&Vec::new())
+            .set(i64::from(up));
     }
 
     /// Whether this relay reads the slot.

@@ -396,6 +396,7 @@ async fn follow_catalog(fleet: Fleet, catalog: crate::config::CatalogConfig) {
                     listing_now.push(database);
                 }
                 fleet.add_all(listing_now);
+                fleet.metrics().set_catalog_up(true);
                 *fleet.inner.catalog.lock().unwrap_or_else(PoisonError::into_inner) = Some(Ok(()));
             }
             Err(error) => {
@@ -403,6 +404,7 @@ async fn follow_catalog(fleet: Fleet, catalog: crate::config::CatalogConfig) {
                     tracing::warn!(%error, "Cannot read the catalog; serving the databases it listed last.");
                     failing = true;
                 }
+                fleet.metrics().set_catalog_up(false);
                 *fleet.inner.catalog.lock().unwrap_or_else(PoisonError::into_inner) =
                     Some(Err(format!("{error:#}")));
             }
