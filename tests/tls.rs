@@ -227,12 +227,22 @@ async fn each_tls_mistake_is_refused_with_its_own_message() {
     let message = refusal(&wrong_ca).await;
     assert!(message.contains("not signed by a CA in sslrootcert"), "{message}");
     assert!(message.contains("other-ca.pem"), "{message}");
+    // sslmode=require with a root certificate checks the CA, as libpq does
+    // (verify-ca): another CA is refused; the right one connects.
+    let required = wrong_ca.replace("sslmode=verify-full", "sslmode=require");
+    assert_ne!(required, wrong_ca);
+    let message = refusal(&required).await;
+    assert!(message.contains("not signed by a CA in sslrootcert"), "{message}");
+    let store = switchyard::OutboxStore::connect(&good.replace("sslmode=verify-full", "sslmode=require"), 2)
+        .await
+        .expect("require with the right CA connects");
+    store.close().await;
 
     // The certificate names localhost only.
     let by_address = good.replace("@localhost:", "@127.0.0.1:");
     let message = refusal(&by_address).await;
     assert!(message.contains("does not name 127.0.0.1"), "{message}");
-    assert!(message.contains("verify-ca"), "{message}");
+    assert!(message.contains("connect by a name it lists"), "{message}");
 
     let expired = ExpiredServer::start().await;
     let message = refusal(&format!(

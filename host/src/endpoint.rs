@@ -41,7 +41,8 @@ pub enum SslMode {
     Disable,
     /// TLS when the server offers it, unverified (libpq's default).
     Prefer,
-    /// TLS or no connection; the certificate is not verified.
+    /// TLS or no connection; the certificate is not verified, unless a
+    /// root certificate is set: then it is `verify-ca`, as in libpq.
     Require,
     /// TLS with the certificate signed by a trusted CA.
     VerifyCa,
@@ -166,7 +167,15 @@ impl Endpoint {
     /// # Errors
     /// The URL does not parse.
     pub fn pg_options_with(&self, secret: Option<&Secret>) -> Result<PgConnectOptions, EndpointError> {
-        let options = PgConnectOptions::from_str(&self.url)?;
+        let mut options = PgConnectOptions::from_str(&self.url)?;
+        // libpq: "if a root CA file exists, sslmode=require behaves as
+        // verify-ca". The driver alone would verify nothing, so a CA named
+        // for checking would be silently ignored.
+        if matches!(options.get_ssl_mode(), sqlx::postgres::PgSslMode::Require)
+            && self.parameter("sslrootcert").is_some()
+        {
+            options = options.ssl_mode(sqlx::postgres::PgSslMode::VerifyCa);
+        }
         Ok(match secret {
             Some(secret) => options.password(secret.expose()),
             None => options,
@@ -205,6 +214,38 @@ impl Endpoint {
     /// Whether this is a SQLite database.
     pub fn is_sqlite(&self) -> bool {
         self.url.starts_with("sqlite:")
+    }
+
+    /// Whether a connection may silently go without TLS: a PostgreSQL
+    /// server that is not on this machine, with `sslmode` `prefer` (libpq's
+    /// default, so also when unset) or `allow`, which fall back to
+    /// plaintext when the server offers no TLS.
+    pub fn may_fall_back_to_plaintext(&self) -> bool {
+        let Ok(url) = url::Url::parse(&self.url) else {
+            return false;
+        };
+        if !is_postgres(&self.url) {
+            return false;
+        }
+        // `postgres://` is not a scheme the URL standard knows, so its host
+        // comes as text, an address included.
+        let local = match url.host() {
+            None => true,
+            Some(url::Host::Domain(name)) => {
+                name.eq_ignore_ascii_case("localhost")
+                    || name
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        };
+        // `?host=/var/run/postgresql`: a Unix socket.
+        let socket = self.parameter("host").is_some_and(|h| h.starts_with('/'));
+        let mode = self.parameter("sslmode");
+        !local && !socket && mode.as_deref().is_none_or(|m| m == "prefer" || m == "allow")
     }
 
     /// The value of URL parameter `key`.
@@ -261,6 +302,43 @@ impl From<&Endpoint> for Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remote_server_without_a_required_sslmode_may_fall_back_to_plaintext() {
+        let tls = PgTlsConfig::default();
+        for url in [
+            "postgres://u@db.example.com/app",
+            "postgres://u@db.example.com/app?sslmode=prefer",
+            "postgres://u@10.0.0.5/app?sslmode=allow",
+        ] {
+            assert!(
+                Endpoint::new(url, &tls, None).may_fall_back_to_plaintext(),
+                "{url}"
+            );
+        }
+        for url in [
+            "postgres://u@db.example.com/app?sslmode=require",
+            "postgres://u@db.example.com/app?sslmode=verify-full",
+            "postgres://u@db.example.com/app?sslmode=disable",
+            "postgres://u@localhost/app",
+            "postgres://u@127.0.0.1:5432/app",
+            "postgres://u@[::1]/app",
+            "postgres://u@x/app?host=/var/run/postgresql",
+            "sqlite:///tmp/outbox.db",
+        ] {
+            assert!(
+                !Endpoint::new(url, &tls, None).may_fall_back_to_plaintext(),
+                "{url}"
+            );
+        }
+        let verified = PgTlsConfig {
+            mode: Some(SslMode::VerifyFull),
+            ..PgTlsConfig::default()
+        };
+        assert!(
+            !Endpoint::new("postgres://u@db.example.com/app", &verified, None).may_fall_back_to_plaintext()
+        );
+    }
 
     #[test]
     fn the_urls_own_parameters_win_over_the_tls_table() {

@@ -15,7 +15,6 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub struct SecretConfig {
     /// A file whose content (without its trailing newline) is the password.
-    /// Also `SWITCHYARD_DATABASE_PASSWORD_FILE` and the like.
     #[serde(default)]
     pub file: Option<PathBuf>,
     /// A program and its arguments, run without a shell, whose standard

@@ -229,7 +229,8 @@ fn handshake_problem(error: &rustls::Error, host: &str, endpoint: &Endpoint) -> 
             "the certificate of {host} is not signed by a CA in {roots}: set sslrootcert to the CA that signed it"
         ),
         CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => format!(
-            "the certificate of the server does not name {host} ({certificate}): connect by a name it lists, or use sslmode=verify-ca"
+            "the certificate of the server does not name {host} ({certificate}): connect by a name it lists \
+             (sslmode=verify-ca does not help: the database driver checks the name in that mode too)"
         ),
         CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
             format!("the certificate of {host} has expired ({certificate}): the server must renew it")

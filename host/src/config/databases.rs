@@ -66,11 +66,13 @@ pub struct CatalogConfig {
     #[serde(default)]
     pub migrate: bool,
     /// TLS to the catalog, and the fleet's default for the databases it
-    /// lists: a parameter in a listed URL wins.
+    /// lists: a parameter in a listed URL wins, except an `sslmode` weaker
+    /// than the catalog's own (that row is not served).
     #[serde(default)]
     pub tls: crate::endpoint::PgTlsConfig,
     /// A rotating password for the catalog, and for each listed database
-    /// whose URL has none.
+    /// on the catalog's own server (host and port) whose URL has none;
+    /// databases elsewhere bring their own credentials.
     #[serde(default)]
     pub password: Option<crate::secret::SecretConfig>,
 }

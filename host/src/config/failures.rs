@@ -7,7 +7,9 @@ use serde::Deserialize;
 use crate::sinks::FailureKind;
 
 /// What a failed delivery does to its row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Handling {
     /// The target is paused: nothing more is sent to it, its rows wait in

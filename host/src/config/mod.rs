@@ -273,7 +273,7 @@ impl std::fmt::Debug for DatabaseConfig {
 }
 
 /// What to do with an event that no plugin's filters match.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UnmatchedPolicy {
     /// Dead-letter it so an operator sees it (default: nothing vanishes silently).
@@ -557,9 +557,27 @@ impl Config {
     }
 
     /// What the config weakens that it is allowed to (Kafka targets with
-    /// `allow_weaker_delivery`): said by `validate` and logged at start.
+    /// `allow_weaker_delivery`; a remote database whose `sslmode` lets a
+    /// connection fall back to plaintext): said by `validate` and logged at
+    /// start.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
+        let databases = std::iter::once(("database".to_string(), self.database.endpoint()))
+            .filter(|_| self.databases.is_empty() && self.catalog.is_none())
+            .chain(
+                self.databases
+                    .iter()
+                    .map(|d| (format!("databases {:?}", d.name), d.endpoint())),
+            )
+            .chain(self.catalog.iter().map(|c| ("catalog".to_string(), c.endpoint())));
+        for (what, endpoint) in databases {
+            if endpoint.may_fall_back_to_plaintext() {
+                warnings.push(format!(
+                    "{what}: sslmode is prefer (libpq's default when unset), which connects without TLS, \
+                     silently, when the server offers none: set sslmode=verify-full (or require)"
+                ));
+            }
+        }
         for (name, target) in &self.targets {
             if let TargetConfig::Kafka(kafka) = target {
                 for weakened in kafka.weakened() {

@@ -192,6 +192,9 @@ fn section(out: &mut String, path: &str, schema: &Value, defs: &Map<String, Valu
         let about = Some(describe(&property))
             .filter(|d| !d.is_empty())
             .unwrap_or_else(|| describe(target));
+        // A table a variable stands in for (`[database.password]` and
+        // `SWITCHYARD_DATABASE_PASSWORD_FILE`): said under its heading.
+        let about = format!("{about}{}", environment(&property));
         let hashes = "#".repeat(depth);
         out.push_str(&format!("\n{hashes} `{header}`\n\n{about}\n"));
         let inner = header.trim_matches(|c| c == '[' || c == ']').to_string();

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 /// How the relay finds new events.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FeedMode {
     /// Claim rows from the outbox table under a lease (PostgreSQL, SQLite).

@@ -40,27 +40,80 @@ pub async fn read(catalog: &CatalogConfig) -> anyhow::Result<Listing> {
             listing
                 .refused
                 .push(format!("catalog lists {name:?} twice; the first row is served"));
-        } else if !["postgres://", "postgresql://", "sqlite:"]
-            .iter()
-            .any(|scheme| url.starts_with(scheme))
-        {
-            listing.refused.push(format!(
-                "catalog row {name:?}: the URL must start with postgres:// or sqlite:"
-            ));
         } else {
-            listing.databases.insert(
-                name.clone(),
-                NamedDatabase {
-                    name,
-                    url,
-                    max_connections: catalog.max_connections,
-                    tls: catalog.tls.clone(),
-                    password: catalog.password.clone(),
-                },
-            );
+            match listed(catalog, &name, url) {
+                Ok(database) => {
+                    listing.databases.insert(name, database);
+                }
+                Err(problem) => listing.refused.push(format!("catalog row {name:?}: {problem}")),
+            }
         }
     }
     Ok(listing)
+}
+
+/// A catalog row as a database to serve, or why it is refused. A row is
+/// data anyone with write access to the catalog table can set, so it cannot
+/// turn the catalog's settings against it: the catalog's password goes
+/// only to databases on the catalog's own server, a row cannot ask for
+/// less TLS than the catalog's, and only a SQLite catalog may name SQLite
+/// files (which `migrate = true` would create on the relay's machine).
+fn listed(catalog: &CatalogConfig, name: &str, url: String) -> Result<NamedDatabase, String> {
+    let postgres = ["postgres://", "postgresql://"]
+        .iter()
+        .any(|s| url.starts_with(s));
+    let local_catalog = catalog.url.starts_with("sqlite:");
+    if url.starts_with("sqlite:") {
+        if !local_catalog {
+            return Err(
+                "a PostgreSQL catalog lists servers' databases, not sqlite: files on the relay's machine"
+                    .to_string(),
+            );
+        }
+    } else if !postgres {
+        return Err("the URL must start with postgres:// (or sqlite: in a SQLite catalog)".to_string());
+    }
+    let password = if postgres && same_server(&catalog.url, &url) {
+        catalog.password.clone()
+    } else {
+        None
+    };
+    if postgres {
+        let required = catalog
+            .endpoint()
+            .parameter("sslmode")
+            .is_some_and(|mode| !matches!(mode.as_str(), "disable" | "allow" | "prefer"));
+        let row = crate::endpoint::Endpoint::new(&url, &catalog.tls, None).parameter("sslmode");
+        if required
+            && row
+                .as_deref()
+                .is_some_and(|mode| matches!(mode, "disable" | "allow" | "prefer"))
+        {
+            return Err(format!(
+                "sslmode={} is weaker than the catalog's own; the row is not served",
+                row.unwrap_or_default()
+            ));
+        }
+    }
+    Ok(NamedDatabase {
+        name: name.to_string(),
+        url,
+        max_connections: catalog.max_connections,
+        tls: catalog.tls.clone(),
+        password,
+    })
+}
+
+/// Whether two PostgreSQL URLs name the same server (host and port).
+fn same_server(a: &str, b: &str) -> bool {
+    let server = |url: &str| {
+        let parsed = url::Url::parse(url).ok()?;
+        Some((
+            parsed.host_str()?.to_ascii_lowercase(),
+            parsed.port().unwrap_or(5432),
+        ))
+    };
+    matches!((server(a), server(b)), (Some(a), Some(b)) if a == b)
 }
 
 /// The query's `(name, url)` rows, from either kind of database.
@@ -131,5 +184,61 @@ pub async fn pick(config: &crate::Config, name: Option<&str>) -> anyhow::Result<
             .find(|database| database.name == name)
             .ok_or_else(|| anyhow::anyhow!("neither [[databases]] nor the catalog has a database {name:?}")),
         _ => config.pick_database(name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog(url: &str, tls: &str) -> CatalogConfig {
+        toml::from_str(&format!(
+            "url = {url:?}\nquery = \"SELECT name, url FROM tenants\"\npassword = {{ file = \"/run/secrets/catalog\" }}\n{tls}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_row_cannot_turn_the_catalogs_password_or_tls_against_it() {
+        let verified = catalog(
+            "postgres://fleet@db.internal:5432/control",
+            "tls = { mode = \"verify-full\" }",
+        );
+        // The catalog's server: the password goes with the row.
+        let same = listed(&verified, "a", "postgres://fleet@DB.internal/tenant_a".into()).unwrap();
+        assert!(same.password.is_some());
+        // Another host, or another port: no password.
+        for url in [
+            "postgres://fleet@attacker.example/x",
+            "postgres://fleet@db.internal:6543/x",
+        ] {
+            assert!(
+                listed(&verified, "b", url.into()).unwrap().password.is_none(),
+                "{url}"
+            );
+        }
+        // Less TLS than the catalog's own is refused, however the row asks.
+        for weaker in ["disable", "allow", "prefer"] {
+            let url = format!("postgres://fleet@db.internal/x?sslmode={weaker}");
+            let problem = listed(&verified, "c", url).unwrap_err();
+            assert!(problem.contains("weaker than the catalog"), "{problem}");
+        }
+        assert!(
+            listed(
+                &verified,
+                "d",
+                "postgres://fleet@db.internal/x?sslmode=verify-ca".into()
+            )
+            .is_ok()
+        );
+        // A file on the relay's machine, named by a server's catalog.
+        let problem = listed(&verified, "e", "sqlite:///var/lib/x.db".into()).unwrap_err();
+        assert!(problem.contains("not sqlite: files"), "{problem}");
+        let local = catalog("sqlite:///var/lib/switchyard/catalog.db", "");
+        assert!(listed(&local, "f", "sqlite:///var/lib/switchyard/f.db".into()).is_ok());
+        assert!(listed(&local, "g", "mysql://x/y".into()).is_err());
+        // A catalog that asks for no TLS itself lets rows choose.
+        let plain = catalog("postgres://fleet@127.0.0.1/control", "");
+        assert!(listed(&plain, "h", "postgres://fleet@127.0.0.1/x?sslmode=disable".into()).is_ok());
     }
 }

@@ -12,7 +12,7 @@ use super::registry::{SinkSettings, TargetKind};
 use super::{OutgoingMessage, Sink, SinkError, render_json_line};
 
 /// How the `stdout` target prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StdoutFormat {
     /// One readable line per message plus the payload.

@@ -12,7 +12,7 @@ use crate::sinks::registry::{SinkSettings, TargetKind};
 use crate::sinks::{Sink, SinkError};
 
 /// How messages are published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NatsMode {
     /// JetStream publish, awaiting the stream's ack (at-least-once, deduplicated).
