@@ -6,7 +6,8 @@
 - no page of the book links to a file outside docs/src: the built HTML
   holds only the book (reference/files.md includes the repository's
   files the pages refer to);
-- every page under docs/src is in SUMMARY.md, and every SUMMARY entry exists;
+- every page under docs/src is in SUMMARY.md, every SUMMARY entry exists,
+  and its title is its page's heading;
 - the module map (concepts/architecture.md) names every top-level module
   of host/src (each `pub mod` in lib.rs, as `name/` or `name.rs`).
 
@@ -94,6 +95,13 @@ def main():
     for page in pages:
         if page not in listed and not page.endswith("SUMMARY.md"):
             problems.append(f"{os.path.relpath(page, ROOT)}: not in SUMMARY.md")
+    # A reader who follows the table of contents lands on the page it names.
+    for title, target in re.findall(r"\[([^\]]+)\]\(([^)]+\.md)\)", summary):
+        path = os.path.join(SRC, target)
+        if os.path.exists(path):
+            heading = next((l[2:].strip() for l in open(path, encoding="utf-8") if l.startswith("# ")), "")
+            if heading.replace("`", "") != title:
+                problems.append(f"docs/src/SUMMARY.md: {title!r} is headed {heading!r} on {target}")
 
     lib = open(os.path.join(ROOT, "host", "src", "lib.rs"), encoding="utf-8").read()
     modules = re.findall(r"^pub mod (\w+);", lib, re.M)

@@ -119,8 +119,8 @@ else
     SWITCHYARD_BIN="$relay" scripts/deploy-check.sh
 
     mark docs
-    echo "== docs (the book, its links and module map)"
-    scripts/docs.sh
+    echo "== docs (the book: links, module map, the names it uses; mdBook)"
+    SWITCHYARD_BIN="$relay" scripts/docs.sh
 
     # The image tests/container.rs runs, from the same build, unless one is named.
     if [ -z "${SWITCHYARD_IMAGE:-}" ]; then

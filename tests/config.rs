@@ -784,3 +784,56 @@ fn every_getting_started_snippet_is_run_somewhere() {
     }
     assert!(seen >= 5, "{seen} snippets");
 }
+
+/// The book and the README name only config keys, variables, metrics and
+/// flags the code has (scripts/docs-claims.py, CI's docs step); the check
+/// itself names a planted wrong one of each kind.
+#[test]
+fn the_docs_claims_check_passes_on_the_book_and_names_planted_mistakes() {
+    let binary = env!("CARGO_BIN_EXE_relay-process");
+    let script = workspace_root().join("scripts/docs-claims.py");
+    let run = |files: &[&std::path::Path]| {
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(binary)
+            .args(files)
+            .output()
+            .expect("python3 runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, said) = run(&[]);
+    assert_eq!(code, Some(0), "{said}");
+
+    let dir = std::env::temp_dir().join(format!("sy-docs-claims-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("planted.md");
+    // Made here, not written out: the check reads this file's names as
+    // ones the code has.
+    let (variable, metric) = (
+        ["SWITCHYARD", "DATABSE_URL"].join("_"),
+        ["switchyard", "backlog_rowz"].join("_"),
+    );
+    std::fs::write(
+        &page,
+        format!(
+            "Set `relay.publish_timeout_mss` or `{variable}`; watch `{metric}`.\n\
+             Run `switchyard run --confg x.toml`.\n\n```toml\n[relay]\nbatch_sise = 3\n```\n"
+        ),
+    )
+    .unwrap();
+    let (code, said) = run(&[&page]);
+    assert_eq!(code, Some(1), "{said}");
+    for planted in [
+        "config key relay.publish_timeout_mss".to_string(),
+        format!("variable {variable}"),
+        format!("name {metric}"),
+        "switchyard flag --confg".to_string(),
+        "config key relay.batch_sise (a TOML block)".to_string(),
+    ] {
+        assert!(said.contains(&planted), "{planted:?} not named:\n{said}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
