@@ -146,6 +146,31 @@ fn the_demo_publishes_every_event_as_a_non_root_user_on_a_read_only_root() {
 
     let user = run(&["image", "inspect", &image, "--format", "{{.Config.User}}"]);
     assert_eq!(String::from_utf8_lossy(&user.stdout).trim(), "65532:65532");
+
+    // The example plugins ship, not the suite's misbehaving ones built
+    // beside them.
+    let created = run(&["create", &image]);
+    assert!(created.status.success(), "{}", text(&created));
+    let id = String::from_utf8_lossy(&created.stdout).trim().to_string();
+    let copy = std::env::temp_dir().join(format!("sy-image-plugins-{}", uuid::Uuid::new_v4().simple()));
+    let copied = run(&["cp", &format!("{id}:{IMAGE_PLUGINS}"), copy.to_str().unwrap()]);
+    run(&["rm", &id]);
+    assert!(copied.status.success(), "{}", text(&copied));
+    let mut shipped: Vec<String> = std::fs::read_dir(&copy)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    shipped.sort();
+    assert_eq!(
+        shipped,
+        [
+            "fan_out.wasm",
+            "redact_fields.wasm",
+            "route_by_type.wasm",
+            "route_by_type_batch.wasm"
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&copy);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
