@@ -46,11 +46,13 @@ pub struct RabbitMqSinkConfig {
     pub unroutable_grace_ms: u64,
 }
 
-/// A minute: restoring bindings took 1.3 s on an idle machine and more
-/// than 10 s on a loaded one, and a broker with many durable queues takes
-/// longer still. A message that is truly unroutable waits this long once.
+/// Five minutes: restoring bindings took 1.3 s on an idle machine, more
+/// than 10 s on a loaded one, and more than a minute after a SIGKILL with
+/// thousands of messages queued on a loaded two-core machine (a queue's
+/// binding routes once its messages are recovered). A message that is
+/// truly unroutable waits this long once; nothing is lost meanwhile.
 const fn default_unroutable_grace_ms() -> u64 {
-    60_000
+    300_000
 }
 
 const fn default_true() -> bool {
