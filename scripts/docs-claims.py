@@ -53,19 +53,13 @@ def children(node):
     """The schemas a table's keys may take: its properties, the members of
     a map, or (targets, a value-or-table) every form's properties together."""
     node = resolve(node)
-    if "anyOf" in node:
-        merged, free = {}, False
-        for option in node["anyOf"]:
-            props, open_ = children(option)
-            merged.update(props)
-            free = free or open_
-        return merged, free
     if node.get("type") == "array" and "items" in node:
         return children(node["items"])
-    if "oneOf" in node and "properties" not in node:
+    forms = node.get("anyOf") or (node.get("oneOf") if "properties" not in node else None)
+    if forms:
         merged, free = {}, False
-        for variant in node["oneOf"]:
-            props, open_ = children(variant)
+        for form in forms:
+            props, open_ = children(form)
             merged.update(props)
             free = free or open_
         return merged, free

@@ -666,31 +666,15 @@ async fn no_secret_reaches_a_page_and_wrong_missing_and_cross_site_requests_are_
     assert_eq!(status, 403, "no token");
     // A guesser at another address uses up its own minute, even for the
     // right token; the operator's address still signs in.
-    let guesser = [127, 0, 0, 2];
     let at = relay.admin.to_string();
+    let guess = |token: String| {
+        let at = at.clone();
+        async move { http_from(relay.admin, [127, 0, 0, 2], &at, "POST", "/sign-in", &[], &token).await }
+    };
     for _ in 0..20 {
-        let (status, _, _) = http_from(
-            relay.admin,
-            guesser,
-            &at,
-            "POST",
-            "/sign-in",
-            &[],
-            "token=guess-guess-guess-00",
-        )
-        .await;
-        assert_eq!(status, 403);
+        assert_eq!(guess("token=guess-guess-guess-00".into()).await.0, 403);
     }
-    let (status, _, body) = http_from(
-        relay.admin,
-        guesser,
-        &at,
-        "POST",
-        "/sign-in",
-        &[],
-        &format!("token={TOKEN}"),
-    )
-    .await;
+    let (status, _, body) = guess(format!("token={TOKEN}")).await;
     assert_eq!(status, 429, "{body}");
     let cookie = sign_in(relay.admin, TOKEN)
         .await
