@@ -2,8 +2,10 @@
 //! the long outage runs: started with its data kept across a restart
 //! (JetStream store, tansu on SQLite, a durable RabbitMQ queue), stopped
 //! like a crash, started again, and read by a consumer. The Pub/Sub
-//! emulator keeps nothing across a restart: a consumer reads it all along,
-//! and its topic and subscription are made again when it comes back.
+//! emulator keeps nothing across a restart: a consumer reads it while it
+//! runs, and its topic, subscription and consumer are made again when it
+//! comes back (a consumer left retrying a dead emulator backs off for up
+//! to a minute).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,7 +16,7 @@ use super::kafka::KafkaServer;
 use super::nats::{NatsServer, Received};
 use super::orders::{Expected, tally};
 use super::plugins::plugin;
-use super::pubsub::{Emulator, consume_forever};
+use super::pubsub::{Emulator, Front, consume_forever};
 use super::rabbitmq::RabbitMq;
 use super::relay::RelaySection;
 
@@ -39,6 +41,9 @@ pub struct PubSub {
     freezes: bool,
     received: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
     consumer: tokio::task::JoinHandle<()>,
+    /// What the relay reaches a killed emulator through: it opens only
+    /// once the new emulator has the topic and subscription again.
+    front: Option<Front>,
 }
 
 impl PubSub {
@@ -47,19 +52,40 @@ impl PubSub {
         let project = super::pubsub::project();
         emulator.topic(&project, "orders").await;
         let received = std::sync::Arc::default();
-        let consumer = tokio::spawn(consume_forever(
-            emulator.host().to_string(),
-            project.clone(),
-            "orders".into(),
-            std::sync::Arc::clone(&received),
-        ));
+        let consumer = Self::consume(&emulator, &project, &received);
+        let front = if freezes {
+            None
+        } else {
+            Some(Front::to(emulator.host()).await)
+        };
         PubSub {
             emulator,
             project,
             freezes,
             received,
             consumer,
+            front,
         }
+    }
+
+    fn consume(
+        emulator: &Emulator,
+        project: &str,
+        into: &std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(consume_forever(
+            emulator.host().to_string(),
+            project.to_string(),
+            "orders".into(),
+            std::sync::Arc::clone(into),
+        ))
+    }
+
+    /// Where the relay finds it.
+    fn relay_host(&self) -> String {
+        self.front
+            .as_ref()
+            .map_or_else(|| self.emulator.host().to_string(), Front::host)
     }
 }
 
@@ -101,7 +127,7 @@ impl Broker {
             // Listed, so the health check finds a restarted emulator not
             // ready until the run made the topic again.
             Broker::PubSub(pubsub) => (
-                Target::pubsub(&pubsub.project, pubsub.emulator.host())
+                Target::pubsub(&pubsub.project, &pubsub.relay_host())
                     .set("topics", super::config::strings(&["orders"])),
                 "orders",
             ),
@@ -127,7 +153,14 @@ impl Broker {
             Broker::Kafka(kafka, _) => kafka.stop(),
             Broker::Rabbit(rabbit) => rabbit.stop(),
             Broker::PubSub(pubsub) if pubsub.freezes => pubsub.emulator.freeze(),
-            Broker::PubSub(pubsub) => pubsub.emulator.kill(),
+            Broker::PubSub(pubsub) => {
+                if let Some(front) = &mut pubsub.front {
+                    front.close();
+                }
+                // What the emulator held dies with it.
+                pubsub.consumer.abort();
+                pubsub.emulator.kill();
+            }
         }
     }
 
@@ -141,6 +174,10 @@ impl Broker {
             Broker::PubSub(pubsub) => {
                 pubsub.emulator.start().await;
                 pubsub.emulator.topic(&pubsub.project, "orders").await;
+                pubsub.consumer = PubSub::consume(&pubsub.emulator, &pubsub.project, &pubsub.received);
+                if let Some(front) = &mut pubsub.front {
+                    front.open().await;
+                }
             }
         }
     }

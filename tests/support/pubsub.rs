@@ -284,6 +284,79 @@ fn as_received(topic: &str, message: google_cloud_pubsub::model::Message) -> Rec
     }
 }
 
+/// A loopback port in front of an emulator, for a relay: closed, it
+/// refuses connections as a stopped server does; opened again once the
+/// restarted emulator behind it has its topic and subscription. A real
+/// Pub/Sub comes back with both; a relay that reached the emulator between
+/// the two would publish to a topic no subscription yet reads.
+pub struct Front {
+    port: u16,
+    upstream: String,
+    accept: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Front {
+    /// Opens a front on a free port forwarding to `upstream` (`host:port`).
+    pub async fn to(upstream: &str) -> Front {
+        let mut front = Front {
+            port: super::free_port(),
+            upstream: upstream.to_string(),
+            accept: None,
+        };
+        front.open().await;
+        front
+    }
+
+    /// `host:port`, as `emulator_host` takes it.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Stops listening and drops every connection through it.
+    pub fn close(&mut self) {
+        if let Some(accept) = self.accept.take() {
+            accept.abort();
+        }
+    }
+
+    /// Listens again on the same port.
+    ///
+    /// # Panics
+    /// When the port cannot be bound again within ten seconds.
+    pub async fn open(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                Ok(listener) => break listener,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("bind the front port {}: {e}", self.port),
+            }
+        };
+        let upstream = self.upstream.clone();
+        self.accept = Some(tokio::spawn(async move {
+            // Dropped with the accept task: every connection goes with it.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                while connections.try_join_next().is_some() {}
+            }
+        }));
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 impl Drop for Emulator {
     fn drop(&mut self) {
         self.kill();
