@@ -10,13 +10,15 @@
 #                             allocator), so CI compiles the tree once
 #   scripts/image.sh tools    install and configure podman (Debian) if no engine is there
 #
-# IMAGE names the image (default switchyard:dev). Uses podman, or docker
+# IMAGE names the image (default switchyard:VERSION, the version in
+# host/Cargo.toml and the tag the manifests run). Uses podman, or docker
 # when podman is missing and docker answers. Prints the image's size and
 # how long each step took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-image="${IMAGE:-switchyard:dev}"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' host/Cargo.toml | sed -n 1p)"
+image="${IMAGE:-switchyard:$version}"
 
 engine() {
     if command -v podman >/dev/null; then

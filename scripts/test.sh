@@ -7,9 +7,9 @@
 # on loopback, builds the example plugins (Rust, and the Python and
 # JavaScript ports through scripts/plugin-toolchains.sh), walks the demo on
 # the test build, checks deploy/ (scripts/deploy-check.sh) and the book
-# (scripts/docs.sh), assembles the container image from that same build
-# (scripts/image.sh build --binary; SWITCHYARD_IMAGE names a ready one
-# instead) and runs every test: with cargo-nextest when it is installed (a
+# (scripts/docs.sh), walks the README's production lines on a container
+# image assembled from that same build (scripts/production-walk.sh;
+# SWITCHYARD_IMAGE names a ready image instead) and runs every test: with cargo-nextest when it is installed (a
 # process per test, all binaries in one pool, .config/nextest.toml), else
 # with cargo test. Arguments go to the test runner.
 #
@@ -122,12 +122,16 @@ else
     echo "== docs (the book: links, module map, the names it uses; mdBook)"
     SWITCHYARD_BIN="$relay" scripts/docs.sh
 
-    # The image tests/container.rs runs, from the same build, unless one is named.
+    # The README's production lines as written, on the image
+    # tests/container.rs runs: assembled from the same build, unless one
+    # is named.
+    mark production
+    echo "== the README's production lines (scripts/production-walk.sh)"
     if [ -z "${SWITCHYARD_IMAGE:-}" ]; then
-        mark image
-        echo "== image (from the test build)"
-        IMAGE=switchyard:test scripts/image.sh build --binary "$relay"
+        IMAGE=switchyard:test scripts/production-walk.sh --binary "$relay"
         export SWITCHYARD_IMAGE=switchyard:test
+    else
+        scripts/production-walk.sh --image "$SWITCHYARD_IMAGE"
     fi
 fi
 
