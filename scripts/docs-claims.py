@@ -29,7 +29,7 @@ import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "docs", "src")
-GENERATED = {"reference/config-keys.md", "reference/cli.md", "reference/metrics-list.md", "benchmarks/lab.md"}
+GENERATED = {"reference/config-keys.md", "reference/cli.md", "reference/metrics-list.md", "contributing/lab.md"}
 
 binary = sys.argv[1]
 schema = json.loads(subprocess.run([binary, "config", "schema"], check=True, capture_output=True, text=True).stdout)

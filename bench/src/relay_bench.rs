@@ -119,7 +119,7 @@ struct Args {
     #[arg(long, requires = "many_databases")]
     connections_per_server: Option<u32>,
     /// Where to write the latency plot.
-    #[arg(long, default_value = "docs/latency.svg")]
+    #[arg(long, default_value = "docs/src/benchmarks/latency.svg")]
     plot: PathBuf,
 }
 
