@@ -754,6 +754,56 @@ async fn validate_runs_each_plugins_init_with_its_config() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `validate` routes a sample event of each type a plugin serves, as the
+/// relay would: a route to a target the config lacks fails validation,
+/// naming the plugin, the event type and the target, instead of
+/// dead-lettering every such event once the relay runs. A plugin that
+/// refuses the sample is only noted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_names_a_target_a_plugin_routes_to_that_the_config_lacks() {
+    let dir = std::env::temp_dir().join(format!("sy-routes-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, paid_target: &str| {
+        let path = dir.join(name);
+        let text = format!(
+            "[database]\nurl = \"sqlite://{db}\"\n\n\
+             [[plugins]]\nname = \"paid\"\npath = \"{route}\"\nevent_types = [\"OrderPaid\", \"OrderRefunded\"]\n\
+             [plugins.config]\ntarget = \"{paid_target}\"\ntopic = \"orders.{{event_type}}\"\n\n\
+             [[plugins]]\nname = \"rest\"\npath = \"{route}\"\n[plugins.config]\ntarget = \"out\"\n\n\
+             [targets.out]\ntype = \"stdout\"\n",
+            db = dir.join("outbox.db").display(),
+            route = plugin("route_by_type").display(),
+        );
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let good = write("good.toml", "out");
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--offline", "--config", &good], &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("good.toml: ok"), "{out}");
+
+    let missing = write("missing.toml", "kafka");
+    for offline in [true, false] {
+        let args: &[&str] = if offline {
+            &["validate", "--offline", "--config", &missing]
+        } else {
+            &["validate", "--config", &missing]
+        };
+        let (code, out, err) = cli(SWITCHYARD, args, &[]).await;
+        assert_ne!(code, 0, "{out}");
+        assert!(!out.contains(": ok"), "{out}");
+        for event_type in ["OrderPaid", "OrderRefunded"] {
+            assert!(
+                err.contains(&format!("plugin \"paid\" routes {event_type} events"))
+                    && err.contains("unknown target \"kafka\""),
+                "names the plugin, the event type and the target: {err}"
+            );
+        }
+        assert!(!err.contains("plugin \"rest\""), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `validate --offline`, a service manager's pre-start check, passes while
 /// every database and broker is out of reach (at boot they may still be
 /// coming up, and the relay waits for them) and still stops a start on a

@@ -181,7 +181,7 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<ExitCode> {
         DlqCommand::Show { id, database, json } => {
             let (store, _) = database.open().await?;
             let entry = store
-                .entry(id)
+                .entry(id, true)
                 .await?
                 .with_context(|| format!("no outbox row with id {id}"))?;
             if json {

@@ -352,6 +352,22 @@ async fn plugins_and_warnings(path: &std::path::Path, loaded: &Config) -> anyhow
     crate::runtime::load_plugins(loaded)
         .await
         .with_context(|| format!("{}: the plugins do not start", path.display()))?;
+    // A route to a target the config lacks dead-letters every event it
+    // takes: say so now, not at the first event.
+    let config = loaded.clone();
+    let (problems, notes) = tokio::task::spawn_blocking(move || super::plugin::sample_routes(&config))
+        .await
+        .context("routing the sample events panicked")?
+        .with_context(|| format!("{}: the plugins do not start", path.display()))?;
+    for note in notes {
+        println!("note: {note}");
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "{}: {}",
+        path.display(),
+        problems.join("\n  ")
+    );
     for warning in loaded.warnings() {
         println!("warning: {warning}");
     }

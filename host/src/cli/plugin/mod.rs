@@ -258,6 +258,84 @@ fn event_from(event: EventFile, row_id: i64, payload_file: Option<&Path>) -> any
     })
 }
 
+/// What `validate` learns by routing, through each plugin, a sample event
+/// of each type it serves (its `event_types`; without them one of a type no
+/// plugin names), as `plugin test --relay-config` would: every target a
+/// plugin routes to that `[targets]` lacks, which would dead-letter each
+/// such event (`problems`), and the samples a plugin refused or failed on
+/// (`notes`: a sample is not a real event, so that alone fails nothing).
+/// Only samples the plugin would get are tried: an earlier plugin whose
+/// filters match takes the event.
+///
+/// # Errors
+/// When a plugin cannot be loaded.
+pub(super) fn sample_routes(config: &Config) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    const UNNAMED: &str = "SwitchyardSample";
+    let (mut problems, mut notes) = (Vec::new(), Vec::new());
+    let cache_dir = config.plugin_runtime.cache_dir();
+    for (at, plugin) in config.plugins.iter().enumerate() {
+        let event_types: Vec<&str> = if plugin.event_types.is_empty() {
+            vec![UNNAMED]
+        } else {
+            plugin.event_types.iter().map(String::as_str).collect()
+        };
+        let aggregate_type = plugin.aggregate_types.first().map_or("sample", String::as_str);
+        let samples: Vec<Result<Event, UnreadableRow>> = event_types
+            .iter()
+            .filter(|event_type| {
+                config
+                    .plugins
+                    .iter()
+                    .position(|p| p.matches(aggregate_type, event_type))
+                    == Some(at)
+            })
+            .zip(1..)
+            .map(|(event_type, row_id)| {
+                Ok(Event {
+                    row_id,
+                    event_id: uuid::Uuid::new_v4().to_string(),
+                    aggregate_type: aggregate_type.to_string(),
+                    aggregate_id: "sample-1".to_string(),
+                    event_type: (*event_type).to_string(),
+                    payload: b"{}".to_vec(),
+                    payload_format: PayloadFormat::Json,
+                    headers: Vec::new(),
+                    tenant: None,
+                    created_at_ms: chrono::Utc::now().timestamp_millis(),
+                    attempt: 1,
+                })
+            })
+            .collect();
+        if samples.is_empty() {
+            continue;
+        }
+        let report = test(plugin, samples, Some(&config.targets), cache_dir.as_deref())?;
+        for event in report.events {
+            let event_type = event.event.map(|e| e.event_type).unwrap_or_default();
+            let what = if event_type == UNNAMED {
+                "events".to_string()
+            } else {
+                format!("{event_type} events")
+            };
+            let reason = event.reason.unwrap_or_default();
+            match (event.outcome, event.problem) {
+                ("published" | "dropped", _) => {}
+                (_, Some("unknown_target")) => problems.push(format!(
+                    "plugin {:?} routes {what} to a target [targets] does not have, so each would be \
+                     dead-lettered: {reason}",
+                    plugin.name
+                )),
+                (outcome, _) => notes.push(format!(
+                    "plugin {:?} did not route a sample of its {what} with an empty JSON payload \
+                     ({outcome}): {reason}",
+                    plugin.name
+                )),
+            }
+        }
+    }
+    Ok((problems, notes))
+}
+
 /// A pending row that cannot be read as an event.
 #[derive(Debug, thiserror::Error)]
 #[error("row {id} ({event_id}): {error}")]
