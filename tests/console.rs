@@ -1044,6 +1044,15 @@ async fn the_dead_letter_filters_of_the_console_work_on_sqlite() {
     let listed = store.dead_letters(&filter(None, None), 0, 50).await.unwrap();
     let id = uuid::Uuid::parse_str(&listed[0].event_id).unwrap();
     assert_eq!(store.event(id).await.unwrap().unwrap().id, listed[0].id);
+    // A page that does not show the payload does not read it.
+    let whole = store.entry(listed[0].id, true).await.unwrap().unwrap();
+    let without = store.entry(listed[0].id, false).await.unwrap().unwrap();
+    assert!(whole.payload.is_some(), "{whole:?}");
+    assert_eq!(without.payload, None);
+    assert_eq!(
+        (without.headers, without.event_id),
+        (whole.headers, whole.event_id)
+    );
     store.close().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -186,7 +186,11 @@ async fn a_row_the_relay_cannot_read_is_refused_alone(db: TestOutbox) {
         assert!(error.contains(expected), "{error}");
     }
     for row in &claim.rows {
-        db.store.entry(row.id.0).await.expect("entry").expect("the row");
+        db.store
+            .entry(row.id.0, true)
+            .await
+            .expect("entry")
+            .expect("the row");
     }
 }
 

@@ -397,7 +397,12 @@ async fn dead_letter(
         Ok(found) => found,
         Err(error) => return not_found(&console, &viewer, &error),
     };
-    match tokio::time::timeout(QUERY_TIMEOUT, relay.store().entry(id)).await {
+    match tokio::time::timeout(
+        QUERY_TIMEOUT,
+        relay.store().entry(id, matches!(viewer, Viewer::SignedIn(_))),
+    )
+    .await
+    {
         Ok(Ok(Some(entry))) => {
             let body = pages::entry(&name, &entry, &viewer, &console.inner.masks);
             console.page(&format!("Row {id}"), &viewer, false, body)

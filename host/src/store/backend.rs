@@ -78,7 +78,7 @@ pub(super) trait Backend {
     /// See [`super::OutboxStore::event`].
     async fn event(&self, event_id: uuid::Uuid) -> Result<Option<OutboxEntry>, Error>;
     /// One row by id.
-    async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error>;
+    async fn entry(&self, id: i64, with_payload: bool) -> Result<Option<OutboxEntry>, Error>;
     /// Up to `batch` matching dead letters back to pending; their ids.
     async fn replay_dead_letters(
         &self,
@@ -170,9 +170,9 @@ macro_rules! dialect_queries {
                 .transpose()?)
         }
 
-        async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {
+        async fn entry(&self, id: i64, with_payload: bool) -> Result<Option<OutboxEntry>, Error> {
             let $this = self;
-            let record = dialect::entry_query($dialect, id)
+            let record = dialect::entry_query($dialect, id, with_payload)
                 .build()
                 .fetch_optional(&self.pool)
                 .await?;

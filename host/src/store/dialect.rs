@@ -322,21 +322,40 @@ const SQLITE_ENTRY_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, 
     plugin_version, tenant, headers AS headers_json, payload AS payload_json,
     length(payload_bytes) AS payload_bytes_len, deliveries AS deliveries_json";
 
+/// [`PG_ENTRY_COLUMNS`] without the payload (the headers carry the trace
+/// context every viewer sees; a binary payload's length is its stored size).
+const PG_ENTRY_COLUMNS_WITHOUT_PAYLOAD: &str =
+    "id, event_id::text AS event_id, aggregate_type, aggregate_id, event_type,
+    status, attempts,
+    CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::bigint END AS created_at_ms,
+    last_error,
+    plugin_version, tenant, headers::text AS headers_json, NULL::text AS payload_json,
+    octet_length(payload_bytes)::bigint AS payload_bytes_len, deliveries::text AS deliveries_json";
+
+const SQLITE_ENTRY_COLUMNS_WITHOUT_PAYLOAD: &str = "id, event_id, aggregate_type, aggregate_id, event_type,
+    status, attempts, created_at AS created_at_ms, last_error,
+    plugin_version, tenant, headers AS headers_json, CAST(NULL AS TEXT) AS payload_json,
+    length(payload_bytes) AS payload_bytes_len, deliveries AS deliveries_json";
+
 /// Columns the archive keeps (the relay's lease columns are dropped).
 pub(super) const ARCHIVE_COLUMNS: &str =
     "id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
     headers, tenant, created_at, attempts, published_at, deliveries, plugin_version";
 
 /// One row, whole, by id.
-pub(super) fn entry_query<'a, DB>(dialect: Dialect, id: i64) -> QueryBuilder<'a, DB>
+pub(super) fn entry_query<'a, DB>(dialect: Dialect, id: i64, with_payload: bool) -> QueryBuilder<'a, DB>
 where
     DB: Database,
     i64: Encode<'a, DB> + Type<DB>,
 {
-    let mut query = QueryBuilder::new(format!(
-        "SELECT {} FROM switchyard_outbox WHERE id = ",
-        dialect.entry_columns()
-    ));
+    // A page that does not show the payload does not read it: a payload
+    // may be megabytes, stored out of line.
+    let columns = match (dialect, with_payload) {
+        (_, true) => dialect.entry_columns(),
+        (Dialect::Postgres(_), false) => PG_ENTRY_COLUMNS_WITHOUT_PAYLOAD,
+        (Dialect::Sqlite, false) => SQLITE_ENTRY_COLUMNS_WITHOUT_PAYLOAD,
+    };
+    let mut query = QueryBuilder::new(format!("SELECT {columns} FROM switchyard_outbox WHERE id = "));
     query.push_bind(id);
     query
 }

@@ -78,8 +78,8 @@ impl OutboxStore {
     ///
     /// # Errors
     /// [`Error::Database`].
-    pub async fn entry(&self, id: i64) -> Result<Option<OutboxEntry>, Error> {
-        dispatch!(self, backend => backend.entry(id).await)
+    pub async fn entry(&self, id: i64, with_payload: bool) -> Result<Option<OutboxEntry>, Error> {
+        dispatch!(self, backend => backend.entry(id, with_payload).await)
     }
 
     /// Sends up to `batch` dead letters matching `filter` with id above
