@@ -43,6 +43,24 @@ print_timings() {
     printf '%s\n' "${timings[@]}" | awk '{ printf "  %-22s %6d\n", $1, $2; total += $2 } END { printf "  %-22s %6d\n", "total", total }'
 }
 mark build
+# The services and the plugins (wasm32-wasip2, a workspace of their own)
+# need nothing from the host build: they go on beside it, on the core its
+# serial stretches leave idle, and are waited for after it.
+beside="$(mktemp -d)"
+scripts/services.sh start >"$beside/services.env" 2>"$beside/services.log" &
+services_pid=$!
+(
+    set -e
+    if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+        rustup target add wasm32-wasip2
+    fi
+    (cd plugins && cargo build --release --quiet)
+    [ -n "$quick" ] || scripts/plugin-toolchains.sh
+    host="$(rustc -vV | sed -n 's/^host: //p')"
+    (cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
+) >"$beside/plugins.log" 2>&1 &
+plugins_pid=$!
+trap 'kill "$plugins_pid" 2>/dev/null || true; rm -rf "$beside"' EXIT
 echo "== build (once: the tests, and the relay binary the next steps run)"
 # No binary holds a test: `--bins` would only compile each one again as a
 # test harness. The tests package's own binaries (relay-process) are built
@@ -72,14 +90,11 @@ cargo test "${targets[@]}" --no-run --quiet
 relay="$PWD/target/debug/relay-process"
 
 mark services
-
-if ! rustup target list --installed | grep -qx wasm32-wasip2; then
-    rustup target add wasm32-wasip2
-fi
-
-# Assigned first so that a failed start stops this script (set -e).
-services_env="$(scripts/services.sh start)"
-eval "$services_env"
+services_status=0
+wait "$services_pid" || services_status=$?
+cat "$beside/services.log" >&2
+[ "$services_status" = 0 ] || { echo "test: the services did not start" >&2; exit 1; }
+eval "$(cat "$beside/services.env")"
 
 # A run killed midway may leave the commit hold of tests/replication.rs
 # (a synchronous standby nobody is) on the shared server.
@@ -97,11 +112,11 @@ for server in "$DATABASE_URL" "$SWITCHYARD_PG_TLS_URL"; do
 done
 
 mark plugins
-echo "== plugins (wasm32-wasip2)"
-(cd plugins && cargo build --release --quiet)
-[ -n "$quick" ] || scripts/plugin-toolchains.sh
-host="$(rustc -vV | sed -n 's/^host: //p')"
-(cd plugins && cargo test --quiet -p switchyard-plugin-common --target "$host")
+echo "== plugins (wasm32-wasip2; built beside the host build)"
+plugins_status=0
+wait "$plugins_pid" || plugins_status=$?
+cat "$beside/plugins.log"
+[ "$plugins_status" = 0 ] || { echo "test: the plugins did not build" >&2; exit 1; }
 
 
 if [ -n "$quick" ]; then
@@ -138,7 +153,7 @@ fi
 mark tests
 echo "== relay ($runner)"
 log="$(mktemp)"
-trap 'rm -f "$log" "$log.tests"' EXIT
+trap 'rm -rf "$log" "$log.tests" "$beside"' EXIT
 # Every test runs even after one fails, and the summary is printed either
 # way: a red run says everything that failed, not the first failure.
 status=0

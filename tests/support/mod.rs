@@ -59,21 +59,23 @@ pub fn workspace_root() -> std::path::PathBuf {
 }
 
 /// Serialises CPU-heavy tests: on a 2-core machine, tests that measure
-/// latency or rely on time limits must not share the CPU with another load
-/// test. Under cargo-nextest (a process per test) the runner does it: the
-/// test must be in the `heavy` group of `.config/nextest.toml`, and is
-/// failed here if it is not. Under `cargo test` a lock serialises the heavy
-/// tests of one binary.
+/// latency or rely on time limits must not share the CPU with a load test.
+/// Under cargo-nextest (a process per test) the runner does it: the test
+/// must be in one of the groups of `.config/nextest.toml` that say how it
+/// shares the machine (`heavy`: alone; `outage`, `leases`: one at a time
+/// beside light tests), and is failed here if it is not. Under `cargo test`
+/// a lock serialises them all within one binary.
 ///
 /// # Panics
-/// Under nextest, in a test outside the `heavy` group.
+/// Under nextest, in a test outside those groups.
 pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     if std::env::var_os("NEXTEST_RUN_ID").is_some() {
         let group = std::env::var("NEXTEST_TEST_GROUP").unwrap_or_default();
-        assert_eq!(
-            group, "heavy",
-            "a test calling exclusive() belongs to the `heavy` test group: add it to .config/nextest.toml"
+        assert!(
+            ["heavy", "outage", "leases"].contains(&group.as_str()),
+            "a test calling exclusive() belongs to the `heavy`, `outage` or `leases` test group \
+             of .config/nextest.toml, not {group:?}"
         );
     }
     HEAVY.lock().await
