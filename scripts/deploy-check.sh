@@ -87,6 +87,23 @@ done
 echo "== prometheus"
 promtool check rules deploy/prometheus/switchyard-alerts.yml
 promtool test rules deploy/prometheus/switchyard-alerts.test.yml
+# Each alert's runbook_url names a section the book's deploy page has (its
+# mdBook anchor: the heading lowercased, spaces to dashes, the rest dropped).
+python3 - <<'PY'
+import re, sys
+rules = open("deploy/prometheus/switchyard-alerts.yml").read()
+page = open("docs/src/how-to/deploy.md").read()
+anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
+           for h in re.findall(r"(?m)^#+ (.+)$", page)}
+urls = re.findall(r'runbook_url: "([^"]*)"', rules)
+bad = [u for u in urls if not re.fullmatch(r"\{\{ \$externalLabels\.switchyard_book \}\}/how-to/deploy\.html#([a-z0-9-]+)", u)
+       or u.rsplit("#", 1)[1] not in anchors]
+for u in bad:
+    print(f"deploy-check: runbook_url {u} names no section of docs/src/how-to/deploy.md", file=sys.stderr)
+if bad or not urls:
+    sys.exit(1)
+print(f"runbooks: {len(urls)} alerts, each linked to a section of the deploy page")
+PY
 
 echo "== grafana"
 python3 -m json.tool deploy/grafana/switchyard.json >/dev/null
