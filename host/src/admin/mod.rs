@@ -201,20 +201,99 @@ pub(crate) fn metrics_response(text: String) -> Response {
         .into_response()
 }
 
+/// Why a readiness check fails. Each has a section of the book's
+/// troubleshooting page (`docs/src/how-to/troubleshooting.md`) headed by
+/// its [`Reason::title`], saying what to do; a test fails on one without.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The database answered with an error, or cannot be reached.
+    Database,
+    /// A check's statement got no answer within its bound.
+    NoAnswer,
+    /// The database is set up for the other mode.
+    ModeMismatch,
+    /// Batch outcomes wait for the database to record them.
+    OutcomesWaiting,
+    /// A batch panicked within the last minute.
+    WorkerPanicked,
+    /// The `[source]` capture trigger is missing, disabled or stale.
+    Capture,
+    /// The replication slot does not exist.
+    SlotMissing,
+    /// The replication slot lost WAL it needed.
+    SlotLost,
+    /// The server keeps more WAL for the slot than allowed.
+    SlotRetainsTooMuch,
+    /// A target failed its health check.
+    Target,
+    /// A fleet's database is not served yet.
+    NotServed,
+    /// A fleet's catalog could not be read.
+    Catalog,
+    /// The console has not checked yet.
+    NotChecked,
+}
+
+impl Reason {
+    /// Every reason (a test checks each has its section).
+    pub const ALL: [Reason; 13] = [
+        Reason::Database,
+        Reason::NoAnswer,
+        Reason::ModeMismatch,
+        Reason::OutcomesWaiting,
+        Reason::WorkerPanicked,
+        Reason::Capture,
+        Reason::SlotMissing,
+        Reason::SlotLost,
+        Reason::SlotRetainsTooMuch,
+        Reason::Target,
+        Reason::NotServed,
+        Reason::Catalog,
+        Reason::NotChecked,
+    ];
+
+    /// The heading of its section on the troubleshooting page.
+    pub fn title(self) -> &'static str {
+        match self {
+            Reason::Database => "The database refuses or cannot be reached",
+            Reason::NoAnswer => "No answer in time",
+            Reason::ModeMismatch => "Set up for the other mode",
+            Reason::OutcomesWaiting => "Batch outcomes wait for the database",
+            Reason::WorkerPanicked => "A batch panicked",
+            Reason::Capture => "The capture trigger is missing, disabled or stale",
+            Reason::SlotMissing => "The slot does not exist",
+            Reason::SlotLost => "The slot lost the WAL it needed",
+            Reason::SlotRetainsTooMuch => "The slot keeps too much WAL",
+            Reason::Target => "A target fails its health check",
+            Reason::NotServed => "A database not served yet",
+            Reason::Catalog => "The catalog cannot be read",
+            Reason::NotChecked => "Not checked yet",
+        }
+    }
+}
+
 /// The result of one readiness check; shown as `ok` or `error: <why>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Check {
     /// Passed.
     Ok,
-    /// Failed, and why.
-    Failed(String),
+    /// Failed: which kind of failure, and why.
+    Failed(Reason, String),
 }
 
 impl Check {
-    fn from_result<E: std::fmt::Display>(result: Result<(), E>) -> Check {
+    fn from_result<E: std::fmt::Display>(reason: Reason, result: Result<(), E>) -> Check {
         match result {
             Ok(()) => Check::Ok,
-            Err(e) => Check::Failed(e.to_string()),
+            Err(e) => Check::Failed(reason, e.to_string()),
+        }
+    }
+
+    /// What kind of failure, if it failed.
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Check::Ok => None,
+            Check::Failed(reason, _) => Some(*reason),
         }
     }
 
@@ -227,7 +306,7 @@ impl Check {
     pub fn error(&self) -> Option<&str> {
         match self {
             Check::Ok => None,
-            Check::Failed(why) => Some(why),
+            Check::Failed(_, why) => Some(why),
         }
     }
 }
@@ -236,7 +315,7 @@ impl std::fmt::Display for Check {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Check::Ok => f.write_str("ok"),
-            Check::Failed(why) => write!(f, "error: {why}"),
+            Check::Failed(_, why) => write!(f, "error: {why}"),
         }
     }
 }
@@ -298,23 +377,32 @@ async fn slot_readiness(relay: &Relay) -> Option<SlotReadiness> {
         Ok(Ok(Some(slot))) => {
             let retained = slot.retained_wal_bytes;
             let check = if slot.wal_status.as_deref() == Some("lost") {
-                Check::Failed("the slot lost the WAL it needed (wal_status = lost)".into())
+                Check::Failed(
+                    Reason::SlotLost,
+                    "the slot lost the WAL it needed (wal_status = lost)".into(),
+                )
             } else if retained
                 .is_some_and(|bytes| u64::try_from(bytes).unwrap_or(0) > settings.max_retained_wal_bytes)
             {
-                Check::Failed(format!(
-                    "the server keeps {} bytes of WAL for the slot, over replication.max_retained_wal_bytes ({})",
-                    retained.unwrap_or(0),
-                    settings.max_retained_wal_bytes
-                ))
+                Check::Failed(
+                    Reason::SlotRetainsTooMuch,
+                    format!(
+                        "the server keeps {} bytes of WAL for the slot, over replication.max_retained_wal_bytes ({})",
+                        retained.unwrap_or(0),
+                        settings.max_retained_wal_bytes
+                    ),
+                )
             } else {
                 Check::Ok
             };
             (retained, check)
         }
-        Ok(Ok(None)) => (None, Check::Failed("the slot does not exist".into())),
-        Ok(Err(error)) => (None, Check::Failed(error.to_string())),
-        Err(_) => (None, Check::Failed("no answer in time".into())),
+        Ok(Ok(None)) => (
+            None,
+            Check::Failed(Reason::SlotMissing, "the slot does not exist".into()),
+        ),
+        Ok(Err(error)) => (None, Check::Failed(Reason::Database, error.to_string())),
+        Err(_) => (None, Check::Failed(Reason::NoAnswer, "no answer in time".into())),
     };
     Some(SlotReadiness {
         slot: settings.slot.clone(),
@@ -402,9 +490,9 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
         };
         match tokio::time::timeout(CHECK_TIMEOUT, checked).await {
             Ok(Ok(None)) => Check::Ok,
-            Ok(Ok(Some(mismatch))) => Check::Failed(mismatch.to_string()),
-            Ok(Err(error)) => Check::Failed(error.to_string()),
-            Err(_) => Check::Failed("no answer in time".to_string()),
+            Ok(Ok(Some(mismatch))) => Check::Failed(Reason::ModeMismatch, mismatch.to_string()),
+            Ok(Err(error)) => Check::Failed(Reason::Database, error.to_string()),
+            Err(_) => Check::Failed(Reason::NoAnswer, "no answer in time".to_string()),
         }
     };
     let capture = async {
@@ -413,22 +501,25 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
         Some(
             match tokio::time::timeout(CHECK_TIMEOUT, pg.capture_problem(capture)).await {
                 Ok(Ok(None)) => Check::Ok,
-                Ok(Ok(Some(problem))) => Check::Failed(problem),
-                Ok(Err(error)) => Check::Failed(error.to_string()),
-                Err(_) => Check::Failed("no answer in time".to_string()),
+                Ok(Ok(Some(problem))) => Check::Failed(Reason::Capture, problem),
+                Ok(Err(error)) => Check::Failed(Reason::Database, error.to_string()),
+                Err(_) => Check::Failed(Reason::NoAnswer, "no answer in time".to_string()),
             },
         )
     };
     let (database, capture, paused, replication) =
         futures::join!(database, capture, paused_targets(relay), slot_readiness(relay));
     let database = match (database, relay.outcomes_waiting()) {
-        (Check::Ok, Some(since)) => Check::Failed(format!(
-            "batch outcomes have waited {} s for the database to record them",
-            since.as_secs()
-        )),
+        (Check::Ok, Some(since)) => Check::Failed(
+            Reason::OutcomesWaiting,
+            format!(
+                "batch outcomes have waited {} s for the database to record them",
+                since.as_secs()
+            ),
+        ),
         (database, _) => database,
     };
-    let workers = Check::from_result(relay.workers_health());
+    let workers = Check::from_result(Reason::WorkerPanicked, relay.workers_health());
     let ready = database.is_ok()
         && workers.is_ok()
         && capture.as_ref().is_none_or(Check::is_ok)
@@ -448,8 +539,8 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
 pub async fn target_checks(sinks: &crate::sinks::Sinks) -> BTreeMap<String, Check> {
     futures::future::join_all(sinks.names().map(|name| async move {
         let state = match sinks.recent_health(name, CHECK_TIMEOUT).await {
-            Some(result) => Check::from_result(result),
-            None => Check::Failed("not configured".to_string()),
+            Some(result) => Check::from_result(Reason::Target, result),
+            None => Check::Failed(Reason::Target, "not configured".to_string()),
         };
         (name.to_string(), state)
     }))
@@ -652,4 +743,49 @@ pub async fn fetch_status(addr: &str, database: Option<&str>) -> anyhow::Result<
     tokio::time::timeout(Duration::from_secs(10), fetch)
         .await
         .map_err(|_| anyhow::anyhow!("no answer in 10 s"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    /// Each reason a readiness check can fail for has a section of the
+    /// troubleshooting page under its title, and the page's table links to
+    /// it; a variant added to the enum but not to `Reason::ALL` fails here
+    /// too.
+    #[test]
+    fn every_readiness_reason_has_a_troubleshooting_section() {
+        let source = include_str!("mod.rs");
+        let body = source
+            .split_once("pub enum Reason {")
+            .and_then(|(_, rest)| rest.split_once("\n}"))
+            .map(|(body, _)| body)
+            .expect("the enum");
+        let variants = body
+            .lines()
+            .filter(|line| {
+                let line = line.trim();
+                line.ends_with(',') && line.starts_with(|c: char| c.is_ascii_uppercase())
+            })
+            .count();
+        assert_eq!(variants, Reason::ALL.len(), "Reason::ALL lists every variant");
+        let page = include_str!("../../../docs/src/how-to/troubleshooting.md");
+        for reason in Reason::ALL {
+            let title = reason.title();
+            assert!(
+                page.lines().any(|line| line == format!("### {title}")),
+                "docs/src/how-to/troubleshooting.md has no section \"### {title}\" for {reason:?}"
+            );
+            let anchor: String = title
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == ' ' || *c == '-')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect();
+            assert!(
+                page.contains(&format!("](#{anchor})")),
+                "the troubleshooting page's table links to #{anchor}"
+            );
+        }
+    }
 }

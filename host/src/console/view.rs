@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use crate::admin::{Check, PausedTarget, PluginStatus};
+use crate::admin::{Check, PausedTarget, PluginStatus, Reason};
 use crate::fleet::{DatabaseState, Fleet};
 use crate::relay::Relay;
 use crate::store::DeadLetterFilter;
@@ -251,7 +251,12 @@ pub fn targets(fleet: &Fleet, checks: &TargetChecks) -> Vec<TargetLine> {
         fleet
             .sinks()
             .names()
-            .map(|name| (name.to_string(), Check::Failed("not checked yet".into())))
+            .map(|name| {
+                (
+                    name.to_string(),
+                    Check::Failed(Reason::NotChecked, "not checked yet".into()),
+                )
+            })
             .collect()
     });
     let mut paused: BTreeMap<String, BTreeMap<String, PausedTarget>> = BTreeMap::new();
@@ -282,7 +287,7 @@ pub fn targets(fleet: &Fleet, checks: &TargetChecks) -> Vec<TargetLine> {
             let state = match (paused.remove(&name), check) {
                 (Some(databases), _) => TargetState::Paused(databases),
                 (None, Check::Ok) => TargetState::Up,
-                (None, Check::Failed(why)) => TargetState::Down(why),
+                (None, Check::Failed(_, why)) => TargetState::Down(why),
             };
             TargetLine { name, kind, state }
         })
@@ -308,19 +313,29 @@ pub async fn slot(relay: &Relay) -> Option<SlotLine> {
             confirmed_lag_bytes: status.confirmed_lag_bytes,
             reading_here,
             check: if status.wal_status.as_deref() == Some("lost") {
-                Check::Failed("the slot lost the WAL it needed".into())
+                Check::Failed(Reason::SlotLost, "the slot lost the WAL it needed".into())
             } else {
                 Check::Ok
             },
         },
-        Ok(Ok(None)) => empty_slot(&settings.slot, reading_here, "the slot does not exist".into()),
-        Ok(Err(error)) => empty_slot(&settings.slot, reading_here, error.to_string()),
-        Err(_) => empty_slot(&settings.slot, reading_here, "no answer in time".into()),
+        Ok(Ok(None)) => empty_slot(
+            &settings.slot,
+            reading_here,
+            Reason::SlotMissing,
+            "the slot does not exist".into(),
+        ),
+        Ok(Err(error)) => empty_slot(&settings.slot, reading_here, Reason::Database, error.to_string()),
+        Err(_) => empty_slot(
+            &settings.slot,
+            reading_here,
+            Reason::NoAnswer,
+            "no answer in time".into(),
+        ),
     };
     Some(line)
 }
 
-fn empty_slot(slot: &str, reading_here: bool, why: String) -> SlotLine {
+fn empty_slot(slot: &str, reading_here: bool, reason: Reason, why: String) -> SlotLine {
     SlotLine {
         slot: slot.to_string(),
         reader: None,
@@ -328,6 +343,6 @@ fn empty_slot(slot: &str, reading_here: bool, why: String) -> SlotLine {
         confirmed_flush_lsn: None,
         confirmed_lag_bytes: None,
         reading_here,
-        check: Check::Failed(why),
+        check: Check::Failed(reason, why),
     }
 }

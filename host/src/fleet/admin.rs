@@ -15,7 +15,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{DatabaseState, Fleet};
-use crate::admin::{AdminServer, Check, DatabaseReadiness};
+use crate::admin::{AdminServer, Check, DatabaseReadiness, Reason};
 
 /// Databases checked at once by a scrape or a readiness probe: a fleet of
 /// hundreds must not open a connection to each at the same moment.
@@ -88,7 +88,7 @@ pub async fn readiness(fleet: &Fleet) -> FleetReadiness {
     let serving = databases.values().filter(|database| database.ready).count();
     let catalog = fleet.catalog().map(|read| match read {
         Ok(()) => Check::Ok,
-        Err(error) => Check::Failed(error),
+        Err(error) => Check::Failed(Reason::Catalog, error),
     });
     let catalog_ok = catalog.as_ref().is_none_or(Check::is_ok);
     let state = if !shared || (serving == 0 && !(databases.is_empty() && catalog_ok)) {
@@ -127,12 +127,15 @@ async fn database_readiness(state: DatabaseState) -> DatabaseReadiness {
             last_error,
         } => DatabaseReadiness {
             ready: false,
-            workers: Check::Failed("not started".to_string()),
-            database: Check::Failed(format!(
-                "not served for {} s ({attempts} tries): {}",
-                since.elapsed().as_secs(),
-                last_error.as_deref().unwrap_or("connecting")
-            )),
+            workers: Check::Failed(Reason::NotServed, "not started".to_string()),
+            database: Check::Failed(
+                Reason::NotServed,
+                format!(
+                    "not served for {} s ({attempts} tries): {}",
+                    since.elapsed().as_secs(),
+                    last_error.as_deref().unwrap_or("connecting")
+                ),
+            ),
             paused: BTreeMap::new(),
             capture: None,
             replication: None,
@@ -155,8 +158,14 @@ async fn alone_readyz(fleet: &Fleet, state: DatabaseState) -> Response {
     };
     let readiness = crate::admin::Readiness {
         ready: false,
-        workers: Check::Failed("not started: the database is not served yet".to_string()),
-        database: Check::Failed(last_error.unwrap_or_else(|| "connecting".to_string())),
+        workers: Check::Failed(
+            Reason::NotServed,
+            "not started: the database is not served yet".to_string(),
+        ),
+        database: Check::Failed(
+            Reason::NotServed,
+            last_error.unwrap_or_else(|| "connecting".to_string()),
+        ),
         targets: crate::admin::target_checks(fleet.sinks()).await,
         paused: BTreeMap::new(),
         capture: None,
