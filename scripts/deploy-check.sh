@@ -96,7 +96,7 @@ page = open("docs/src/how-to/deploy.md").read()
 anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
            for h in re.findall(r"(?m)^#+ (.+)$", page)}
 urls = re.findall(r'runbook_url: "([^"]*)"', rules)
-bad = [u for u in urls if not re.fullmatch(r"\{\{ \$externalLabels\.switchyard_book \}\}/how-to/deploy\.html#([a-z0-9-]+)", u)
+bad = [u for u in urls if not re.fullmatch(r"\{\{ \$externalLabels\.runbook_base_url \}\}/how-to/deploy\.html#([a-z0-9-]+)", u)
        or u.rsplit("#", 1)[1] not in anchors]
 for u in bad:
     print(f"deploy-check: runbook_url {u} names no section of docs/src/how-to/deploy.md", file=sys.stderr)

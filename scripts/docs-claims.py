@@ -131,16 +131,16 @@ for folder, _, files in [w for d in ("host/src", "tests", "scripts", "bench", ".
                 variables.add(prefix + "<NAME>")
 patterns = [re.compile("^" + re.escape(v).replace(re.escape("<NAME>"), "[A-Z0-9_]+") + "(_FILE)?$") for v in variables]
 
-# switchyard_* names: metrics (with the suffixes the exposition adds),
-# database objects, and the alert rules' own (an external label).
+# switchyard_* names: metrics (with the suffixes the exposition adds) and
+# database objects.
 metrics_page = open(os.path.join(SRC, "reference", "metrics-list.md")).read()
 objects = set(re.findall(r"\bswitchyard_[a-z0-9_]+", metrics_page))
 for suffix in ("_total", "_bucket", "_sum", "_count", "_created"):
     objects |= {m + suffix for m in list(objects)}
-for folder in ("migrations", os.path.join("host", "src"), "examples", "tests", os.path.join("deploy", "prometheus")):
+for folder in ("migrations", os.path.join("host", "src"), "examples", "tests"):
     for base, _, files in os.walk(os.path.join(ROOT, folder)):
         for name in files:
-            if name.endswith((".sql", ".rs", ".yml")):
+            if name.endswith((".sql", ".rs")):
                 objects.update(re.findall(r"\bswitchyard_[a-z0-9_]+", open(os.path.join(base, name)).read()))
 cli_page = open(os.path.join(SRC, "reference", "cli.md")).read()
 flags = set(re.findall(r"--[a-z][a-z0-9-]*", cli_page)) | {"--help", "--version"}
