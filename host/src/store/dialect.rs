@@ -322,21 +322,6 @@ const SQLITE_ENTRY_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, 
     plugin_version, tenant, headers AS headers_json, payload AS payload_json,
     length(payload_bytes) AS payload_bytes_len, deliveries AS deliveries_json";
 
-/// [`PG_ENTRY_COLUMNS`] without the payload (the headers carry the trace
-/// context every viewer sees; a binary payload's length is its stored size).
-const PG_ENTRY_COLUMNS_WITHOUT_PAYLOAD: &str =
-    "id, event_id::text AS event_id, aggregate_type, aggregate_id, event_type,
-    status, attempts,
-    CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::bigint END AS created_at_ms,
-    last_error,
-    plugin_version, tenant, headers::text AS headers_json, NULL::text AS payload_json,
-    octet_length(payload_bytes)::bigint AS payload_bytes_len, deliveries::text AS deliveries_json";
-
-const SQLITE_ENTRY_COLUMNS_WITHOUT_PAYLOAD: &str = "id, event_id, aggregate_type, aggregate_id, event_type,
-    status, attempts, created_at AS created_at_ms, last_error,
-    plugin_version, tenant, headers AS headers_json, CAST(NULL AS TEXT) AS payload_json,
-    length(payload_bytes) AS payload_bytes_len, deliveries AS deliveries_json";
-
 /// Columns the archive keeps (the relay's lease columns are dropped).
 pub(super) const ARCHIVE_COLUMNS: &str =
     "id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
@@ -349,11 +334,17 @@ where
     i64: Encode<'a, DB> + Type<DB>,
 {
     // A page that does not show the payload does not read it: a payload
-    // may be megabytes, stored out of line.
+    // may be megabytes, stored out of line. (The headers stay: they carry
+    // the trace context every viewer sees; a binary payload's length is its
+    // stored size, not its bytes.)
     let columns = match (dialect, with_payload) {
-        (_, true) => dialect.entry_columns(),
-        (Dialect::Postgres(_), false) => PG_ENTRY_COLUMNS_WITHOUT_PAYLOAD,
-        (Dialect::Sqlite, false) => SQLITE_ENTRY_COLUMNS_WITHOUT_PAYLOAD,
+        (_, true) => dialect.entry_columns().to_string(),
+        (Dialect::Postgres(_), false) => {
+            PG_ENTRY_COLUMNS.replacen("payload::text AS payload_json", "NULL::text AS payload_json", 1)
+        }
+        (Dialect::Sqlite, false) => {
+            SQLITE_ENTRY_COLUMNS.replacen("payload AS payload_json", "CAST(NULL AS TEXT) AS payload_json", 1)
+        }
     };
     let mut query = QueryBuilder::new(format!("SELECT {columns} FROM switchyard_outbox WHERE id = "));
     query.push_bind(id);
@@ -526,4 +517,36 @@ fn mismatched_types(detail: &str) -> Option<(&str, &str)> {
     let (_, rest) = rest.split_once("is not compatible with SQL type `")?;
     let (found, _) = rest.split_once('`')?;
     Some((expected, found))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Dialect, entry_query};
+    use crate::store::Generation;
+
+    /// An entry read without its payload selects no payload column, on
+    /// either database (the column lists are edited, so a renamed
+    /// expression must not silently read it again).
+    #[test]
+    fn an_entry_without_its_payload_does_not_select_it() {
+        for dialect in [Dialect::Postgres(Generation::Current), Dialect::Sqlite] {
+            let with: sqlx::QueryBuilder<'_, sqlx::Any> = entry_query(dialect, 1, true);
+            let without: sqlx::QueryBuilder<'_, sqlx::Any> = entry_query(dialect, 1, false);
+            let (with, without) = (with.sql().to_string(), without.sql().to_string());
+            assert!(
+                with.contains("payload") && with.contains("AS payload_json"),
+                "{with}"
+            );
+            assert!(
+                without.contains("NULL") && without.contains("AS payload_json"),
+                "{without}"
+            );
+            let read = |sql: &str| {
+                sql.split(',')
+                    .any(|column| column.contains("AS payload_json") && !column.contains("NULL"))
+            };
+            assert!(read(&with) && !read(&without), "{without}");
+            assert!(without.contains("headers"), "the trace context stays: {without}");
+        }
+    }
 }
