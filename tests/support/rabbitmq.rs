@@ -297,7 +297,29 @@ impl Drop for RabbitMq {
             self.stop();
         }
         if let Some(node) = &self.node {
+            // A failed test leaves the node's own account of its restarts
+            // (queue recovery, crashes) in the test's output.
+            if std::thread::panicking() {
+                print_log_tail(&node.dir.join("log"));
+            }
             let _ = std::fs::remove_dir_all(&node.dir);
+        }
+    }
+}
+
+/// The last lines of each log file of a node, to stderr.
+fn print_log_tail(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("== {} (last 60 lines)", entry.path().display());
+        for line in &lines[lines.len().saturating_sub(60)..] {
+            eprintln!("   {line}");
         }
     }
 }
