@@ -10,10 +10,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::endpoint::Endpoint;
 
-/// Installs ring as the process's rustls provider, once. Two providers are
-/// compiled in (the replication client's TLS turns on aws-lc-rs), and a
-/// client that asks rustls for "the" provider would then panic; every
-/// place that builds a connection calls this first.
+/// Installs ring as the process's rustls provider, once. Only ring is
+/// compiled in, but a client that asks rustls for "the" provider panics
+/// when a dependency's features ever bring a second one: every place that
+/// builds a connection calls this first.
 pub fn install_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {

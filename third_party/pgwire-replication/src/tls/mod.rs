@@ -1,0 +1,2 @@
+#[cfg(feature = "tls-rustls")]
+pub mod rustls;
