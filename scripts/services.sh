@@ -143,6 +143,13 @@ CONF
         echo "max_connections = 1600" >>"$PG_DATA/postgresql.conf"
         restart=1
     fi
+    # Statement figures (calls, buffers, time) per database: the claim-cost
+    # tests count the buffers each claim touches, and a benchmark reads where
+    # the server's CPU goes.
+    if ! grep -q "^shared_preload_libraries = 'pg_stat_statements'" "$PG_DATA/postgresql.conf"; then
+        echo "shared_preload_libraries = 'pg_stat_statements'" >>"$PG_DATA/postgresql.conf"
+        restart=1
+    fi
     if pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
         if [ -n "$restart" ]; then
             pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -m fast -w -t 60 restart >/dev/null
