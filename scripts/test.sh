@@ -84,9 +84,11 @@ if [ -n "${SWITCHYARD_CLIPPY:-}" ]; then
     RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver" \
         CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__" \
         cargo build --workspace --all-targets --quiet --timings
+    echo "   clippy build done at $((SECONDS - step_started)) s"
     python3 scripts/build-units.py target/cargo-timings/cargo-timing.html
 fi
 cargo test "${targets[@]}" --no-run --quiet
+echo "   test build done at $((SECONDS - step_started)) s"
 relay="$PWD/target/debug/relay-process"
 
 mark services
