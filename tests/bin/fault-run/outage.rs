@@ -232,7 +232,7 @@ pub async fn down_run(
     if replication {
         // A row is `streamed` from its insert on: done only once the slot
         // is confirmed past the last write (published or in the table).
-        let written_to: String = scalar(&db, "SELECT pg_current_wal_lsn()::text").await;
+        let written_to: String = scalar(&db, "SELECT pg_current_wal_insert_lsn()::text").await;
         let confirmed = format!(
             "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND confirmed_flush_lsn >= '{written_to}'::pg_lsn",
             db.name
