@@ -73,21 +73,25 @@ nextest_version="$(cargo nextest --version 2>/dev/null | awk 'NR == 1 { print $2
 if [ -n "$nextest_version" ] && [ "$(printf '0.9.91\n%s\n' "$nextest_version" | sort -V | sed -n 1p)" = 0.9.91 ]; then
     runner=nextest
 fi
+# With SWITCHYARD_CLIPPY, every cargo command of this script that builds
+# the workspace runs with these: clippy-driver records CLIPPY_ARGS as an
+# input of each crate it compiles, so a cargo command without it would
+# compile the workspace's crates again (80 s in CI).
+cargo_env=()
 if [ -n "${SWITCHYARD_CLIPPY:-}" ]; then
+    cargo_env=(RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver"
+        CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__")
     # Clippy as the compiler of the workspace's own crates, warnings as
     # errors: this one build is also `scripts/lint.sh`'s clippy run, every
     # target included, instead of a second pass over the dependency tree.
-    # Cargo leaves the wrapper out of its fingerprints, so the test run
-    # below reuses this build; a crate built before without it is not
-    # linted again (CI builds from a clean clone).
+    # A crate built before without it is not linted again (CI builds from
+    # a clean clone).
     echo "   (clippy -D warnings on every workspace target)"
-    RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver" \
-        CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__" \
-        cargo build --workspace --all-targets --quiet --timings
+    env "${cargo_env[@]}" cargo build --workspace --all-targets --quiet --timings
     echo "   clippy build done at $((SECONDS - step_started)) s"
     python3 scripts/build-units.py target/cargo-timings/cargo-timing.html
 fi
-cargo test "${targets[@]}" --no-run --quiet
+env ${cargo_env[@]+"${cargo_env[@]}"} cargo test "${targets[@]}" --no-run --quiet
 echo "   test build done at $((SECONDS - step_started)) s"
 relay="$PWD/target/debug/relay-process"
 
@@ -162,7 +166,7 @@ status=0
 args=()
 for arg in "$@"; do [ "$arg" = --no-fail-fast ] || args+=("$arg"); done
 if [ "$runner" = nextest ]; then
-    cargo nextest run "${targets[@]}" --no-fail-fast --status-level pass ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
+    env ${cargo_env[@]+"${cargo_env[@]}"} cargo nextest run "${targets[@]}" --no-fail-fast --status-level pass ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
     awk '/^ *Summary \[/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p = $i; if ($(i+1) ~ /^failed/) f = $i } }
          /^ *(FAIL|TIMEOUT|SIGSEGV|SIGABRT) \[/ { name = $NF; bin = $(NF-1); if (!seen[bin " " name]++) failed[++n] = bin " " name }
          END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"
@@ -181,7 +185,7 @@ if [ "$runner" = nextest ]; then
     sort -k3 -n -r "$log.tests" | sed -n 1,15p
     rm -f "$log.tests"
 else
-    cargo test "${targets[@]}" --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
+    env ${cargo_env[@]+"${cargo_env[@]}"} cargo test "${targets[@]}" --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
     awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
          /^test .* \.\.\. FAILED$/ { failed[++n] = $2 }
          END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"

@@ -68,6 +68,10 @@ pub async fn run(script: &str, dir: &Path, switchyard: &str, env: &[(&str, &Path
         .current_dir(dir)
         .env("PATH", std::env::join_paths(paths).expect("a PATH"))
         .env("SWITCHYARD_LOG", "warn")
+        // A user's shell lints nothing: CI's clippy settings for this
+        // workspace must not reach a project a page builds.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
         .envs(env.iter().map(|(k, v)| (*k, *v)))
         .stdin(std::process::Stdio::null())
         .output()

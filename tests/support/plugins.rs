@@ -25,6 +25,9 @@ fn build() -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let output = Command::new(cargo)
         .args(["build", "--release", "--quiet"])
+        // The same build as scripts/test.sh's, so it is found fresh.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
         .current_dir(&plugins)
         .output()
         .map_err(|e| format!("cannot run cargo to build plugins: {e}"))?;
