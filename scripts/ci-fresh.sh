@@ -5,8 +5,9 @@
 # built from source, componentize-py and componentize-js with their
 # caches empty, the Kubernetes schemas). What stays is what the machine
 # image holds: the Rust toolchain and its wasm32-wasip2 target (RUSTUP_HOME),
-# cargo-nextest, and the Debian packages. Prints the CI log's timing table
-# and the wall time.
+# cargo-nextest, the Debian packages, and how the machine reaches the
+# package registries (CA bundles, proxies). Prints the CI log's timing
+# table and the wall time.
 #
 #   scripts/ci-fresh.sh [REV]     (default HEAD)
 set -euo pipefail
@@ -24,11 +25,18 @@ done
 git clone -q "$repo" "$work/clone"
 git -C "$work/clone" checkout -q "$rev"
 echo "ci-fresh: $rev in $work/clone, HOME=$work/home"
+# What reaches the package registries on this machine (its CA bundles,
+# proxies) belongs to the machine, not to what a run installs: passed on.
+machine_env=()
+while IFS= read -r name; do
+    machine_env+=("$name=${!name}")
+done < <(compgen -e | grep -E '^([a-z]+_proxy|[A-Z]+_PROXY|NODE_EXTRA_CA_CERTS|SSL_CERT_(FILE|DIR)|CURL_CA_BUNDLE|REQUESTS_CA_BUNDLE|GIT_SSL_CAINFO|PIP_[A-Z_]+|CLOUDSDK_[A-Z_]+)$' || true)
 started=$SECONDS
 status=0
 (
     cd "$work/clone"
     env -i \
+        ${machine_env[@]+"${machine_env[@]}"} \
         HOME="$work/home" \
         CARGO_HOME="$work/home/.cargo" \
         RUSTUP_HOME="${RUSTUP_HOME:-$HOME/.rustup}" \
