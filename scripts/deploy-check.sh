@@ -19,15 +19,28 @@ if ! command -v promtool >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+# kubernetes-validate (PyPI) in a virtual environment of its own: Debian's
+# Python refuses packages installed beside its own (PEP 668).
+tools_dir="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
+validate_env="$tools_dir/kubernetes-validate"
 if ! command -v kubernetes-validate >/dev/null; then
-    echo "deploy-check: installing kubernetes-validate"
-    python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate
-    hash -r
+    if [ ! -x "$validate_env/bin/kubernetes-validate" ]; then
+        echo "deploy-check: installing kubernetes-validate into $validate_env"
+        if ! python3 -m venv --help >/dev/null 2>&1; then
+            if [ "$(id -u)" = 0 ]; then as_root=(); else as_root=(sudo); fi
+            "${as_root[@]}" apt-get update -qq
+            "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+        fi
+        rm -rf "$validate_env"
+        python3 -m venv "$validate_env"
+        "$validate_env/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate
+    fi
+    export PATH="$validate_env/bin:$PATH"
 fi
 command -v kubectl >/dev/null || { echo "deploy-check: kubectl (with kustomize) is missing" >&2; exit 1; }
 # The Prometheus Operator's CRD schemas, generated from its CRDs into
 # validators (npm); node comes with the plugin toolchains.
-k8s_models="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}/k8s-models"
+k8s_models="$tools_dir/k8s-models"
 prometheus_operator_models=6.0.0
 if ! grep -qs "\"version\": \"$prometheus_operator_models\"" \
     "$k8s_models/node_modules/@kubernetes-models/prometheus-operator/package.json"; then
