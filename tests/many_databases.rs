@@ -660,19 +660,11 @@ async fn a_connection_budget_per_server_is_shared_out_and_never_exceeded() {
     // claim holds through a stall of the machine misses a 3 s probe (a CI
     // run's did, with connections waited for 3 s), and is unready until
     // the next probe answers.
-    let mut last = None;
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let readiness = switchyard::fleet::admin::readiness(&fleet).await;
-            if readiness.state == "ok" {
-                return;
-            }
-            last = Some(readiness);
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+    eventually("the fleet ready again", Duration::from_secs(30), || async {
+        let readiness = switchyard::fleet::admin::readiness(&fleet).await;
+        (readiness.state == "ok").then_some(())
     })
     .await;
-    assert!(ready.is_ok(), "not ready within 30 s: {last:?}");
     shutdown.cancel();
     fleet.stopped().await;
     let _ = sampler.await;
