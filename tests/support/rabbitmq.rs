@@ -243,6 +243,14 @@ impl RabbitMq {
             )
             .await
             .expect("bind queue");
+        if self.node.is_some() {
+            // Mnesia's log holds a commit in memory for up to two seconds, so
+            // a node killed right after the declaration came back without the
+            // binding (and refused every publish with NO_ROUTE); a test kills
+            // its own node to simulate a crash of a broker that had its
+            // bindings for a long time.
+            self.ctl(&["eval", "ok = mnesia:sync_log()."]);
+        }
     }
 
     /// Deletes an exchange.
