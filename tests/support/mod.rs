@@ -17,6 +17,7 @@ pub mod plugins;
 pub mod postgres;
 pub mod pubsub;
 pub mod rabbitmq;
+pub mod registry;
 pub mod relay;
 pub mod stall;
 pub mod workload;
@@ -184,13 +185,30 @@ pub fn outcome(output: &std::process::Output) -> (i32, String, String) {
     )
 }
 
-/// A TCP port nothing listens on right now (for configs that need a fixed one).
+/// A TCP port nothing listens on right now (for configs that need a fixed
+/// one), below the kernel's ephemeral range. A test stops and restarts
+/// servers on these ports: while one is down, a client's connect to an
+/// ephemeral port can be given that very port as its own and connect to
+/// itself, and the server's restart then fails with EADDRINUSE (a RabbitMQ
+/// node did, in a CI run).
 ///
 /// # Panics
 /// When no loopback port can be bound.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free loopback port")
+    const LOWEST: u16 = 10_000;
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768)
+        .max(LOWEST + 1_000);
+    let span = u128::from(ephemeral_from - LOWEST);
+    let mut dice = uuid::Uuid::new_v4().as_u128();
+    for _ in 0..200 {
+        let port = LOWEST + u16::try_from(dice % span).unwrap_or(0);
+        dice = dice.rotate_right(17) ^ uuid::Uuid::new_v4().as_u128();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below {ephemeral_from}")
 }

@@ -3,7 +3,6 @@
 //! loopback port, with JetStream stored in a temp dir that survives restarts.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -62,10 +61,8 @@ impl NatsServer {
             std::fs::write(&path, config).expect("write nats config");
             path
         });
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
+        // Restarted on the same port: not an ephemeral one (see `free_port`).
+        let port = super::free_port();
         let store_dir = std::env::temp_dir().join(format!("sy-nats-{}", uuid::Uuid::new_v4().simple()));
         let mut server = NatsServer {
             port,
@@ -161,10 +158,8 @@ impl NatsServer {
     async fn start_logged_in(config: &str, login: Login) -> NatsServer {
         let path = std::env::temp_dir().join(format!("sy-nats-{}.conf", uuid::Uuid::new_v4().simple()));
         std::fs::write(&path, config).expect("write nats config");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
+        // Restarted on the same port: not an ephemeral one (see `free_port`).
+        let port = super::free_port();
         let mut server = NatsServer {
             port,
             store_dir: std::env::temp_dir().join(format!("sy-nats-{}", uuid::Uuid::new_v4().simple())),
