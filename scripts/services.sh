@@ -2,8 +2,9 @@
 # Installs (if missing) and starts or stops the local services the tests and
 # the relay use: PostgreSQL 15 (and a second cluster that takes only TLS,
 # with certificates this script makes), nats-server with JetStream, tansu (a
-# Kafka-protocol broker), RabbitMQ and the Google Cloud Pub/Sub emulator, as
-# plain processes on loopback.
+# Kafka-protocol broker), RabbitMQ, the Google Cloud Pub/Sub emulator and an
+# OCI registry (distribution, TLS and htpasswd login), as plain processes on
+# loopback.
 # Idempotent: `start` on a running set is a no-op.
 #
 #   scripts/services.sh install|start|stop|status|env
@@ -11,6 +12,7 @@
 # Ports and directories can be moved with SWITCHYARD_PG_PORT, SWITCHYARD_PG_TLS_PORT,
 # SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
 # (AMQP; the next port is its Erlang distribution port), SWITCHYARD_PUBSUB_PORT,
+# SWITCHYARD_REGISTRY_PORT,
 # SWITCHYARD_STATE_DIR and
 # SWITCHYARD_TOOLS_DIR (where tansu is installed).
 set -euo pipefail
@@ -21,6 +23,7 @@ NATS_PORT="${SWITCHYARD_NATS_PORT:-54222}"
 KAFKA_PORT="${SWITCHYARD_KAFKA_PORT:-59092}"
 RABBIT_PORT="${SWITCHYARD_RABBITMQ_PORT:-55672}"
 PUBSUB_PORT="${SWITCHYARD_PUBSUB_PORT:-58085}"
+REGISTRY_PORT="${SWITCHYARD_REGISTRY_PORT:-55000}"
 TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
 TANSU_BIN="$TOOLS_DIR/bin/tansu"
 TANSU_VERSION=0.6.0
@@ -33,6 +36,7 @@ NATS_DIR="$STATE_DIR/nats"
 KAFKA_DIR="$STATE_DIR/kafka"
 RABBIT_DIR="$STATE_DIR/rabbitmq"
 PUBSUB_DIR="$STATE_DIR/pubsub"
+REGISTRY_DIR="$STATE_DIR/registry"
 # The server script that runs as the calling user (the one in /usr/sbin
 # switches to the `rabbitmq` user and its fixed directories).
 RABBIT_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
@@ -52,6 +56,8 @@ install_missing() {
     command -v nats-server >/dev/null || pkgs+=(nats-server)
     # The console's browser tests drive Debian's chromium through chromedriver.
     command -v chromedriver >/dev/null || pkgs+=(chromium chromium-driver)
+    # Plugins pulled from an OCI registry: distribution 2.8.
+    command -v docker-registry >/dev/null || pkgs+=(docker-registry)
     if [ ${#pkgs[@]} -gt 0 ]; then
         echo "services: installing ${pkgs[*]}" >&2
         apt_install "${pkgs[@]}"
@@ -357,6 +363,52 @@ pubsub_start() {
     return 1
 }
 
+# Login files for the registries: `htpasswd` for the user `switchyard` and
+# the password in `password`, and `htpasswd-rotated` for the same user and
+# `password-rotated` (what a rotation moves to). distribution reads bcrypt
+# hashes only.
+registry_logins() {
+    [ -f "$REGISTRY_DIR/htpasswd-rotated" ] && return 0
+    mkdir -p "$REGISTRY_DIR"
+    local suffix
+    for suffix in "" -rotated; do
+        head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$REGISTRY_DIR/password$suffix"
+        python3 -W ignore -c 'import crypt, sys; print("switchyard:" + crypt.crypt(open(sys.argv[1]).read().strip(), crypt.mksalt(crypt.METHOD_BLOWFISH)))' \
+            "$REGISTRY_DIR/password$suffix" >"$REGISTRY_DIR/htpasswd$suffix"
+    done
+    chmod 600 "$REGISTRY_DIR"/password*
+}
+
+# The shared registry: TLS with the test CA's `localhost` certificate,
+# htpasswd login, blobs under $REGISTRY_DIR/storage.
+registry_start() {
+    make_certificates
+    registry_logins
+    pid_running "$REGISTRY_DIR/registry.pid" docker-registry && return 0
+    cat >"$REGISTRY_DIR/config.yml" <<CONF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $REGISTRY_DIR/storage
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$REGISTRY_PORT
+  tls:
+    certificate: $TLS_DIR/server.pem
+    key: $TLS_DIR/server.key
+auth:
+  htpasswd:
+    realm: switchyard
+    path: $REGISTRY_DIR/htpasswd
+CONF
+    nohup docker-registry serve "$REGISTRY_DIR/config.yml" </dev/null >"$REGISTRY_DIR/registry.log" 2>&1 &
+    echo $! >"$REGISTRY_DIR/registry.pid"
+    wait_port "$REGISTRY_PORT" docker-registry "$REGISTRY_DIR/registry.log"
+}
+
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     echo "export SWITCHYARD_PG_TLS_URL='postgres://postgres@localhost:$PG_TLS_PORT/postgres?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem'"
@@ -366,6 +418,8 @@ print_env() {
     echo "export SWITCHYARD_TANSU_BIN=$TANSU_BIN"
     echo "export SWITCHYARD_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RABBIT_PORT/%2f"
     echo "export SWITCHYARD_RABBITMQ_SERVER=$RABBIT_SERVER"
+    echo "export SWITCHYARD_REGISTRY=localhost:$REGISTRY_PORT"
+    echo "export SWITCHYARD_REGISTRY_DIR=$REGISTRY_DIR"
     if pubsub_emulator >/dev/null; then
         echo "export SWITCHYARD_PUBSUB_EMULATOR=$(pubsub_emulator)"
         echo "export SWITCHYARD_PUBSUB_EMULATOR_HOST=127.0.0.1:$PUBSUB_PORT"
@@ -396,9 +450,11 @@ case "${1:-}" in
         kafka_start
         rabbit_start
         pubsub_start
+        registry_start
         print_env
         ;;
     stop)
+        pid_stop "$REGISTRY_DIR/registry.pid" docker-registry
         pid_stop "$PUBSUB_DIR/emulator.pid" java
         rabbit_stop
         pid_stop "$KAFKA_DIR/tansu.pid" tansu
@@ -408,7 +464,7 @@ case "${1:-}" in
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid"; do
+        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid" "registry:docker-registry:$REGISTRY_DIR/registry.pid"; do
             pidfile="${service##*:}" command="${service#*:}" command="${command%%:*}"
             if pid_running "$pidfile" "$command"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
         done

@@ -16,6 +16,7 @@ mod faults;
 mod many_databases;
 mod operations;
 mod plugin_languages;
+mod plugin_registry;
 mod plugin_runtime;
 mod relay_kafka;
 mod relay_nats;

@@ -8,7 +8,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -43,6 +43,10 @@ pub mod names {
     pub const PLUGIN_RELOADS: &str = "switchyard_plugin_reloads";
     /// Plugin files refused on reload.
     pub const PLUGIN_RELOADS_REJECTED: &str = "switchyard_plugin_reloads_rejected";
+    /// A registry plugin's reference and the digest serving it (value 1).
+    pub const PLUGIN_SOURCE: &str = "switchyard_plugin_source_info";
+    /// Whether a registry plugin's registry answered its last request (1) or not (0).
+    pub const PLUGIN_REGISTRY_UP: &str = "switchyard_plugin_registry_up";
     /// Published rows removed by retention, by mode (`delete` or `archive`).
     pub const RETENTION_ROWS: &str = "switchyard_retention_rows";
     /// Batches that panicked.
@@ -357,6 +361,26 @@ const RELOAD_COUNTERS: [(&str, &str); 2] = [
     (names::PLUGIN_RELOADS_REJECTED, "Plugin files refused on reload"),
 ];
 
+/// The registry plugins' gauges, read from the plugins at scrape time.
+const REGISTRY_GAUGES: [(&str, &str); 2] = [
+    (
+        names::PLUGIN_SOURCE,
+        "A registry plugin's reference and the digest serving it (value 1)",
+    ),
+    (
+        names::PLUGIN_REGISTRY_UP,
+        "Whether a registry plugin's registry answered its last request",
+    ),
+];
+
+/// `plugin`, `reference` and `digest` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    plugin: String,
+    reference: String,
+    digest: String,
+}
+
 /// The registry, noting each metric registered: what [`Metrics::described`] lists.
 struct Named<'a> {
     registry: &'a mut Registry,
@@ -394,6 +418,11 @@ impl Metrics {
                     kind: "counter".into(),
                     help,
                 })
+                .chain(REGISTRY_GAUGES.iter().map(|(name, help)| Described {
+                    name,
+                    kind: "gauge".into(),
+                    help,
+                }))
                 .collect(),
         };
         families.register(&mut named);
@@ -754,6 +783,35 @@ impl Collector for ReloadCollector {
                 };
                 counter.encode(family.encode_family(&labels)?)?;
             }
+        }
+        let registry: Vec<_> = self
+            .plugins
+            .slots()
+            .iter()
+            .filter_map(|slot| slot.oci().map(|state| (slot.config().name.clone(), state)))
+            .collect();
+        if registry.is_empty() {
+            return Ok(());
+        }
+        let gauge = prometheus_client::metrics::MetricType::Gauge;
+        let (name, help) = REGISTRY_GAUGES[0];
+        let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
+        for (plugin, state) in &registry {
+            let labels = SourceLabels {
+                plugin: plugin.clone(),
+                reference: state.reference.clone(),
+                digest: state.digest.clone().unwrap_or_default(),
+            };
+            ConstGauge::new(1_i64).encode(family.encode_family(&labels)?)?;
+        }
+        let (name, help) = REGISTRY_GAUGES[1];
+        let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
+        for (plugin, state) in &registry {
+            let labels = PluginLabel {
+                plugin: plugin.clone(),
+            };
+            ConstGauge::new(i64::from(state.registry_error.is_none()))
+                .encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -51,7 +51,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// This process's lease owner name, the same in every database.
     pub owner: String,
-    /// Hot reload, alive as long as this value keeps it.
+    /// Hot reload (files watched, registry tags followed), alive as long as
+    /// this value keeps it.
     pub watcher: Option<PluginWatcher>,
 }
 
@@ -70,13 +71,19 @@ impl Shared {
             .instance_id
             .clone()
             .unwrap_or_else(crate::relay::default_owner);
-        let plugins = load_plugins(config).await?;
+        let plugins = load_plugins_waiting(config).await?;
         let watcher = if config.plugin_runtime.watch {
             let debounce = Duration::from_millis(config.plugin_runtime.reload_debounce_ms);
             Some(watch::watch(plugins.clone(), debounce).context("cannot watch the plugin directories")?)
         } else {
             None
         };
+        // Registry plugins are followed by their tags whether or not files are watched.
+        let follower = config
+            .plugin_runtime
+            .cache_dir()
+            .map(|dir| crate::plugin::oci::follow(&plugins, &crate::plugin::oci::OciCache::new(&dir)));
+        let watcher = PluginWatcher::with_follower(watcher, follower);
         let sinks = Sinks::connect(&config.targets, &config.relay.sink_settings()).await?;
         let metrics = Metrics::new(Some(plugins.clone()));
         Ok(Shared {
@@ -189,11 +196,38 @@ fn kept_sessions(config: &Config, pooled: u32) -> usize {
 /// # Errors
 /// Every plugin that does not load, each saying why (a refused config too).
 pub async fn load_plugins(config: &Config) -> anyhow::Result<Plugins> {
+    let plugins = load_plugins_waiting(config).await?;
+    let waiting: Vec<String> = plugins
+        .slots()
+        .iter()
+        .filter(|slot| slot.current().is_none())
+        .map(|slot| match slot.last_result().1 {
+            crate::plugin::ReloadResult::Rejected { reason } => format!("{}: {reason}", slot.config().name),
+            _ => slot.config().name.clone(),
+        })
+        .collect();
+    anyhow::ensure!(
+        waiting.is_empty(),
+        "{} plugin(s) could not be pulled:\n  - {}",
+        waiting.len(),
+        waiting.join("\n  - ")
+    );
+    Ok(plugins)
+}
+
+/// Like [`load_plugins`], but a registry plugin that was never pulled and
+/// cannot be now is loaded empty: the relay runs, not ready, and pulls it
+/// as soon as the registry answers.
+///
+/// # Errors
+/// As [`load_plugins`], but for such plugins.
+pub async fn load_plugins_waiting(config: &Config) -> anyhow::Result<Plugins> {
     let cache_dir = config.plugin_runtime.cache_dir();
     let engine = PluginEngine::new(cache_dir.as_deref()).context("cannot start the WebAssembly engine")?;
+    let fetched = crate::plugin::oci::fetch_all(&config.plugins, cache_dir.as_deref()).await;
     // Compiling and running `init` is blocking work: keep it off the runtime.
     let configs = config.plugins.clone();
-    let loaded = tokio::task::spawn_blocking(move || Plugins::load(engine, &configs))
+    let loaded = tokio::task::spawn_blocking(move || Plugins::load_fetched(engine, &configs, fetched))
         .await
         .context("loading the plugins panicked")?;
     loaded.map_err(|errors| {

@@ -225,6 +225,48 @@ async fn write(
     expected
 }
 
+/// One writer committing `per_second` transactions of `shape` a second
+/// over `aggregates` until `stop` is cancelled. A transaction that fails
+/// (the database is down) is written again until it goes through. Returns
+/// what the consumer should see.
+pub fn paced_writer(
+    pool: &PgPool,
+    shape: Shape,
+    aggregates: usize,
+    per_second: u64,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let mut expected = HashMap::new();
+        let mut dice = Dice::new(0x5eed);
+        let mut next_seq = HashMap::new();
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(1000 / per_second.max(1)));
+        while !stop.is_cancelled() {
+            tick.tick().await;
+            let plan = plan(&mut dice, shape, aggregates, 0, 1);
+            let written = loop {
+                let mut seqs = next_seq.clone();
+                let attempt = async {
+                    let mut tx = pool.begin().await?;
+                    let written = write_plan(&mut tx, &plan, &mut seqs).await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(written)
+                };
+                match attempt.await {
+                    Ok(written) => {
+                        next_seq = seqs;
+                        break written;
+                    }
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+                }
+            };
+            expected.extend(written);
+        }
+        expected
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -614,6 +614,35 @@ pub struct PluginStatus {
     pub rejected: u64,
     /// The latest load attempt.
     pub last_reload: LastReload,
+    /// For a plugin from a registry: its reference, digest and registry state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistrySource>,
+}
+
+/// Where a registry plugin's version came from, in [`PluginStatus`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RegistrySource {
+    /// `oci://...`, as configured.
+    pub reference: String,
+    /// The manifest digest serving; `None` before the first pull.
+    pub digest: Option<String>,
+    /// Whether it came from the cache because the registry was down at start.
+    pub from_cache: bool,
+    /// The registry's last error; `None` when its last answer was good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When the registry was last asked (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_at: Option<String>,
+    /// Components pulled since start.
+    #[serde(default)]
+    pub pulls: u64,
+    /// Of those, found in the cache by their digest.
+    #[serde(default)]
+    pub cache_hits: u64,
+    /// How long the latest pull took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_pull_ms: Option<u64>,
 }
 
 /// How the latest load attempt of a plugin file ended.
@@ -661,6 +690,18 @@ pub fn plugin_statuses(plugins: &crate::plugin::Plugins) -> Vec<PluginStatus> {
                 crate::plugin::ReloadResult::Unloaded => ("unloaded", None, None),
             };
             PluginStatus {
+                registry: slot.oci().map(|state| RegistrySource {
+                    reference: state.reference,
+                    digest: state.digest,
+                    from_cache: state.from_cache,
+                    error: state.registry_error,
+                    checked_at: state
+                        .checked_at
+                        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+                    pulls: state.pulls,
+                    cache_hits: state.cache_hits,
+                    last_pull_ms: state.last_pull_ms,
+                }),
                 name: slot.config().name.clone(),
                 path: slot.config().path.display().to_string(),
                 version: slot.current().map(|v| v.version().to_string()),

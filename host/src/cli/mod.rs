@@ -175,14 +175,33 @@ pub enum PluginCommand {
     /// Is FILE a valid component for the switchyard:plugin/router world?
     /// Prints its version hash, exports, imports and compile time.
     Check {
+        /// The `.wasm` component, or an `oci://` reference to pull.
+        file: PathBuf,
+        /// How to reach the registry of an `oci://` reference.
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Check that FILE is a component of a world Switchyard serves, then
+    /// push it to REFERENCE (`oci://REGISTRY/REPOSITORY:TAG`) as a Wasm OCI
+    /// artifact (an `application/wasm` layer, as `wkg oci push` writes).
+    /// Prints the pushed digest.
+    Push {
         /// The `.wasm` component.
         file: PathBuf,
+        /// Where: `oci://REGISTRY/REPOSITORY:TAG`.
+        reference: String,
+        /// How to reach the registry.
+        #[command(flatten)]
+        registry: RegistryArgs,
     },
     /// Run FILE on events (or on pending rows) and print what it would
     /// publish. Publishes nothing and changes nothing.
     Test {
-        /// The `.wasm` component.
+        /// The `.wasm` component, or an `oci://` reference to pull.
         file: PathBuf,
+        /// How to reach the registry of an `oci://` reference.
+        #[command(flatten)]
+        registry: RegistryArgs,
         /// A JSON event: {"aggregate_type", "aggregate_id", "event_type",
         /// "payload", optional "headers", "tenant", "event_id", "attempt"},
         /// or an array of them. Repeatable; all events are routed together,
@@ -219,6 +238,71 @@ pub enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A registry's credentials and TLS on the command line, as
+/// `[plugins.registry]` holds them in a relay config.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RegistryArgs {
+    /// User name for basic authentication (with a password).
+    #[arg(
+        long = "registry-username",
+        env = "SWITCHYARD_REGISTRY_USERNAME",
+        value_name = "USER"
+    )]
+    pub username: Option<String>,
+    /// File holding the password.
+    #[arg(
+        long = "registry-password-file",
+        env = "SWITCHYARD_REGISTRY_PASSWORD_FILE",
+        value_name = "FILE"
+    )]
+    pub password_file: Option<PathBuf>,
+    /// File holding a bearer token.
+    #[arg(
+        long = "registry-token-file",
+        env = "SWITCHYARD_REGISTRY_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    pub token_file: Option<PathBuf>,
+    /// A Docker config.json with the registry's credentials.
+    #[arg(
+        long = "registry-docker-config",
+        env = "SWITCHYARD_REGISTRY_DOCKER_CONFIG",
+        value_name = "FILE"
+    )]
+    pub docker_config: Option<PathBuf>,
+    /// PEM file of the CA that signed the registry's certificate.
+    #[arg(
+        long = "registry-ca-file",
+        env = "SWITCHYARD_REGISTRY_CA_FILE",
+        value_name = "FILE"
+    )]
+    pub ca_file: Option<PathBuf>,
+    /// Plain HTTP (a loopback registry only).
+    #[arg(long = "registry-insecure")]
+    pub insecure: bool,
+}
+
+impl RegistryArgs {
+    /// The same settings as a relay config's `[plugins.registry]`.
+    #[must_use]
+    pub fn config(&self) -> crate::config::RegistryConfig {
+        use crate::secret::{SecretConfig, SecretValue};
+        let from_file = |file: &Option<PathBuf>| {
+            file.clone()
+                .map(|file| SecretValue::From(SecretConfig::from_file(file)))
+        };
+        crate::config::RegistryConfig {
+            username: self.username.clone(),
+            password: from_file(&self.password_file),
+            token: from_file(&self.token_file),
+            docker_config: self.docker_config.clone(),
+            ca_file: self.ca_file.clone(),
+            insecure: self.insecure,
+            ..crate::config::RegistryConfig::default()
+        }
+    }
 }
 
 /// Parses the command line, runs the command, and maps the result to an exit code.

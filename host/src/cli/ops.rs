@@ -183,6 +183,43 @@ fn render_slot(out: &mut String, slot: &SlotReport) {
     }
 }
 
+/// The plugins' lines of `status`: version, last load, and for a registry
+/// plugin its reference, digest and registry state.
+fn render_plugins(out: &mut String, plugins: &[crate::admin::PluginStatus]) {
+    use std::fmt::Write as _;
+    for p in plugins {
+        let version = p.version.as_deref().unwrap_or("(not loaded)");
+        let last = &p.last_reload;
+        let detail = match (&last.version, &last.reason) {
+            (_, Some(reason)) => format!("{} {}: {reason}", last.result, last.at),
+            (Some(v), None) => format!("{} {} at {}", last.result, v, last.at),
+            (None, None) => format!("{} at {}", last.result, last.at),
+        };
+        let _ = writeln!(
+            out,
+            "    {:<20} {version:<14} last reload: {detail} (reloads {}, rejected {})",
+            p.name, p.reloads, p.rejected
+        );
+        if let Some(registry) = &p.registry {
+            let digest = registry.digest.as_deref().unwrap_or("(never pulled)");
+            let cache = if registry.from_cache {
+                ", from the cache"
+            } else {
+                ""
+            };
+            let state = registry
+                .error
+                .as_deref()
+                .map_or_else(|| "registry ok".to_string(), |e| format!("registry: {e}"));
+            let _ = writeln!(
+                out,
+                "    {:<20} {} {digest}{cache}; {state}",
+                "", registry.reference
+            );
+        }
+    }
+}
+
 fn render_status(report: &StatusReport) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -235,20 +272,7 @@ fn render_status(report: &StatusReport) -> String {
             let _ = writeln!(out, "Relay at {addr} ({}): {ready}", relay.owner);
             let _ = writeln!(out, "  database        {}", relay.database);
             let _ = writeln!(out, "  plugins");
-            for p in &relay.plugins {
-                let version = p.version.as_deref().unwrap_or("(not loaded)");
-                let last = &p.last_reload;
-                let detail = match (&last.version, &last.reason) {
-                    (_, Some(reason)) => format!("{} {}: {reason}", last.result, last.at),
-                    (Some(v), None) => format!("{} {} at {}", last.result, v, last.at),
-                    (None, None) => format!("{} at {}", last.result, last.at),
-                };
-                let _ = writeln!(
-                    out,
-                    "    {:<20} {version:<14} last reload: {detail} (reloads {}, rejected {})",
-                    p.name, p.reloads, p.rejected
-                );
-            }
+            render_plugins(&mut out, &relay.plugins);
             let _ = writeln!(out, "  targets");
             for t in &relay.targets {
                 let health = t
@@ -349,12 +373,18 @@ pub(super) async fn validate(path: &std::path::Path, offline: bool) -> anyhow::R
 async fn plugins_and_warnings(path: &std::path::Path, loaded: &Config) -> anyhow::Result<()> {
     // A plugin may refuse its own config (a placeholder it does
     // not know): only its `init` can say.
-    crate::runtime::load_plugins(loaded)
+    let plugins = crate::runtime::load_plugins(loaded)
         .await
         .with_context(|| format!("{}: the plugins do not start", path.display()))?;
     // A route to a target the config lacks dead-letters every event it
-    // takes: say so now, not at the first event.
-    let config = loaded.clone();
+    // takes: say so now, not at the first event. A registry plugin is tried
+    // as pulled, from the cache.
+    let mut config = loaded.clone();
+    for (plugin, slot) in config.plugins.iter_mut().zip(plugins.slots()) {
+        if let Some(component) = slot.oci().and_then(|state| state.component) {
+            plugin.path = component;
+        }
+    }
     let (problems, notes) = tokio::task::spawn_blocking(move || super::plugin::sample_routes(&config))
         .await
         .context("routing the sample events panicked")?

@@ -6,6 +6,7 @@ mod sections;
 use sections::section_errors;
 mod failures;
 pub mod reference;
+pub mod registry;
 pub mod replication;
 pub mod source;
 mod validate;
@@ -18,6 +19,7 @@ use serde::Deserialize;
 
 pub use databases::{CatalogConfig, ConnectionsConfig, DEFAULT_DATABASE, NamedDatabase, OwnershipConfig};
 pub use failures::{FailurePolicy, Handling};
+pub use registry::RegistryConfig;
 pub use replication::{FeedMode, ReplicationConfig};
 pub use validate::validate;
 
@@ -410,8 +412,14 @@ impl RelayConfig {
 pub struct PluginConfig {
     /// Name used in logs, metrics and `last_error`.
     pub name: String,
-    /// The component file; relative paths start at the config file's directory.
+    /// The component file (relative paths start at the config file's
+    /// directory), or a registry reference: `oci://REGISTRY/REPOSITORY:TAG`
+    /// (checked for a new digest every `registry.refresh_seconds`) or
+    /// `oci://REGISTRY/REPOSITORY@sha256:DIGEST` (pinned).
     pub path: PathBuf,
+    /// How an `oci://` path's registry is reached.
+    #[serde(default)]
+    pub registry: RegistryConfig,
     /// Only events of these types (empty: all).
     #[serde(default)]
     pub event_types: Vec<String>,
@@ -432,6 +440,11 @@ pub struct PluginConfig {
 }
 
 impl PluginConfig {
+    /// The registry reference (without `oci://`) when `path` is one.
+    pub fn oci_reference(&self) -> Option<&str> {
+        self.path.to_str()?.strip_prefix(registry::OCI_SCHEME)
+    }
+
     /// Whether this plugin's filters accept an event.
     pub fn matches(&self, aggregate_type: &str, event_type: &str) -> bool {
         (self.event_types.is_empty() || self.event_types.iter().any(|t| t == event_type))
@@ -541,7 +554,7 @@ impl Config {
             return Err(LoadError::Invalid(env_problems));
         }
         for plugin in &mut config.plugins {
-            if plugin.path.is_relative() {
+            if plugin.path.is_relative() && plugin.oci_reference().is_none() {
                 plugin.path = base.join(&plugin.path);
             }
         }

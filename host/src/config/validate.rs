@@ -219,10 +219,30 @@ fn plugins(problems: &mut Problems, config: &Config) {
             plugin_names.insert(&plugin.name),
             format!("{at}: duplicate plugin name"),
         );
-        problems.check(
-            plugin.path.is_file(),
-            format!("{at}: path {} is not a file", plugin.path.display()),
-        );
+        match plugin.oci_reference() {
+            Some(reference) => {
+                for problem in plugin.registry.problems(&at, reference) {
+                    problems.check(false, problem);
+                }
+                problems.check(
+                    config.plugin_runtime.cache_dir().is_some(),
+                    format!(
+                        "{at}: a plugin from a registry needs plugin_runtime.cache on and a cache_dir \
+                         (or HOME): the relay starts from its last pulled digest when the registry is down"
+                    ),
+                );
+            }
+            None => {
+                problems.check(
+                    plugin.path.is_file(),
+                    format!("{at}: path {} is not a file", plugin.path.display()),
+                );
+                problems.check(
+                    plugin.registry == crate::config::RegistryConfig::default(),
+                    format!("{at}: [plugins.registry] applies to an oci:// path only"),
+                );
+            }
+        }
         problems.check(
             (1..=60_000).contains(&plugin.timeout_ms),
             format!("{at}: timeout_ms must be between 1 and 60000"),

@@ -203,6 +203,11 @@ fn targets_table(targets: &[TargetLine]) -> Markup {
     }
 }
 
+/// `sha256:` and the first 12 hex digits, as registries show digests.
+fn short_digest(digest: &str) -> &str {
+    &digest[..digest.len().min("sha256:".len() + 12)]
+}
+
 fn plugins_table(plugins: &[PluginStatus]) -> Markup {
     html! {
         h2 { "Plugins" }
@@ -211,8 +216,20 @@ fn plugins_table(plugins: &[PluginStatus]) -> Markup {
             tbody {
                 @for plugin in plugins {
                     tr {
-                        td { (plugin.name) }
-                        td.mono { (plugin.version.as_deref().map_or("not loaded", |v| &v[..v.len().min(12)])) }
+                        td {
+                            (plugin.name)
+                            @if let Some(registry) = &plugin.registry {
+                                br; span.mono { (registry.reference) }
+                            }
+                        }
+                        td.mono {
+                            (plugin.version.as_deref().map_or("not loaded", |v| &v[..v.len().min(12)]))
+                            @if let Some(registry) = &plugin.registry {
+                                @if let Some(digest) = &registry.digest { br; (short_digest(digest)) }
+                                @if registry.from_cache { br; "from the cache" }
+                                @if let Some(error) = &registry.error { br; "registry: " (visible(error)) }
+                            }
+                        }
                         td.number { (plugin.reloads) @if plugin.rejected > 0 { " (" (plugin.rejected) " refused)" } }
                         td {
                             (plugin.last_reload.result) " at " (plugin.last_reload.at)

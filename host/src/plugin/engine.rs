@@ -88,7 +88,9 @@ impl PluginEngine {
         let cache = match cache_dir {
             Some(dir) => {
                 let mut cache_config = wasmtime::CacheConfig::new();
-                cache_config.with_directory(dir);
+                // A directory of its own: wasmtime's cleanup removes what it
+                // does not know, and the pulled plugins live beside it.
+                cache_config.with_directory(dir.join("compiled"));
                 Some(wasmtime::Cache::new(cache_config)?)
             }
             None => None,

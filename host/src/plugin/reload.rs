@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::engine::{Tier, content_hash};
+use super::oci::{OciCache, Pulled};
 use super::registry::{PluginSlot, Plugins, ReloadResult};
 
 /// Quiet time after a reload before the optimising compile starts.
@@ -50,6 +51,37 @@ impl Plugins {
                 return;
             }
         };
+        self.judge(slot, bytes);
+    }
+
+    /// Offers a component pulled from the registry to the plugin `name`:
+    /// judged as a changed file is. Returns whether it is the one serving
+    /// now; records its digest if so.
+    pub fn offer_pulled(&self, name: &str, pulled: &Pulled, cache: &OciCache) -> bool {
+        let Some(slot) = self.slot(name) else { return false };
+        let live = self.judge(slot, pulled.bytes.clone()) != Some(false)
+            && slot
+                .current()
+                .is_some_and(|current| current.version() == content_hash(&pulled.bytes));
+        if live {
+            let reference = slot.oci().map(|state| state.reference).unwrap_or_default();
+            if let Err(error) = cache.record(&reference, pulled) {
+                tracing::warn!(plugin.name = %name, %error, "Cannot record the pulled digest in the cache.");
+            }
+            slot.update_oci(|state| {
+                state.digest = Some(pulled.manifest_digest.clone());
+                state.component = Some(pulled.path.clone());
+                state.from_cache = false;
+            });
+        }
+        live
+    }
+
+    /// Makes `bytes` the plugin's version if they compile, type-check and
+    /// initialise: `Some(true)` when they went live, `Some(false)` when
+    /// refused, `None` when this content was judged already.
+    fn judge(&self, slot: &PluginSlot, bytes: Vec<u8>) -> Option<bool> {
+        let name = &slot.config.name;
         let hash = content_hash(&bytes);
         if slot
             .seen
@@ -57,7 +89,7 @@ impl Plugins {
             .is_ok_and(|seen| seen.as_deref() == Some(hash.as_str()))
         {
             // Watchers report one write several times; judge each content once.
-            return;
+            return None;
         }
         if let Ok(mut seen) = slot.seen.lock() {
             *seen = Some(hash.clone());
@@ -78,8 +110,12 @@ impl Plugins {
                     version: hash.clone(),
                 });
                 self.optimize_later(&slot.config.name, bytes, hash);
+                Some(true)
             }
-            Err(error) => self.reject(slot, error.to_string()),
+            Err(error) => {
+                self.reject(slot, error.to_string());
+                Some(false)
+            }
         }
     }
 
@@ -109,7 +145,7 @@ impl Plugins {
     }
 
     fn reject(&self, slot: &PluginSlot, reason: String) {
-        tracing::warn!(plugin.name = %slot.config.name, %reason, "Plugin file refused; the previous version keeps serving.");
+        tracing::warn!(plugin.name = %slot.config.name, %reason, "Plugin refused; the previous version keeps serving.");
         slot.rejected.fetch_add(1, Ordering::Relaxed);
         slot.record(ReloadResult::Rejected { reason });
     }

@@ -1,7 +1,8 @@
 //! Hot reload: watches the directories holding plugin files (debounced, so a
 //! file written in several steps is read once it is quiet) and hands changed
 //! paths to [`Plugins::reload_paths`], which only swaps in versions that
-//! compiled, type-checked and initialised.
+//! compiled, type-checked and initialised. It also keeps the registry
+//! plugins' tag checks ([`super::oci::follow`]) alive.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -11,10 +12,30 @@ use notify::RecursiveMode;
 use notify_debouncer_full::{DebounceEventResult, Debouncer, RecommendedCache, new_debouncer};
 
 use super::Plugins;
+use super::oci::Follower;
 
-/// Keeps the watcher alive; dropping it stops watching.
+/// Keeps the watcher (and the registry plugins' tag checks) alive;
+/// dropping it stops both.
 pub struct PluginWatcher {
-    _debouncer: Debouncer<notify::RecommendedWatcher, RecommendedCache>,
+    _debouncer: Option<Debouncer<notify::RecommendedWatcher, RecommendedCache>>,
+    _follower: Option<Follower>,
+}
+
+impl PluginWatcher {
+    /// The directory watcher, if any, with the registry tag checks, if any.
+    pub fn with_follower(
+        watcher: Option<PluginWatcher>,
+        follower: Option<Follower>,
+    ) -> Option<PluginWatcher> {
+        match (watcher, follower) {
+            (None, None) => None,
+            (Some(watcher), None) => Some(watcher),
+            (watcher, follower) => Some(PluginWatcher {
+                _debouncer: watcher.and_then(|w| w._debouncer),
+                _follower: follower,
+            }),
+        }
+    }
 }
 
 /// Starts watching every directory that holds a configured plugin file.
@@ -44,6 +65,8 @@ pub fn watch(plugins: Plugins, debounce: Duration) -> notify::Result<PluginWatch
     let dirs: BTreeSet<PathBuf> = plugins
         .slots()
         .iter()
+        // A registry plugin is followed by its tag, not by a file.
+        .filter(|slot| slot.config().oci_reference().is_none())
         .filter_map(|slot| slot.config().path.parent().map(PathBuf::from))
         .map(|dir| {
             if dir.as_os_str().is_empty() {
@@ -58,6 +81,7 @@ pub fn watch(plugins: Plugins, debounce: Duration) -> notify::Result<PluginWatch
         tracing::info!(dir = %dir.display(), "Watching plugin directory.");
     }
     Ok(PluginWatcher {
-        _debouncer: debouncer,
+        _debouncer: Some(debouncer),
+        _follower: None,
     })
 }

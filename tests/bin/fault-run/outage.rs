@@ -8,7 +8,7 @@ use switchyard_tests::brokers::Broker;
 use switchyard_tests::orders::{Expected, Tally, tally};
 use switchyard_tests::postgres::{Outbox, TestDb, fresh_db};
 use switchyard_tests::relay::{Process, RelaySection};
-use switchyard_tests::workload::{Dice, Shape, plan, write_plan};
+use switchyard_tests::workload::{Shape, paced_writer};
 
 /// Transactions written per second (about 8 events each: 800 events/s).
 const TRANSACTIONS: u64 = 100;
@@ -41,40 +41,23 @@ pub(super) fn writer(
     replication: bool,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
-    let pool = db.pool.clone();
+    writer_at(db, outbox, replication, TRANSACTIONS, stop)
+}
+
+/// [`writer`] at `per_second` transactions a second.
+pub(super) fn writer_at(
+    db: &TestDb,
+    outbox: Outbox,
+    replication: bool,
+    per_second: u64,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
     let shape = if replication {
         Shape::replicated(outbox)
     } else {
         Shape::rows(outbox)
     };
-    tokio::spawn(async move {
-        let mut expected = HashMap::new();
-        let mut dice = Dice::new(0x5eed);
-        let mut next_seq = HashMap::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(1000 / TRANSACTIONS));
-        while !stop.is_cancelled() {
-            tick.tick().await;
-            let plan = plan(&mut dice, shape, AGGREGATES, 0, 1);
-            let written = loop {
-                let mut seqs = next_seq.clone();
-                let attempt = async {
-                    let mut tx = pool.begin().await?;
-                    let written = write_plan(&mut tx, &plan, &mut seqs).await?;
-                    tx.commit().await?;
-                    Ok::<_, sqlx::Error>(written)
-                };
-                match attempt.await {
-                    Ok(written) => {
-                        next_seq = seqs;
-                        break written;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
-            };
-            expected.extend(written);
-        }
-        expected
-    })
+    paced_writer(&db.pool, shape, AGGREGATES, per_second, stop)
 }
 
 fn pg_ctl(action: &str) {

@@ -1,4 +1,4 @@
-//! `switchyard plugin check|test`: inspect and dry-run plugins without a relay
+//! `switchyard plugin check|test|push`: inspect, dry-run and publish plugins without a relay
 //! (`plugin new` is in [`super::scaffold`]).
 
 use std::path::{Path, PathBuf};
@@ -13,6 +13,7 @@ mod report;
 use report::{EventReport, EventSummary, MessageReport, TestReport, message_report, print_human};
 
 use crate::config::{Config, PluginConfig, PluginRuntimeConfig, TargetConfig};
+use crate::plugin::oci::{OciCache, OciSource};
 use crate::plugin::{CallFailure, Event, PayloadFormat, PluginEngine};
 use crate::relay::router::{self, Limits};
 use crate::store::OutboxStore;
@@ -20,9 +21,18 @@ use crate::store::OutboxStore;
 pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
     match command {
         PluginCommand::New { name, lang, dir } => super::scaffold::new_plugin(&name, lang, &dir),
-        PluginCommand::Check { file } => check(&file),
+        PluginCommand::Check { file, registry } => {
+            let file = local_component(&file, &registry).await?;
+            check(&file)
+        }
+        PluginCommand::Push {
+            file,
+            reference,
+            registry,
+        } => push(&file, &reference, &registry).await,
         PluginCommand::Test {
             file,
+            registry,
             event,
             config,
             relay_config,
@@ -35,6 +45,7 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
             json,
         } => {
             let relay = relay_config.as_deref().map(Config::load).transpose()?;
+            let file = local_component(&file, &registry).await?;
             let plugin_config = plugin_config(&file, &config, relay.as_ref(), plugin.as_deref())?;
             // With a relay config, its targets decide which names exist and
             // which topic rules apply, and its cache is used.
@@ -97,6 +108,66 @@ pub(super) async fn run(command: PluginCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `file` itself, or for an `oci://` reference the component pulled into
+/// the default cache (checked against its digest).
+async fn local_component(file: &Path, registry: &super::RegistryArgs) -> anyhow::Result<PathBuf> {
+    let Some(reference) = file
+        .to_str()
+        .and_then(|f| f.strip_prefix(crate::config::registry::OCI_SCHEME))
+    else {
+        return Ok(file.to_path_buf());
+    };
+    let settings = registry.config();
+    let problems = settings.problems("the registry options", reference);
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    let cache_dir = PluginRuntimeConfig::default()
+        .cache_dir()
+        .context("no cache directory for the pulled component: set HOME or XDG_CACHE_HOME")?;
+    let source = OciSource::new(reference, &settings)?;
+    let pulled = source.pull(&OciCache::new(&cache_dir)).await?;
+    eprintln!(
+        "pulled {} ({}{})",
+        source.display(),
+        pulled.manifest_digest,
+        if pulled.cache_hit {
+            ", component from the cache"
+        } else {
+            ""
+        }
+    );
+    Ok(pulled.path)
+}
+
+async fn push(file: &Path, reference: &str, registry: &super::RegistryArgs) -> anyhow::Result<()> {
+    let reference = reference
+        .strip_prefix(crate::config::registry::OCI_SCHEME)
+        .with_context(|| format!("{reference}: write the reference as oci://REGISTRY/REPOSITORY:TAG"))?;
+    let settings = registry.config();
+    let problems = settings.problems("the registry options", reference);
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    let source = OciSource::new(reference, &settings)?;
+    anyhow::ensure!(
+        !source.pinned(),
+        "{}: push to a tag; the registry gives the digest",
+        source.display()
+    );
+    // The relay would refuse what does not compile or serves no world of
+    // ours: refuse it before it reaches the registry.
+    let path = file.to_path_buf();
+    let inspection = tokio::task::spawn_blocking(move || {
+        let engine = PluginEngine::new(PluginRuntimeConfig::default().cache_dir().as_deref())?;
+        anyhow::Ok(engine.inspect(&path)?)
+    })
+    .await
+    .context("checking the component panicked")??;
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let digest = source
+        .push(bytes, &inspection.exports, &inspection.imports)
+        .await?;
+    println!("{}@{digest}", source.display());
+    Ok(())
 }
 
 fn limits() -> Limits {

@@ -1,0 +1,874 @@
+//! Plugins from an OCI registry: pulling a component by tag or digest
+//! (the Wasm OCI artifact layout, an `application/wasm` layer), verifying
+//! what arrives against its digest, and keeping each pulled component in
+//! the cache directory under its digest with the last good digest of each
+//! reference, so that a relay started while the registry is down serves
+//! what it served before. Also the push `switchyard plugin push` makes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol, ImageLayer};
+use oci_client::errors::OciDistributionError;
+use oci_client::manifest::OciImageManifest;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::registry::{Fetched, PluginSlot, Plugins};
+use crate::config::registry::is_loopback;
+use crate::config::{PluginConfig, RegistryConfig};
+
+/// The media type of a component layer (the CNCF Wasm OCI artifact layout,
+/// what `wkg oci push` writes).
+pub const WASM_LAYER: &str = "application/wasm";
+/// The config blob's media type in that layout.
+pub const WASM_CONFIG: &str = "application/vnd.wasm.config.v0+json";
+/// Layer types read as a component too: the older `wasm-to-oci` layout.
+const OTHER_WASM_LAYERS: [&str; 1] = [oci_client::manifest::WASM_LAYER_MEDIA_TYPE];
+
+/// A plugin's registry reference and how to reach the registry.
+#[derive(Debug, Clone)]
+pub struct OciSource {
+    reference: Reference,
+    text: String,
+    settings: RegistryConfig,
+}
+
+/// What went wrong with a registry; every message names the reference and
+/// never a credential.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    /// The reference does not parse.
+    #[error("{reference}: not a registry reference: {reason}")]
+    Reference {
+        /// As configured.
+        reference: String,
+        /// Why.
+        reason: String,
+    },
+    /// The credentials could not be read (a file, a command, a config.json).
+    #[error("{reference}: cannot read the registry credentials: {reason}")]
+    Credentials {
+        /// As configured.
+        reference: String,
+        /// Why.
+        reason: String,
+    },
+    /// The registry refused the credentials.
+    #[error("{reference}: the registry refused the credentials ({how}); check [plugins.registry]")]
+    Unauthorized {
+        /// As configured.
+        reference: String,
+        /// Which kind of credentials were sent.
+        how: &'static str,
+    },
+    /// A blob or manifest did not hash to its digest.
+    #[error(
+        "{reference}: refused a blob whose content does not match its digest: expected {expected}, got {actual}"
+    )]
+    Digest {
+        /// As configured.
+        reference: String,
+        /// The digest the manifest named.
+        expected: String,
+        /// The digest of what arrived.
+        actual: String,
+    },
+    /// The artifact holds no component layer.
+    #[error(
+        "{reference}: the artifact has no {WASM_LAYER} layer (layers: {layers}); push it with `switchyard plugin push` or `wkg oci push`"
+    )]
+    NotAComponent {
+        /// As configured.
+        reference: String,
+        /// The media types found.
+        layers: String,
+    },
+    /// The registry did not answer in time.
+    #[error("{reference}: the registry did not answer within {ms} ms")]
+    Timeout {
+        /// As configured.
+        reference: String,
+        /// The bound.
+        ms: u64,
+    },
+    /// Any other registry or network failure.
+    #[error("{reference}: {reason}")]
+    Registry {
+        /// As configured.
+        reference: String,
+        /// The client's message.
+        reason: String,
+    },
+    /// The cache directory could not be written.
+    #[error("{reference}: cannot write the plugin cache {}: {source}", path.display())]
+    Cache {
+        /// As configured.
+        reference: String,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A component pulled (or found in the cache by its digest).
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// The manifest's digest: what a tag points at.
+    pub manifest_digest: String,
+    /// The component layer's digest.
+    pub layer_digest: String,
+    /// The component, as stored in the cache.
+    pub path: PathBuf,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Whether the component's bytes came from the cache (only the manifest
+    /// was asked for).
+    pub cache_hit: bool,
+    /// How long the pull took.
+    pub elapsed: Duration,
+}
+
+/// The last digest of a reference that went live, kept in the cache.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LastGood {
+    /// The reference, as configured.
+    pub reference: String,
+    /// Its manifest digest then.
+    pub manifest_digest: String,
+    /// Its component layer's digest.
+    pub layer_digest: String,
+    /// When it was pulled (RFC 3339).
+    pub pulled_at: String,
+}
+
+impl OciSource {
+    /// `reference` is the path without `oci://`.
+    ///
+    /// # Errors
+    /// When it does not parse.
+    pub fn new(reference: &str, settings: &RegistryConfig) -> Result<OciSource, OciError> {
+        let parsed = reference
+            .parse::<Reference>()
+            .map_err(|error| OciError::Reference {
+                reference: reference.to_string(),
+                reason: error.to_string(),
+            })?;
+        Ok(OciSource {
+            reference: parsed,
+            text: reference.to_string(),
+            settings: settings.clone(),
+        })
+    }
+
+    /// The reference as configured, with `oci://`.
+    pub fn display(&self) -> String {
+        format!("oci://{}", self.text)
+    }
+
+    /// Whether it names a digest (never checked again) rather than a tag.
+    pub fn pinned(&self) -> bool {
+        self.reference.digest().is_some()
+    }
+
+    /// How often a tag is checked.
+    pub fn refresh(&self) -> Duration {
+        Duration::from_secs(self.settings.refresh_seconds.max(1))
+    }
+
+    fn client(&self) -> Result<Client, OciError> {
+        // The HTTP client takes the process's provider, and panics without
+        // one (an embedder may not have installed it).
+        crate::tls::install_provider();
+        let mut extra_root_certificates = Vec::new();
+        if let Some(ca) = &self.settings.ca_file {
+            let data = std::fs::read(ca).map_err(|error| OciError::Credentials {
+                reference: self.display(),
+                reason: format!("registry.ca_file {}: {error}", ca.display()),
+            })?;
+            extra_root_certificates.push(Certificate {
+                encoding: CertificateEncoding::Pem,
+                data,
+            });
+        }
+        // Plain HTTP only where validation allowed it (a loopback registry).
+        let protocol = if self.settings.insecure && is_loopback(self.reference.resolve_registry()) {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        };
+        let timeout = Duration::from_millis(self.settings.timeout_ms);
+        Ok(Client::new(ClientConfig {
+            protocol,
+            extra_root_certificates,
+            connect_timeout: Some(timeout),
+            read_timeout: Some(timeout),
+            user_agent: concat!("switchyard/", env!("CARGO_PKG_VERSION")),
+            // A component is one artifact; an index is not one of ours.
+            platform_resolver: None,
+            ..ClientConfig::default()
+        }))
+    }
+
+    /// The credentials now: read again on every call, so rotated ones are
+    /// used from the next request on.
+    async fn auth(&self) -> Result<RegistryAuth, OciError> {
+        let unreadable = |reason: String| OciError::Credentials {
+            reference: self.display(),
+            reason,
+        };
+        if let Some(token) = &self.settings.token {
+            let token = token.read().await.map_err(|e| unreadable(e.to_string()))?;
+            return Ok(RegistryAuth::Bearer(token.expose().to_string()));
+        }
+        if let (Some(username), Some(password)) = (&self.settings.username, &self.settings.password) {
+            let password = password.read().await.map_err(|e| unreadable(e.to_string()))?;
+            return Ok(RegistryAuth::Basic(
+                username.clone(),
+                password.expose().to_string(),
+            ));
+        }
+        if let Some(file) = &self.settings.docker_config {
+            let text = tokio::fs::read(file)
+                .await
+                .map_err(|e| unreadable(format!("registry.docker_config {}: {e}", file.display())))?;
+            return docker_config_auth(&text, self.reference.resolve_registry()).map_err(|reason| {
+                unreadable(format!("registry.docker_config {}: {reason}", file.display()))
+            });
+        }
+        Ok(RegistryAuth::Anonymous)
+    }
+
+    fn error(&self, auth: &RegistryAuth, error: OciDistributionError) -> OciError {
+        let reference = self.display();
+        match error {
+            OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::AuthenticationFailure(_) => OciError::Unauthorized {
+                reference,
+                how: auth_kind(auth),
+            },
+            OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError {
+                expected,
+                actual,
+            }) => OciError::Digest {
+                reference,
+                expected,
+                actual,
+            },
+            OciDistributionError::ServerError { code: 401 | 403, .. } => OciError::Unauthorized {
+                reference,
+                how: auth_kind(auth),
+            },
+            OciDistributionError::RegistryError { envelope, .. }
+                if envelope.errors.iter().any(|e| {
+                    matches!(
+                        e.code,
+                        oci_client::errors::OciErrorCode::Unauthorized
+                            | oci_client::errors::OciErrorCode::Denied
+                    )
+                }) =>
+            {
+                OciError::Unauthorized {
+                    reference,
+                    how: auth_kind(auth),
+                }
+            }
+            other => OciError::Registry {
+                reference,
+                reason: crate::redact::url(&error_chain(&other)),
+            },
+        }
+    }
+
+    async fn bounded<T>(&self, future: impl Future<Output = Result<T, OciError>>) -> Result<T, OciError> {
+        let ms = self.settings.timeout_ms;
+        tokio::time::timeout(Duration::from_millis(ms), future)
+            .await
+            .map_err(|_| OciError::Timeout {
+                reference: self.display(),
+                ms,
+            })?
+    }
+
+    /// The digest the reference points at now: one manifest HEAD request.
+    ///
+    /// # Errors
+    /// As [`OciError`].
+    pub async fn head(&self) -> Result<String, OciError> {
+        self.bounded(async {
+            let client = self.client()?;
+            let auth = self.auth().await?;
+            client
+                .fetch_manifest_digest(&self.reference, &auth)
+                .await
+                .map_err(|e| self.error(&auth, e))
+        })
+        .await
+    }
+
+    /// Pulls the component: the manifest, then the component layer unless
+    /// the cache holds its digest already. Both are checked against their
+    /// digests; a blob that does not match is refused.
+    ///
+    /// # Errors
+    /// As [`OciError`].
+    pub async fn pull(&self, cache: &OciCache) -> Result<Pulled, OciError> {
+        let started = Instant::now();
+        self.bounded(async {
+            let client = self.client()?;
+            let auth = self.auth().await?;
+            let (manifest, manifest_digest) = client
+                .pull_image_manifest(&self.reference, &auth)
+                .await
+                .map_err(|e| self.error(&auth, e))?;
+            let layer = component_layer(&manifest).ok_or_else(|| OciError::NotAComponent {
+                reference: self.display(),
+                layers: manifest
+                    .layers
+                    .iter()
+                    .map(|l| l.media_type.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+            let layer_digest = layer.digest.clone();
+            if let Some(bytes) = cache.read_blob(&layer_digest) {
+                return Ok(Pulled {
+                    manifest_digest,
+                    path: cache.blob_path(&layer_digest),
+                    layer_digest,
+                    bytes,
+                    cache_hit: true,
+                    elapsed: started.elapsed(),
+                });
+            }
+            let mut bytes = Vec::with_capacity(usize::try_from(layer.size).unwrap_or(0));
+            client
+                .pull_blob(&self.reference, layer, &mut bytes)
+                .await
+                .map_err(|e| self.error(&auth, e))?;
+            let path = cache
+                .write_blob(&layer_digest, &bytes)
+                .map_err(|source| OciError::Cache {
+                    reference: self.display(),
+                    path: cache.blob_path(&layer_digest),
+                    source,
+                })?;
+            Ok(Pulled {
+                manifest_digest,
+                layer_digest,
+                path,
+                bytes,
+                cache_hit: false,
+                elapsed: started.elapsed(),
+            })
+        })
+        .await
+    }
+
+    /// Pushes `component` under this reference in the Wasm OCI artifact
+    /// layout; `exports` and `imports` go into its config, as `wkg` writes
+    /// them. Returns the manifest's digest.
+    ///
+    /// # Errors
+    /// As [`OciError`].
+    pub async fn push(
+        &self,
+        component: Vec<u8>,
+        exports: &[String],
+        imports: &[String],
+    ) -> Result<String, OciError> {
+        let layer = ImageLayer::new(component, WASM_LAYER.to_string(), None);
+        let config = WasmConfig {
+            created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            architecture: "wasm",
+            os: "wasip2",
+            layer_digests: vec![layer.sha256_digest()],
+            component: ComponentSummary {
+                exports: exports.to_vec(),
+                imports: imports.to_vec(),
+            },
+        };
+        let config = oci_client::client::Config::new(
+            serde_json::to_vec(&config).unwrap_or_default(),
+            WASM_CONFIG.to_string(),
+            None,
+        );
+        let mut manifest = OciImageManifest::build(std::slice::from_ref(&layer), &config, None);
+        manifest.artifact_type = Some(WASM_CONFIG.to_string());
+        self.bounded(async {
+            let client = self.client()?;
+            let auth = self.auth().await?;
+            client
+                .push(&self.reference, &[layer], config, &auth, Some(manifest))
+                .await
+                .map_err(|e| self.error(&auth, e))?;
+            // The digest as the registry stored the manifest.
+            client
+                .fetch_manifest_digest(&self.reference, &auth)
+                .await
+                .map_err(|e| self.error(&auth, e))
+        })
+        .await
+    }
+}
+
+/// The config blob of the Wasm OCI artifact layout.
+#[derive(Serialize)]
+struct WasmConfig {
+    created: String,
+    architecture: &'static str,
+    os: &'static str,
+    #[serde(rename = "layerDigests")]
+    layer_digests: Vec<String>,
+    component: ComponentSummary,
+}
+
+#[derive(Serialize)]
+struct ComponentSummary {
+    exports: Vec<String>,
+    imports: Vec<String>,
+}
+
+fn component_layer(manifest: &OciImageManifest) -> Option<&oci_client::manifest::OciDescriptor> {
+    manifest
+        .layers
+        .iter()
+        .find(|layer| layer.media_type == WASM_LAYER)
+        .or_else(|| {
+            manifest
+                .layers
+                .iter()
+                .find(|layer| OTHER_WASM_LAYERS.contains(&layer.media_type.as_str()))
+        })
+}
+
+const fn auth_kind(auth: &RegistryAuth) -> &'static str {
+    match auth {
+        RegistryAuth::Anonymous => "no credentials were configured",
+        RegistryAuth::Basic(..) => "user name and password",
+        RegistryAuth::Bearer(_) => "bearer token",
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The credentials a Docker `config.json` holds for `registry`.
+fn docker_config_auth(text: &[u8], registry: &str) -> Result<RegistryAuth, String> {
+    #[derive(Deserialize)]
+    struct File {
+        #[serde(default)]
+        auths: BTreeMap<String, Entry>,
+    }
+    #[derive(Deserialize)]
+    struct Entry {
+        auth: Option<String>,
+        username: Option<String>,
+        password: Option<String>,
+        identitytoken: Option<String>,
+        registrytoken: Option<String>,
+    }
+    let file: File = serde_json::from_slice(text).map_err(|e| format!("not a Docker config.json ({e})"))?;
+    let wanted = normalise_registry(registry);
+    let Some(entry) = file
+        .auths
+        .iter()
+        .find(|(key, _)| normalise_registry(key) == wanted)
+        .map(|(_, entry)| entry)
+    else {
+        return Err(format!(
+            "no auths entry for {registry} (entries: {})",
+            file.auths.keys().cloned().collect::<Vec<_>>().join(", ")
+        ));
+    };
+    if let Some(token) = &entry.registrytoken {
+        return Ok(RegistryAuth::Bearer(token.clone()));
+    }
+    if let (Some(username), Some(password)) = (&entry.username, &entry.password) {
+        return Ok(RegistryAuth::Basic(username.clone(), password.clone()));
+    }
+    if let Some(auth) = &entry.auth {
+        use base64::Engine as _;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(auth.trim())
+            .map_err(|_| format!("the auth of {registry} is not base64"))?;
+        let decoded =
+            String::from_utf8(decoded).map_err(|_| format!("the auth of {registry} is not UTF-8"))?;
+        let (username, password) = decoded
+            .split_once(':')
+            .ok_or_else(|| format!("the auth of {registry} is not USER:PASSWORD"))?;
+        return Ok(RegistryAuth::Basic(username.to_string(), password.to_string()));
+    }
+    if entry.identitytoken.is_some() {
+        return Err(format!(
+            "the entry for {registry} holds an identitytoken (a credential helper's refresh token), which is not read; \
+             give a user name and password or a token"
+        ));
+    }
+    Err(format!("the entry for {registry} holds no credentials"))
+}
+
+/// `https://index.docker.io/v1/`, `docker.io` and `index.docker.io` are one
+/// registry; others are compared by `host[:port]`.
+fn normalise_registry(key: &str) -> String {
+    let key = key.trim_start_matches("https://").trim_start_matches("http://");
+    let host = key.split('/').next().unwrap_or(key).to_ascii_lowercase();
+    match host.as_str() {
+        "docker.io" | "index.docker.io" | "registry-1.docker.io" => "docker.io".to_string(),
+        _ => host,
+    }
+}
+
+/// The cache of pulled components: `oci/blobs/sha256/HEX.wasm` under the
+/// plugin cache directory, and `oci/refs/HASH.json` recording the last good
+/// digest of each reference.
+#[derive(Debug, Clone)]
+pub struct OciCache {
+    dir: PathBuf,
+}
+
+impl OciCache {
+    /// The cache under `cache_dir`.
+    pub fn new(cache_dir: &Path) -> OciCache {
+        OciCache {
+            dir: cache_dir.join("oci"),
+        }
+    }
+
+    /// Where a component with this layer digest is kept.
+    pub fn blob_path(&self, digest: &str) -> PathBuf {
+        let (algorithm, hex) = digest.split_once(':').unwrap_or(("sha256", digest));
+        self.dir.join("blobs").join(algorithm).join(format!("{hex}.wasm"))
+    }
+
+    /// The component with this digest, if the cache holds it intact (a file
+    /// that no longer hashes to its name is removed, and pulled again).
+    pub fn read_blob(&self, digest: &str) -> Option<Vec<u8>> {
+        let path = self.blob_path(digest);
+        let bytes = std::fs::read(&path).ok()?;
+        if sha256_digest(&bytes) == digest {
+            Some(bytes)
+        } else {
+            tracing::warn!(path = %path.display(), "Cached plugin does not match its digest; removed, to be pulled again.");
+            let _ = std::fs::remove_file(&path);
+            None
+        }
+    }
+
+    fn write_blob(&self, digest: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        let path = self.blob_path(digest);
+        write_atomically(&path, bytes)?;
+        Ok(path)
+    }
+
+    fn ref_path(&self, reference: &str) -> PathBuf {
+        let name = format!("{:x}", Sha256::digest(reference.as_bytes()));
+        self.dir.join("refs").join(format!("{}.json", &name[..32]))
+    }
+
+    /// The last digest of `reference` that went live, if its component is
+    /// still in the cache.
+    pub fn last_good(&self, reference: &str) -> Option<(LastGood, Vec<u8>)> {
+        let text = std::fs::read(self.ref_path(reference)).ok()?;
+        let last: LastGood = serde_json::from_slice(&text).ok()?;
+        if last.reference != reference {
+            return None;
+        }
+        let bytes = self.read_blob(&last.layer_digest)?;
+        Some((last, bytes))
+    }
+
+    /// Records a digest of `reference` that went live.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn record(&self, reference: &str, pulled: &Pulled) -> std::io::Result<()> {
+        let last = LastGood {
+            reference: reference.to_string(),
+            manifest_digest: pulled.manifest_digest.clone(),
+            layer_digest: pulled.layer_digest.clone(),
+            pulled_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        };
+        let body = serde_json::to_vec_pretty(&last).map_err(std::io::Error::other)?;
+        write_atomically(&self.ref_path(reference), &body)
+    }
+}
+
+fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+/// A reader sees the old file or the new one, never half of one.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("blob"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// For each plugin (in order), what its start has to serve: `None` for a
+/// file, else the pull (all registry plugins at once), the cache's last
+/// good digest, and the registry's error.
+pub async fn fetch_all(configs: &[PluginConfig], cache_dir: Option<&Path>) -> Vec<Option<Fetched>> {
+    let fetches = configs.iter().map(|config| async move {
+        let reference = config.oci_reference()?;
+        let display = format!("{}{reference}", crate::config::registry::OCI_SCHEME);
+        let Some(cache_dir) = cache_dir else {
+            return Some(Fetched {
+                reference: display,
+                cache: OciCache::new(Path::new(".")),
+                pulled: None,
+                last_good: None,
+                error: Some("no plugin cache directory (plugin_runtime.cache is off)".into()),
+            });
+        };
+        let cache = OciCache::new(cache_dir);
+        let (pulled, error) = match OciSource::new(reference, &config.registry) {
+            Ok(source) => match source.pull(&cache).await {
+                Ok(pulled) => (Some(pulled), None),
+                Err(error) => (None, Some(error.to_string())),
+            },
+            Err(error) => (None, Some(error.to_string())),
+        };
+        let last_good = cache
+            .last_good(&display)
+            .filter(|(last, _)| {
+                pulled
+                    .as_ref()
+                    .is_none_or(|p| p.manifest_digest != last.manifest_digest)
+            })
+            .map(|(last, bytes)| Pulled {
+                manifest_digest: last.manifest_digest,
+                path: cache.blob_path(&last.layer_digest),
+                layer_digest: last.layer_digest,
+                bytes,
+                cache_hit: true,
+                elapsed: Duration::ZERO,
+            });
+        Some(Fetched {
+            reference: display,
+            cache,
+            pulled,
+            last_good,
+            error,
+        })
+    });
+    futures::future::join_all(fetches).await
+}
+
+/// The registry plugins' tag checks; dropping it stops them.
+pub struct Follower {
+    _tasks: tokio::task::JoinSet<()>,
+}
+
+/// Starts checking each registry plugin for a new digest: a tag every
+/// `refresh_seconds`, a plugin that has nothing to serve yet sooner, a
+/// digest reference only until it has been pulled once.
+pub fn follow(plugins: &Plugins, cache: &OciCache) -> Follower {
+    let mut tasks = tokio::task::JoinSet::new();
+    for slot in plugins.slots() {
+        let Some(reference) = slot.config().oci_reference() else {
+            continue;
+        };
+        let Ok(source) = OciSource::new(reference, &slot.config().registry) else {
+            continue;
+        };
+        if source.pinned() && slot.current().is_some() {
+            continue;
+        }
+        tasks.spawn(follow_one(
+            plugins.clone(),
+            slot.config().name.clone(),
+            source,
+            cache.clone(),
+        ));
+    }
+    Follower { _tasks: tasks }
+}
+
+/// Quickest retry of a plugin that has nothing to serve.
+const WAITING_RETRY: Duration = Duration::from_secs(2);
+
+async fn follow_one(plugins: Plugins, name: String, source: OciSource, cache: OciCache) {
+    // A digest that was refused is not pulled again until the tag moves.
+    let mut refused: Option<String> = None;
+    loop {
+        let Some(slot) = plugins.slot(&name) else { return };
+        let waiting = slot.current().is_none();
+        let delay = if waiting {
+            source.refresh().min(WAITING_RETRY)
+        } else {
+            source.refresh()
+        };
+        tokio::time::sleep(delay).await;
+        let serving = slot.oci().and_then(|state| state.digest);
+        let digest = match source.head().await {
+            Ok(digest) => {
+                registry_answered(slot, &name, &source, None);
+                digest
+            }
+            Err(error) => {
+                registry_answered(slot, &name, &source, Some(error.to_string()));
+                continue;
+            }
+        };
+        if serving.as_deref() == Some(digest.as_str()) || refused.as_deref() == Some(digest.as_str()) {
+            continue;
+        }
+        let pulled = match source.pull(&cache).await {
+            Ok(pulled) => pulled,
+            Err(error) => {
+                registry_answered(slot, &name, &source, Some(error.to_string()));
+                continue;
+            }
+        };
+        let moved = Instant::now();
+        let (manifest_digest, pull_ms, cache_hit) = (
+            pulled.manifest_digest.clone(),
+            pulled.elapsed.as_millis() as u64,
+            pulled.cache_hit,
+        );
+        slot.update_oci(|state| {
+            state.pulls += 1;
+            state.cache_hits += u64::from(cache_hit);
+            state.last_pull_ms = Some(pull_ms);
+        });
+        let offer = {
+            let (plugins, name, cache) = (plugins.clone(), name.clone(), cache.clone());
+            // Compiling and `init` block: off the runtime.
+            tokio::task::spawn_blocking(move || plugins.offer_pulled(&name, &pulled, &cache))
+        };
+        if offer.await.unwrap_or(false) {
+            refused = None;
+            tracing::info!(
+                plugin.name = %name,
+                reference = %source.display(),
+                plugin.digest = %manifest_digest,
+                previous = serving.as_deref().unwrap_or("none"),
+                pull_ms,
+                cache_hit,
+                swap_ms = moved.elapsed().as_millis() as u64,
+                "Plugin swapped to the digest its reference points at now."
+            );
+            if source.pinned() {
+                return;
+            }
+        } else {
+            tracing::warn!(
+                plugin.name = %name,
+                reference = %source.display(),
+                plugin.digest = %manifest_digest,
+                "The digest the reference points at was refused; the serving version stays until the reference moves again."
+            );
+            refused = Some(manifest_digest);
+        }
+    }
+}
+
+/// Notes how the registry answered; says so in the log when that changes.
+fn registry_answered(slot: &PluginSlot, name: &str, source: &OciSource, error: Option<String>) {
+    let before = slot.oci().and_then(|state| state.registry_error);
+    if before != error {
+        match &error {
+            Some(error) => tracing::warn!(
+                plugin.name = %name,
+                reference = %source.display(),
+                %error,
+                "Registry unreachable; the plugin keeps serving its current digest."
+            ),
+            None => {
+                tracing::info!(plugin.name = %name, reference = %source.display(), "Registry reachable again.")
+            }
+        }
+    }
+    slot.update_oci(|state| {
+        state.registry_error = error;
+        state.checked_at = Some(chrono::Utc::now());
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_json(auths: &str) -> Vec<u8> {
+        format!("{{\"auths\": {{{auths}}}}}").into_bytes()
+    }
+
+    #[test]
+    fn a_docker_config_gives_the_entry_of_the_registry() {
+        // base64("ci:s3cret")
+        let text = config_json(
+            r#""https://registry.example.com/v1/": {"auth": "Y2k6czNjcmV0"}, "other.example.com": {"auth": "eDp5"}"#,
+        );
+        assert_eq!(
+            docker_config_auth(&text, "registry.example.com").unwrap(),
+            RegistryAuth::Basic("ci".into(), "s3cret".into())
+        );
+        let hub = config_json(r#""https://index.docker.io/v1/": {"username": "u", "password": "p"}"#);
+        assert_eq!(
+            docker_config_auth(&hub, "index.docker.io").unwrap(),
+            RegistryAuth::Basic("u".into(), "p".into())
+        );
+        let missing = docker_config_auth(&text, "localhost:5000").unwrap_err();
+        assert!(missing.contains("no auths entry for localhost:5000"), "{missing}");
+        assert!(!missing.contains("s3cret"), "{missing}");
+        let garbled = docker_config_auth(
+            &config_json(r#""localhost:5000": {"auth": "!!"}"#),
+            "localhost:5000",
+        );
+        assert!(garbled.unwrap_err().contains("not base64"));
+        assert!(
+            docker_config_auth(b"{\"auths\": 1", "x")
+                .unwrap_err()
+                .contains("not a Docker config.json")
+        );
+    }
+
+    #[test]
+    fn the_cache_keeps_blobs_under_their_digest_and_drops_tampered_ones() {
+        let dir = std::env::temp_dir().join(format!("sy-oci-cache-{}", uuid::Uuid::new_v4().simple()));
+        let cache = OciCache::new(&dir);
+        let bytes = b"\0asm component".to_vec();
+        let digest = sha256_digest(&bytes);
+        let path = cache.write_blob(&digest, &bytes).unwrap();
+        assert_eq!(cache.read_blob(&digest).as_deref(), Some(bytes.as_slice()));
+        let pulled = Pulled {
+            manifest_digest: "sha256:m".into(),
+            layer_digest: digest.clone(),
+            path: path.clone(),
+            bytes: bytes.clone(),
+            cache_hit: false,
+            elapsed: Duration::ZERO,
+        };
+        cache.record("localhost:5000/team/router:1", &pulled).unwrap();
+        let (last, cached) = cache.last_good("localhost:5000/team/router:1").unwrap();
+        assert_eq!((last.manifest_digest.as_str(), cached), ("sha256:m", bytes));
+        assert!(cache.last_good("localhost:5000/team/router:2").is_none());
+        std::fs::write(&path, b"tampered").unwrap();
+        assert!(cache.read_blob(&digest).is_none());
+        assert!(!path.exists(), "a tampered blob is removed");
+        assert!(cache.last_good("localhost:5000/team/router:1").is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

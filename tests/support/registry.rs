@@ -1,0 +1,246 @@
+//! OCI registries in tests: Debian's distribution (`docker-registry`), over
+//! TLS with the test CA's `localhost` certificate and htpasswd login; the
+//! shared one `scripts/services.sh` starts, or one of the test's own that it
+//! can stop, start again or move to the rotated password.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use toml::Value;
+
+use super::config::{path as path_value, table};
+use super::postgres::tls_file;
+
+/// The login user `scripts/services.sh` makes.
+pub const USER: &str = "switchyard";
+
+/// A registry for a test.
+pub struct Registry {
+    /// `localhost:PORT`.
+    pub host: String,
+    logins: PathBuf,
+    own: Option<Own>,
+}
+
+/// A registry process of the test's own.
+struct Own {
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+fn logins_dir() -> PathBuf {
+    std::env::var_os("SWITCHYARD_REGISTRY_DIR")
+        .map_or_else(|| "/tmp/switchyard-services/registry".into(), PathBuf::from)
+}
+
+impl Registry {
+    /// The registry `scripts/services.sh start` runs (`SWITCHYARD_REGISTRY`).
+    ///
+    /// # Panics
+    /// When the variable is not set.
+    pub fn shared() -> Registry {
+        let host = std::env::var("SWITCHYARD_REGISTRY")
+            .expect("SWITCHYARD_REGISTRY is not set: run `eval \"$(scripts/services.sh start)\"`");
+        Registry {
+            host,
+            logins: logins_dir(),
+            own: None,
+        }
+    }
+
+    /// A registry of the test's own on a free port, logging in with the
+    /// password in [`Registry::password_file`].
+    ///
+    /// # Panics
+    /// When it does not start.
+    pub async fn own() -> Registry {
+        let port = super::free_port();
+        let dir = std::env::temp_dir().join(format!("sy-registry-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(dir.join("storage")).expect("registry directory");
+        let mut registry = Registry {
+            host: format!("localhost:{port}"),
+            logins: logins_dir(),
+            own: Some(Own {
+                dir,
+                port,
+                child: None,
+            }),
+        };
+        registry.configure(false);
+        registry.start().await;
+        registry
+    }
+
+    /// The file holding the password the registry takes now.
+    pub fn password_file(&self) -> PathBuf {
+        self.logins.join("password")
+    }
+
+    /// The file holding the password [`Registry::rotate`] moves to.
+    pub fn rotated_password_file(&self) -> PathBuf {
+        self.logins.join("password-rotated")
+    }
+
+    fn configure(&self, rotated: bool) {
+        let own = self
+            .own
+            .as_ref()
+            .expect("only a test's own registry is configured");
+        let htpasswd = self
+            .logins
+            .join(if rotated { "htpasswd-rotated" } else { "htpasswd" });
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {storage}\n\
+             http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {cert}\n    key: {key}\n\
+             auth:\n  htpasswd:\n    realm: switchyard\n    path: {htpasswd}\n",
+            storage = own.dir.join("storage").display(),
+            port = own.port,
+            cert = tls_file("server.pem"),
+            key = tls_file("server.key"),
+            htpasswd = htpasswd.display(),
+        );
+        std::fs::write(own.dir.join("config.yml"), config).expect("registry config");
+    }
+
+    /// Starts (again) this test's registry, with what it stored.
+    ///
+    /// # Panics
+    /// On the shared registry, or when it does not come up.
+    pub async fn start(&mut self) {
+        let own = self.own.as_mut().expect("only a test's own registry is started");
+        let log = std::fs::File::create(own.dir.join("registry.log")).expect("registry log");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(own.dir.join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run docker-registry ({e}); run scripts/services.sh start to install it")
+            });
+        own.child = Some(child);
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", own.port))
+            .await
+            .is_err()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the registry on port {} did not start; see {}",
+                own.port,
+                own.dir.join("registry.log").display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills this test's registry.
+    ///
+    /// # Panics
+    /// On the shared registry.
+    pub fn stop(&mut self) {
+        let own = self.own.as_mut().expect("only a test's own registry is stopped");
+        if let Some(mut child) = own.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Restarts this test's registry taking only the rotated password.
+    pub async fn rotate(&mut self) {
+        self.stop();
+        self.configure(true);
+        self.start().await;
+    }
+
+    /// Where this test's registry keeps the blob with `digest`: what a
+    /// tampering test overwrites.
+    ///
+    /// # Panics
+    /// On the shared registry.
+    pub fn blob_file(&self, digest: &str) -> PathBuf {
+        let own = self
+            .own
+            .as_ref()
+            .expect("only a test's own registry's files are known");
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        own.dir
+            .join("storage/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
+    /// `oci://HOST/REPOSITORY:TAG` on this registry.
+    pub fn reference(&self, repository: &str, tag: &str) -> String {
+        format!("oci://{}/{repository}:{tag}", self.host)
+    }
+
+    /// `[plugins.registry]` logging in with the password in `password_file`
+    /// (read again on each pull), trusting the test CA, checking tags every
+    /// `refresh_seconds`.
+    pub fn plugin_settings(&self, password_file: &Path, refresh_seconds: u64) -> Value {
+        table(&[
+            ("username", Value::String(USER.into())),
+            ("password", table(&[("file", path_value(password_file))])),
+            ("ca_file", Value::String(tls_file("ca.pem"))),
+            (
+                "refresh_seconds",
+                Value::Integer(i64::try_from(refresh_seconds).unwrap_or(1)),
+            ),
+        ])
+    }
+
+    /// Runs `switchyard plugin push FILE REFERENCE` as a CI pipeline would,
+    /// logging in with the password in `password_file`; its output.
+    pub fn push_with(
+        &self,
+        binary: &str,
+        file: &Path,
+        reference: &str,
+        password_file: &Path,
+    ) -> std::process::Output {
+        Command::new(binary)
+            .args(["plugin", "push"])
+            .arg(file)
+            .arg(reference)
+            .env("SWITCHYARD_REGISTRY_USERNAME", USER)
+            .env("SWITCHYARD_REGISTRY_PASSWORD_FILE", password_file)
+            .env("SWITCHYARD_REGISTRY_CA_FILE", tls_file("ca.pem"))
+            .output()
+            .expect("run switchyard plugin push")
+    }
+
+    /// Pushes `file` to `reference` and returns the manifest digest it printed.
+    ///
+    /// # Panics
+    /// When the push fails.
+    pub fn push(&self, binary: &str, file: &Path, reference: &str) -> String {
+        let output = self.push_with(binary, file, reference, &self.password_file());
+        assert!(
+            output.status.success(),
+            "plugin push {} {reference} failed: {}",
+            file.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let printed = String::from_utf8_lossy(&output.stdout);
+        printed
+            .trim()
+            .rsplit_once('@')
+            .map(|(_, digest)| digest.to_string())
+            .unwrap_or_else(|| panic!("plugin push printed no digest: {printed}"))
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if self.own.is_some() {
+            self.stop();
+        }
+        if let Some(own) = &self.own {
+            let _ = std::fs::remove_dir_all(&own.dir);
+        }
+    }
+}
