@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Production in ten lines", run as written, in a scratch
+# The README's "Production in eleven lines", run as written, in a scratch
 # copy of deploy/ (the other paths are links to this tree), so that the
 # lines and what they name cannot drift apart:
 #
@@ -9,22 +9,25 @@
 #   - the `$EDITOR` line is the one edit the walk makes for the user: the
 #     overlay's database becomes a fresh database on the loopback
 #     PostgreSQL, its NATS target the loopback nats-server (no login there,
-#     so no creds file), and ./secrets/ gets a file for every name the
-#     overlay reads under /run/secrets/switchyard/;
+#     so no creds file), its plugin registry the loopback registry (whose
+#     CA the user's registry would not need), ./secrets/ gets a file for
+#     every name the overlay reads under /run/secrets/switchyard/ and
+#     ./registry/ a .dockerconfigjson for the loopback registry;
+#   - `plugin push` pushes to the loopback registry, trusting its CA;
 #   - `validate` and `migrate` run in the image as written;
 #   - the kubectl lines run offline: `create` with --dry-run=client, `apply
 #     -k` as `kubectl kustomize`; port-forward needs a cluster and is
 #     skipped.
 #
 # Then it checks what only a cluster would show: the image tag is the one
-# the manifests run and the version in host/Cargo.toml; the Secret has every
-# file the overlay names and the ConfigMap every plugin, under the names
-# and mounts the Deployment uses; the ConfigMap fits in 1 MiB.
+# the manifests run and the version in host/Cargo.toml; the Secrets have
+# every file the overlay names, under the names and mounts the Deployment
+# uses; every plugin comes from the registry, none from a pod's files.
 #
 #   scripts/production-walk.sh [--binary PATH | --image NAME]
 #
-# Needs the loopback services (`eval "$(scripts/services.sh start)"`), the
-# example plugins built, podman and kubectl.
+# Needs the loopback services (`eval "$(scripts/services.sh start)"`, the
+# registry included), the example plugins built, podman and kubectl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
@@ -38,6 +41,9 @@ case "${1:-}" in
 esac
 : "${DATABASE_URL:?DATABASE_URL is not set: run eval \"\$(scripts/services.sh start)\"}"
 : "${SWITCHYARD_NATS_URL:?SWITCHYARD_NATS_URL is not set: run eval \"\$(scripts/services.sh start)\"}"
+: "${SWITCHYARD_REGISTRY:?SWITCHYARD_REGISTRY is not set: run eval \"\$(scripts/services.sh start)\"}"
+: "${SWITCHYARD_REGISTRY_DIR:?SWITCHYARD_REGISTRY_DIR is not set: run eval \"\$(scripts/services.sh start)\"}"
+: "${SWITCHYARD_TLS_DIR:?SWITCHYARD_TLS_DIR is not set: run eval \"\$(scripts/services.sh start)\"}"
 
 work="$(mktemp -d)"
 database="sy_walk_$$"
@@ -48,11 +54,11 @@ cleanup() {
 trap cleanup EXIT
 
 # The block under the heading, without its fences.
-awk '/^## Production in ten lines/ { on = 1; next }
+awk '/^## Production in eleven lines/ { on = 1; next }
      on && /^```sh/ { inside = 1; next }
      inside && /^```/ { exit }
      inside { print }' README.md >"$work/lines"
-[ -s "$work/lines" ] || { echo "walk: no \"Production in ten lines\" block in README.md" >&2; exit 1; }
+[ -s "$work/lines" ] || { echo "walk: no \"Production in eleven lines\" block in README.md" >&2; exit 1; }
 
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' host/Cargo.toml | sed -n 1p)"
 readme_tag="$({ grep -oE '(^| )switchyard:[0-9A-Za-z][0-9A-Za-z._-]*' "$work/lines" || true; } | tr -d " " | sort -u)"
@@ -66,14 +72,22 @@ image="${ready:-${IMAGE:-switchyard:$version}}"
 
 for part in scripts plugins host examples; do ln -s "$repo/$part" "$work/$part"; done
 cp -r deploy "$work/deploy"
-mkdir "$work/secrets"
+mkdir "$work/secrets" "$work/registry"
+# What the user's registry gives: a .dockerconfigjson (and here, the test CA).
+python3 - "$work/registry" "$SWITCHYARD_REGISTRY" "$SWITCHYARD_REGISTRY_DIR/password" <<'PY'
+import base64, json, sys
+out, host, password = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().strip()
+auth = base64.b64encode(f"switchyard:{password}".encode()).decode()
+json.dump({"auths": {host: {"auth": auth}}}, open(f"{out}/.dockerconfigjson", "w"))
+PY
+cp "$SWITCHYARD_TLS_DIR/ca.pem" "$work/registry/ca.pem"
 psql "$DATABASE_URL" -qAt -c "CREATE DATABASE $database" >/dev/null
 database_url="$(python3 -c 'import sys, urllib.parse as u; p = u.urlsplit(sys.argv[1]); print(p._replace(path="/" + sys.argv[2]).geturl())' "$DATABASE_URL" "$database")"
 
 # The user's edit: what the walk runs for the `$EDITOR FILE` line.
 cat >"$work/edit.py" <<'PY'
 import re, sys
-path, database_url, nats_url, secrets = sys.argv[1:5]
+path, database_url, nats_url, secrets, registry = sys.argv[1:6]
 text = open(path).read()
 # What the overlay names, before the edit: the checks read this.
 open(f"{secrets}/../edited.toml", "w").write(text)
@@ -83,6 +97,8 @@ for name in sorted(set(re.findall(r'"/run/secrets/switchyard/([^"]+)"', text))):
 text = re.sub(r'(?m)^url = "postgres://[^"]*"', f'url = "{database_url}"', text)
 text = re.sub(r'(?m)^url = "nats://[^"]*"', f'url = "{nats_url}"', text)
 text = re.sub(r'(?m)^credentials_file = .*\n', "", text)
+text = text.replace("oci://registry.example.internal/", f"oci://{registry}/")
+text = re.sub(r'(?m)^(docker_config = .*)$', r'\1\nca_file = "/run/secrets/registry/ca.pem"', text)
 open(path, "w").write(text)
 PY
 
@@ -97,10 +113,14 @@ PY
             echo "IMAGE=$image $line" ;;
         '$EDITOR '*)
             file="$(awk '{ print $2 }' <<<"$line")"
-            echo "python3 edit.py $file '$database_url' '$SWITCHYARD_NATS_URL' secrets" ;;
+            echo "python3 edit.py $file '$database_url' '$SWITCHYARD_NATS_URL' secrets '$SWITCHYARD_REGISTRY'" ;;
+        *" plugin push "*)
+            line="${line//registry.example.internal/$SWITCHYARD_REGISTRY}"
+            echo "${line//switchyard:$version/$image} --registry-ca-file /run/secrets/registry/ca.pem" ;;
         "kubectl create "*)
-            kind="$(awk '{ print $3 }' <<<"$line")"
-            echo "${line%%#*} --dry-run=client -o yaml >$kind.yaml" ;;
+            # `create secret generic NAME`, `create configmap NAME`
+            name="$(awk '{ print ($3 == "secret" ? $5 : $4) }' <<<"$line")"
+            echo "${line%%#*} --dry-run=client -o yaml >$name.yaml" ;;
         "kubectl apply -k "*)
             echo "kubectl kustomize $(awk '{ print $4 }' <<<"$line") >rendered.yaml" ;;
         "kubectl port-forward"*)
@@ -117,8 +137,7 @@ import re, sys, yaml
 work, faults = sys.argv[1], sys.argv[2:]
 def load(name):
     return [d for d in yaml.safe_load_all(open(f"{work}/{name}")) if d]
-secret, = load("secret.yaml")
-configmap, = load("configmap.yaml")
+secrets = {name: load(f"{name}.yaml")[0] for name in ("switchyard-secrets", "switchyard-registry")}
 rendered = load("rendered.yaml")
 deployment, = [d for d in rendered if d["kind"] == "Deployment"]
 pod = deployment["spec"]["template"]["spec"]
@@ -129,26 +148,29 @@ config_volume = mounts.get("/etc/switchyard", {}).get("configMap", {}).get("name
 toml_text = open(f"{work}/edited.toml").read()
 def keys(obj):
     return set((obj.get("data") or {})) | set((obj.get("binaryData") or {}))
-for mount, kind, created in (("/run/secrets/switchyard", "secret", secret), ("/plugins", "configMap", configmap)):
+for mount, name in (("/run/secrets/switchyard", "switchyard-secrets"), ("/run/secrets/registry", "switchyard-registry")):
     volume = mounts.get(mount)
-    name = created["metadata"]["name"]
-    if not volume or kind not in volume:
-        faults.append(f"the Deployment mounts no {kind} at {mount}")
+    created = secrets[name]
+    if not volume or "secret" not in volume:
+        faults.append(f"the Deployment mounts no secret at {mount}")
         continue
-    wanted = volume[kind].get("secretName" if kind == "secret" else "name")
-    if wanted != name:
-        faults.append(f"the Deployment mounts {kind} {wanted} at {mount}; the README creates {name}")
+    if volume["secret"].get("secretName") != name:
+        faults.append(f"the Deployment mounts secret {volume['secret'].get('secretName')} at {mount}; the README creates {name}")
     for file in sorted(set(re.findall(re.escape(mount) + r'/([^"]+)"', toml_text))):
         if file not in keys(created):
-            faults.append(f"switchyard.toml reads {mount}/{file}; the README's {kind} has no {file} (it has {sorted(keys(created))})")
-size = len(yaml.safe_dump(configmap).encode())
-if size > 1 << 20:
-    faults.append(f"the plugins ConfigMap is {size} bytes; a ConfigMap holds at most 1 MiB")
+            faults.append(f"switchyard.toml reads {mount}/{file}; the README's secret {name} has no {file} (it has {sorted(keys(created))})")
+if secrets["switchyard-registry"].get("type") != "kubernetes.io/dockerconfigjson":
+    faults.append("the README's registry secret is not of type kubernetes.io/dockerconfigjson")
+local = [p for p in re.findall(r'(?m)^path = "([^"]+)"', toml_text) if not p.startswith("oci://")]
+if local:
+    faults.append(f"switchyard.toml loads plugins from files no pod has: {local}")
+if "/plugins" in mounts:
+    faults.append("the Deployment still mounts /plugins")
 if not config_volume.startswith("switchyard-config") or not generated:
     faults.append("the overlay's switchyard.toml does not reach /etc/switchyard")
 for fault in faults:
     print(f"walk: {fault}", file=sys.stderr)
 if faults:
     sys.exit(1)
-print(f"walk: ok (secret {sorted(keys(secret))}, plugins {sorted(keys(configmap))}, {size} bytes)")
+print(f"walk: ok (secrets {sorted(keys(secrets['switchyard-secrets']))}, registry {sorted(keys(secrets['switchyard-registry']))}, plugins from the registry)")
 PY

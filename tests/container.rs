@@ -241,3 +241,137 @@ async fn sigterm_mid_stream_hands_over_to_a_second_container() {
     );
     let _ = std::fs::remove_file(config);
 }
+
+/// A Python plugin (12 to 18 MB: past what a ConfigMap holds) reaches the
+/// container from the registry, pulled over TLS with a login, and routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_pulled_from_the_registry_routes_in_the_container() {
+    use switchyard_tests::config::{Plugin, Target, TestConfig, table};
+    use switchyard_tests::registry::{Registry, USER};
+    let Some(image) = image() else { return };
+    init_logging();
+    let registry = Registry::shared();
+    let python = switchyard_tests::workspace_root().join("plugins/target/python/route_by_type.wasm");
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/plugin-toolchains.sh",
+        python.display()
+    );
+    let reference = registry.reference(
+        &format!("test-{}/python-router", uuid::Uuid::new_v4().simple()),
+        "live",
+    );
+    let digest = registry.push(env!("CARGO_BIN_EXE_relay-process"), &python, &reference);
+
+    // What the pod's Secret mounts: the login and the CA, readable by the
+    // container's user.
+    let secrets = std::env::temp_dir().join(format!("sy-image-registry-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::copy(registry.password_file(), secrets.join("password")).unwrap();
+    std::fs::copy(
+        switchyard_tests::postgres::tls_file("ca.pem"),
+        secrets.join("ca.pem"),
+    )
+    .unwrap();
+    for file in ["password", "ca.pem"] {
+        std::fs::set_permissions(
+            secrets.join(file),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .unwrap();
+    }
+    std::fs::set_permissions(&secrets, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream("ORDERS", &["orders.>"]).await;
+    let settings = table(&[
+        ("username", toml::Value::String(USER.into())),
+        (
+            "password",
+            table(&[(
+                "file",
+                toml::Value::String("/run/secrets/registry/password".into()),
+            )]),
+        ),
+        (
+            "ca_file",
+            toml::Value::String("/run/secrets/registry/ca.pem".into()),
+        ),
+    ]);
+    let config = TestConfig::new(&db.url)
+        .database("max_connections", 8)
+        .set("admin", "listen", "127.0.0.1:0")
+        .plugin(
+            Plugin::new("router", std::path::Path::new(&reference))
+                .set("registry", settings)
+                // An interpreter's first calls are slow on a loaded machine.
+                .set("timeout_ms", 5000)
+                .to("events", "orders.{event_type}"),
+        )
+        .target("events", Target::nats(&nats.url()))
+        .set("relay", "lease_duration_ms", 30_000)
+        .toml();
+    let path = secrets.join("switchyard.toml");
+    std::fs::write(&path, config).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+
+    let expected = write_orders(&db.pool, 10, 5, 2).await;
+    let name = format!("sy-python-{}", uuid::Uuid::new_v4().simple());
+    let started = run(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--network",
+        "host",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "-v",
+        &format!("{}:/etc/switchyard/switchyard.toml:ro", path.display()),
+        "-v",
+        &format!("{}:/run/secrets/registry:ro", secrets.display()),
+        "-e",
+        "SWITCHYARD_LOG=info",
+        &image,
+    ]);
+    assert!(started.status.success(), "{}", text(&started));
+    let container = Container(name);
+    // A cold cache compiles the interpreter: a minute or more on two cores.
+    eventually(
+        "every event published by the pulled plugin",
+        Duration::from_secs(300),
+        || async {
+            assert!(container.running(), "{}", container.logs());
+            (count_status(&db.pool, "published").await == expected.len() as i64).then_some(())
+        },
+    )
+    .await;
+    let logs = container.logs();
+    assert!(
+        logs.contains("Plugin pulled.") && logs.contains(&digest),
+        "{logs}"
+    );
+    let received = nats.read_stream("ORDERS").await;
+    let counted = switchyard_tests::orders::tally(&received, &expected);
+    assert_eq!(
+        (
+            counted.received,
+            counted.lost,
+            counted.duplicates,
+            counted.reordered
+        ),
+        (expected.len(), 0, 0, 0),
+        "{counted:?}"
+    );
+    let version = switchyard::plugin::content_hash(&std::fs::read(&python).unwrap());
+    assert!(
+        received
+            .iter()
+            .all(|m| m.header("Switchyard-Plugin") == Some(format!("router@{version}").as_str())),
+        "routed by the Python build pulled from the registry"
+    );
+    drop(container);
+    let _ = std::fs::remove_dir_all(secrets);
+}
