@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|registry-swaps|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -62,6 +62,11 @@
 //! `replication-relay-down MINUTES` (5 by default): one relay in
 //! replication mode SIGKILLed and kept down while writers go on at 100
 //! events/s; reports the WAL the slot kept.
+//! `registry-swaps [MOVES]` (10 by default): one relay whose plugin comes
+//! from the loopback registry by tag, writers at about 600 events a second,
+//! the tag moved MOVES times across Rust, Python, JavaScript and batch
+//! builds; prints each move's pull and compile time and the time from the
+//! push to the first event the new digest routed.
 //! `fleet-kills DATABASES KILLS` (50 and 10 by default): three relays
 //! share DATABASES databases out with `[ownership]`, writers in all of
 //! them, a relay SIGKILLed KILLS times; prints each takeover's time.
@@ -82,6 +87,8 @@ use switchyard_tests::workload::{Shape, write_events};
 mod fleet;
 #[path = "fault-run/outage.rs"]
 mod outage;
+#[path = "fault-run/registry.rs"]
+mod registry;
 #[path = "fault-run/replication.rs"]
 mod replication;
 
@@ -141,6 +148,11 @@ async fn main() {
         let databases = second.map_or(50, |n| n as usize);
         let kills = if rounds == 0 { 10 } else { rounds };
         fleet::kills_run(&relay_bin, databases, kills).await;
+        return;
+    }
+    if which == "registry-swaps" {
+        let moves = second.map_or(10, |n| n as usize);
+        print_rows(vec![registry::swaps_run(&relay_bin, moves).await]);
         return;
     }
     if which == "replication-relay-down" {

@@ -1,0 +1,164 @@
+//! `registry-swaps [MOVES]`: one relay serving its plugin from the loopback
+//! registry by tag while writers commit about 600 events a second; the tag
+//! is moved MOVES times (10 by default) across the Rust, Python and
+//! JavaScript builds of `route_by_type` and its Rust batch build, each
+//! pushed with `switchyard plugin push`. Counts what was lost, duplicated
+//! or reordered, and prints each move's pull time, compile time, cache hit
+//! and the time from the push to the first event the new digest routed.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use switchyard_tests::config::{Plugin, Target, TestConfig, strings};
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::tally;
+use switchyard_tests::plugins::{plugin, with_custom_section};
+use switchyard_tests::postgres::{Outbox, fresh_db};
+use switchyard_tests::registry::Registry;
+use switchyard_tests::relay::InProcess;
+
+use super::{Row, STREAM, outage};
+
+/// Transactions a second: about six aggregates of one to three events
+/// each, so about 600 events a second.
+const TRANSACTIONS: u64 = 50;
+
+struct Move {
+    build: &'static str,
+    pull_ms: u64,
+    compile_ms: u128,
+    cache_hit: bool,
+    first_routed_s: f64,
+}
+
+fn builds() -> Vec<(&'static str, PathBuf)> {
+    let root = switchyard_tests::workspace_root();
+    vec![
+        ("rust", plugin("route_by_type")),
+        ("python", root.join("plugins/target/python/route_by_type.wasm")),
+        ("js", root.join("plugins/target/js/route_by_type.wasm")),
+        ("rust-batch", plugin("route_by_type_batch")),
+    ]
+}
+
+pub async fn swaps_run(relay_bin: &str, moves: usize) -> Row {
+    let registry = Registry::shared();
+    let builds = builds();
+    for (name, path) in &builds {
+        assert!(
+            path.is_file(),
+            "{name}: {} is missing: run scripts/plugin-toolchains.sh",
+            path.display()
+        );
+    }
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let dir = std::env::temp_dir().join(format!("sy-fault-registry-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let reference = registry.reference(&format!("fault-{}/router", uuid::Uuid::new_v4().simple()), "live");
+    let push = |n: usize| {
+        let (build, path) = &builds[n % builds.len()];
+        let bytes = with_custom_section(&std::fs::read(path).unwrap(), u32::try_from(n).unwrap_or(0));
+        let file = dir.join(format!("router-{n}.wasm"));
+        std::fs::write(&file, &bytes).unwrap();
+        registry.push(relay_bin, &file, &reference);
+        (*build, switchyard::plugin::content_hash(&bytes))
+    };
+    push(0);
+    let config = TestConfig::new(&db.url)
+        .database("max_connections", 8)
+        .set(
+            "plugin_runtime",
+            "cache_dir",
+            dir.join("cache").display().to_string(),
+        )
+        .relay("lease_duration_ms", 60_000)
+        .plugin(
+            Plugin::new("router", std::path::Path::new(&reference))
+                .set("aggregate_types", strings(&["order"]))
+                .set("registry", registry.plugin_settings(&registry.password_file(), 1))
+                .set("timeout_ms", 5_000)
+                .to("events", "orders.{event_type}"),
+        )
+        .target("events", Target::nats(&nats.url()))
+        .parse();
+    let running = InProcess::start(&config).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = outage::writer_at(&db, Outbox::Switchyard, false, TRANSACTIONS, stop.clone());
+    let started = Instant::now();
+    let mut report = Vec::new();
+    for n in 1..=moves {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (build, hash) = push(n);
+        let pushed = Instant::now();
+        let first_routed = loop {
+            let routed: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM switchyard_outbox WHERE status = 'published' AND plugin_version = $1",
+            )
+            .bind(&hash)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or(0);
+            if routed > 0 {
+                break pushed.elapsed();
+            }
+            assert!(
+                pushed.elapsed() < Duration::from_secs(300),
+                "move {n} ({build}) never routed an event"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let slot = running.relay.plugins().slot("router").unwrap();
+        let state = slot.oci().unwrap();
+        let compile_ms = slot.current().map_or(0, |v| v.compile_time().as_millis());
+        report.push(Move {
+            build,
+            pull_ms: state.last_pull_ms.unwrap_or(0),
+            compile_ms,
+            cache_hit: state.cache_hits > 0 && state.pulls == state.cache_hits,
+            first_routed_s: first_routed.as_secs_f64(),
+        });
+    }
+    stop.cancel();
+    let expected = writer.await.unwrap();
+    let unfinished = "SELECT count(*) FROM switchyard_outbox WHERE status <> 'published'";
+    let drain = Instant::now();
+    while outage::scalar::<i64>(&db, unfinished).await > 0 {
+        assert!(
+            drain.elapsed() < Duration::from_secs(600),
+            "the backlog never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let slot = running.relay.plugins().slot("router").unwrap();
+    let (pulls, hits, rejected) = (
+        slot.oci().unwrap().pulls,
+        slot.oci().unwrap().cache_hits,
+        slot.rejected(),
+    );
+    running.stop().await;
+    println!("| move | build | pull ms | compile ms | first event routed after the push (s) |");
+    println!("|---|---|---|---|---|");
+    for (n, m) in report.iter().enumerate() {
+        println!(
+            "| {} | {} | {} | {} | {:.2} |",
+            n + 1,
+            m.build,
+            m.pull_ms,
+            m.compile_ms,
+            m.first_routed_s
+        );
+    }
+    let hit_moves = report.iter().filter(|m| m.cache_hit).count();
+    println!("pulls {pulls}, of which cache hits {hits} ({hit_moves} moves all hits); refused {rejected}");
+    let counted = tally(&nats.read_stream(STREAM).await, &expected);
+    let _ = std::fs::remove_dir_all(dir);
+    Row::counted(
+        format!("registry-swaps ({moves} tag moves)"),
+        expected.len(),
+        counted,
+        0.0,
+        started.elapsed().as_secs_f64(),
+    )
+}
