@@ -232,20 +232,28 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// What arrives until `count` messages did or `limit` passed, each
-    /// acknowledged: in the order they arrived, as [`Received`] with the
-    /// topic as subject, attributes as headers, and the ordering key
-    /// under [`ORDERING_KEY`].
+    /// What arrives until `count` distinct events did (by
+    /// `Switchyard-Event-Id`; Pub/Sub delivers at least once, and a copy
+    /// must not stand in for an event not yet seen) or `limit` passed, each
+    /// acknowledged: in the order they arrived, copies included, as
+    /// [`Received`] with the topic as subject, attributes as headers, and
+    /// the ordering key under [`ORDERING_KEY`].
     pub async fn pull(&mut self, count: usize, limit: Duration) -> Vec<Received> {
         let mut received = Vec::new();
+        let mut distinct = std::collections::HashSet::new();
         let deadline = tokio::time::Instant::now() + limit;
-        while received.len() < count {
+        while distinct.len() < count {
             let next = tokio::time::timeout_at(deadline, self.stream.next()).await;
             let Ok(Some(Ok((message, handler)))) = next else {
                 break;
             };
             handler.ack();
-            received.push(as_received(&self.topic, message));
+            let message = as_received(&self.topic, message);
+            let id = message
+                .header("Switchyard-Event-Id")
+                .map_or_else(|| received.len().to_string(), str::to_string);
+            distinct.insert(id);
+            received.push(message);
         }
         received
     }
