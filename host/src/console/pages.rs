@@ -643,6 +643,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_registry_plugin_shows_its_reference_digest_and_registry_state() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let plugin = PluginStatus {
+            name: "router".into(),
+            path: "oci://localhost:5000/team/router:live".into(),
+            version: Some("0123456789ab".into()),
+            reloads: 2,
+            rejected: 0,
+            last_reload: crate::admin::LastReload {
+                at: "2026-11-29T10:00:00.000Z".into(),
+                result: "loaded".into(),
+                version: Some("0123456789ab".into()),
+                reason: None,
+            },
+            registry: Some(crate::admin::RegistrySource {
+                reference: "oci://localhost:5000/team/router:live".into(),
+                digest: Some(digest.clone()),
+                from_cache: true,
+                error: Some("<b>connection refused</b>".into()),
+                checked_at: None,
+                pulls: 1,
+                cache_hits: 0,
+                last_pull_ms: Some(12),
+            }),
+        };
+        let html = plugins_table(&[plugin]).into_string();
+        for shown in [
+            "oci://localhost:5000/team/router:live",
+            &digest[..19],
+            "from the cache",
+            "registry: &lt;b&gt;connection refused&lt;/b&gt;",
+        ] {
+            assert!(html.contains(shown), "{shown} missing from {html}");
+        }
+        assert!(!html.contains(&digest), "the digest is shortened: {html}");
+    }
+
+    #[test]
     fn hostile_text_stays_text() {
         let row = OutboxEntry {
             id: 7,

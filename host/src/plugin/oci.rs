@@ -26,6 +26,10 @@ use crate::config::{PluginConfig, RegistryConfig};
 pub const WASM_LAYER: &str = "application/wasm";
 /// The config blob's media type in that layout.
 pub const WASM_CONFIG: &str = "application/vnd.wasm.config.v0+json";
+/// The largest component pulled: a Python or JavaScript plugin is 12 to 18
+/// MB; a layer that claims more is refused before it is downloaded, so a
+/// wrong tag cannot fill the relay's memory.
+pub const MAX_COMPONENT_BYTES: i64 = 256 * 1024 * 1024;
 /// Layer types read as a component too: the older `wasm-to-oci` layout.
 const OTHER_WASM_LAYERS: [&str; 1] = [oci_client::manifest::WASM_LAYER_MEDIA_TYPE];
 
@@ -86,6 +90,16 @@ pub enum OciError {
         reference: String,
         /// The media types found.
         layers: String,
+    },
+    /// The component layer is larger than any plugin should be.
+    #[error(
+        "{reference}: the component layer is {size} bytes, more than the {MAX_COMPONENT_BYTES} a plugin may be"
+    )]
+    TooLarge {
+        /// As configured.
+        reference: String,
+        /// The size the manifest gives.
+        size: i64,
     },
     /// The registry did not answer in time.
     #[error("{reference}: the registry did not answer within {ms} ms")]
@@ -335,6 +349,12 @@ impl OciSource {
                     .join(", "),
             })?;
             let layer_digest = layer.digest.clone();
+            if !(0..=MAX_COMPONENT_BYTES).contains(&layer.size) {
+                return Err(OciError::TooLarge {
+                    reference: self.display(),
+                    size: layer.size,
+                });
+            }
             if let Some(bytes) = cache.read_blob(&layer_digest) {
                 return Ok(Pulled {
                     manifest_digest,
