@@ -57,9 +57,14 @@ impl Container {
     /// Starts the relay in `image` on the host's network with `config`
     /// mounted, read-only root, a tmpfs for `/tmp`.
     fn relay(image: &str, name: &str, config: &std::path::Path) -> Container {
+        Container::relay_with(image, name, config, &[])
+    }
+
+    /// [`Container::relay`] with more `HOST:CONTAINER:ro` mounts.
+    fn relay_with(image: &str, name: &str, config: &std::path::Path, mounts: &[String]) -> Container {
         let name = format!("{name}-{}", uuid::Uuid::new_v4().simple());
         let mount = format!("{}:/etc/switchyard/switchyard.toml:ro", config.display());
-        let started = run(&[
+        let mut args = vec![
             "run",
             "-d",
             "--name",
@@ -71,10 +76,12 @@ impl Container {
             "/tmp",
             "-v",
             &mount,
-            "-e",
-            "SWITCHYARD_LOG=info",
-            image,
-        ]);
+        ];
+        for extra in mounts {
+            args.extend(["-v", extra.as_str()]);
+        }
+        args.extend(["-e", "SWITCHYARD_LOG=info", image]);
+        let started = run(&args);
         assert!(started.status.success(), "start {name}: {}", text(&started));
         Container(name)
     }
@@ -317,27 +324,12 @@ async fn a_python_plugin_pulled_from_the_registry_routes_in_the_container() {
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
 
     let expected = write_orders(&db.pool, 10, 5, 2).await;
-    let name = format!("sy-python-{}", uuid::Uuid::new_v4().simple());
-    let started = run(&[
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "--network",
-        "host",
-        "--read-only",
-        "--tmpfs",
-        "/tmp",
-        "-v",
-        &format!("{}:/etc/switchyard/switchyard.toml:ro", path.display()),
-        "-v",
-        &format!("{}:/run/secrets/registry:ro", secrets.display()),
-        "-e",
-        "SWITCHYARD_LOG=info",
+    let container = Container::relay_with(
         &image,
-    ]);
-    assert!(started.status.success(), "{}", text(&started));
-    let container = Container(name);
+        "sy-python",
+        &path,
+        &[format!("{}:/run/secrets/registry:ro", secrets.display())],
+    );
     // A cold cache compiles the interpreter: a minute or more on two cores.
     eventually(
         "every event published by the pulled plugin",

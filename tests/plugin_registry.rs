@@ -26,6 +26,15 @@ fn temp_dir(what: &str) -> PathBuf {
     dir
 }
 
+/// A fresh outbox database, a NATS server with the orders stream, and a
+/// scratch directory named for `what`.
+async fn outbox_and_stream(what: &str) -> (switchyard_tests::postgres::TestDb, NatsServer, PathBuf) {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    (db, nats, temp_dir(what))
+}
+
 /// A repository name of this test's own on a shared registry.
 fn repository() -> String {
     format!("test-{}/router", uuid::Uuid::new_v4().simple())
@@ -89,10 +98,7 @@ async fn goes_live(relay: &switchyard::Relay, hash: &str, what: &str) {
 async fn pushed_plugins_run_and_tag_moves_under_load_lose_nothing() {
     init_logging();
     let registry = Registry::shared();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let dir = temp_dir("registry-load");
+    let (db, nats, dir) = outbox_and_stream("registry-load").await;
     let reference = registry.reference(&repository(), "live");
     let (first, first_hash) = variant(&dir, 1);
     let first_digest = registry.push(SWITCHYARD, &first, &reference);
@@ -172,10 +178,7 @@ async fn pushed_plugins_run_and_tag_moves_under_load_lose_nothing() {
 async fn a_broken_component_under_the_tag_is_refused_and_the_old_one_kept() {
     init_logging();
     let registry = Registry::shared();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let dir = temp_dir("registry-broken");
+    let (db, nats, dir) = outbox_and_stream("registry-broken").await;
     let reference = registry.reference(&repository(), "live");
     let (good, good_hash) = variant(&dir, 1);
     registry.push(SWITCHYARD, &good, &reference);
@@ -275,10 +278,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 async fn the_cache_serves_while_the_registry_is_down_and_polling_says_so() {
     init_logging();
     let mut registry = Registry::own().await;
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let dir = temp_dir("registry-down");
+    let (db, nats, dir) = outbox_and_stream("registry-down").await;
     let cache = dir.join("cache");
     let reference = registry.reference("team/router", "live");
     let (first, first_hash) = variant(&dir, 1);
@@ -412,10 +412,7 @@ async fn wrong_credentials_are_named_and_never_shown() {
 async fn a_rotated_password_is_read_again_and_used() {
     init_logging();
     let mut registry = Registry::own().await;
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let dir = temp_dir("registry-rotation");
+    let (db, nats, dir) = outbox_and_stream("registry-rotation").await;
     let reference = registry.reference("team/router", "live");
     let (first, first_hash) = variant(&dir, 1);
     registry.push(SWITCHYARD, &first, &reference);
@@ -458,10 +455,7 @@ async fn a_rotated_password_is_read_again_and_used() {
 async fn a_digest_reference_stays_pinned_when_the_tag_moves() {
     init_logging();
     let registry = Registry::shared();
-    let db = fresh_db().await;
-    let nats = NatsServer::start().await;
-    nats.create_stream(STREAM, &["orders.>"]).await;
-    let dir = temp_dir("registry-pinned");
+    let (db, nats, dir) = outbox_and_stream("registry-pinned").await;
     let repository = repository();
     let tag = registry.reference(&repository, "live");
     let (first, first_hash) = variant(&dir, 1);
