@@ -233,14 +233,16 @@ pub struct Consumer {
 
 impl Consumer {
     /// What arrives until `count` distinct events did (by
-    /// `Switchyard-Event-Id`; Pub/Sub delivers at least once, and a copy
-    /// must not stand in for an event not yet seen) or `limit` passed, each
-    /// acknowledged: in the order they arrived, copies included, as
-    /// [`Received`] with the topic as subject, attributes as headers, and
-    /// the ordering key under [`ORDERING_KEY`].
+    /// `Switchyard-Event-Id`) or `limit` passed, each acknowledged: in the
+    /// order they arrived, as [`Received`] with the topic as subject,
+    /// attributes as headers, and the ordering key under [`ORDERING_KEY`].
+    /// Pub/Sub redelivers a message whose ack deadline passed while it sat
+    /// in the client's buffer; such a copy has the message id of the first
+    /// and is skipped, so a copy counted is one the relay published twice.
     pub async fn pull(&mut self, count: usize, limit: Duration) -> Vec<Received> {
         let mut received = Vec::new();
         let mut distinct = std::collections::HashSet::new();
+        let mut delivered = std::collections::HashSet::new();
         let deadline = tokio::time::Instant::now() + limit;
         while distinct.len() < count {
             let next = tokio::time::timeout_at(deadline, self.stream.next()).await;
@@ -248,6 +250,9 @@ impl Consumer {
                 break;
             };
             handler.ack();
+            if !delivered.insert(message.message_id.clone()) {
+                continue;
+            }
             let message = as_received(&self.topic, message);
             let id = message
                 .header("Switchyard-Event-Id")
@@ -269,13 +274,17 @@ pub async fn consume_forever(
     into: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
 ) {
     let emulator = Emulator { host, child: None };
+    // Redeliveries (the same message id) are skipped, as in `Consumer::pull`.
+    let mut delivered = std::collections::HashSet::new();
     loop {
         let mut consumer = emulator.consumer(&project, &topic).await;
         // Never cancelled mid-way: a stream's `next` dropped half done
         // loses what it had received.
         while let Some(Ok((message, handler))) = consumer.stream.next().await {
             handler.ack();
-            into.lock().unwrap().push(as_received(&topic, message));
+            if delivered.insert(message.message_id.clone()) {
+                into.lock().unwrap().push(as_received(&topic, message));
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
