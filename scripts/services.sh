@@ -156,6 +156,13 @@ CONF
         echo "shared_preload_libraries = 'pg_stat_statements'" >>"$PG_DATA/postgresql.conf"
         restart=1
     fi
+    # Its entries are per database and statement, and the suite makes
+    # hundreds of databases: at the default 5,000 the claim's entry was
+    # evicted mid-test (a CI run).
+    if ! grep -q "^pg_stat_statements.max = 100000" "$PG_DATA/postgresql.conf"; then
+        echo "pg_stat_statements.max = 100000" >>"$PG_DATA/postgresql.conf"
+        restart=1
+    fi
     if pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
         if [ -n "$restart" ]; then
             pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -m fast -w -t 60 restart >/dev/null

@@ -66,10 +66,10 @@ async fn outbox_with_drained_statistics() -> (switchyard_tests::postgres::TestDb
 }
 
 /// The shared buffers the claim statement has touched in this database so
-/// far (hit or read), from `pg_stat_statements`.
-async fn claim_buffers(db: &switchyard_tests::postgres::TestDb) -> i64 {
-    sqlx::query_scalar(
-        "SELECT COALESCE(sum(shared_blks_hit + shared_blks_read), 0)::bigint
+/// far (hit or read), and its calls, from `pg_stat_statements`.
+async fn claim_buffers(db: &switchyard_tests::postgres::TestDb) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT COALESCE(sum(shared_blks_hit + shared_blks_read), 0)::bigint, COALESCE(sum(calls), 0)::bigint
            FROM pg_stat_statements
           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
             AND query LIKE $1",
@@ -101,13 +101,33 @@ async fn claim_until_quiet(
     let mut buffers: Vec<i64> = Vec::new();
     let mut times: Vec<Duration> = Vec::new();
     let mut before = claim_buffers(db).await;
+    let mut unseen = 0;
     loop {
         let claim = store.claim(owner, BATCH, LEASE).await.unwrap();
         let after = claim_buffers(db).await;
-        let touched = after - before;
+        let (touched, calls) = (after.0 - before.0, after.1 - before.1);
         before = after;
         let rows = i64::try_from(claim.rows.len() + claim.parked as usize).unwrap();
         let bound = BUFFERS_BASE + BUFFERS_PER_ROW * rows;
+        if calls != 1 {
+            // The statement's entry was evicted and made again (another
+            // database's statements filled the table): this claim was not
+            // measured. Rare with scripts/services.sh's pg_stat_statements.max.
+            unseen += 1;
+            assert!(
+                unseen <= 3,
+                "pg_stat_statements lost the claim's figures {unseen} times"
+            );
+            if ack {
+                store.ack(claim.lease, &published_outcomes(&claim)).await.unwrap();
+            }
+            let quiet = claim.rows.is_empty() && claim.parked == 0;
+            claims.push(claim);
+            if quiet {
+                break;
+            }
+            continue;
+        }
         assert!(
             touched > 0,
             "pg_stat_statements saw claim {} (it counts the claim statement)",
@@ -179,9 +199,10 @@ async fn claims_touch_what_they_claim_not_the_backlog_on_stale_statistics_and_de
         let before = claim_buffers(&db).await;
         let idle = store.claim("idle", BATCH, LEASE).await.unwrap();
         assert!(idle.rows.is_empty() && idle.parked == 0);
-        let touched = claim_buffers(&db).await - before;
+        let after = claim_buffers(&db).await;
+        let touched = after.0 - before.0;
         assert!(
-            touched <= BUFFERS_BASE,
+            after.1 != before.1 + 1 || touched <= BUFFERS_BASE,
             "an empty claim touched {touched} buffers behind 100,000 parked rows"
         );
     }
