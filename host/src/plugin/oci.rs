@@ -355,7 +355,15 @@ impl OciSource {
                     size: layer.size,
                 });
             }
-            if let Some(bytes) = cache.read_blob(&layer_digest) {
+            // Reading and hashing megabytes blocks: off the runtime.
+            let cached = {
+                let (cache, digest) = (cache.clone(), layer_digest.clone());
+                tokio::task::spawn_blocking(move || cache.read_blob(&digest))
+                    .await
+                    .ok()
+                    .flatten()
+            };
+            if let Some(bytes) = cached {
                 return Ok(Pulled {
                     manifest_digest,
                     path: cache.blob_path(&layer_digest),
@@ -370,13 +378,24 @@ impl OciSource {
                 .pull_blob(&self.reference, layer, &mut bytes)
                 .await
                 .map_err(|e| self.error(&auth, e))?;
-            let path = cache
-                .write_blob(&layer_digest, &bytes)
-                .map_err(|source| OciError::Cache {
+            let (bytes, written) = {
+                let (store, digest) = (cache.clone(), layer_digest.clone());
+                tokio::task::spawn_blocking(move || {
+                    let written = store.write_blob(&digest, &bytes);
+                    (bytes, written)
+                })
+                .await
+                .map_err(|e| OciError::Cache {
                     reference: self.display(),
                     path: cache.blob_path(&layer_digest),
-                    source,
-                })?;
+                    source: std::io::Error::other(e.to_string()),
+                })?
+            };
+            let path = written.map_err(|source| OciError::Cache {
+                reference: self.display(),
+                path: cache.blob_path(&layer_digest),
+                source,
+            })?;
             Ok(Pulled {
                 manifest_digest,
                 layer_digest,
@@ -670,8 +689,14 @@ pub async fn fetch_all(configs: &[PluginConfig], cache_dir: Option<&Path>) -> Ve
             },
             Err(error) => (None, Some(error.to_string())),
         };
-        let last_good = cache
-            .last_good(&display)
+        let last_good = {
+            let (cache, display) = (cache.clone(), display.clone());
+            tokio::task::spawn_blocking(move || cache.last_good(&display))
+                .await
+                .ok()
+                .flatten()
+        };
+        let last_good = last_good
             .filter(|(last, _)| {
                 pulled
                     .as_ref()
