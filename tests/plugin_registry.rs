@@ -269,13 +269,144 @@ async fn a_tampered_blob_is_refused_and_named() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Pushes `component` as another tool would: `layer_type` and a config
+/// blob of `config_type`, with `annotations` on the manifest.
+async fn push_as(
+    registry: &Registry,
+    reference: &str,
+    component: Vec<u8>,
+    (layer_type, config_type, config): (&str, &str, serde_json::Value),
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+) {
+    use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, Config, ImageLayer};
+    switchyard::tls::install_provider();
+    let client = oci_client::Client::new(ClientConfig {
+        extra_root_certificates: vec![Certificate {
+            encoding: CertificateEncoding::Pem,
+            data: std::fs::read(switchyard_tests::postgres::tls_file("ca.pem")).unwrap(),
+        }],
+        ..ClientConfig::default()
+    });
+    let target: oci_client::Reference = reference.strip_prefix("oci://").unwrap().parse().unwrap();
+    let password = std::fs::read_to_string(registry.password_file()).unwrap();
+    let auth = oci_client::secrets::RegistryAuth::Basic(
+        switchyard_tests::registry::USER.into(),
+        password.trim().into(),
+    );
+    let layer = ImageLayer::new(component, layer_type.into(), None);
+    let config = Config::new(serde_json::to_vec(&config).unwrap(), config_type.into(), None);
+    let manifest =
+        oci_client::manifest::OciImageManifest::build(std::slice::from_ref(&layer), &config, annotations);
+    client
+        .push(&target, &[layer], config, &auth, Some(manifest))
+        .await
+        .unwrap_or_else(|e| panic!("push {reference}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_in_the_layouts_other_tools_write_are_pulled() {
+    init_logging();
+    let registry = Registry::shared();
+    let db = fresh_db().await;
+    let dir = temp_dir("registry-layouts");
+    let repository = repository();
+    let (file, hash) = variant(&dir, 1);
+    let bytes = std::fs::read(&file).unwrap();
+    let layer_digest = format!("sha256:{}", sha256_hex(&bytes));
+    // `wkg oci push` (wasm-pkg-tools, through oci-wasm): the Wasm OCI
+    // artifact layout with its config fields and the manifest annotations
+    // it copies from the component's metadata.
+    let wkg = (
+        "application/wasm",
+        "application/vnd.wasm.config.v0+json",
+        serde_json::json!({
+            "created": "2026-11-29T12:00:00Z",
+            "author": null,
+            "architecture": "wasm",
+            "os": "wasip2",
+            "layerDigests": [layer_digest],
+            "component": {
+                "exports": ["switchyard:plugin/router@0.1.0"],
+                "imports": [],
+                "target": null
+            }
+        }),
+    );
+    let annotations = std::collections::BTreeMap::from([
+        (
+            "org.opencontainers.image.version".to_string(),
+            "1.4.0".to_string(),
+        ),
+        (
+            "org.opencontainers.image.description".to_string(),
+            "orders router".to_string(),
+        ),
+    ]);
+    // The older layer type (wasm-to-oci, Krustlet), config left empty.
+    let older = (
+        "application/vnd.wasm.content.layer.v1+wasm",
+        "application/vnd.wasm.config.v1+json",
+        serde_json::json!({}),
+    );
+    for (tag, layout, annotations) in [("wkg", wkg, Some(annotations)), ("older", older, None)] {
+        let reference = registry.reference(&repository, tag);
+        push_as(&registry, &reference, bytes.clone(), layout, annotations).await;
+        let settings = registry.plugin_settings(&registry.password_file(), 1);
+        let config = config(
+            &db.url,
+            "nats://127.0.0.1:1",
+            &reference,
+            settings,
+            &dir.join(tag),
+        )
+        .parse();
+        let plugins = switchyard::runtime::load_plugins(&config)
+            .await
+            .unwrap_or_else(|e| panic!("{tag}: {e:#}"));
+        let serving = plugins
+            .slot("router")
+            .and_then(|slot| slot.current())
+            .map(|v| v.version().to_string());
+        assert_eq!(serving.as_deref(), Some(hash.as_str()), "{tag}");
+    }
+
+    // An image, not a component: refused, naming the layers it has.
+    let reference = registry.reference(&repository, "image");
+    let image = (
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+        "application/vnd.oci.image.config.v1+json",
+        serde_json::json!({"architecture": "amd64", "os": "linux"}),
+    );
+    push_as(&registry, &reference, bytes, image, None).await;
+    let settings = registry.plugin_settings(&registry.password_file(), 1);
+    let config = config(
+        &db.url,
+        "nats://127.0.0.1:1",
+        &reference,
+        settings,
+        &dir.join("image"),
+    )
+    .parse();
+    let error = switchyard::runtime::load_plugins(&config)
+        .await
+        .err()
+        .expect("an image is refused");
+    let message = format!("{error:#}");
+    assert!(
+        message.contains("has no application/wasm layer")
+            && message.contains("application/vnd.oci.image.layer.v1.tar+gzip"),
+        "{message}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cache_serves_while_the_registry_is_down_and_polling_says_so() {
+async fn the_cache_serves_while_the_registry_is_down_or_frozen_and_polling_says_so() {
     init_logging();
     let mut registry = Registry::own().await;
     let (db, nats, dir) = outbox_and_stream("registry-down").await;
@@ -283,9 +414,23 @@ async fn the_cache_serves_while_the_registry_is_down_and_polling_says_so() {
     let reference = registry.reference("team/router", "live");
     let (first, first_hash) = variant(&dir, 1);
     let first_digest = registry.push(SWITCHYARD, &first, &reference);
-    let settings = registry.plugin_settings(&registry.password_file(), 1);
+    let mut settings = registry.plugin_settings(&registry.password_file(), 1);
+    // A bound short enough to see it pass while the registry is frozen, and
+    // long enough for a login and a pull by a debug build on a loaded
+    // machine (up to 2 s seen).
+    settings
+        .as_table_mut()
+        .unwrap()
+        .insert("timeout_ms".into(), toml::Value::Integer(5000));
     let config = config(&db.url, &nats.url(), &reference, settings, &cache).parse();
-    InProcess::start(&config).await.stop().await;
+    let first_start = InProcess::start(&config).await;
+    assert_eq!(
+        serving(&first_start.relay).as_deref(),
+        Some(first_hash.as_str()),
+        "pulled while the registry is up: {:?}",
+        state(&first_start.relay)
+    );
+    first_start.stop().await;
 
     // Down at start: the last good digest serves, the relay is ready and
     // says where the plugin came from.
@@ -360,7 +505,52 @@ async fn the_cache_serves_while_the_registry_is_down_and_polling_says_so() {
     )
     .await;
     assert_eq!(serving(&running.relay).as_deref(), Some(second_hash.as_str()));
+
+    // Frozen (connections taken, nothing answered): each check ends at the
+    // registry's timeout, a relay starting meanwhile starts from the cache,
+    // and neither is held up in stopping by a request left hanging.
+    registry.start().await;
+    eventually("the registry answers again", Duration::from_secs(30), || async {
+        state(&running.relay).registry_error.is_none().then_some(())
+    })
+    .await;
+    registry.freeze();
+    eventually(
+        "the frozen registry's timeout shown",
+        Duration::from_secs(30),
+        || async {
+            state(&running.relay)
+                .registry_error
+                .filter(|error| error.contains("did not answer within 5000 ms"))
+        },
+    )
+    .await;
+    let starting = std::time::Instant::now();
+    let restarted = InProcess::start(&config).await;
+    assert!(
+        starting.elapsed() < Duration::from_secs(20),
+        "a start held {:?} by a frozen registry",
+        starting.elapsed()
+    );
+    assert_eq!(serving(&restarted.relay).as_deref(), Some(second_hash.as_str()));
+    assert!(state(&restarted.relay).from_cache);
+    let frozen = write_orders(&db.pool, 5, 4, 1).await;
+    let total = (expected.len() + more.len() + frozen.len()) as i64;
+    eventually(
+        "published while the registry is frozen",
+        Duration::from_secs(60),
+        || async { (count_status(&db.pool, "published").await == total).then_some(()) },
+    )
+    .await;
+    let stopping = std::time::Instant::now();
+    restarted.stop().await;
     running.stop().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(15),
+        "stopping took {:?} beside a frozen registry",
+        stopping.elapsed()
+    );
+    registry.thaw();
     let _ = std::fs::remove_dir_all(dir);
 }
 

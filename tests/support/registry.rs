@@ -148,6 +148,37 @@ impl Registry {
         }
     }
 
+    /// Freezes this test's registry (SIGSTOP): connections are accepted,
+    /// nothing answers.
+    ///
+    /// # Panics
+    /// On the shared registry, or one not running.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen registry go on (SIGCONT).
+    ///
+    /// # Panics
+    /// As [`Registry::freeze`].
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self
+            .own
+            .as_ref()
+            .and_then(|own| own.child.as_ref())
+            .expect("only a running registry of the test's own is signalled")
+            .id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// Restarts this test's registry taking only the rotated password.
     pub async fn rotate(&mut self) {
         self.stop();
