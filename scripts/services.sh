@@ -370,6 +370,27 @@ pubsub_start() {
     return 1
 }
 
+# `switchyard:HASH`, the bcrypt hash of the password in file $1, by the
+# system's libcrypt (libxcrypt) through ctypes: Python's own `crypt` module
+# is gone from 3.13 on, and apache2-utils' htpasswd would be one more
+# package.
+bcrypt_login() {
+    python3 - "$1" <<'PY'
+import ctypes, ctypes.util, sys
+lib = ctypes.CDLL(ctypes.util.find_library("crypt") or "libcrypt.so.1")
+lib.crypt_gensalt.restype = ctypes.c_char_p
+lib.crypt_gensalt.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int]
+lib.crypt.restype = ctypes.c_char_p
+lib.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+password = open(sys.argv[1], "rb").read().strip()
+# No random bytes given: libxcrypt takes them from the kernel.
+hashed = lib.crypt(password, lib.crypt_gensalt(b"$2b$", 10, None, 0))
+if not hashed or not hashed.startswith(b"$2b$"):
+    sys.exit("services: libcrypt made no bcrypt hash for the registry login")
+print("switchyard:" + hashed.decode())
+PY
+}
+
 # Login files for the registries: `htpasswd` for the user `switchyard` and
 # the password in `password`, and `htpasswd-rotated` for the same user and
 # `password-rotated` (what a rotation moves to). distribution reads bcrypt
@@ -380,8 +401,7 @@ registry_logins() {
     local suffix
     for suffix in "" -rotated; do
         head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$REGISTRY_DIR/password$suffix"
-        python3 -W ignore -c 'import crypt, sys; print("switchyard:" + crypt.crypt(open(sys.argv[1]).read().strip(), crypt.mksalt(crypt.METHOD_BLOWFISH)))' \
-            "$REGISTRY_DIR/password$suffix" >"$REGISTRY_DIR/htpasswd$suffix"
+        bcrypt_login "$REGISTRY_DIR/password$suffix" >"$REGISTRY_DIR/htpasswd$suffix"
     done
     chmod 600 "$REGISTRY_DIR"/password*
 }
