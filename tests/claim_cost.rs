@@ -65,19 +65,45 @@ async fn outbox_with_drained_statistics() -> (switchyard_tests::postgres::TestDb
     (db, store)
 }
 
-/// The shared buffers the claim statement has touched in this database so
-/// far (hit or read), and its calls, from `pg_stat_statements`.
-async fn claim_buffers(db: &switchyard_tests::postgres::TestDb) -> (i64, i64) {
-    sqlx::query_as(
-        "SELECT COALESCE(sum(shared_blks_hit + shared_blks_read), 0)::bigint, COALESCE(sum(calls), 0)::bigint
-           FROM pg_stat_statements
-          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-            AND query LIKE $1",
-    )
-    .bind("%AS statement_s%")
-    .fetch_one(&db.pool)
-    .await
-    .expect("pg_stat_statements is loaded (scripts/services.sh sets shared_preload_libraries)")
+/// The claim statement's figures in one database's `pg_stat_statements`.
+/// Reading its query texts reads the file that holds every entry's text,
+/// whole: once the suite's databases have filled the table, tens of MB and
+/// most of a second per read, thousands of reads per test. So the claim's
+/// entries are found by their text once, then read by `queryid` without
+/// texts. (A `queryid` is per database, as it hashes the table's oid; it
+/// stays the same when an evicted entry is made again.)
+struct ClaimFigures {
+    entries: Vec<i64>,
+}
+
+impl ClaimFigures {
+    fn new() -> ClaimFigures {
+        ClaimFigures { entries: Vec::new() }
+    }
+
+    /// The shared buffers the claim statement has touched in this database
+    /// so far (hit or read), and its calls.
+    async fn read(&mut self, db: &switchyard_tests::postgres::TestDb) -> (i64, i64) {
+        const THIS_DATABASE: &str = "(SELECT oid FROM pg_database WHERE datname = current_database())";
+        if self.entries.is_empty() {
+            self.entries = sqlx::query_scalar(&format!(
+                "SELECT queryid FROM pg_stat_statements WHERE dbid = {THIS_DATABASE} AND query LIKE $1"
+            ))
+            .bind("%AS statement_s%")
+            .fetch_all(&db.pool)
+            .await
+            .expect("pg_stat_statements is loaded (scripts/services.sh sets shared_preload_libraries)");
+        }
+        sqlx::query_as(&format!(
+            "SELECT COALESCE(sum(shared_blks_hit + shared_blks_read), 0)::bigint, COALESCE(sum(calls), 0)::bigint
+               FROM pg_stat_statements(false)
+              WHERE dbid = {THIS_DATABASE} AND queryid = ANY($1)"
+        ))
+        .bind(&self.entries)
+        .fetch_one(&db.pool)
+        .await
+        .expect("pg_stat_statements is loaded (scripts/services.sh sets shared_preload_libraries)")
+    }
 }
 
 /// Makes `pg_stat_statements` readable in the test's database.
@@ -100,11 +126,12 @@ async fn claim_until_quiet(
     let mut claims: Vec<Claim> = Vec::new();
     let mut buffers: Vec<i64> = Vec::new();
     let mut times: Vec<Duration> = Vec::new();
-    let mut before = claim_buffers(db).await;
+    let mut figures = ClaimFigures::new();
+    let mut before = figures.read(db).await;
     let mut unseen = 0;
     loop {
         let claim = store.claim(owner, BATCH, LEASE).await.unwrap();
-        let after = claim_buffers(db).await;
+        let after = figures.read(db).await;
         let (touched, calls) = (after.0 - before.0, after.1 - before.1);
         before = after;
         let rows = i64::try_from(claim.rows.len() + claim.parked as usize).unwrap();
@@ -195,11 +222,12 @@ async fn claims_touch_what_they_claim_not_the_backlog_on_stale_statistics_and_de
     assert!(claimed.iter().all(|row| row.aggregate_id.starts_with("fresh-")));
     // Once parked, the blocked rows cost nothing: an empty claim touches
     // no more than the base.
+    let mut figures = ClaimFigures::new();
     for _ in 0..5 {
-        let before = claim_buffers(&db).await;
+        let before = figures.read(&db).await;
         let idle = store.claim("idle", BATCH, LEASE).await.unwrap();
         assert!(idle.rows.is_empty() && idle.parked == 0);
-        let after = claim_buffers(&db).await;
+        let after = figures.read(&db).await;
         let touched = after.0 - before.0;
         assert!(
             after.1 != before.1 + 1 || touched <= BUFFERS_BASE,
