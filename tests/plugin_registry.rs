@@ -642,6 +642,82 @@ async fn a_rotated_password_is_read_again_and_used() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_bearer_token_is_read_again_and_used() {
+    use switchyard_tests::config::{path, table};
+    init_logging();
+    let mut registry = Registry::own_with_tokens().await;
+    let (db, nats, dir) = outbox_and_stream("registry-token").await;
+    let repository = "team/router";
+    let reference = registry.reference(repository, "live");
+    // The mounted token, as a secret's file is updated: written aside,
+    // renamed over.
+    let token_file = dir.join("token");
+    let mount = |token: String| {
+        std::fs::write(dir.join("token.new"), token).unwrap();
+        std::fs::rename(dir.join("token.new"), &token_file).unwrap();
+    };
+    mount(registry.token(repository));
+    let push = |registry: &Registry, file: &Path| {
+        let output = registry.push_with_token(SWITCHYARD, file, &reference, &token_file);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let (first, first_hash) = variant(&dir, 1);
+    push(&registry, &first);
+    let settings = table(&[
+        ("token", table(&[("file", path(&token_file))])),
+        (
+            "ca_file",
+            toml::Value::String(switchyard_tests::postgres::tls_file("ca.pem")),
+        ),
+        ("refresh_seconds", toml::Value::Integer(1)),
+    ]);
+    let running =
+        InProcess::start(&config(&db.url, &nats.url(), &reference, settings, &dir.join("cache")).parse())
+            .await;
+    assert_eq!(serving(&running.relay).as_deref(), Some(first_hash.as_str()));
+
+    // The issuer's signing key rotates: the token in the mount is refused,
+    // named as a bearer token, never shown.
+    let old_token = std::fs::read_to_string(&token_file).unwrap();
+    registry.rotate_token_key().await;
+    let refused = eventually("the old token refused", Duration::from_secs(30), || async {
+        state(&running.relay)
+            .registry_error
+            .filter(|e| e.contains("refused the credentials (bearer token)"))
+    })
+    .await;
+    let signature = old_token.rsplit('.').next().unwrap();
+    assert!(!refused.contains(signature), "{refused}");
+    assert!(
+        !running.relay.metrics().render().contains(signature),
+        "the token is in the metrics"
+    );
+    let expected = write_orders(&db.pool, 5, 4, 1).await;
+    eventually(
+        "published on the plugin it has",
+        Duration::from_secs(60),
+        || async { (count_status(&db.pool, "published").await == expected.len() as i64).then_some(()) },
+    )
+    .await;
+
+    // The new token lands in the mount: the next check uses it.
+    mount(registry.token(repository));
+    eventually("the registry answers again", Duration::from_secs(30), || async {
+        state(&running.relay).registry_error.is_none().then_some(())
+    })
+    .await;
+    let (second, second_hash) = variant(&dir, 2);
+    push(&registry, &second);
+    goes_live(&running.relay, &second_hash, "the push after the rotation").await;
+    running.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_digest_reference_stays_pinned_when_the_tag_moves() {
     init_logging();
     let registry = Registry::shared();

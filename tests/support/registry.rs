@@ -1,7 +1,8 @@
 //! OCI registries in tests: Debian's distribution (`docker-registry`), over
 //! TLS with the test CA's `localhost` certificate and htpasswd login; the
 //! shared one `scripts/services.sh` starts, or one of the test's own that it
-//! can stop, start again or move to the rotated password.
+//! can stop, start again, freeze, move to the rotated password, or run with
+//! bearer tokens (distribution's token auth) whose signing key it rotates.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,6 +29,111 @@ struct Own {
     dir: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// Bearer tokens instead of the htpasswd login: the key they are
+    /// signed with now.
+    signer: Option<Signer>,
+}
+
+/// What distribution's token auth trusts: RS256 JWTs carrying, in `x5c`,
+/// a certificate of its root bundle. Made with the openssl command, as the
+/// test CA is.
+struct Signer {
+    key: PathBuf,
+    cert: PathBuf,
+    generation: u32,
+}
+
+/// The `service` and `issuer` a token names, as the registry expects them.
+const TOKEN_SERVICE: &str = "switchyard-registry";
+const TOKEN_ISSUER: &str = "switchyard-tests";
+
+fn openssl(args: &[&str], input: Option<&[u8]>) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run openssl");
+    let mut stdin = child.stdin.take().expect("openssl stdin");
+    if let Some(input) = input {
+        stdin.write_all(input).expect("write to openssl");
+    }
+    drop(stdin);
+    let output = child.wait_with_output().expect("openssl");
+    assert!(
+        output.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+impl Signer {
+    fn new(dir: &Path, generation: u32) -> Signer {
+        let key = dir.join(format!("token-{generation}.key"));
+        let cert = dir.join(format!("token-{generation}.pem"));
+        openssl(
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=switchyard token signer {generation}"),
+                "-keyout",
+                &key.display().to_string(),
+                "-out",
+                &cert.display().to_string(),
+            ],
+            None,
+        );
+        Signer {
+            key,
+            cert,
+            generation,
+        }
+    }
+
+    /// A token for pulling and pushing `repository`, valid for an hour.
+    fn mint(&self, repository: &str) -> String {
+        use base64::Engine;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let der = openssl(
+            &["x509", "-in", &self.cert.display().to_string(), "-outform", "DER"],
+            None,
+        );
+        let header = serde_json::json!({
+            "typ": "JWT",
+            "alg": "RS256",
+            "x5c": [base64::engine::general_purpose::STANDARD.encode(der)],
+        });
+        let now = chrono::Utc::now().timestamp();
+        let claims = serde_json::json!({
+            "iss": TOKEN_ISSUER,
+            "sub": USER,
+            "aud": TOKEN_SERVICE,
+            "iat": now,
+            "nbf": now - 30,
+            "exp": now + 3600,
+            "jti": uuid::Uuid::new_v4().to_string(),
+            "access": [{"type": "repository", "name": repository, "actions": ["pull", "push"]}],
+        });
+        let signed = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let signature = openssl(
+            &["dgst", "-sha256", "-sign", &self.key.display().to_string()],
+            Some(signed.as_bytes()),
+        );
+        format!("{signed}.{}", b64(&signature))
+    }
 }
 
 fn logins_dir() -> PathBuf {
@@ -56,9 +162,23 @@ impl Registry {
     /// # Panics
     /// When it does not start.
     pub async fn own() -> Registry {
+        Registry::own_registry(false).await
+    }
+
+    /// A registry of the test's own taking bearer tokens (see
+    /// [`Registry::token`]) instead of the htpasswd login.
+    ///
+    /// # Panics
+    /// When it does not start.
+    pub async fn own_with_tokens() -> Registry {
+        Registry::own_registry(true).await
+    }
+
+    async fn own_registry(tokens: bool) -> Registry {
         let port = super::free_port();
         let dir = std::env::temp_dir().join(format!("sy-registry-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(dir.join("storage")).expect("registry directory");
+        let signer = tokens.then(|| Signer::new(&dir, 1));
         let mut registry = Registry {
             host: format!("localhost:{port}"),
             logins: logins_dir(),
@@ -66,11 +186,39 @@ impl Registry {
                 dir,
                 port,
                 child: None,
+                signer,
             }),
         };
         registry.configure(false);
         registry.start().await;
         registry
+    }
+
+    /// A bearer token for `repository`, signed with the key the registry
+    /// trusts now.
+    ///
+    /// # Panics
+    /// On a registry without tokens.
+    pub fn token(&self, repository: &str) -> String {
+        self.own
+            .as_ref()
+            .and_then(|own| own.signer.as_ref())
+            .expect("a registry with tokens")
+            .mint(repository)
+    }
+
+    /// Restarts this test's registry trusting only a new signing key: every
+    /// token made before is refused.
+    ///
+    /// # Panics
+    /// On a registry without tokens.
+    pub async fn rotate_token_key(&mut self) {
+        self.stop();
+        let own = self.own.as_mut().expect("own registry");
+        let generation = own.signer.as_ref().expect("a registry with tokens").generation + 1;
+        own.signer = Some(Signer::new(&own.dir, generation));
+        self.configure(false);
+        self.start().await;
     }
 
     /// The file holding the password the registry takes now.
@@ -88,18 +236,31 @@ impl Registry {
             .own
             .as_ref()
             .expect("only a test's own registry is configured");
-        let htpasswd = self
-            .logins
-            .join(if rotated { "htpasswd-rotated" } else { "htpasswd" });
+        let auth = match &own.signer {
+            Some(signer) => format!(
+                "  token:\n    realm: https://localhost:{port}/token\n    service: {TOKEN_SERVICE}\n    \
+                 issuer: {TOKEN_ISSUER}\n    rootcertbundle: {cert}\n",
+                port = own.port,
+                cert = signer.cert.display(),
+            ),
+            None => {
+                let htpasswd = self
+                    .logins
+                    .join(if rotated { "htpasswd-rotated" } else { "htpasswd" });
+                format!(
+                    "  htpasswd:\n    realm: switchyard\n    path: {}\n",
+                    htpasswd.display()
+                )
+            }
+        };
         let config = format!(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {storage}\n\
              http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {cert}\n    key: {key}\n\
-             auth:\n  htpasswd:\n    realm: switchyard\n    path: {htpasswd}\n",
+             auth:\n{auth}",
             storage = own.dir.join("storage").display(),
             port = own.port,
             cert = tls_file("server.pem"),
             key = tls_file("server.key"),
-            htpasswd = htpasswd.display(),
         );
         std::fs::write(own.dir.join("config.yml"), config).expect("registry config");
     }
@@ -239,6 +400,25 @@ impl Registry {
             .arg(reference)
             .env("SWITCHYARD_REGISTRY_USERNAME", USER)
             .env("SWITCHYARD_REGISTRY_PASSWORD_FILE", password_file)
+            .env("SWITCHYARD_REGISTRY_CA_FILE", tls_file("ca.pem"))
+            .output()
+            .expect("run switchyard plugin push")
+    }
+
+    /// Runs `switchyard plugin push FILE REFERENCE` with the bearer token in
+    /// `token_file`; its output.
+    pub fn push_with_token(
+        &self,
+        binary: &str,
+        file: &Path,
+        reference: &str,
+        token_file: &Path,
+    ) -> std::process::Output {
+        Command::new(binary)
+            .args(["plugin", "push"])
+            .arg(file)
+            .arg(reference)
+            .env("SWITCHYARD_REGISTRY_TOKEN_FILE", token_file)
             .env("SWITCHYARD_REGISTRY_CA_FILE", tls_file("ca.pem"))
             .output()
             .expect("run switchyard plugin push")
