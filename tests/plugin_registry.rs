@@ -94,6 +94,20 @@ async fn goes_live(relay: &switchyard::Relay, hash: &str, what: &str) {
     .await;
 }
 
+/// Loads the plugin at `reference` as a starting relay does (strict: one
+/// never pulled is an error), logging in with the registry's password and
+/// caching in `cache`; no broker is reached.
+async fn load_from(
+    registry: &Registry,
+    db: &str,
+    reference: &str,
+    cache: &Path,
+) -> anyhow::Result<switchyard::plugin::Plugins> {
+    let settings = registry.plugin_settings(&registry.password_file(), 1);
+    let config = config(db, "nats://127.0.0.1:1", reference, settings, cache).parse();
+    switchyard::runtime::load_plugins(&config).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushed_plugins_run_and_tag_moves_under_load_lose_nothing() {
     init_logging();
@@ -239,16 +253,7 @@ async fn a_tampered_blob_is_refused_and_named() {
     tampered[middle] ^= 0xff;
     std::fs::write(&blob, &tampered).unwrap();
 
-    let settings = registry.plugin_settings(&registry.password_file(), 1);
-    let config = config(
-        &db.url,
-        "nats://127.0.0.1:1",
-        &reference,
-        settings,
-        &dir.join("cache"),
-    )
-    .parse();
-    let error = switchyard::runtime::load_plugins(&config)
+    let error = load_from(&registry, &db.url, &reference, &dir.join("cache"))
         .await
         .err()
         .expect("a tampered blob is refused");
@@ -351,16 +356,7 @@ async fn artifacts_in_the_layouts_other_tools_write_are_pulled() {
     for (tag, layout, annotations) in [("wkg", wkg, Some(annotations)), ("older", older, None)] {
         let reference = registry.reference(&repository, tag);
         push_as(&registry, &reference, bytes.clone(), layout, annotations).await;
-        let settings = registry.plugin_settings(&registry.password_file(), 1);
-        let config = config(
-            &db.url,
-            "nats://127.0.0.1:1",
-            &reference,
-            settings,
-            &dir.join(tag),
-        )
-        .parse();
-        let plugins = switchyard::runtime::load_plugins(&config)
+        let plugins = load_from(&registry, &db.url, &reference, &dir.join(tag))
             .await
             .unwrap_or_else(|e| panic!("{tag}: {e:#}"));
         let serving = plugins
@@ -378,16 +374,7 @@ async fn artifacts_in_the_layouts_other_tools_write_are_pulled() {
         serde_json::json!({"architecture": "amd64", "os": "linux"}),
     );
     push_as(&registry, &reference, bytes, image, None).await;
-    let settings = registry.plugin_settings(&registry.password_file(), 1);
-    let config = config(
-        &db.url,
-        "nats://127.0.0.1:1",
-        &reference,
-        settings,
-        &dir.join("image"),
-    )
-    .parse();
-    let error = switchyard::runtime::load_plugins(&config)
+    let error = load_from(&registry, &db.url, &reference, &dir.join("image"))
         .await
         .err()
         .expect("an image is refused");

@@ -385,8 +385,20 @@ impl Registry {
         ])
     }
 
-    /// Runs `switchyard plugin push FILE REFERENCE` as a CI pipeline would,
-    /// logging in with the password in `password_file`; its output.
+    /// `switchyard plugin push FILE REFERENCE` as a CI pipeline runs it,
+    /// trusting the test CA; the login is the caller's to add.
+    fn push_command(binary: &str, file: &Path, reference: &str) -> Command {
+        let mut command = Command::new(binary);
+        command
+            .args(["plugin", "push"])
+            .arg(file)
+            .arg(reference)
+            .env("SWITCHYARD_REGISTRY_CA_FILE", tls_file("ca.pem"));
+        command
+    }
+
+    /// Runs `switchyard plugin push FILE REFERENCE`, logging in with the
+    /// password in `password_file`; its output.
     pub fn push_with(
         &self,
         binary: &str,
@@ -394,13 +406,9 @@ impl Registry {
         reference: &str,
         password_file: &Path,
     ) -> std::process::Output {
-        Command::new(binary)
-            .args(["plugin", "push"])
-            .arg(file)
-            .arg(reference)
+        Registry::push_command(binary, file, reference)
             .env("SWITCHYARD_REGISTRY_USERNAME", USER)
             .env("SWITCHYARD_REGISTRY_PASSWORD_FILE", password_file)
-            .env("SWITCHYARD_REGISTRY_CA_FILE", tls_file("ca.pem"))
             .output()
             .expect("run switchyard plugin push")
     }
@@ -414,12 +422,8 @@ impl Registry {
         reference: &str,
         token_file: &Path,
     ) -> std::process::Output {
-        Command::new(binary)
-            .args(["plugin", "push"])
-            .arg(file)
-            .arg(reference)
+        Registry::push_command(binary, file, reference)
             .env("SWITCHYARD_REGISTRY_TOKEN_FILE", token_file)
-            .env("SWITCHYARD_REGISTRY_CA_FILE", tls_file("ca.pem"))
             .output()
             .expect("run switchyard plugin push")
     }
