@@ -126,6 +126,14 @@ full_page_writes = off
 CONF
 }
 
+# Appends the setting line $1 to the data directory's postgresql.conf unless
+# it is there, and marks a running server for a restart.
+pg_setting() {
+    grep -qxF "$1" "$PG_DATA/postgresql.conf" && return 0
+    echo "$1" >>"$PG_DATA/postgresql.conf"
+    restart=1
+}
+
 pg_start() {
     if pg_init "$PG_DATA" "$PG_PORT" 200; then
         echo "shared_buffers = 256MB" >>"$PG_DATA/postgresql.conf"
@@ -145,32 +153,20 @@ CONF
     # directories: tests and fault runs of several relays sharing 50, and the
     # 500-database benchmark (a session or two per database for the relay,
     # one for its writers).
-    if ! grep -q '^max_connections = 1600' "$PG_DATA/postgresql.conf"; then
-        echo "max_connections = 1600" >>"$PG_DATA/postgresql.conf"
-        restart=1
-    fi
+    pg_setting "max_connections = 1600"
     # Statement figures (calls, buffers, time) per database: the claim-cost
     # tests count the buffers each claim touches, and a benchmark reads where
     # the server's CPU goes.
-    if ! grep -q "^shared_preload_libraries = 'pg_stat_statements'" "$PG_DATA/postgresql.conf"; then
-        echo "shared_preload_libraries = 'pg_stat_statements'" >>"$PG_DATA/postgresql.conf"
-        restart=1
-    fi
+    pg_setting "shared_preload_libraries = 'pg_stat_statements'"
     # Its entries are per database and statement, and the suite makes
     # hundreds of databases: at the default 5,000 the claim's entry was
     # evicted mid-test (a CI run).
-    if ! grep -q "^pg_stat_statements.max = 100000" "$PG_DATA/postgresql.conf"; then
-        echo "pg_stat_statements.max = 100000" >>"$PG_DATA/postgresql.conf"
-        restart=1
-    fi
+    pg_setting "pg_stat_statements.max = 100000"
     # Not kept across restarts: a read that shows query texts reads every
     # entry's text, and entries kept from earlier runs (32,000, 17 MB of
     # text, after one afternoon) made each read 0.1 s and the claim-cost
     # test, which reads after each of its 2,400 claims, 433 s long.
-    if ! grep -q "^pg_stat_statements.save = off" "$PG_DATA/postgresql.conf"; then
-        echo "pg_stat_statements.save = off" >>"$PG_DATA/postgresql.conf"
-        restart=1
-    fi
+    pg_setting "pg_stat_statements.save = off"
     if pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
         if [ -n "$restart" ]; then
             pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -m fast -w -t 60 restart >/dev/null
