@@ -13,6 +13,7 @@ fn main() {
     for (name, dir) in [
         ("POSTGRES", "../migrations/postgres"),
         ("SQLITE", "../migrations/sqlite"),
+        ("MYSQL", "../migrations/mysql"),
     ] {
         println!("cargo:rerun-if-changed={dir}");
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);

@@ -2,9 +2,9 @@
 # Installs (if missing) and starts or stops the local services the tests and
 # the relay use: PostgreSQL 15 (and a second cluster that takes only TLS,
 # with certificates this script makes), nats-server with JetStream, tansu (a
-# Kafka-protocol broker), RabbitMQ, the Google Cloud Pub/Sub emulator and an
-# OCI registry (distribution, TLS and htpasswd login), as plain processes on
-# loopback.
+# Kafka-protocol broker), RabbitMQ, the Google Cloud Pub/Sub emulator, an
+# OCI registry (distribution, TLS and htpasswd login) and MariaDB 10.11 (TLS
+# offered, binlog in row format), as plain processes on loopback.
 # Idempotent: `start` on a running set is a no-op.
 #
 #   scripts/services.sh install|start|stop|status|env
@@ -12,7 +12,7 @@
 # Ports and directories can be moved with SWITCHYARD_PG_PORT, SWITCHYARD_PG_TLS_PORT,
 # SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
 # (AMQP; the next port is its Erlang distribution port), SWITCHYARD_PUBSUB_PORT,
-# SWITCHYARD_REGISTRY_PORT,
+# SWITCHYARD_REGISTRY_PORT, SWITCHYARD_MARIADB_PORT,
 # SWITCHYARD_STATE_DIR and
 # SWITCHYARD_TOOLS_DIR (where tansu is installed).
 set -euo pipefail
@@ -24,6 +24,7 @@ KAFKA_PORT="${SWITCHYARD_KAFKA_PORT:-59092}"
 RABBIT_PORT="${SWITCHYARD_RABBITMQ_PORT:-55672}"
 PUBSUB_PORT="${SWITCHYARD_PUBSUB_PORT:-58085}"
 REGISTRY_PORT="${SWITCHYARD_REGISTRY_PORT:-55000}"
+MARIADB_PORT="${SWITCHYARD_MARIADB_PORT:-53306}"
 TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
 TANSU_BIN="$TOOLS_DIR/bin/tansu"
 TANSU_VERSION=0.6.0
@@ -37,6 +38,7 @@ KAFKA_DIR="$STATE_DIR/kafka"
 RABBIT_DIR="$STATE_DIR/rabbitmq"
 PUBSUB_DIR="$STATE_DIR/pubsub"
 REGISTRY_DIR="$STATE_DIR/registry"
+MARIADB_DIR="$STATE_DIR/mariadb"
 # The server script that runs as the calling user (the one in /usr/sbin
 # switches to the `rabbitmq` user and its fixed directories).
 RABBIT_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
@@ -58,6 +60,8 @@ install_missing() {
     command -v chromedriver >/dev/null || pkgs+=(chromium chromium-driver)
     # Plugins pulled from an OCI registry: distribution 2.8.
     command -v docker-registry >/dev/null || pkgs+=(docker-registry)
+    # The MySQL-family outbox: Debian's MariaDB 10.11.
+    command -v mariadbd >/dev/null || pkgs+=(mariadb-server)
     if [ ${#pkgs[@]} -gt 0 ]; then
         echo "services: installing ${pkgs[*]}" >&2
         apt_install "${pkgs[@]}"
@@ -444,6 +448,60 @@ CONF
     wait_port "$REGISTRY_PORT" docker-registry "$REGISTRY_DIR/registry.log"
 }
 
+
+# MariaDB: one server on loopback, made once, durability as in production
+# (the claim's cost is measured against PostgreSQL with fsync on in the
+# benchmark, not here). TLS is offered with the test certificates and
+# required of the users made to need it; the binlog is on in row format
+# with full images and metadata, as binlog mode needs. Users, all from
+# 127.0.0.1: `switchyard` (every privilege, no password: tests make a
+# database each), `switchyard_rotating` (password `rotating-1`, TLS
+# required) and `switchyard_cert` (a client certificate signed by the test
+# CA, no password).
+mariadb_start() {
+    make_certificates
+    mkdir -p "$MARIADB_DIR"
+    pid_running "$MARIADB_DIR/mariadb.pid" mariadbd && return 0
+    local fresh=""
+    if [ ! -d "$MARIADB_DIR/data/mysql" ]; then
+        mariadb-install-db --user="$(id -un)" --datadir="$MARIADB_DIR/data" \
+            --auth-root-authentication-method=normal --skip-test-db >"$MARIADB_DIR/install.log" 2>&1
+        fresh=1
+    fi
+    cat >"$MARIADB_DIR/my.cnf" <<CONF
+[mariadbd]
+datadir = $MARIADB_DIR/data
+socket = $MARIADB_DIR/mariadb.sock
+pid-file = $MARIADB_DIR/mariadb.pid
+log-error = $MARIADB_DIR/server.log
+bind-address = 127.0.0.1
+port = $MARIADB_PORT
+skip-name-resolve
+max_connections = 800
+innodb_buffer_pool_size = 256M
+ssl-cert = $TLS_DIR/server.pem
+ssl-key = $TLS_DIR/server.key
+ssl-ca = $TLS_DIR/ca.pem
+server_id = 1
+log-bin = $MARIADB_DIR/data/binlog
+binlog_format = ROW
+binlog_row_image = FULL
+binlog_row_metadata = FULL
+expire_logs_days = 1
+CONF
+    nohup mariadbd --defaults-file="$MARIADB_DIR/my.cnf" --user="$(id -un)" </dev/null >/dev/null 2>&1 &
+    wait_port "$MARIADB_PORT" mariadbd "$MARIADB_DIR/server.log"
+    [ -n "$fresh" ] || return 0
+    mariadb --socket="$MARIADB_DIR/mariadb.sock" -uroot <<SQL
+CREATE USER 'switchyard'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON *.* TO 'switchyard'@'127.0.0.1' WITH GRANT OPTION;
+CREATE USER 'switchyard_rotating'@'127.0.0.1' IDENTIFIED BY 'rotating-1' REQUIRE SSL;
+GRANT ALL PRIVILEGES ON *.* TO 'switchyard_rotating'@'127.0.0.1';
+CREATE USER 'switchyard_cert'@'127.0.0.1' REQUIRE ISSUER '/CN=switchyard test ca';
+GRANT ALL PRIVILEGES ON *.* TO 'switchyard_cert'@'127.0.0.1';
+SQL
+}
+
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     echo "export SWITCHYARD_PG_TLS_URL='postgres://postgres@localhost:$PG_TLS_PORT/postgres?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem'"
@@ -455,6 +513,8 @@ print_env() {
     echo "export SWITCHYARD_RABBITMQ_SERVER=$RABBIT_SERVER"
     echo "export SWITCHYARD_REGISTRY=localhost:$REGISTRY_PORT"
     echo "export SWITCHYARD_REGISTRY_DIR=$REGISTRY_DIR"
+    echo "export SWITCHYARD_MARIADB_URL=mysql://switchyard@127.0.0.1:$MARIADB_PORT/mysql"
+    echo "export SWITCHYARD_MARIADB_SOCKET=$MARIADB_DIR/mariadb.sock"
     if pubsub_emulator >/dev/null; then
         echo "export SWITCHYARD_PUBSUB_EMULATOR=$(pubsub_emulator)"
         echo "export SWITCHYARD_PUBSUB_EMULATOR_HOST=127.0.0.1:$PUBSUB_PORT"
@@ -486,9 +546,11 @@ case "${1:-}" in
         rabbit_start
         pubsub_start
         registry_start
+        mariadb_start
         print_env
         ;;
     stop)
+        pid_stop "$MARIADB_DIR/mariadb.pid" mariadbd
         pid_stop "$REGISTRY_DIR/registry.pid" docker-registry
         pid_stop "$PUBSUB_DIR/emulator.pid" java
         rabbit_stop
@@ -499,7 +561,7 @@ case "${1:-}" in
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid" "registry:docker-registry:$REGISTRY_DIR/registry.pid"; do
+        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid" "registry:docker-registry:$REGISTRY_DIR/registry.pid" "mariadb:mariadbd:$MARIADB_DIR/mariadb.pid"; do
             pidfile="${service##*:}" command="${service#*:}" command="${command%%:*}"
             if pid_running "$pidfile" "$command"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
         done

@@ -13,6 +13,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use serde::Deserialize;
+use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::secret::{Secret, SecretConfig};
@@ -112,7 +113,7 @@ impl Endpoint {
     /// `url` with `tls` filling in the parameters it lacks, and `password`
     /// read for each new connection unless the URL has a password of its own.
     pub fn new(url: &str, tls: &PgTlsConfig, password: Option<&SecretConfig>) -> Endpoint {
-        if !is_postgres(url) {
+        if !is_postgres(url) && !is_mysql(url) {
             return Endpoint::from(url);
         }
         let Ok(mut parsed) = url::Url::parse(url) else {
@@ -182,6 +183,89 @@ impl Endpoint {
         })
     }
 
+    /// The options for a new MySQL or MariaDB connection with `secret` (read
+    /// from the source by the caller), or the URL's own password. The TLS
+    /// parameters are read in libpq's names and values, as for PostgreSQL
+    /// (`sslmode=verify-full`, `sslrootcert`, `sslcert`, `sslkey`), or in
+    /// the MySQL client's (`ssl-mode=VERIFY_IDENTITY`, `ssl-ca`, ...);
+    /// `mariadb://` is taken for `mysql://`.
+    ///
+    /// # Errors
+    /// The URL does not parse, or names an unknown `sslmode`.
+    pub fn mysql_options_with(&self, secret: Option<&Secret>) -> Result<MySqlConnectOptions, EndpointError> {
+        use sqlx::mysql::MySqlSslMode;
+        let url = match self.url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => self.url.clone(),
+        };
+        let mut parsed =
+            url::Url::parse(&url).map_err(|e| EndpointError::Url(sqlx::Error::Configuration(e.into())))?;
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        let tls_keys = [
+            "sslmode",
+            "ssl-mode",
+            "sslrootcert",
+            "ssl-ca",
+            "sslca",
+            "sslcert",
+            "ssl-cert",
+            "sslkey",
+            "ssl-key",
+        ];
+        parsed.set_query(None);
+        {
+            let mut query = parsed.query_pairs_mut();
+            for (key, value) in pairs.iter().filter(|(key, _)| !tls_keys.contains(&key.as_str())) {
+                query.append_pair(key, value);
+            }
+        }
+        let text = parsed.to_string();
+        let mut options = MySqlConnectOptions::from_str(text.trim_end_matches('?'))?;
+        let get = |keys: &[&str]| {
+            pairs
+                .iter()
+                .find(|(key, _)| keys.contains(&key.as_str()))
+                .map(|(_, value)| value.clone())
+        };
+        let root = get(&["sslrootcert", "ssl-ca", "sslca"]);
+        if let Some(mode) = get(&["sslmode", "ssl-mode"]) {
+            let mode = match mode.to_ascii_lowercase().replace('_', "-").as_str() {
+                "disable" | "disabled" => MySqlSslMode::Disabled,
+                "prefer" | "preferred" | "allow" => MySqlSslMode::Preferred,
+                // As libpq: with a root certificate, `require` verifies it.
+                "require" | "required" if root.is_some() => MySqlSslMode::VerifyCa,
+                "require" | "required" => MySqlSslMode::Required,
+                "verify-ca" => MySqlSslMode::VerifyCa,
+                "verify-full" | "verify-identity" => MySqlSslMode::VerifyIdentity,
+                other => {
+                    return Err(EndpointError::Url(sqlx::Error::Configuration(
+                        format!(
+                            "unknown sslmode {other:?}: use disable, prefer, require, verify-ca or verify-full"
+                        )
+                        .into(),
+                    )));
+                }
+            };
+            options = options.ssl_mode(mode);
+        }
+        if let Some(root) = root {
+            options = options.ssl_ca(root);
+        }
+        if let Some(cert) = get(&["sslcert", "ssl-cert"]) {
+            options = options.ssl_client_cert(cert);
+        }
+        if let Some(key) = get(&["sslkey", "ssl-key"]) {
+            options = options.ssl_client_key(key);
+        }
+        Ok(match secret {
+            Some(secret) => options.password(secret.expose()),
+            None => options,
+        })
+    }
+
     /// The password from its source, read now (`None`: the URL's or none).
     ///
     /// # Errors
@@ -200,6 +284,17 @@ impl Endpoint {
 
     /// `PostgreSQL at host:port (database "name")`, for messages.
     pub fn describe(&self) -> String {
+        if self.is_mysql() {
+            return match self.mysql_options_with(None) {
+                Ok(options) => format!(
+                    "MySQL at {}:{} (database {:?})",
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_database().unwrap_or_default()
+                ),
+                Err(_) => crate::redact::url(&self.url),
+            };
+        }
         match PgConnectOptions::from_str(&self.url) {
             Ok(options) => format!(
                 "PostgreSQL at {}:{} (database {:?})",
@@ -209,6 +304,11 @@ impl Endpoint {
             ),
             Err(_) => crate::redact::url(&self.url),
         }
+    }
+
+    /// Whether this is a MySQL or MariaDB database.
+    pub fn is_mysql(&self) -> bool {
+        is_mysql(&self.url)
     }
 
     /// Whether this is a SQLite database.
@@ -224,7 +324,7 @@ impl Endpoint {
         let Ok(url) = url::Url::parse(&self.url) else {
             return false;
         };
-        if !is_postgres(&self.url) {
+        if !is_postgres(&self.url) && !is_mysql(&self.url) {
             return false;
         }
         // `postgres://` is not a scheme the URL standard knows, so its host
@@ -244,8 +344,15 @@ impl Endpoint {
         };
         // `?host=/var/run/postgresql`: a Unix socket.
         let socket = self.parameter("host").is_some_and(|h| h.starts_with('/'));
-        let mode = self.parameter("sslmode");
-        !local && !socket && mode.as_deref().is_none_or(|m| m == "prefer" || m == "allow")
+        let mode = self
+            .parameter("sslmode")
+            .or_else(|| self.parameter("ssl-mode"))
+            .map(|m| m.to_ascii_lowercase());
+        !local
+            && !socket
+            && mode
+                .as_deref()
+                .is_none_or(|m| matches!(m, "prefer" | "allow" | "preferred"))
     }
 
     /// The value of URL parameter `key`.
@@ -260,6 +367,10 @@ impl Endpoint {
 
 fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+fn is_mysql(url: &str) -> bool {
+    url.starts_with("mysql://") || url.starts_with("mariadb://")
 }
 
 /// The password never shows.
@@ -363,6 +474,34 @@ mod tests {
         let without = Endpoint::new("postgres://u@h/db", &PgTlsConfig::default(), Some(&source));
         assert!(without.password_source().is_some());
         assert!(!format!("{with:?}").contains(":pw@"));
+    }
+
+    #[test]
+    fn a_mysql_url_takes_libpqs_tls_names_and_the_tls_table() {
+        use sqlx::mysql::MySqlSslMode;
+        let tls = PgTlsConfig {
+            mode: Some(SslMode::VerifyFull),
+            root_cert: Some("/etc/ca.pem".into()),
+            ..PgTlsConfig::default()
+        };
+        let endpoint = Endpoint::new("mariadb://u@db.example.com:3306/app", &tls, None);
+        let options = endpoint.mysql_options_with(None).expect("options");
+        assert!(matches!(options.get_ssl_mode(), MySqlSslMode::VerifyIdentity));
+        assert_eq!(options.get_database(), Some("app"));
+        assert_eq!(
+            endpoint.describe(),
+            "MySQL at db.example.com:3306 (database \"app\")"
+        );
+        assert!(!endpoint.may_fall_back_to_plaintext());
+        let native = Endpoint::from("mysql://u@db/app?ssl-mode=REQUIRED");
+        assert!(matches!(
+            native.mysql_options_with(None).expect("options").get_ssl_mode(),
+            MySqlSslMode::Required
+        ));
+        assert!(Endpoint::from("mysql://u@db.example.com/app").may_fall_back_to_plaintext());
+        let wrong = Endpoint::from("mysql://u@db/app?sslmode=sometimes");
+        let error = wrong.mysql_options_with(None).expect_err("refused").to_string();
+        assert!(error.contains("unknown sslmode \"sometimes\""), "{error}");
     }
 
     #[test]

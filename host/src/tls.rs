@@ -151,7 +151,7 @@ fn client_config(
         .map(drop)
 }
 
-/// A PostgreSQL connection's TLS or login failure, said with what to do;
+/// A PostgreSQL, MySQL or MariaDB connection's TLS or login failure, said with what to do;
 /// `None` when `error` is neither.
 pub fn pg_problem(endpoint: &Endpoint, error: &sqlx::Error) -> Option<String> {
     let host = host_of(endpoint.url());
@@ -169,13 +169,21 @@ pub fn pg_problem(endpoint: &Endpoint, error: &sqlx::Error) -> Option<String> {
                 "{message}: the server takes only TLS connections here; set sslmode=verify-full (or require) in the URL or [database.tls]"
             ));
         }
-        if db.code().as_deref() == Some("28P01") && endpoint.password_source().is_some() {
+        // PostgreSQL's invalid_password; MySQL's access denied.
+        if matches!(db.code().as_deref(), Some("28P01" | "28000")) && endpoint.password_source().is_some() {
             return Some(format!(
                 "{message}: the password from its password source (file or command) was refused; it is read again every refresh_seconds"
             ));
         }
     }
-    for key in ["sslrootcert", "sslcert", "sslkey"] {
+    for key in [
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "ssl-ca",
+        "ssl-cert",
+        "ssl-key",
+    ] {
         if let Some(path) = endpoint.parameter(key)
             && std::fs::metadata(&path).is_err()
         {

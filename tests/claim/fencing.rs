@@ -4,7 +4,7 @@
 
 use super::*;
 
-on_both_backends!(
+on_every_backend!(
     a_worker_that_lost_its_lease_cannot_ack,
     shutdown_release_makes_rows_claimable_without_counting_an_attempt,
     a_database_is_owned_by_one_relay_at_a_time,

@@ -1,7 +1,8 @@
 //! The claim and ack logic against real databases, one file per promise:
 //! order, fencing, rows as writers leave them, the schema, and cost. Each
-//! body runs on PostgreSQL and on SQLite where both can show it; late
-//! commits, which SQLite's single writer cannot produce, on PostgreSQL only.
+//! body runs on PostgreSQL, SQLite and MariaDB where each can show it;
+//! late commits, which SQLite's single writer cannot produce, on the
+//! servers only.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -17,8 +18,8 @@ use switchyard_tests::stall::{StallingProxy, gives_up_unanswered};
 
 const LEASE: Duration = Duration::from_secs(30);
 
-/// Runs a test body on both backends.
-macro_rules! on_both_backends {
+/// Runs a test body on every backend: PostgreSQL, SQLite and MariaDB.
+macro_rules! on_every_backend {
     ($($body:ident),* $(,)?) => {$(
         mod $body {
             #[tokio::test]
@@ -28,6 +29,27 @@ macro_rules! on_both_backends {
             #[tokio::test]
             async fn sqlite() {
                 super::$body(switchyard_tests::outbox::TestOutbox::sqlite().await).await;
+            }
+            #[tokio::test]
+            async fn mariadb() {
+                super::$body(switchyard_tests::outbox::TestOutbox::mariadb().await).await;
+            }
+        }
+    )*};
+}
+
+/// Runs a test body on the backends many relays share: PostgreSQL and
+/// MariaDB (SQLite has one writer; what it shows needs concurrent ones).
+macro_rules! on_shared_backends {
+    ($($body:ident),* $(,)?) => {$(
+        mod $body {
+            #[tokio::test]
+            async fn postgres() {
+                super::$body(switchyard_tests::outbox::TestOutbox::postgres().await).await;
+            }
+            #[tokio::test]
+            async fn mariadb() {
+                super::$body(switchyard_tests::outbox::TestOutbox::mariadb().await).await;
             }
         }
     )*};

@@ -1,5 +1,5 @@
-//! Shared harness for the integration tests: a fresh PostgreSQL database per
-//! test, nats-server processes per test, the example plugins built once, and
+//! Shared harness for the integration tests: a fresh PostgreSQL (or
+//! MariaDB) database per test, nats-server processes per test, the example plugins built once, and
 //! helpers to write events the way an application would.
 
 pub mod backlog;
@@ -10,6 +10,7 @@ pub mod config;
 pub mod fanout;
 pub mod fleet;
 pub mod kafka;
+pub mod mariadb;
 pub mod nats;
 pub mod orders;
 pub mod outbox;

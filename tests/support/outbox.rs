@@ -1,5 +1,5 @@
-//! One outbox per test on either backend, so a test body about claiming and
-//! acking runs unchanged on PostgreSQL and on SQLite.
+//! One outbox per test on any backend, so a test body about claiming and
+//! acking runs unchanged on PostgreSQL, SQLite and MariaDB.
 
 use std::time::Duration;
 
@@ -15,8 +15,24 @@ pub struct TestOutbox {
     pg: Option<sqlx::PgPool>,
     sqlite: Option<sqlx::SqlitePool>,
     sqlite_path: Option<std::path::PathBuf>,
-    /// `"postgres"` or `"sqlite"`.
+    mysql: Option<sqlx::MySqlPool>,
+    _mariadb: Option<super::mariadb::DropMariaDb>,
+    /// The database's URL.
+    pub url: String,
+    /// `"postgres"`, `"sqlite"` or `"mariadb"`.
     pub kind: &'static str,
+}
+
+/// Runs `$body` with `$pool` bound to whichever pool the outbox has.
+macro_rules! on_pool {
+    ($db:expr, $pool:ident => $body:expr) => {
+        match (&$db.pg, &$db.sqlite, &$db.mysql) {
+            (Some($pool), _, _) => $body,
+            (_, Some($pool), _) => $body,
+            (_, _, Some($pool)) => $body,
+            _ => unreachable!("one backend is set"),
+        }
+    };
 }
 
 impl TestOutbox {
@@ -34,8 +50,41 @@ impl TestOutbox {
             pg: Some(db.pool),
             sqlite: None,
             sqlite_path: None,
+            mysql: None,
+            _mariadb: None,
+            url: db.url,
             kind: "postgres",
         }
+    }
+
+    /// A fresh MariaDB database, migrated, connected as a relay connects
+    /// (READ COMMITTED, a statement bound).
+    pub async fn mariadb() -> TestOutbox {
+        let db = super::mariadb::fresh_database().await;
+        let store =
+            OutboxStore::connect_bounded(&db.url, 4, "switchyard-test", Some(Duration::from_secs(30)))
+                .await
+                .expect("connect");
+        store.migrate().await.expect("migrate mariadb");
+        TestOutbox {
+            store,
+            _database: None,
+            pg: None,
+            sqlite: None,
+            sqlite_path: None,
+            mysql: Some(db.pool),
+            _mariadb: Some(db.guard),
+            url: db.url,
+            kind: "mariadb",
+        }
+    }
+
+    /// The MariaDB pool, for a MariaDB outbox.
+    ///
+    /// # Panics
+    /// On another backend.
+    pub fn mysql_pool(&self) -> sqlx::MySqlPool {
+        self.mysql.clone().expect("a MariaDB outbox")
     }
 
     /// A fresh SQLite file.
@@ -51,6 +100,9 @@ impl TestOutbox {
             pg: None,
             sqlite: Some(pool),
             sqlite_path: Some(path),
+            mysql: None,
+            _mariadb: None,
+            url,
             kind: "sqlite",
         }
     }
@@ -76,12 +128,8 @@ impl TestOutbox {
     /// # Panics
     /// If the database refuses it.
     pub async fn execute(&self, sql: &str) {
-        match (&self.pg, &self.sqlite) {
-            (Some(pool), _) => sqlx::query(sql).execute(pool).await.map(drop),
-            (_, Some(pool)) => sqlx::query(sql).execute(pool).await.map(drop),
-            _ => unreachable!("one backend is set"),
-        }
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        on_pool!(self, pool => sqlx::raw_sql(sql).execute(pool).await.map(drop))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     /// Writes an event with payload `{"seq": seq}` for aggregate `o-<aggregate>`,
@@ -108,6 +156,17 @@ impl TestOutbox {
             .bind(&id)
             .bind(payload.to_string())
             .bind(delay_ms)
+            .execute(pool)
+            .await
+            .expect("insert");
+        } else if let Some(pool) = &self.mysql {
+            sqlx::query(
+                "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, not_before)
+                 VALUES ('order', ?, 'OrderUpdated', ?, NOW(6) + INTERVAL ? MICROSECOND)",
+            )
+            .bind(&id)
+            .bind(payload.to_string())
+            .bind(delay_ms.map(|ms| ms * 1000))
             .execute(pool)
             .await
             .expect("insert");
@@ -143,6 +202,18 @@ impl TestOutbox {
                 .execute(pool)
                 .await
                 .map(drop)
+        } else if let Some(pool) = &self.mysql {
+            let query = match event_id {
+                Some(_) => "INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+                            VALUES (?, 'order', ?, 'OrderUpdated', '{}')",
+                None => "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload)
+                         VALUES ('order', ?, 'OrderUpdated', '{}')",
+            };
+            let query = match event_id {
+                Some(event_id) => sqlx::query(query).bind(event_id).bind(aggregate_id),
+                None => sqlx::query(query).bind(aggregate_id),
+            };
+            query.execute(pool).await.map(drop)
         } else {
             unreachable!("one backend is set")
         };
@@ -151,46 +222,63 @@ impl TestOutbox {
 
     /// A row's status and last error.
     pub async fn status_of(&self, id: i64) -> (String, Option<String>) {
-        let sql = "SELECT status, last_error FROM switchyard_outbox WHERE id = $1";
-        match (&self.pg, &self.sqlite) {
-            (Some(pool), _) => sqlx::query_as(sql)
-                .bind(id)
-                .fetch_one(pool)
-                .await
-                .expect("status"),
-            (_, Some(pool)) => sqlx::query_as(sql)
-                .bind(id)
-                .fetch_one(pool)
-                .await
-                .expect("status"),
-            _ => unreachable!("one backend is set"),
-        }
+        let sql = self.numbered("SELECT status, last_error FROM switchyard_outbox WHERE id = $1");
+        on_pool!(self, pool => sqlx::query_as(&sql).bind(id).fetch_one(pool).await.expect("status"))
     }
 
     /// Rows in a status.
     pub async fn count(&self, status: &str) -> i64 {
-        let sql = "SELECT count(*) FROM switchyard_outbox WHERE status = $1";
-        match (&self.pg, &self.sqlite) {
-            (Some(pool), _) => sqlx::query_scalar(sql)
-                .bind(status)
-                .fetch_one(pool)
+        let sql = self.numbered("SELECT count(*) FROM switchyard_outbox WHERE status = $1");
+        on_pool!(self, pool => sqlx::query_scalar(&sql).bind(status).fetch_one(pool).await.expect("count"))
+    }
+
+    /// Runs `sql` in a transaction on a session of its own and keeps the
+    /// transaction open (its locks held, its changes uncommitted) until the
+    /// returned value is dropped, which rolls it back: another relay's
+    /// claim, caught between its statements.
+    pub async fn hold(&self, sql: &str) -> Held {
+        if let Some(pool) = &self.pg {
+            let mut tx = pool.begin().await.expect("begin");
+            sqlx::raw_sql(sql)
+                .execute(&mut *tx)
                 .await
-                .expect("count"),
-            (_, Some(pool)) => sqlx::query_scalar(sql)
-                .bind(status)
-                .fetch_one(pool)
+                .expect("held statement");
+            Held::Postgres(tx)
+        } else if let Some(pool) = &self.mysql {
+            let mut tx = pool.begin().await.expect("begin");
+            sqlx::raw_sql(sql)
+                .execute(&mut *tx)
                 .await
-                .expect("count"),
-            _ => unreachable!("one backend is set"),
+                .expect("held statement");
+            Held::MySql(tx)
+        } else {
+            panic!("SQLite has one writer: a held transaction blocks every claim")
         }
     }
 
     /// The single integer an SQL query without parameters returns.
     pub async fn scalar(&self, sql: &str) -> i64 {
-        match (&self.pg, &self.sqlite) {
-            (Some(pool), _) => sqlx::query_scalar(sql).fetch_one(pool).await.expect("scalar"),
-            (_, Some(pool)) => sqlx::query_scalar(sql).fetch_one(pool).await.expect("scalar"),
-            _ => unreachable!("one backend is set"),
-        }
+        on_pool!(self, pool => sqlx::query_scalar(sql).fetch_one(pool).await.expect("scalar"))
     }
+
+    /// `sql` with its `$n` parameters as MySQL's `?` on MariaDB (each
+    /// used once, in order).
+    fn numbered(&self, sql: &str) -> String {
+        if self.mysql.is_none() {
+            return sql.to_string();
+        }
+        let mut out = sql.to_string();
+        for n in (1..10).rev() {
+            out = out.replace(&format!("${n}"), "?");
+        }
+        out
+    }
+}
+
+/// A transaction left open by [`TestOutbox::hold`].
+pub enum Held {
+    /// On PostgreSQL.
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    /// On MariaDB.
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
 }

@@ -56,7 +56,10 @@ pub struct SourceColumns {
 /// Problems with `[source]` found without a database.
 pub fn static_problems(source: &SourceConfig, database_url: &str) -> Vec<String> {
     let mut problems = Vec::new();
-    if database_url.starts_with("sqlite:") {
+    if ["sqlite:", "mysql://", "mariadb://"]
+        .iter()
+        .any(|scheme| database_url.starts_with(scheme))
+    {
         problems.push("source: an existing table can be relayed from PostgreSQL only".into());
     }
     let mut names = vec![("source.table", source.table.as_str())];

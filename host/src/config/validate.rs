@@ -114,9 +114,11 @@ fn connection(problems: &mut Problems, config: &Config, key: &str, env: &str, db
         db.url.is_empty()
             || db.url.starts_with("postgres://")
             || db.url.starts_with("postgresql://")
+            || db.url.starts_with("mysql://")
+            || db.url.starts_with("mariadb://")
             || db.url.starts_with("sqlite:"),
         format!(
-            "{key}.url must start with postgres:// or sqlite: (got {:?})",
+            "{key}.url must start with postgres://, mysql://, mariadb:// or sqlite: (got {:?})",
             scheme(&db.url)
         ),
     );
@@ -293,8 +295,10 @@ pub(super) fn credential_problems(
     if endpoint.is_sqlite() {
         return problems;
     }
-    let root = endpoint.parameter("sslrootcert").map(std::path::PathBuf::from);
-    let (cert, private_key) = (endpoint.parameter("sslcert"), endpoint.parameter("sslkey"));
+    // libpq's names, or the MySQL client's on a MySQL URL.
+    let either = |a: &str, b: &str| endpoint.parameter(a).or_else(|| endpoint.parameter(b));
+    let root = either("sslrootcert", "ssl-ca").map(std::path::PathBuf::from);
+    let (cert, private_key) = (either("sslcert", "ssl-cert"), either("sslkey", "ssl-key"));
     let client = match (&cert, &private_key) {
         (Some(cert), Some(private_key)) => {
             Some((std::path::Path::new(cert), std::path::Path::new(private_key)))
@@ -325,6 +329,14 @@ fn check_database_url(key: &str, url: &str) -> Result<(), String> {
         sqlx::postgres::PgConnectOptions::from_str(url).map(drop)
     } else if url.starts_with("sqlite:") {
         sqlx::sqlite::SqliteConnectOptions::from_str(url).map(drop)
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        crate::endpoint::Endpoint::from(url)
+            .mysql_options_with(None)
+            .map(drop)
+            .map_err(|e| match e {
+                crate::endpoint::EndpointError::Url(e) => e,
+                other => sqlx::Error::Configuration(other.to_string().into()),
+            })
     } else {
         return Ok(());
     };

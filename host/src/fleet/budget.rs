@@ -144,6 +144,12 @@ fn server_of(url: &str) -> Option<String> {
     if url.starts_with("sqlite:") {
         return None;
     }
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        let options = crate::endpoint::Endpoint::from(url)
+            .mysql_options_with(None)
+            .ok()?;
+        return Some(format!("{}:{}", options.get_host(), options.get_port()));
+    }
     let options = sqlx::postgres::PgConnectOptions::from_str(url).ok()?;
     Some(format!("{}:{}", options.get_host(), options.get_port()))
 }

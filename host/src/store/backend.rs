@@ -182,6 +182,21 @@ macro_rules! dialect_queries {
                 .transpose()?)
         }
 
+        async fn status_counts(&self, ids: &[i64]) -> Result<BTreeMap<String, i64>, Error> {
+            let $this = self;
+            let rows: Vec<(String, i64)> = dialect::status_of_query($dialect, ids)
+                .build_query_as()
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(rows.into_iter().collect())
+        }
+    };
+}
+
+/// Dead letters back to pending by one `UPDATE ... RETURNING id`, on the
+/// backends that have it (MySQL has not: see `store::mysql`).
+macro_rules! returning_replay {
+    (|$this:ident| $dialect:expr) => {
         async fn replay_dead_letters(
             &self,
             filter: &DeadLetterFilter,
@@ -195,15 +210,6 @@ macro_rules! dialect_queries {
                     .fetch_all(&self.pool)
                     .await?,
             )
-        }
-
-        async fn status_counts(&self, ids: &[i64]) -> Result<BTreeMap<String, i64>, Error> {
-            let $this = self;
-            let rows: Vec<(String, i64)> = dialect::status_of_query($dialect, ids)
-                .build_query_as()
-                .fetch_all(&self.pool)
-                .await?;
-            Ok(rows.into_iter().collect())
         }
     };
 }

@@ -1,6 +1,6 @@
-//! What differs between the SQL of the two backends, in one place: the
-//! clock, time columns, column lists and the dead-letter filter; and the
-//! row decoding both share.
+//! What differs between the SQL of the backends, in one place: the clock,
+//! time columns, column lists and the dead-letter filter; and the row
+//! decoding they share.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +16,8 @@ pub(super) enum Dialect {
     /// whose rows count as pending until a claim moves them.
     Postgres(Generation),
     Sqlite,
+    /// MySQL 8 and MariaDB: sessions at time zone UTC, JSON read as text.
+    MySql,
 }
 
 /// SQLite's clock in milliseconds since the epoch, as its times are stored
@@ -28,6 +30,7 @@ impl Dialect {
         match self {
             Dialect::Postgres(_) => "now()",
             Dialect::Sqlite => SQLITE_NOW_MS,
+            Dialect::MySql => "NOW(6)",
         }
     }
 
@@ -36,7 +39,7 @@ impl Dialect {
     pub(super) fn dead(self) -> &'static str {
         match self {
             Dialect::Postgres(_) => "status = 'dead' AND queue = 4",
-            Dialect::Sqlite => "status = 'dead'",
+            Dialect::Sqlite | Dialect::MySql => "status = 'dead'",
         }
     }
 
@@ -45,6 +48,7 @@ impl Dialect {
         match self {
             Dialect::Postgres(_) => PG_ENTRY_COLUMNS,
             Dialect::Sqlite => SQLITE_ENTRY_COLUMNS,
+            Dialect::MySql => MYSQL_ENTRY_COLUMNS,
         }
     }
 }
@@ -81,7 +85,7 @@ pub(super) fn status_counts_sql(dialect: Dialect) -> String {
               + (SELECT count(*) FROM switchyard_outbox WHERE queue = 3)",
             "queue = 1",
         ),
-        Dialect::Sqlite => ("", "status IN ('pending', 'in_flight')"),
+        Dialect::Sqlite | Dialect::MySql => ("", "status IN ('pending', 'in_flight')"),
     };
     // Rows in the intake are pending (or delayed) until a claim moves them.
     let (intake_due, intake_delayed) = if dialect == Dialect::Postgres(Generation::Current) {
@@ -129,10 +133,44 @@ where
     i64: Encode<'a, DB> + Type<DB>,
     String: Encode<'a, DB> + Type<DB>,
 {
+    dead_letters_select(
+        dialect,
+        &format!("{}SELECT {}", explained(explain), dialect.entry_columns()),
+        filter,
+        after,
+        limit,
+    )
+}
+
+/// The ids of the dead letters [`dead_letters_query`] reads.
+pub(super) fn dead_letter_ids_query<'a, DB>(
+    dialect: Dialect,
+    filter: &DeadLetterFilter,
+    after: i64,
+    limit: u32,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    dead_letters_select(dialect, "SELECT id", filter, after, limit)
+}
+
+fn dead_letters_select<'a, DB>(
+    dialect: Dialect,
+    select: &str,
+    filter: &DeadLetterFilter,
+    after: i64,
+    limit: u32,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
     let mut query = QueryBuilder::new(format!(
-        "{}SELECT {} FROM switchyard_outbox WHERE {} AND id > ",
-        explained(explain),
-        dialect.entry_columns(),
+        "{select} FROM switchyard_outbox WHERE {} AND id > ",
         dialect.dead()
     ));
     query.push_bind(after);
@@ -162,7 +200,7 @@ where
     // filter the count reads the dead-letter index and not one row.
     let dead = match dialect {
         Dialect::Postgres(_) => "queue = 4",
-        Dialect::Sqlite => dialect.dead(),
+        Dialect::Sqlite | Dialect::MySql => dialect.dead(),
     };
     let mut query = QueryBuilder::new(format!(
         "{}SELECT count(*) FROM (SELECT 1 FROM switchyard_outbox WHERE {dead}",
@@ -198,6 +236,11 @@ where
             "switchyard_outbox WHERE queue = 3",
         ],
         Dialect::Sqlite => &["switchyard_outbox WHERE status IN ('pending', 'in_flight')"],
+        // The claim index, one status at a time: read in order, not sorted.
+        Dialect::MySql => &[
+            "switchyard_outbox WHERE status = 'pending'",
+            "switchyard_outbox WHERE status = 'in_flight'",
+        ],
     };
     for source in sources {
         query
@@ -221,7 +264,7 @@ where
     ));
     match dialect {
         Dialect::Postgres(_) => query.push("CAST(").push_bind(event_id).push(" AS uuid)"),
-        Dialect::Sqlite => query.push_bind(event_id),
+        Dialect::Sqlite | Dialect::MySql => query.push_bind(event_id),
     };
     query
 }
@@ -263,7 +306,9 @@ where
 
 /// Up to `batch` dead letters matching a filter, from id `after` on, back
 /// to pending (`replay`) or deleted (`purge`, `after` 0). PostgreSQL skips
-/// rows another statement has locked.
+/// rows another statement has locked. MySQL cannot select from the table a
+/// statement changes: its statement limits itself (`ORDER BY id LIMIT`),
+/// and returns nothing (its replay selects the ids first, locking them).
 pub(super) fn dead_letter_change_query<'a, DB>(
     dialect: Dialect,
     change: DeadLetterChange,
@@ -283,9 +328,19 @@ where
         (DeadLetterChange::Replay, Dialect::Sqlite) => {
             "UPDATE switchyard_outbox SET status = 'pending', attempts = 0, next_attempt_at = 0"
         }
+        (DeadLetterChange::Replay, Dialect::MySql) => {
+            "UPDATE switchyard_outbox SET status = 'pending', attempts = 0, next_attempt_at = '1970-01-01'"
+        }
         (DeadLetterChange::Purge, _) => "DELETE FROM switchyard_outbox",
     };
     let mut query = QueryBuilder::new(head);
+    if dialect == Dialect::MySql {
+        query.push(format!(" WHERE {} AND id > ", dialect.dead()));
+        query.push_bind(after);
+        push_filter(&mut query, dialect, filter);
+        query.push(" ORDER BY id LIMIT ").push_bind(i64::from(batch));
+        return query;
+    }
     query.push(format!(
         " WHERE id IN (SELECT id FROM switchyard_outbox WHERE {} AND id > ",
         dialect.dead()
@@ -322,6 +377,12 @@ const SQLITE_ENTRY_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, 
     plugin_version, tenant, headers AS headers_json, payload AS payload_json,
     length(payload_bytes) AS payload_bytes_len, deliveries AS deliveries_json";
 
+/// JSON is a type of its own on MySQL (text on MariaDB): read as text.
+const MYSQL_ENTRY_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, event_type,
+    status, attempts, CAST(UNIX_TIMESTAMP(created_at) * 1000 AS SIGNED) AS created_at_ms, last_error,
+    plugin_version, tenant, CAST(headers AS CHAR) AS headers_json, CAST(payload AS CHAR) AS payload_json,
+    CAST(octet_length(payload_bytes) AS SIGNED) AS payload_bytes_len, CAST(deliveries AS CHAR) AS deliveries_json";
+
 /// Columns the archive keeps (the relay's lease columns are dropped).
 pub(super) const ARCHIVE_COLUMNS: &str =
     "id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes,
@@ -345,6 +406,11 @@ where
         (Dialect::Sqlite, false) => {
             SQLITE_ENTRY_COLUMNS.replacen("payload AS payload_json", "CAST(NULL AS TEXT) AS payload_json", 1)
         }
+        (Dialect::MySql, false) => MYSQL_ENTRY_COLUMNS.replacen(
+            "CAST(payload AS CHAR) AS payload_json",
+            "CAST(NULL AS CHAR) AS payload_json",
+            1,
+        ),
     };
     let mut query = QueryBuilder::new(format!("SELECT {columns} FROM switchyard_outbox WHERE id = "));
     query.push_bind(id);
@@ -431,6 +497,10 @@ where
                     .push_bind(ms)
                     .push(" / 1000.0)"),
                 Dialect::Sqlite => query.push(format!(" AND created_at {op} ")).push_bind(ms),
+                Dialect::MySql => query
+                    .push(format!(" AND created_at {op} FROM_UNIXTIME("))
+                    .push_bind(ms)
+                    .push(" / 1000.0)"),
             };
         }
     }
@@ -455,12 +525,22 @@ where
                     .push_bind(target.clone())
                     .push(")");
             }
+            Dialect::MySql => {
+                query
+                    .push(
+                        " AND EXISTS (SELECT 1 FROM JSON_TABLE(JSON_EXTRACT(deliveries, '$.*'), '$[*]'
+                            COLUMNS (target VARCHAR(255) PATH '$.target', acked_at VARCHAR(64) PATH '$.acked_at')) AS d
+                          WHERE d.acked_at IS NULL AND d.target = ",
+                    )
+                    .push_bind(target.clone())
+                    .push(")");
+            }
         }
     }
     if let Some(text) = &filter.error_contains {
         let function = match dialect {
             Dialect::Postgres { .. } => "strpos",
-            Dialect::Sqlite => "instr",
+            Dialect::Sqlite | Dialect::MySql => "instr",
         };
         query
             .push(format!(" AND {function}(lower(coalesce(last_error, '')), lower("))
@@ -529,7 +609,11 @@ mod tests {
     /// expression must not silently read it again).
     #[test]
     fn an_entry_without_its_payload_does_not_select_it() {
-        for dialect in [Dialect::Postgres(Generation::Current), Dialect::Sqlite] {
+        for dialect in [
+            Dialect::Postgres(Generation::Current),
+            Dialect::Sqlite,
+            Dialect::MySql,
+        ] {
             let with: sqlx::QueryBuilder<'_, sqlx::Any> = entry_query(dialect, 1, true);
             let without: sqlx::QueryBuilder<'_, sqlx::Any> = entry_query(dialect, 1, false);
             let (with, without) = (with.sql().to_string(), without.sql().to_string());

@@ -1,6 +1,6 @@
-//! The outbox store: PostgreSQL (shared by many relays) or SQLite (the
-//! embedded default), migrations, claiming batches under a lease, and
-//! recording each row's outcome.
+//! The outbox store: PostgreSQL or MySQL/MariaDB (shared by many relays)
+//! or SQLite (the embedded default), migrations, claiming batches under a
+//! lease, and recording each row's outcome.
 //!
 //! # Ordering
 //! A row is claimed only when it is the *head* of its aggregate: no earlier row
@@ -17,6 +17,8 @@
 #[macro_use]
 mod backend;
 mod dialect;
+mod mysql;
+mod password;
 mod postgres;
 mod sqlite;
 mod types;
@@ -52,6 +54,9 @@ pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| migrator(embedded::PO
 
 /// The SQLite outbox migrations (embedded default), embedded in the binary.
 pub static SQLITE_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| migrator(embedded::SQLITE));
+
+/// The MySQL and MariaDB outbox migrations, embedded in the binary.
+pub static MYSQL_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| migrator(embedded::MYSQL));
 
 /// A migrator as `sqlx::migrate!` builds one: simple (up-only) migrations,
 /// each in a transaction unless its SQL starts with `-- no-transaction`,
@@ -130,6 +135,7 @@ impl From<crate::endpoint::EndpointError> for Error {
 enum AnyBackend {
     Postgres(postgres::Postgres),
     Sqlite(sqlite::Sqlite),
+    MySql(mysql::MySql),
 }
 
 /// Runs `$call` on whichever backend the store has: the one place that
@@ -139,6 +145,7 @@ macro_rules! dispatch {
         match &$store.backend {
             AnyBackend::Postgres($backend) => $call,
             AnyBackend::Sqlite($backend) => $call,
+            AnyBackend::MySql($backend) => $call,
         }
     };
 }
@@ -175,7 +182,8 @@ pub struct OutboxStore {
 
 impl OutboxStore {
     /// Connects a pool; the URL scheme picks the backend (`postgres://`,
-    /// `postgresql://` or `sqlite:`). A SQLite file is created if missing.
+    /// `postgresql://`, `mysql://`, `mariadb://` or `sqlite:`). A SQLite
+    /// file is created if missing.
     ///
     /// # Errors
     /// [`Error::Database`] when the database is unreachable or the URL is bad.
@@ -252,6 +260,10 @@ impl OutboxStore {
                 .await?;
             return Ok(OutboxStore::new_sqlite(pool));
         }
+        if endpoint.is_mysql() {
+            let backend = mysql::MySql::connect(&endpoint, max_connections, statement_timeout).await?;
+            return Ok(OutboxStore::with_backend(AnyBackend::MySql(backend)));
+        }
         let backend = postgres::Postgres::connect(
             &endpoint,
             &postgres::SessionOptions {
@@ -321,7 +333,7 @@ impl OutboxStore {
                 backend: AnyBackend::Postgres(backend.keeping_sessions(sessions)),
                 ..self
             },
-            AnyBackend::Sqlite(_) => self,
+            AnyBackend::Sqlite(_) | AnyBackend::MySql(_) => self,
         }
     }
 
@@ -332,7 +344,7 @@ impl OutboxStore {
                 store: self.clone(),
                 backend: backend.clone(),
             }),
-            AnyBackend::Sqlite(_) => None,
+            AnyBackend::Sqlite(_) | AnyBackend::MySql(_) => None,
         }
     }
 
@@ -342,14 +354,19 @@ impl OutboxStore {
         match &self.backend {
             AnyBackend::Postgres(backend) => backend.close().await,
             AnyBackend::Sqlite(backend) => backend.pool.close().await,
+            AnyBackend::MySql(backend) => backend.pool.close().await,
         }
     }
 
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"sqlite"`, `"mariadb"` or `"mysql"`.
     pub fn kind(&self) -> &'static str {
         match &self.backend {
             AnyBackend::Postgres(_) => "postgres",
             AnyBackend::Sqlite(_) => "sqlite",
+            AnyBackend::MySql(backend) => match backend.flavor() {
+                mysql::Flavor::MariaDb => "mariadb",
+                mysql::Flavor::MySql => "mysql",
+            },
         }
     }
 
@@ -371,6 +388,7 @@ impl OutboxStore {
         let migrator = match &self.backend {
             AnyBackend::Postgres(_) => &MIGRATOR,
             AnyBackend::Sqlite(_) => &SQLITE_MIGRATOR,
+            AnyBackend::MySql(_) => &MYSQL_MIGRATOR,
         };
         Ok(migrator
             .iter()
@@ -519,6 +537,9 @@ impl OutboxStore {
     /// connection running out. Only other errors are the database refusing
     /// what a row holds.
     fn transient(&self, error: &dyn sqlx::error::DatabaseError) -> bool {
+        if let AnyBackend::MySql(_) = self.backend {
+            return mysql::transient(error);
+        }
         let Some(code) = error.code() else {
             return false;
         };
@@ -531,6 +552,7 @@ impl OutboxStore {
             AnyBackend::Sqlite(_) => code
                 .parse::<i32>()
                 .is_ok_and(|code| matches!(code & 0xff, 5 | 6 | 10 | 13)),
+            AnyBackend::MySql(_) => false,
         }
     }
 

@@ -85,7 +85,7 @@ static SESSION_SETTINGS: LazyLock<String> = LazyLock::new(|| {
 /// its `statement_timeout` when given. The server is asked once first,
 /// alone: a pool reports an unreachable server or a missing database only
 /// as "pool timed out". With a password source, the pool's options are
-/// renewed while it lives (see [`renew_password`]); the returned guard
+/// renewed while it lives (see [`crate::store::password::renew`]); the returned guard
 /// stops that when the store goes.
 pub(super) async fn pool(
     endpoint: &Endpoint,
@@ -138,54 +138,17 @@ pub(super) async fn pool(
         .connect_lazy_with(options);
     let renewal = endpoint.password_source().map(|source| {
         let stop = CancellationToken::new();
-        tokio::spawn(renew_password(
+        tokio::spawn(crate::store::password::renew(
             pool.clone(),
             endpoint.clone(),
             source.refresh(),
             stop.clone(),
             secret,
+            |options, password| options.clone().password(password),
         ));
         stop.drop_guard()
     });
     Ok((pool, renewal))
-}
-
-/// Reads the password again every `every` and hands a changed one to the
-/// pool, for the sessions it opens next (LISTEN's too: it takes the pool's
-/// options). sqlx has no hook for each new connection; this is the one
-/// `Pool::set_connect_options` allows. A failed read is logged once per
-/// spell and the last good password kept.
-async fn renew_password(
-    pool: PgPool,
-    endpoint: Endpoint,
-    every: Duration,
-    stop: CancellationToken,
-    mut current: Option<crate::secret::Secret>,
-) {
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = stop.cancelled() => return,
-        }
-        match endpoint.password().await {
-            Ok(Some(secret)) => {
-                failing = false;
-                if current.as_ref() != Some(&secret) {
-                    let options = (*pool.connect_options()).clone().password(secret.expose());
-                    pool.set_connect_options(options);
-                    tracing::info!(database = %endpoint.describe(), "Password renewed for new sessions.");
-                    current = Some(secret);
-                }
-            }
-            Ok(None) => return,
-            Err(error) if !failing => {
-                failing = true;
-                tracing::warn!(%error, "Cannot read the database password again; new sessions use the last one read.");
-            }
-            Err(_) => {}
-        }
-    }
 }
 
 /// The driver's error without its generic prefix, and for a TLS failure

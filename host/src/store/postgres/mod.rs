@@ -407,6 +407,7 @@ impl Backend for Postgres {
     }
 
     dialect_queries!(|postgres| postgres.dialect().await?);
+    returning_replay!(|postgres| postgres.dialect().await?);
 
     async fn purge_dead_letters(&self, filter: &DeadLetterFilter, batch: u32) -> Result<u64, Error> {
         let dialect = self.dialect().await?;

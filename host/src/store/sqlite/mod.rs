@@ -373,6 +373,7 @@ impl Backend for Sqlite {
     }
 
     dialect_queries!(|_sqlite| DIALECT);
+    returning_replay!(|_sqlite| DIALECT);
 
     async fn purge_dead_letters(&self, filter: &DeadLetterFilter, batch: u32) -> Result<u64, Error> {
         Ok(
