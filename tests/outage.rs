@@ -14,9 +14,11 @@ use switchyard_tests::fanout::{AUDIT_STREAM, Copies, fan_out_config, verify_kafk
 use switchyard_tests::kafka::KafkaServer;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, tally, write_orders};
-use switchyard_tests::postgres::{Outbox, TestDb, all_published, count_status, fresh_db};
+use switchyard_tests::outbox::TestOutbox;
+use switchyard_tests::postgres::{Outbox, all_published, count_status, fresh_db};
 use switchyard_tests::relay::{InProcess, Process, RelaySection, parse};
-use switchyard_tests::workload::{Dice, Shape, plan, write_plan};
+use switchyard_tests::service::ServicePool;
+use switchyard_tests::workload::{Dice, Shape, plan};
 use switchyard_tests::{eventually, exclusive, init_logging, readyz_answers, with_admin};
 
 const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
@@ -32,8 +34,8 @@ const RESUME_BOUND: Duration = Duration::from_secs(5);
 /// Two transactions every 100 ms in the background, into `outbox`, shaped
 /// as a service writes them: several aggregates each, one to three events
 /// of each (about 140 events/s).
-fn write_steadily(db: &TestDb, outbox: Outbox) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
-    let pool = db.pool.clone();
+fn write_steadily(pool: &ServicePool, outbox: Outbox) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
+    let pool = pool.clone();
     tokio::spawn(async move {
         let mut expected = HashMap::new();
         let mut dice = Dice::new(11);
@@ -41,9 +43,7 @@ fn write_steadily(db: &TestDb, outbox: Outbox) -> tokio::task::JoinHandle<HashMa
         for _ in 0..ROUNDS {
             for _ in 0..2 {
                 let plan = plan(&mut dice, Shape::rows(outbox), AGGREGATES, 0, 1);
-                let mut tx = pool.begin().await.unwrap();
-                expected.extend(write_plan(&mut tx, &plan, &mut next_seq).await.unwrap());
-                tx.commit().await.unwrap();
+                expected.extend(pool.write_committed(&plan, &mut next_seq).await.unwrap());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -51,29 +51,12 @@ fn write_steadily(db: &TestDb, outbox: Outbox) -> tokio::task::JoinHandle<HashMa
     })
 }
 
-/// The database's clock now.
-async fn db_now(db: &TestDb) -> chrono::DateTime<chrono::Utc> {
-    sqlx::query_scalar("SELECT now()")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-}
-
 /// Waits until rows record that they wait for `out` without spending attempts.
-async fn rows_wait_for_the_target(db: &TestDb) {
+async fn rows_wait_for_the_target(pool: &ServicePool) {
     eventually(
         "rows waiting on the paused target",
         Duration::from_secs(30),
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM switchyard_outbox
-              WHERE waiting_on = ARRAY['out'] AND status = 'pending' AND attempts = 0",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        },
+        || async { (pool.waiting_without_attempts("out").await > 0).then_some(()) },
     )
     .await;
 }
@@ -84,21 +67,14 @@ async fn rows_wait_for_the_target(db: &TestDb) {
 /// [`RESUME_BOUND`] of it answering (`back`). A probe may connect while the
 /// test still waits for the broker, so that row may even precede `back`.
 async fn check_outcomes(
-    db: &TestDb,
+    pool: &ServicePool,
     total: usize,
     resuming: chrono::DateTime<chrono::Utc>,
     back: chrono::DateTime<chrono::Utc>,
 ) {
-    all_published(&db.pool, total as i64, Duration::from_secs(120)).await;
-    assert_eq!(count_status(&db.pool, "dead").await, 0, "nothing dead-lettered");
-    let first: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM min(published_at) - $2)::float8 FROM switchyard_outbox WHERE published_at > $1",
-    )
-    .bind(resuming)
-    .bind(back)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    all_published(pool, total as i64, Duration::from_secs(120)).await;
+    assert_eq!(count_status(pool, "dead").await, 0, "nothing dead-lettered");
+    let first = pool.first_publish_since(resuming, back).await;
     let first = Duration::from_secs_f64(first.expect("rows published after the return").max(0.0));
     assert!(
         first <= RESUME_BOUND,
@@ -111,27 +87,38 @@ async fn check_outcomes(
 /// it is back every event arrives, in order per aggregate, with no attempt
 /// spent.
 async fn broker_down(kind: &str, outbox: Outbox) {
+    let db = fresh_db().await;
+    broker_down_on(kind, &db.url, &(&db.pool).into(), outbox).await;
+    if outbox == Outbox::Intake {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_intake")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "rows left in the intake");
+    }
+}
+
+async fn broker_down_on(kind: &str, db_url: &str, pool: &ServicePool, outbox: Outbox) {
     init_logging();
     let _heavy = exclusive().await;
-    let db = fresh_db().await;
     let mut broker = Broker::start(kind).await;
     // The default publish timeout: Kafka's health check then outlives a
     // short bound on it, and must still see the outage.
     let relay_section = RelaySection::quick()
         .set("publish_timeout_ms", "5000")
         .set("lease_duration_ms", "12000");
-    let config = broker.config(&db.url, relay_section).toml();
+    let config = broker.config(db_url, relay_section).toml();
     let relay = InProcess::start(&parse(&config)).await;
-    let writer = write_steadily(&db, outbox);
+    let writer = write_steadily(pool, outbox);
 
     eventually(
         "some events published before the outage",
         Duration::from_secs(30),
-        || async { (count_status(&db.pool, "published").await > 0).then_some(()) },
+        || async { (count_status(pool, "published").await > 0).then_some(()) },
     )
     .await;
     broker.stop();
-    rows_wait_for_the_target(&db).await;
+    rows_wait_for_the_target(pool).await;
     let readiness = switchyard::admin::readiness(&relay.relay).await;
     let paused = &readiness.paused["out"];
     assert!(paused.waiting_rows.unwrap_or(0) > 0, "{paused:?}");
@@ -144,19 +131,12 @@ async fn broker_down(kind: &str, outbox: Outbox) {
         "the paused gauge"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let resuming = db_now(&db).await;
+    let resuming = pool.now().await;
     broker.resume().await;
-    let back = db_now(&db).await;
+    let back = pool.now().await;
 
     let expected = writer.await.unwrap();
-    check_outcomes(&db, expected.len(), resuming, back).await;
-    if outbox == Outbox::Intake {
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_intake")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        assert_eq!(left, 0, "rows left in the intake");
-    }
+    check_outcomes(pool, expected.len(), resuming, back).await;
     eventually("the target resumed", Duration::from_secs(10), || async {
         relay.relay.paused_targets().is_empty().then_some(())
     })
@@ -175,6 +155,12 @@ async fn broker_down(kind: &str, outbox: Outbox) {
         // A publish in flight when the broker died may be stored twice.
         assert!(tally.duplicates <= 2 * AGGREGATES, "{tally:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_down_over_mariadb_costs_no_attempt_and_everything_arrives_in_order() {
+    let db = TestOutbox::mariadb().await;
+    broker_down_on("nats", &db.url, &db.service_pool(), Outbox::Switchyard).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,7 +273,7 @@ async fn fan_out_with_nats_down(at_start: bool) {
         nats.stop();
     }
     let relay = InProcess::start(&parse(&config)).await;
-    let writer = write_steadily(&db, Outbox::Switchyard);
+    let writer = write_steadily(&(&db.pool).into(), Outbox::Switchyard);
     if !at_start {
         tokio::time::sleep(Duration::from_millis(500)).await;
         nats.stop();
@@ -343,16 +329,16 @@ async fn started_with_the_broker_down(kind: &str) {
     let mut relay = Process::spawn(SWITCHYARD, &config, "started-while-down");
     switchyard_tests::readyz_unready(admin, &["\"out\""]).await;
     let expected = write_orders(&db.pool, 10, 5, 2).await;
-    rows_wait_for_the_target(&db).await;
+    rows_wait_for_the_target(&(&db.pool).into()).await;
     assert!(!relay.has_exited(), "the relay stays up while its broker is down");
 
-    let resuming = db_now(&db).await;
+    let resuming = ServicePool::from(&db.pool).now().await;
     broker.resume().await;
     let returned = Instant::now();
-    let back = db_now(&db).await;
+    let back = ServicePool::from(&db.pool).now().await;
     readyz_answers(admin, 200).await;
     let ready = returned.elapsed();
-    check_outcomes(&db, expected.len(), resuming, back).await;
+    check_outcomes(&(&db.pool).into(), expected.len(), resuming, back).await;
     eprintln!(
         "{kind}: ready {ready:?} and everything published {:?} after the broker's return",
         returned.elapsed()

@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, verify, write_orders, write_orders_to};
+use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
     Outbox, all_published, count_status, fresh_db, place_event, place_order_event,
 };
 use switchyard_tests::relay::{
     InProcess, Process, Settings, example_config, kill_while_holding_leases, parse,
 };
+use switchyard_tests::service::ServicePool;
 use switchyard_tests::stall::StallingProxy;
 use switchyard_tests::workload::{Shape, write_events};
 use switchyard_tests::{eventually, init_logging};
@@ -150,29 +152,31 @@ async fn with_stream() -> (switchyard_tests::postgres::TestDb, NatsServer) {
     (db, nats)
 }
 
-/// A database, a stream and the config of relays with short leases, so a
+/// A stream and the config of relays on `db_url` with short leases, so a
 /// killed instance's rows come back quickly.
-async fn for_two_relays_and_a_kill() -> (switchyard_tests::postgres::TestDb, NatsServer, String) {
-    let (db, nats) = with_stream().await;
-    let settings = Settings::new(&db.url, &nats.url())
+async fn for_two_relays_and_a_kill(db_url: &str) -> (NatsServer, String) {
+    init_logging();
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let settings = Settings::new(db_url, &nats.url())
         .relay("lease_duration_ms", "3000")
         .relay("publish_timeout_ms", "1000");
     let config = example_config(&settings);
-    (db, nats, config)
+    (nats, config)
 }
 
 /// Relay A, then relay B beside it once A runs; A SIGKILLed while it holds
 /// leases; B left to publish `total` rows, then stopped. Returns how many
 /// leases A held when it died.
-async fn two_relays_one_killed(config: &str, db: &switchyard_tests::postgres::TestDb, total: i64) -> i64 {
+async fn two_relays_one_killed(config: &str, pool: &ServicePool, total: i64) -> i64 {
     let mut b = None;
-    let orphaned = kill_while_holding_leases(RELAY_BIN, config, &db.pool, || {
+    let orphaned = kill_while_holding_leases(RELAY_BIN, config, pool, || {
         if b.is_none() {
             b = Some(Process::spawn(RELAY_BIN, config, "relay-b"));
         }
     })
     .await;
-    all_published(&db.pool, total, Duration::from_secs(180)).await;
+    all_published(pool, total, Duration::from_secs(180)).await;
     if let Some(mut b) = b {
         b.terminate();
     }
@@ -181,19 +185,29 @@ async fn two_relays_one_killed(config: &str, db: &switchyard_tests::postgres::Te
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relay_processes_share_a_table_and_survive_a_kill() {
-    let (db, nats, config) = for_two_relays_and_a_kill().await;
+    let db = fresh_db().await;
+    two_relay_processes_share_a_table_and_survive_a_kill_on(&db.url, (&db.pool).into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relay_processes_share_a_mariadb_table_and_survive_a_kill() {
+    let db = TestOutbox::mariadb().await;
+    two_relay_processes_share_a_table_and_survive_a_kill_on(&db.url, db.service_pool()).await;
+}
+
+async fn two_relay_processes_share_a_table_and_survive_a_kill_on(db_url: &str, pool: ServicePool) {
+    let (nats, config) = for_two_relays_and_a_kill(db_url).await;
     // A service's transactions: several aggregates, one to three events each.
     let shape = Shape::rows(Outbox::Switchyard);
-    let expected = write_events(&db.pool, shape, 200, 10_000, 8, 31).await;
+    let expected = write_events(&pool, shape, 200, 10_000, 8, 31).await;
 
     // A starts first so that it meets a full backlog: started after B, it
     // could find B had drained most of it and never be caught holding leases.
-    let orphaned = two_relays_one_killed(&config, &db, expected.len() as i64).await;
+    let orphaned = two_relays_one_killed(&config, &pool, expected.len() as i64).await;
 
-    let taken_over: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let taken_over = pool
+        .scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
+        .await;
     assert!(
         taken_over >= orphaned,
         "the killed relay's rows were re-claimed after their leases expired"
@@ -541,7 +555,8 @@ async fn sessions_that_stop_answering_are_replaced() {
 /// ends empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_written_to_the_intake_arrive_in_order_across_two_relays_and_a_kill() {
-    let (db, nats, config) = for_two_relays_and_a_kill().await;
+    let db = fresh_db().await;
+    let (nats, config) = for_two_relays_and_a_kill(&db.url).await;
     let mut expected = write_orders_to(&db.pool, Outbox::Intake, 200, 30, 8).await;
     // Written while the relays run, one task per aggregate: moves race
     // the writers' commits.
@@ -564,7 +579,7 @@ async fn events_written_to_the_intake_arrive_in_order_across_two_relays_and_a_ki
             })
         })
         .collect();
-    assert!(two_relays_one_killed(&config, &db, 8_100).await > 0);
+    assert!(two_relays_one_killed(&config, &(&db.pool).into(), 8_100).await > 0);
     for writer in writers {
         expected.extend(writer.await.unwrap());
     }

@@ -20,6 +20,7 @@ pub mod pubsub;
 pub mod rabbitmq;
 pub mod registry;
 pub mod relay;
+pub mod service;
 pub mod stall;
 pub mod workload;
 

@@ -66,6 +66,10 @@ impl TestOutbox {
                 .await
                 .expect("connect");
         store.migrate().await.expect("migrate mariadb");
+        sqlx::raw_sql(super::service::MYSQL_ORDERS)
+            .execute(&db.pool)
+            .await
+            .expect("create orders");
         TestOutbox {
             store,
             _database: None,
@@ -76,6 +80,19 @@ impl TestOutbox {
             _mariadb: Some(db.guard),
             url: db.url,
             kind: "mariadb",
+        }
+    }
+
+    /// The server's pool as a service writes through it (PostgreSQL or
+    /// MariaDB).
+    ///
+    /// # Panics
+    /// On SQLite.
+    pub fn service_pool(&self) -> super::service::ServicePool {
+        match (&self.pg, &self.mysql) {
+            (Some(pool), _) => pool.into(),
+            (_, Some(pool)) => pool.into(),
+            _ => panic!("SQLite is no service's shared server"),
         }
     }
 

@@ -360,25 +360,22 @@ pub async fn insert_event(
 }
 
 /// Counts rows by status.
-pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = $1")
-        .bind(status)
-        .fetch_one(pool)
-        .await
-        .expect("count")
+pub async fn count_status(pool: impl Into<super::service::ServicePool>, status: &str) -> i64 {
+    pool.into().count_status(status).await
 }
 
 /// Waits until `total` rows are published, failing the test after `limit`
 /// with the rows' statuses, or at once when dead rows leave `total` out
 /// of reach (a dead row is never published), with their errors.
-pub async fn all_published(pool: &PgPool, total: i64, limit: std::time::Duration) {
+pub async fn all_published(
+    pool: impl Into<super::service::ServicePool>,
+    total: i64,
+    limit: std::time::Duration,
+) {
+    let pool = pool.into();
     let started = std::time::Instant::now();
     loop {
-        let statuses: Vec<(String, i64)> =
-            sqlx::query_as("SELECT status, count(*) FROM switchyard_outbox GROUP BY status ORDER BY status")
-                .fetch_all(pool)
-                .await
-                .expect("count by status");
+        let statuses = pool.statuses().await;
         let count = |name: &str| statuses.iter().find(|(s, _)| s == name).map_or(0, |(_, n)| *n);
         let (published, dead) = (count("published"), count("dead"));
         if published == total {
@@ -386,12 +383,7 @@ pub async fn all_published(pool: &PgPool, total: i64, limit: std::time::Duration
         }
         let all: i64 = statuses.iter().map(|(_, n)| n).sum();
         if dead > 0 && all - dead < total {
-            let errors: Vec<(String, Option<String>)> = sqlx::query_as(
-                "SELECT aggregate_id, last_error FROM switchyard_outbox WHERE status = 'dead' ORDER BY id LIMIT 3",
-            )
-            .fetch_all(pool)
-            .await
-            .expect("dead rows");
+            let errors = pool.first_dead().await;
             panic!(
                 "{dead} rows dead-lettered, so {total} cannot be published ({statuses:?}); the first: {errors:?}"
             );

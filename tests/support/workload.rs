@@ -7,10 +7,9 @@
 
 use std::collections::HashMap;
 
-use sqlx::PgPool;
-
 use super::orders::{Expected, order_event};
-use super::postgres::{Outbox, insert_event};
+use super::postgres::Outbox;
+use super::service::{ServiceConn, ServicePool};
 
 /// How a service writes.
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +112,18 @@ pub async fn write_plan(
     plan: &Plan,
     next_seq: &mut HashMap<usize, usize>,
 ) -> Result<Vec<(String, Expected)>, sqlx::Error> {
+    write_plan_with(conn, plan, next_seq).await
+}
+
+/// [`write_plan`] on a service connection of any database.
+///
+/// # Errors
+/// The database's; the caller's transaction is then to be rolled back.
+pub async fn write_plan_with<C: ServiceConn + ?Sized>(
+    conn: &mut C,
+    plan: &Plan,
+    next_seq: &mut HashMap<usize, usize>,
+) -> Result<Vec<(String, Expected)>, sqlx::Error> {
     let mut written = Vec::new();
     let most = plan.iter().map(|(_, count, _)| *count).max().unwrap_or(0);
     for round in 0..most {
@@ -122,9 +133,9 @@ pub async fn write_plan(
             }
             let seq = next_seq.entry(aggregate).or_default();
             let event = order_event(aggregate, *seq);
-            let id = insert_event(conn, outbox, &event).await?;
+            let id = conn.insert_event(outbox, &event).await?;
             written.push((
-                id.to_string(),
+                id,
                 Expected {
                     aggregate_id: event.aggregate_id,
                     seq: *seq as u64,
@@ -141,7 +152,7 @@ pub async fn write_plan(
 /// `shape` over its share of `aggregates` (so one aggregate's events are
 /// committed in sequence). Returns what the consumer should see.
 pub async fn write_transactions(
-    pool: &PgPool,
+    pool: impl Into<ServicePool>,
     shape: Shape,
     aggregates: usize,
     transactions: usize,
@@ -161,7 +172,7 @@ pub async fn write_transactions(
 
 /// [`write_transactions`] until at least `events` events are written.
 pub async fn write_events(
-    pool: &PgPool,
+    pool: impl Into<ServicePool>,
     shape: Shape,
     aggregates: usize,
     events: usize,
@@ -187,13 +198,14 @@ enum Until {
 }
 
 async fn write(
-    pool: &PgPool,
+    pool: impl Into<ServicePool>,
     shape: Shape,
     aggregates: usize,
     until: Until,
     writers: usize,
     seed: u64,
 ) -> HashMap<String, Expected> {
+    let pool: ServicePool = pool.into();
     let mut tasks = Vec::new();
     for writer in 0..writers {
         let pool = pool.clone();
@@ -208,9 +220,7 @@ async fn write(
             } {
                 let plan = plan(&mut dice, shape, aggregates, writer, writers);
                 let mut seqs = next_seq.clone();
-                let mut tx = pool.begin().await.expect("begin");
-                let events = write_plan(&mut tx, &plan, &mut seqs).await.expect("write");
-                tx.commit().await.expect("commit");
+                let events = pool.write_committed(&plan, &mut seqs).await.expect("write");
                 next_seq = seqs;
                 written.extend(events);
                 transactions += 1;
@@ -230,13 +240,13 @@ async fn write(
 /// (the database is down) is written again until it goes through. Returns
 /// what the consumer should see.
 pub fn paced_writer(
-    pool: &PgPool,
+    pool: impl Into<ServicePool>,
     shape: Shape,
     aggregates: usize,
     per_second: u64,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
-    let pool = pool.clone();
+    let pool: ServicePool = pool.into();
     tokio::spawn(async move {
         let mut expected = HashMap::new();
         let mut dice = Dice::new(0x5eed);
@@ -247,13 +257,7 @@ pub fn paced_writer(
             let plan = plan(&mut dice, shape, aggregates, 0, 1);
             let written = loop {
                 let mut seqs = next_seq.clone();
-                let attempt = async {
-                    let mut tx = pool.begin().await?;
-                    let written = write_plan(&mut tx, &plan, &mut seqs).await?;
-                    tx.commit().await?;
-                    Ok::<_, sqlx::Error>(written)
-                };
-                match attempt.await {
+                match pool.write_committed(&plan, &mut seqs).await {
                     Ok(written) => {
                         next_seq = seqs;
                         break written;
