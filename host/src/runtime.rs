@@ -259,7 +259,15 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
 /// # Errors
 /// The mismatch, saying what to do, or the database's error.
 pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
-    // SQLite has claim mode alone.
+    let report = store
+        .server_report()
+        .await
+        .context("cannot read the database server's settings")?;
+    for warning in &report.warnings {
+        tracing::warn!("{warning}");
+    }
+    anyhow::ensure!(report.problems.is_empty(), "{}", report.problems.join("\n  - "));
+    // SQLite, MySQL and MariaDB have claim mode alone.
     let Some(pg) = store.postgres() else {
         return Ok(());
     };

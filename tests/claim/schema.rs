@@ -205,3 +205,42 @@ async fn a_stricter_default_isolation_does_not_reach_the_relays_statements() {
         .unwrap();
     assert_eq!(dead, 0);
 }
+
+/// A MariaDB outbox the relay cannot claim from is refused at start (and
+/// by `validate`, which runs the same check), naming what to change: a
+/// table without the transactions and row locks claims need, and one made
+/// by hand without the columns the relay reads. The migrated table passes.
+#[tokio::test]
+async fn a_mariadb_table_the_relay_cannot_claim_from_is_named() {
+    let db = TestOutbox::mariadb().await;
+    let report = db.store.server_report().await.unwrap();
+    assert!(
+        report.problems.is_empty() && report.warnings.is_empty(),
+        "{report:?}"
+    );
+    switchyard::runtime::check_claim_mode(&db.store).await.unwrap();
+
+    db.execute("ALTER TABLE switchyard_outbox ENGINE = MyISAM").await;
+    let refused = switchyard::runtime::check_claim_mode(&db.store)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("switchyard_outbox is a MyISAM table"),
+        "{refused}"
+    );
+    assert!(refused.contains("ENGINE = InnoDB"), "{refused}");
+
+    db.execute(
+        "ALTER TABLE switchyard_outbox ENGINE = InnoDB, DROP COLUMN waiting_on, DROP COLUMN aggregate_key",
+    )
+    .await;
+    let refused = switchyard::runtime::check_claim_mode(&db.store)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("has no column waiting_on, aggregate_key"),
+        "{refused}"
+    );
+}

@@ -21,6 +21,9 @@ use tracing::{debug, info, warn};
 use super::{BatchError, BatchReport, Relay, health};
 use crate::store::{self, Claim};
 
+/// How soon a relay without NOTIFY polls again after a claim found rows.
+const POLL_UNDER_LOAD: Duration = Duration::from_millis(20);
+
 /// A claim statement slower than this is logged with its duration.
 const SLOW_CLAIM: Duration = Duration::from_secs(1);
 
@@ -155,7 +158,17 @@ impl ClaimFeed {
     async fn work(&self, worker: u32, wake: Arc<Notify>, shutdown: CancellationToken) {
         let poll = Duration::from_millis(self.relay.inner.config.poll_interval_ms);
         let idle_poll_max = self.relay.inner.config.idle_poll_max();
-        let mut idle_poll = crate::backoff::Backoff::new(poll, idle_poll_max).exact();
+        // Without NOTIFY (SQLite, MySQL, a relay told not to LISTEN) the
+        // poll is the only wake-up: right after a claim found rows, the
+        // next looks again soon, and polls that find nothing come further
+        // apart up to the interval. A steady writer's events wait tens of
+        // milliseconds; an idle database is asked twice a second.
+        let first_poll = if self.listen && self.relay.inner.store.postgres().is_some() {
+            poll
+        } else {
+            poll.min(POLL_UNDER_LOAD)
+        };
+        let mut idle_poll = crate::backoff::Backoff::new(first_poll, idle_poll_max).exact();
         let full = usize::try_from(self.relay.inner.config.batch_size).unwrap_or(usize::MAX);
         let mut db_backoff = crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         while !shutdown.is_cancelled() {

@@ -155,6 +155,7 @@ mod operations;
 
 mod ownership;
 mod relays;
+pub use mysql::ServerReport;
 pub use ownership::Ownership;
 pub use postgres::INTAKE_LOCK;
 pub(crate) use postgres::describe_connect_error;
@@ -345,6 +346,19 @@ impl OutboxStore {
                 backend: backend.clone(),
             }),
             AnyBackend::Sqlite(_) | AnyBackend::MySql(_) => None,
+        }
+    }
+
+    /// On MySQL and MariaDB, what the server and the outbox table lack
+    /// for the relay; nothing on the other databases, which their
+    /// migrations and the claim-mode check cover.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn server_report(&self) -> Result<ServerReport, Error> {
+        match &self.backend {
+            AnyBackend::MySql(backend) => backend.server_report().await,
+            AnyBackend::Postgres(_) | AnyBackend::Sqlite(_) => Ok(ServerReport::default()),
         }
     }
 

@@ -11,9 +11,11 @@
 //! not taken (the first test of `tests/claim/order.rs` holds the server to
 //! this).
 
+mod checks;
 mod connect;
 mod fleet;
 
+pub use checks::ServerReport;
 pub(crate) use connect::Flavor;
 
 use std::collections::BTreeMap;
