@@ -577,3 +577,95 @@ async fn a_capture_check_on_a_session_that_stops_answering_leaves_no_session_beh
     );
     store.close().await;
 }
+
+/// The book's row trigger for a Debezium-shaped table on MariaDB, run as
+/// the page shows it: each insert is copied in the writer's transaction,
+/// with the writer's event id and trace context (none when the column is
+/// NULL), and claimed and routed as any event; a rolled-back insert copies
+/// nothing.
+#[tokio::test]
+async fn the_books_mysql_trigger_copies_a_debezium_outbox_in_the_writers_transaction() {
+    let db = switchyard_tests::outbox::TestOutbox::mariadb().await;
+    let pool = db.mysql_pool();
+    sqlx::raw_sql(
+        "CREATE TABLE outbox (
+            id CHAR(36) PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, aggregateid VARCHAR(255) NOT NULL,
+            type VARCHAR(255) NOT NULL, payload JSON, tracingspancontext VARCHAR(512))",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let trigger = switchyard_tests::book::sql_block("how-to/existing-table.md", "outbox_to_switchyard");
+    sqlx::raw_sql(&trigger).execute(&pool).await.unwrap();
+
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let rows = [
+        (
+            "6f1c2a34-1111-4c39-8f5e-2b1d2c3d4e51",
+            "o-1",
+            "OrderCreated",
+            Some(traceparent),
+        ),
+        ("6f1c2a34-2222-4c39-8f5e-2b1d2c3d4e52", "o-1", "OrderPaid", None),
+        (
+            "6f1c2a34-3333-4c39-8f5e-2b1d2c3d4e53",
+            "o-2",
+            "OrderCreated",
+            None,
+        ),
+    ];
+    let mut tx = pool.begin().await.unwrap();
+    for (id, aggregate, kind, trace) in rows {
+        sqlx::query(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tracingspancontext)
+             VALUES (?, 'order', ?, ?, '{\"total_cents\": 100}', ?)",
+        )
+        .bind(id)
+        .bind(aggregate)
+        .bind(kind)
+        .bind(trace)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let mut rolled_back = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+         VALUES ('6f1c2a34-4444-4c39-8f5e-2b1d2c3d4e54', 'order', 'o-3', 'OrderCreated', '{}')",
+    )
+    .execute(&mut *rolled_back)
+    .await
+    .unwrap();
+    rolled_back.rollback().await.unwrap();
+
+    let claim = db.store.claim("a", 10, Duration::from_secs(30)).await.unwrap();
+    let limits = switchyard::router::Limits::from_config(&switchyard::config::RelayConfig::default());
+    let mut claimed: Vec<(String, String, Option<String>)> = claim
+        .rows
+        .iter()
+        .map(|row| {
+            let event = switchyard::router::event_from_row(row, &limits).expect("routable");
+            let trace = event
+                .headers
+                .iter()
+                .find(|(key, _)| key == "traceparent")
+                .map(|(_, value)| value.clone());
+            (event.event_id, row.aggregate_id.clone(), trace)
+        })
+        .collect();
+    claimed.sort();
+    assert_eq!(
+        claimed,
+        [
+            (
+                rows[0].0.to_string(),
+                "o-1".to_string(),
+                Some(traceparent.to_string())
+            ),
+            (rows[2].0.to_string(), "o-2".to_string(), None),
+        ],
+        "the heads of both aggregates, with the writer's ids; o-1's second waits"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM switchyard_outbox").await, 3);
+}

@@ -719,6 +719,47 @@ async fn retention_removes_only_published_rows_older_than_the_limit() {
         .await
         .unwrap();
     assert_eq!(archived, 0, "delete mode archives nothing");
+
+    // MariaDB, archive mode.
+    let retention = switchyard::config::RetentionConfig {
+        mode: switchyard::store::RetentionMode::Archive,
+        ..retention
+    };
+    let mariadb = switchyard_tests::outbox::TestOutbox::mariadb().await;
+    mariadb
+        .execute(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at, created_at)
+             SELECT 'order', CONCAT('old-', seq), 'OrderCreated', '{}', 'published',
+                    UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, NOW(6) - INTERVAL 3 HOUR FROM seq_1_to_25;
+             INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, published_at)
+             SELECT 'order', CONCAT('recent-', seq), 'OrderCreated', '{}', 'published',
+                    UTC_TIMESTAMP(6) - INTERVAL 10 MINUTE FROM seq_1_to_6;
+             INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload, status, created_at, not_before)
+             SELECT 'order', CONCAT('other-', seq, s), 'OrderCreated', '{}', s,
+                    NOW(6) - INTERVAL 3 HOUR, NOW(6) + INTERVAL 1 HOUR
+               FROM seq_1_to_2, (SELECT 'dead' AS s UNION ALL SELECT 'pending') AS statuses",
+        )
+        .await;
+    let removed = switchyard::retention::pass(&mariadb.store, &retention, None, &never)
+        .await
+        .unwrap();
+    assert_eq!(removed, 25);
+    assert_eq!(mariadb.scalar("SELECT count(*) FROM switchyard_outbox").await, 10);
+    assert_eq!(
+        mariadb
+            .scalar("SELECT count(*) FROM switchyard_outbox WHERE aggregate_id LIKE 'old-%'")
+            .await,
+        0
+    );
+    assert_eq!(
+        mariadb
+            .scalar(
+                "SELECT count(*) FROM switchyard_outbox_archive
+                  WHERE aggregate_id LIKE 'old-%' AND published_at < UTC_TIMESTAMP(6) - INTERVAL 1 HOUR"
+            )
+            .await,
+        25
+    );
 }
 
 /// `validate` starts each plugin with its config, as the relay would: a

@@ -931,3 +931,154 @@ async fn a_kafka_password_that_rotates_under_a_running_relay_loses_nothing() {
     );
     relay.stop().await;
 }
+
+/// A user of the test MariaDB that must log in over TLS with `password`,
+/// with every privilege on `database`; the URL it logs in by (`host`, no
+/// password, no TLS parameters).
+async fn mariadb_tls_user(
+    db: &switchyard_tests::outbox::TestOutbox,
+    password: &str,
+    host: &str,
+) -> (String, String) {
+    let user = format!("sy_tls_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let database = db.url.rsplit('/').next().unwrap().to_string();
+    db.execute(&format!(
+        "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}' REQUIRE SSL;
+         GRANT ALL PRIVILEGES ON `{database}`.* TO '{user}'@'127.0.0.1'"
+    ))
+    .await;
+    let server = url::Url::parse(&switchyard_tests::mariadb::server_url()).unwrap();
+    let url = format!("mysql://{user}@{host}:{}/{database}", server.port().unwrap());
+    (user, url)
+}
+
+/// TLS to MariaDB in libpq's words, with the messages PostgreSQL's faults
+/// get: the relay logs in over verified TLS (its user is refused any other
+/// way); another CA, a host the certificate does not name and a refused
+/// password from its source are each said as for PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_over_verify_full_and_each_mistake_said_as_for_postgresql() {
+    init_logging();
+    let db = switchyard_tests::outbox::TestOutbox::mariadb().await;
+    let (user, url) = mariadb_tls_user(&db, "tls-password-1", "localhost").await;
+    let ca = tls_file("ca.pem");
+    let secret = std::env::temp_dir().join(format!("sy-{user}"));
+    std::fs::write(&secret, "tls-password-1\n").unwrap();
+    let password = switchyard::secret::SecretConfig::from_file(secret.clone());
+    let endpoint = |url: &str, mode: switchyard::store::SslMode, root: &str| {
+        let tls = switchyard::store::PgTlsConfig {
+            mode: Some(mode),
+            root_cert: Some(root.into()),
+            ..switchyard::store::PgTlsConfig::default()
+        };
+        switchyard::store::Endpoint::new(url, &tls, Some(&password))
+    };
+    use switchyard::store::SslMode;
+    let store = switchyard::OutboxStore::connect(endpoint(&url, SslMode::VerifyFull, &ca), 2)
+        .await
+        .expect("verify-full with the test CA connects");
+    store
+        .claim("tls", 10, Duration::from_secs(30))
+        .await
+        .expect("claims over TLS");
+    store.close().await;
+    // Without TLS the user is refused: what connected above was TLS.
+    let plain = refusal(&format!(
+        "{}?sslmode=disable",
+        url.replace(&format!("{user}@"), &format!("{user}:tls-password-1@"))
+    ))
+    .await;
+    assert!(plain.contains("Access denied"), "{plain}");
+
+    let wrong_ca =
+        switchyard::OutboxStore::connect(endpoint(&url, SslMode::VerifyFull, &tls_file("other-ca.pem")), 2)
+            .await
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+    assert!(
+        wrong_ca.contains("not signed by a CA in sslrootcert"),
+        "{wrong_ca}"
+    );
+    assert!(wrong_ca.contains("MySQL at localhost"), "{wrong_ca}");
+
+    let by_address = url.replace("@localhost:", "@127.0.0.1:");
+    let message = switchyard::OutboxStore::connect(endpoint(&by_address, SslMode::VerifyFull, &ca), 2)
+        .await
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("does not name 127.0.0.1"), "{message}");
+
+    std::fs::write(&secret, "not-the-password\n").unwrap();
+    let message = switchyard::OutboxStore::connect(endpoint(&url, SslMode::VerifyFull, &ca), 2)
+        .await
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("the password from its password source (file or command) was refused"),
+        "{message}"
+    );
+    assert!(!message.contains("not-the-password"), "{message}");
+    let _ = std::fs::remove_file(&secret);
+}
+
+/// A MariaDB password that rotates under a running relay process: the
+/// server's changes, the file the relay's command reads follows, the
+/// relay's sessions are killed, and events written after go through on
+/// sessions logged in with the new password, none dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_mariadb_password_reaches_the_relays_new_sessions() {
+    init_logging();
+    let db = switchyard_tests::outbox::TestOutbox::mariadb().await;
+    let (user, url) = mariadb_tls_user(&db, "first-password", "localhost").await;
+    let file = std::env::temp_dir().join(format!("sy-{user}"));
+    std::fs::write(&file, "first-password\n").unwrap();
+    let command = vec![toml::Value::from("cat"), path(&file)];
+    let password = table(&[("command", command.into()), ("refresh_seconds", 1.into())]);
+    let nats = nats().await;
+    let url = format!("{url}?sslmode=verify-full&sslrootcert={}", tls_file("ca.pem"));
+    let config = example(&Settings::new(&url, &nats.url()))
+        .database("password", password)
+        .toml();
+    let mut relay = Process::spawn(SWITCHYARD, &config, "relay-rotating-mariadb");
+    let pool = db.service_pool();
+    let write = |from: usize| {
+        let pool = pool.clone();
+        async move {
+            let mut seqs = HashMap::new();
+            for i in from..from + 10 {
+                let plan = vec![(i, 1, switchyard_tests::postgres::Outbox::Switchyard)];
+                pool.write_committed(&plan, &mut seqs).await.unwrap();
+            }
+        }
+    };
+    write(0).await;
+    wait_for_stream(&nats, 10, 60).await;
+    db.execute(&format!(
+        "ALTER USER '{user}'@'127.0.0.1' IDENTIFIED BY 'second-password'"
+    ))
+    .await;
+    std::fs::write(&file, "second-password\n").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sessions = pool
+        .scalar(&format!(
+            "SELECT count(*) FROM information_schema.processlist WHERE user = '{user}'"
+        ))
+        .await;
+    assert!(sessions > 0, "the relay's sessions are its user's");
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM information_schema.processlist WHERE user = ?")
+        .bind(&user)
+        .fetch_all(&db.mysql_pool())
+        .await
+        .unwrap();
+    for id in ids {
+        let _ = sqlx::query(&format!("KILL {id}")).execute(&db.mysql_pool()).await;
+    }
+    write(100).await;
+    wait_for_stream(&nats, 20, 60).await;
+    assert_eq!(db.count("dead").await, 0);
+    relay.terminate();
+    let _ = std::fs::remove_file(&file);
+}

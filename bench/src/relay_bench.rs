@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 mod large_reload;
 mod many;
+mod mysql;
 mod peer;
 mod replication;
 mod slot_spread;
@@ -118,6 +119,11 @@ struct Args {
     /// With --many-databases: `[connections] per_server` for the relay.
     #[arg(long, requires = "many_databases")]
     connections_per_server: Option<u32>,
+    /// Only PostgreSQL claim mode against MariaDB claim mode: a drain of
+    /// --rows (use 100000), and the server's CPU per event and latency at
+    /// 100 and 500 events/s, in --repeat rounds.
+    #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread", "steady"])]
+    mysql: bool,
     /// Where to write the latency plot.
     #[arg(long, default_value = "docs/src/benchmarks/latency.svg")]
     plot: PathBuf,
@@ -227,6 +233,8 @@ struct CpuMark {
     nats: f64,
     tansu: f64,
     relay: f64,
+    /// MariaDB's one process.
+    mariadb: f64,
 }
 
 impl CpuMark {
@@ -245,6 +253,7 @@ impl CpuMark {
                     mark.postgres.insert(stat.pid, own + reaped);
                 }
                 "nats-server" => mark.nats += own,
+                "mariadbd" => mark.mariadb += own,
                 "tansu" => mark.tansu += own,
                 // The peer relay (bench/peer), a child, counts as the relay.
                 _ if stat.pid == me || (stat.comm == "node" && stat.ppid == me) => mark.relay += own,
@@ -1254,6 +1263,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.steady {
         return steady::run(&services, &args).await;
+    }
+    if args.mysql {
+        return mysql::run(&services, &args).await;
     }
     if !args.many_databases.is_empty() {
         return many::run(

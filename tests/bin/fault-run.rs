@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|registry-swaps|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -67,6 +67,10 @@
 //! the tag moved MOVES times across Rust, Python, JavaScript and batch
 //! builds; prints each move's pull and compile time and the time from the
 //! push to the first event the new digest routed.
+//! `mariadb-kills [EVENTS] [KILLS]` (100,000 and 20), `mariadb-down-nats
+//! [MINUTES]` (2), `mariadb-restart [RESTARTS]` (2): the kills, a NATS
+//! outage under writers and the database restarted under writers, on a
+//! MariaDB outbox in claim mode.
 //! `fleet-kills DATABASES KILLS` (50 and 10 by default): three relays
 //! share DATABASES databases out with `[ownership]`, writers in all of
 //! them, a relay SIGKILLed KILLS times; prints each takeover's time.
@@ -85,6 +89,8 @@ use switchyard_tests::workload::{Shape, write_events};
 
 #[path = "fault-run/fleet.rs"]
 mod fleet;
+#[path = "fault-run/mariadb.rs"]
+mod mariadb;
 #[path = "fault-run/outage.rs"]
 mod outage;
 #[path = "fault-run/registry.rs"]
@@ -148,6 +154,19 @@ async fn main() {
         let databases = second.map_or(50, |n| n as usize);
         let kills = if rounds == 0 { 10 } else { rounds };
         fleet::kills_run(&relay_bin, databases, kills).await;
+        return;
+    }
+    if let Some(scenario) = which.strip_prefix("mariadb-") {
+        let row = match scenario {
+            "kills" => mariadb::kills_run(&relay_bin, events, if rounds == 0 { 20 } else { rounds }).await,
+            "down-nats" => {
+                let minutes = second.unwrap_or(2);
+                mariadb::broker_down_run(&relay_bin, Duration::from_secs(60 * minutes)).await
+            }
+            "restart" => mariadb::restart_run(&relay_bin, second.map_or(2, |n| n as usize)).await,
+            other => panic!("no MariaDB run {other:?}: kills, down-nats or restart"),
+        };
+        print_rows(vec![row]);
         return;
     }
     if which == "registry-swaps" {

@@ -1,5 +1,6 @@
 //! The claim and ack logic against real databases, one file per promise:
-//! order, fencing, rows as writers leave them, the schema, and cost. Each
+//! order, fencing, rows as writers leave them, dead letters, the schema,
+//! and cost. Each
 //! body runs on PostgreSQL, SQLite and MariaDB where each can show it;
 //! late commits, which SQLite's single writer cannot produce, on the
 //! servers only.
@@ -56,6 +57,7 @@ macro_rules! on_shared_backends {
 }
 
 mod cost;
+mod dead_letters;
 mod fencing;
 mod order;
 mod rows;

@@ -244,3 +244,21 @@ async fn a_mariadb_table_the_relay_cannot_claim_from_is_named() {
         "{refused}"
     );
 }
+
+/// Each MariaDB test database goes away with its test, even when the test
+/// left a transaction open in it.
+#[tokio::test]
+async fn mariadb_test_databases_are_dropped_when_the_test_ends() {
+    let db = TestOutbox::mariadb().await;
+    let name = db.url.rsplit('/').next().unwrap().to_string();
+    let held = db.hold("SELECT id FROM switchyard_outbox FOR UPDATE").await;
+    std::mem::forget(held);
+    drop(db);
+    let admin = switchyard_tests::outbox::TestOutbox::mariadb().await;
+    let left = admin
+        .scalar(&format!(
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = '{name}'"
+        ))
+        .await;
+    assert_eq!(left, 0, "database {name} is still there");
+}

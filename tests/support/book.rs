@@ -30,6 +30,24 @@ pub fn snippets(page: &str) -> Vec<String> {
     blocks
 }
 
+/// The one ```` ```sql ```` block of `page` that contains `marker`.
+///
+/// # Panics
+/// When no block, or more than one, contains it.
+#[must_use]
+pub fn sql_block(page: &str, marker: &str) -> String {
+    let path = crate::workspace_root().join("docs/src").join(page);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let found: Vec<&str> = text
+        .split("```sql\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("\n```").map(|(block, _)| block))
+        .filter(|block| block.contains(marker))
+        .collect();
+    assert_eq!(found.len(), 1, "{page}: one sql block with {marker:?}");
+    found[0].to_string()
+}
+
 /// The one snippet of `page` that contains `marker`.
 ///
 /// # Panics

@@ -44,7 +44,7 @@ impl Drop for DropMariaDb {
                 // A test that failed mid-transaction leaves sessions whose
                 // runtime is gone, holding locks the DROP would wait on
                 // for a day (lock_wait_timeout's default).
-                let sessions: Vec<u64> = sqlx::query_scalar(
+                let sessions: Vec<i64> = sqlx::query_scalar(
                     "SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()",
                 )
                 .bind(&name)

@@ -54,6 +54,14 @@ impl ServicePool {
     /// # Panics
     /// When the database refuses the query.
     pub async fn count_status(&self, status: &str) -> i64 {
+        self.try_count_status(status).await.expect("count")
+    }
+
+    /// [`ServicePool::count_status`], the database's error returned.
+    ///
+    /// # Errors
+    /// The database's (it may be restarting).
+    pub async fn try_count_status(&self, status: &str) -> Result<i64, sqlx::Error> {
         match self {
             ServicePool::Postgres(pool) => {
                 sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = $1")
@@ -68,7 +76,6 @@ impl ServicePool {
                     .await
             }
         }
-        .expect("count")
     }
 
     /// Rows and their count of each status.

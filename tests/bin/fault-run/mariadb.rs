@@ -1,0 +1,240 @@
+//! The fault runs on a MariaDB outbox (claim mode): relays SIGKILLed while
+//! they hold leases, NATS down for minutes, MariaDB restarted, each under
+//! writers shaped as a service's (several aggregates per transaction, one
+//! to three events of each), counted by the consumer as the PostgreSQL
+//! runs are.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::{Expected, tally};
+use switchyard_tests::outbox::TestOutbox;
+use switchyard_tests::postgres::Outbox;
+use switchyard_tests::relay::Process;
+use switchyard_tests::service::ServicePool;
+use switchyard_tests::workload::{Shape, paced_writer, write_events};
+
+use super::{AGGREGATES, Row, STREAM, settings};
+
+/// Transactions a second of the paced writers (about 3.5 aggregates of
+/// two events each: some 700 events a second).
+const TRANSACTIONS: u64 = 100;
+
+/// Rows published so far, asked again while the server is away.
+async fn published(pool: &ServicePool) -> i64 {
+    loop {
+        match pool.try_count_status("published").await {
+            Ok(count) => return count,
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Waits until every expected event is published, then counts what the
+/// consumer got.
+async fn finish(
+    scenario: String,
+    pool: &ServicePool,
+    nats: &NatsServer,
+    expected: &HashMap<String, Expected>,
+    started: Instant,
+) -> Row {
+    let total = expected.len() as i64;
+    let limit = Instant::now() + Duration::from_secs(900);
+    while published(pool).await < total && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drain_s = started.elapsed().as_secs_f64();
+    let worst = pool
+        .scalar(
+            "SELECT coalesce(max(TIMESTAMPDIFF(MICROSECOND, created_at, published_at)), 0)
+               FROM switchyard_outbox",
+        )
+        .await as f64
+        / 1e6;
+    let dead = pool.count_status("dead").await;
+    let received = nats.read_stream(STREAM).await;
+    let counted = tally(&received, expected);
+    eprintln!("{scenario}: {counted:?}, {dead} dead");
+    Row::counted(
+        format!("MariaDB: {scenario}"),
+        expected.len(),
+        counted,
+        worst,
+        drain_s,
+    )
+}
+
+async fn stream() -> NatsServer {
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    nats
+}
+
+/// Three relays drain `events` written while they run; one at a time is
+/// SIGKILLed while it holds leases, and started again, `kills` times.
+pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
+    let db = TestOutbox::mariadb().await;
+    let pool = db.service_pool();
+    let nats = stream().await;
+    let config = settings(&db.url, &nats.url()).toml();
+    let mut relays: Vec<Process> = (0..3)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let writer = tokio::spawn({
+        let pool = pool.clone();
+        async move { write_events(&pool, Shape::rows(Outbox::Switchyard), AGGREGATES, events, 8, 5).await }
+    });
+    let (mut done, mut generation) = (0, 0);
+    while done < kills {
+        let victim = done % relays.len();
+        let owner = format!("relay-{victim}");
+        let holds = pool
+            .scalar(&format!(
+                "SELECT count(*) FROM switchyard_outbox WHERE status = 'in_flight' AND lease_owner LIKE '{owner}%'"
+            ))
+            .await;
+        if holds == 0 {
+            if writer.is_finished() && published(&pool).await >= events as i64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        relays[victim].kill();
+        generation += 1;
+        eprintln!("kill {}: {owner} held {holds} leases", done + 1);
+        relays[victim] = Process::spawn(relay_bin, &config, &format!("{owner}-{generation}"));
+        done += 1;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let expected = writer.await.expect("writer");
+    let row = finish(
+        format!("{done} SIGKILLs, 3 relays"),
+        &pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
+}
+
+/// Two relays, writers at [`TRANSACTIONS`] a second; NATS stopped for
+/// `outage` after 30 s and started again with its store, writing going on
+/// 30 s after its return.
+pub async fn broker_down_run(relay_bin: &str, outage: Duration) -> Row {
+    let db = TestOutbox::mariadb().await;
+    let pool = db.service_pool();
+    let mut nats = stream().await;
+    let config = settings(&db.url, &nats.url()).toml();
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = paced_writer(
+        &pool,
+        Shape::rows(Outbox::Switchyard),
+        AGGREGATES,
+        TRANSACTIONS,
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    nats.stop();
+    eprintln!("NATS down at {} published", published(&pool).await);
+    tokio::time::sleep(outage).await;
+    let waiting = pool.waiting_without_attempts("out").await;
+    nats.resume().await;
+    eprintln!("NATS back; {waiting} rows waited on it without spending an attempt");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    stop.cancel();
+    let expected = writer.await.expect("writer");
+    let row = finish(
+        format!("NATS down {} s, 2 relays, writers going on", outage.as_secs()),
+        &pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
+}
+
+/// Stops the project's MariaDB (SIGTERM: a clean shutdown that cuts every
+/// session) and starts it again through the services script.
+fn restart_mariadb() {
+    let state = std::env::var("SWITCHYARD_STATE_DIR").unwrap_or_else(|_| "/tmp/switchyard-services".into());
+    let pid_file = format!("{state}/mariadb/mariadb.pid");
+    let pid = std::fs::read_to_string(&pid_file).expect("MariaDB's pid file");
+    let pid = pid.trim().to_string();
+    let _ = std::process::Command::new("kill").arg(&pid).status();
+    let gone = Instant::now() + Duration::from_secs(60);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < gone {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let script = switchyard_tests::workspace_root().join("scripts/services.sh");
+    let status = std::process::Command::new(script)
+        .arg("start")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("scripts/services.sh start");
+    assert!(status.success(), "MariaDB did not start again");
+}
+
+/// Two relays, writers at [`TRANSACTIONS`] a second (a transaction the
+/// server drops is written again); MariaDB restarted `restarts` times,
+/// 20 s apart.
+pub async fn restart_run(relay_bin: &str, restarts: usize) -> Row {
+    let db = TestOutbox::mariadb().await;
+    let pool = db.service_pool();
+    let nats = stream().await;
+    let config = settings(&db.url, &nats.url()).toml();
+    let mut relays: Vec<Process> = (0..2)
+        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+        .collect();
+    let started = Instant::now();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = paced_writer(
+        &pool,
+        Shape::rows(Outbox::Switchyard),
+        AGGREGATES,
+        TRANSACTIONS,
+        stop.clone(),
+    );
+    for round in 1..=restarts {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let at = Instant::now();
+        tokio::task::spawn_blocking(restart_mariadb)
+            .await
+            .expect("restart");
+        eprintln!(
+            "MariaDB restarted ({round}), down {:.1} s, {} published",
+            at.elapsed().as_secs_f64(),
+            published(&pool).await
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    stop.cancel();
+    let expected = writer.await.expect("writer");
+    let row = finish(
+        format!("MariaDB restarted {restarts} times under writers, 2 relays"),
+        &pool,
+        &nats,
+        &expected,
+        started,
+    )
+    .await;
+    for relay in &mut relays {
+        relay.terminate();
+    }
+    row
+}
