@@ -1112,3 +1112,108 @@ async fn in_replication_mode_the_overview_shows_the_slot_its_reader_and_the_wal_
     })
     .await;
 }
+
+/// The hidden fields of the page's confirm form, as the browser posts them.
+fn confirm_fields(page: &str) -> String {
+    let form = page
+        .split("<form class=\"confirm\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</form>").next())
+        .expect("a confirm form");
+    form.split("<input type=\"hidden\" ")
+        .skip(1)
+        .filter_map(|input| {
+            let name = input.split("name=\"").nth(1)?.split('"').next()?;
+            let value = input.split("value=\"").nth(1)?.split('"').next()?;
+            Some(format!(
+                "{name}={}",
+                url::form_urlencoded::byte_serialize(value.as_bytes()).collect::<String>()
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// The console over a relay process on MariaDB, through its pages as a
+/// browser requests them: poison events dead-lettered by the stream's size
+/// limit are listed and filtered, one opens, and once the stream is widened
+/// a replay through the confirm form publishes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mariadb_dead_letters_are_listed_opened_and_replayed_from_the_console() {
+    init_logging();
+    let db = switchyard_tests::outbox::TestOutbox::mariadb().await;
+    let nats = NatsServer::start().await;
+    stream(&nats, STREAM_LIMIT).await;
+    let config = TestConfig::new(&db.url)
+        .tuning(RelaySection::quick().set("max_attempts", "2"))
+        .plugin(
+            Plugin::new("router", &plugin("route_by_type"))
+                .config("target", "events")
+                .config("topic", "orders.{event_type}"),
+        )
+        .target("events", Target::nats(&nats.url()));
+    let relay = Relay::start(config).await;
+    let pool = db.mysql_pool();
+    for (aggregate, payload) in [
+        ("poison-1", poison_payload("M1")),
+        ("poison-2", poison_payload("M2")),
+        ("fine-1", serde_json::json!({"n": 1})),
+    ] {
+        sqlx::query(
+            "INSERT INTO switchyard_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', ?, 'OrderPaid', ?)",
+        )
+        .bind(aggregate)
+        .bind(payload.to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    eventually("2 dead, 1 published", Duration::from_secs(60), || async {
+        (db.count("dead").await == 2 && db.count("published").await == 1).then_some(())
+    })
+    .await;
+
+    let cookie = sign_in(relay.admin, TOKEN).await.expect("signed in");
+    let get = |path: String| {
+        let cookie = cookie.clone();
+        let admin = relay.admin;
+        async move { http(admin, "GET", &path, &[("Cookie", cookie.as_str())], "").await }
+    };
+    let (status, _, overview) = get("/".into()).await;
+    assert_eq!(status, 200, "{overview}");
+    let (status, _, list) = get("/dead-letters".into()).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list.matches("<tr data-row").count(), 2, "{list}");
+    let (_, _, filtered) = get("/dead-letters?aggregate_type=order&aggregate_id=poison-2".into()).await;
+    assert_eq!(filtered.matches("<tr data-row").count(), 1, "{filtered}");
+    let (_, _, by_target) = get("/dead-letters?target=events".into()).await;
+    assert_eq!(by_target.matches("<tr data-row").count(), 2, "{by_target}");
+    let id = db
+        .scalar("SELECT min(id) FROM switchyard_outbox WHERE status = 'dead'")
+        .await;
+    let (status, _, event) = get(format!("/dead-letters/{id}")).await;
+    assert_eq!(status, 200, "{event}");
+    assert!(event.contains("M1"), "the payload, signed in");
+    assert!(!event.contains("4111111111111111"), "card is masked");
+
+    widen(&nats).await;
+    let (status, _, confirm) = get("/actions/confirm?action=replay".into()).await;
+    assert_eq!(status, 200, "{confirm}");
+    let (status, head, _) = http(
+        relay.admin,
+        "POST",
+        "/actions",
+        &[("Cookie", cookie.as_str())],
+        &confirm_fields(&confirm),
+    )
+    .await;
+    assert_eq!(status, 303, "{head}");
+    eventually(
+        "the replayed events published",
+        Duration::from_secs(30),
+        || async { (db.count("published").await == 3).then_some(()) },
+    )
+    .await;
+    let published = nats.read_stream("ORDERS").await;
+    assert_eq!(published.len(), 3, "each published once");
+}

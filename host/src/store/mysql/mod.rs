@@ -11,6 +11,7 @@
 //! not taken (the first test of `tests/claim/order.rs` holds the server to
 //! this).
 
+mod ack;
 mod checks;
 mod connect;
 mod fleet;
@@ -30,8 +31,8 @@ use sqlx::{Connection, MySql as Db, MySqlConnection, MySqlPool, QueryBuilder, Ro
 use super::backend::Backend;
 use super::dialect::{self, DeadLetterChange, Dialect, lenient};
 use super::types::{
-    Claim, DeadLetterFilter, Generation, LeaseId, OutboxEntry, OutboxRow, OutboxStats, Outcome,
-    PublishedRows, RetentionMode, RowId, RowOutcome,
+    Claim, DeadLetterFilter, Generation, LeaseId, OutboxEntry, OutboxRow, OutboxStats, PublishedRows,
+    RetentionMode, RowId, RowOutcome,
 };
 use super::{Error, MYSQL_MIGRATOR};
 
@@ -152,7 +153,7 @@ fn micros(duration: Duration) -> i64 {
 }
 
 /// `?, ?, ...` for `n` parameters.
-fn placeholders(n: usize) -> String {
+pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
@@ -375,18 +376,7 @@ impl Backend for MySql {
         self.bounded("ack", async |conn| {
             // One transaction for the batch: one commit, all or nothing.
             let mut tx = conn.begin().await?;
-            let mut acked = Vec::with_capacity(outcomes.len());
-            for row in outcomes {
-                if row.outcome == Outcome::Published && published_rows != PublishedRows::Keep {
-                    if remove_published(&mut tx, published_rows, row, &lease).await? {
-                        acked.push(row.id);
-                    }
-                    continue;
-                }
-                if record_outcome(&mut tx, row, &lease).await? {
-                    acked.push(row.id);
-                }
-            }
+            let acked = ack::record(&mut tx, &lease, outcomes, published_rows).await?;
             tx.commit().await?;
             Ok(acked)
         })
@@ -547,85 +537,4 @@ async fn table_exists(pool: &MySqlPool, table: &str) -> Result<bool, Error> {
     .fetch_one(pool)
     .await?;
     Ok(found > 0)
-}
-
-/// Records one row's outcome if its lease still holds; whether it did.
-async fn record_outcome(tx: &mut MySqlConnection, row: &RowOutcome, lease: &str) -> Result<bool, Error> {
-    let (backoff, error, refund) = match &row.outcome {
-        Outcome::Published => (Duration::ZERO, None, false),
-        Outcome::Retry { after, error } => (*after, Some(error.as_str()), false),
-        Outcome::Defer { after, reason, .. } => (*after, Some(reason.as_str()), true),
-        Outcome::Dead { error } => (Duration::ZERO, Some(error.as_str()), false),
-    };
-    let waiting_on = match &row.outcome {
-        Outcome::Defer { waiting_on, .. } if !waiting_on.is_empty() => {
-            Some(serde_json::Value::from(waiting_on.clone()).to_string())
-        }
-        _ => None,
-    };
-    let status = row.outcome.status();
-    // Each value is a parameter, not a column: MySQL evaluates SET
-    // assignments left to right, each seeing the ones before.
-    let done = sqlx::query(
-        "UPDATE switchyard_outbox
-            SET published_at = IF(? = 'published', NOW(6), NULL),
-                next_attempt_at = IF(? = 'pending', NOW(6) + INTERVAL ? MICROSECOND, next_attempt_at),
-                status = ?,
-                last_error = ?,
-                attempts = attempts - ?,
-                deliveries = ?,
-                plugin_version = COALESCE(?, plugin_version),
-                lease_owner = NULL, lease_id = NULL, lease_expires_at = NULL,
-                waiting_on = ?
-          WHERE id = ? AND status = 'in_flight' AND lease_id = ?",
-    )
-    .bind(status)
-    .bind(status)
-    .bind(micros(backoff))
-    .bind(status)
-    .bind(error)
-    .bind(i32::from(refund))
-    .bind(dialect::deliveries_json(&row.deliveries))
-    .bind(row.plugin_version.as_deref())
-    .bind(waiting_on)
-    .bind(row.id.0)
-    .bind(lease)
-    .execute(&mut *tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Deletes a published row (after copying it to the archive in `archive`
-/// mode) if its lease still holds; whether it did.
-async fn remove_published(
-    tx: &mut MySqlConnection,
-    published_rows: PublishedRows,
-    row: &RowOutcome,
-    lease: &str,
-) -> Result<bool, Error> {
-    if published_rows == PublishedRows::Archive {
-        let columns = dialect::ARCHIVE_COLUMNS;
-        let values = columns
-            .replace("published_at", "NOW(6)")
-            .replace("deliveries", "?")
-            .replace("plugin_version", "COALESCE(?, plugin_version)");
-        sqlx::query(&format!(
-            "INSERT INTO switchyard_outbox_archive ({columns})
-             SELECT {values} FROM switchyard_outbox
-              WHERE id = ? AND status = 'in_flight' AND lease_id = ?"
-        ))
-        .bind(dialect::deliveries_json(&row.deliveries))
-        .bind(row.plugin_version.as_deref())
-        .bind(row.id.0)
-        .bind(lease)
-        .execute(&mut *tx)
-        .await?;
-    }
-    let done =
-        sqlx::query("DELETE FROM switchyard_outbox WHERE id = ? AND status = 'in_flight' AND lease_id = ?")
-            .bind(row.id.0)
-            .bind(lease)
-            .execute(&mut *tx)
-            .await?;
-    Ok(done.rows_affected() == 1)
 }
