@@ -5,7 +5,7 @@
 //! late commits, which SQLite's single writer cannot produce, on the
 //! servers only.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use switchyard::store::{

@@ -3,13 +3,13 @@
 //! LOCKED` and stamps a lease on them, an ack is fenced by that lease.
 //!
 //! Neither server has `UPDATE ... RETURNING`, so a claim is a transaction
-//! of a few statements: select the heads (locking them), update them,
-//! read them. The head-of-aggregate check is a `NOT EXISTS` subquery; a
-//! locking read does not lock, so does not skip, the rows its subquery
-//! reads: the subquery reads the last committed state, in which an earlier
-//! row another relay holds is still unfinished, so the row behind it is
-//! not taken (the first test of `tests/claim/order.rs` holds the server to
-//! this).
+//! of a few statements: find the heads (a consistent read), lock them,
+//! update them, read them; see [`Heads`] for why finding and locking are
+//! two steps. The head-of-aggregate check is a `NOT EXISTS` subquery, a
+//! consistent read: an earlier row another relay holds (locked, changed
+//! but not committed) is still unfinished there, so the row behind it is
+//! not taken (the first tests of `tests/claim/order.rs` hold the server to
+//! both).
 
 mod ack;
 mod checks;
@@ -62,14 +62,38 @@ pub(super) struct MySql {
     _renewal: Option<Arc<tokio_util::sync::DropGuard>>,
 }
 
-/// The two selections a claim makes, each in id order through the claim
-/// index (one status at a time: read in order, never sorted): rows whose
-/// lease ran out, then pending rows that are due.
+/// How a claim finds and takes heads of aggregates, in two steps.
+///
+/// First the candidates, by plain (consistent) reads: rows whose lease ran
+/// out, then pending rows that are due, each in id order through the claim
+/// index (one status at a time: read in order, never sorted), each with no
+/// earlier unfinished row of its aggregate. A consistent read sees one
+/// committed state throughout, the subquery included.
+///
+/// Then the candidates are locked, `FOR UPDATE SKIP LOCKED`, by primary
+/// key, their state checked again as last committed (another relay may
+/// have taken one). Heads cannot be found by the locking read itself: in
+/// InnoDB a locking read sees rows committed after its statement began,
+/// and its subquery does not, so a claim could take the second event of a
+/// transaction committed mid-scan without seeing the first (a reorder,
+/// caught by `claims_racing_writers_...` in `tests/claim/order.rs`).
 #[derive(Debug)]
 struct Heads {
     expired: String,
     due: String,
+    /// The head check, again, for the locking step.
+    head: String,
 }
+
+/// A row's state that lets a claim take it: due and pending, or in flight
+/// with its lease run out.
+const CLAIMABLE: &str = "((o.status = 'pending' AND o.next_attempt_at <= NOW(6)
+                          AND (o.not_before IS NULL OR o.not_before <= NOW(6)))
+                      OR (o.status = 'in_flight' AND o.lease_expires_at < NOW(6)))";
+
+/// Candidates read per row a claim may take: other relays' claims take
+/// some of the same heads at the same time, and those are skipped.
+const CANDIDATES_PER_ROW: u32 = 3;
 
 impl Heads {
     fn new(dead_letter_blocks: bool) -> Heads {
@@ -88,14 +112,15 @@ impl Heads {
             expired: format!(
                 "SELECT o.id FROM switchyard_outbox o FORCE INDEX (switchyard_outbox_claim_idx)
                   WHERE o.status = 'in_flight' AND o.lease_expires_at < NOW(6) AND {head}
-                  ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED"
+                  ORDER BY o.id LIMIT ?"
             ),
             due: format!(
                 "SELECT o.id FROM switchyard_outbox o FORCE INDEX (switchyard_outbox_claim_idx)
                   WHERE o.status = 'pending' AND o.next_attempt_at <= NOW(6)
                     AND (o.not_before IS NULL OR o.not_before <= NOW(6)) AND {head}
-                  ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED"
+                  ORDER BY o.id LIMIT ?"
             ),
+            head,
         }
     }
 }
@@ -222,20 +247,35 @@ impl MySql {
         limit: u32,
     ) -> Result<Vec<i64>, Error> {
         let heads = &self.heads[usize::from(dead_letter_blocks)];
-        let mut ids: Vec<i64> = sqlx::query_scalar(&heads.expired)
-            .bind(i64::from(limit))
+        let wanted = i64::from(limit.saturating_mul(CANDIDATES_PER_ROW));
+        let mut candidates: Vec<i64> = sqlx::query_scalar(&heads.expired)
+            .bind(wanted)
             .fetch_all(&mut *tx)
             .await?;
-        let room = i64::from(limit) - i64::try_from(ids.len()).unwrap_or(i64::MAX);
+        let room = wanted - i64::try_from(candidates.len()).unwrap_or(i64::MAX);
         if room > 0 {
-            ids.extend(
+            candidates.extend(
                 sqlx::query_scalar::<_, i64>(&heads.due)
                     .bind(room)
                     .fetch_all(&mut *tx)
                     .await?,
             );
         }
-        Ok(ids)
+        if candidates.is_empty() {
+            return Ok(candidates);
+        }
+        let sql = format!(
+            "SELECT o.id FROM switchyard_outbox o
+              WHERE o.id IN ({}) AND {CLAIMABLE} AND {}
+              ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED",
+            placeholders(candidates.len()),
+            heads.head
+        );
+        let mut query = sqlx::query_scalar::<_, i64>(&sql);
+        for id in &candidates {
+            query = query.bind(id);
+        }
+        Ok(query.bind(i64::from(limit)).fetch_all(&mut *tx).await?)
     }
 }
 
