@@ -92,7 +92,7 @@ fn every_kubernetes_overlay_config_is_valid() {
 fn every_problem_is_reported_at_once() {
     let text = r#"
 [database]
-url = "mysql://nope"
+url = "mongodb://nope"
 [relay]
 instance_id = "relay\u0000a"
 batch_size = 0
@@ -432,7 +432,7 @@ name = "tenant a"
 url = "postgres://relay:hunter2@db/a"
 [[databases]]
 name = "b"
-url = "mysql://db/b"
+url = "mongodb://db/b"
 [[databases]]
 name = "b"
 url = "postgres://db/b2"
@@ -460,7 +460,7 @@ type = "stdout"
         "[database] is set beside [[databases]] or [catalog]",
         "databases[0].name \"tenant a\" must be 1 to 63 letters, digits, '-' or '_'",
         "databases[2].name \"b\" is used twice",
-        "databases[1].url must start with postgres:// or sqlite:",
+        "databases[1].url must start with postgres://, mysql://, mariadb:// or sqlite: (got \"mongodb\")",
         "databases[2].max_connections must be at least 2",
         "catalog.url is empty (set it or SWITCHYARD_CATALOG_URL)",
         "ownership.lease_seconds must be at least 3",

@@ -204,22 +204,27 @@ struct Drained {
     relay_ms_per_event: f64,
 }
 
-/// `args.rows` rows written with the relay stopped, then drained.
-async fn drain(services: &Services, args: &Args, server: Server) -> anyhow::Result<Drained> {
-    let name = "sy_bench_mysql_drain";
-    let url = fresh(services, server, name).await?;
-    let writer = Writer::connect(server, &url, 2).await?;
-    writer.load(args.rows, args.aggregates).await?;
+/// A relay on `url` to a fresh JetStream stream, built, not started.
+async fn nats_relay(services: &Services, args: &Args, url: &str) -> anyhow::Result<switchyard::Relay> {
     super::reset_brokers(services, Target::Nats).await?;
     let config = relay_config(
-        &url,
+        url,
         services,
         args,
         Target::Nats,
         &super::plugin_file(),
         PublishedRows::Keep,
     )?;
-    let relay = switchyard::runtime::build(&config).await?;
+    switchyard::runtime::build(&config).await
+}
+
+/// `args.rows` rows written with the relay stopped, then drained.
+async fn drain(services: &Services, args: &Args, server: Server) -> anyhow::Result<Drained> {
+    let name = "sy_bench_mysql_drain";
+    let url = fresh(services, server, name).await?;
+    let writer = Writer::connect(server, &url, 2).await?;
+    writer.load(args.rows, args.aggregates).await?;
+    let relay = nats_relay(services, args, &url).await?;
     let cpu = CpuMark::now();
     let started = Instant::now();
     let running = Running::start(&relay);
@@ -256,16 +261,7 @@ async fn steady(services: &Services, args: &Args, server: Server, rate: u64) -> 
     let name = "sy_bench_mysql_steady";
     let url = fresh(services, server, name).await?;
     let writer = Writer::connect(server, &url, 8).await?;
-    super::reset_brokers(services, Target::Nats).await?;
-    let config = relay_config(
-        &url,
-        services,
-        args,
-        Target::Nats,
-        &super::plugin_file(),
-        PublishedRows::Keep,
-    )?;
-    let relay = switchyard::runtime::build(&config).await?;
+    let relay = nats_relay(services, args, &url).await?;
     let running = Running::start(&relay);
     let client = async_nats::connect(&services.nats_url).await?;
     let mut subscription = client.subscribe("bench.>").await?;

@@ -130,6 +130,32 @@ pub struct Claim {
     pub look_again: bool,
 }
 
+impl Claim {
+    /// A claim of `rows` (sorted here by id) under `lease`, made in one
+    /// statement or transaction that started at `started`, on a backend
+    /// where claiming again at once may find what no wake-up announces
+    /// whenever rows were claimed (an ack frees the next event of each
+    /// aggregate, and nothing notifies): SQLite, MySQL.
+    pub(super) fn polled(
+        lease: LeaseId,
+        mut rows: Vec<OutboxRow>,
+        started: Instant,
+        length: Duration,
+    ) -> Claim {
+        rows.sort_by_key(|row| row.id);
+        let look_again = !rows.is_empty();
+        Claim {
+            lease,
+            rows,
+            deadline: started + length,
+            took: started.elapsed(),
+            statement: None,
+            parked: 0,
+            look_again,
+        }
+    }
+}
+
 /// What happened to a row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

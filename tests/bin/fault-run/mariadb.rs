@@ -125,50 +125,80 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
     row
 }
 
+/// A MariaDB outbox, a stream, `relays` relay processes on it and writers
+/// at [`TRANSACTIONS`] a second until the returned token is cancelled.
+struct Paced {
+    db: TestOutbox,
+    pool: ServicePool,
+    nats: NatsServer,
+    relays: Vec<Process>,
+    stop: tokio_util::sync::CancellationToken,
+    writer: tokio::task::JoinHandle<HashMap<String, Expected>>,
+    started: Instant,
+}
+
+impl Paced {
+    async fn start(relay_bin: &str, relays: usize) -> Paced {
+        let db = TestOutbox::mariadb().await;
+        let pool = db.service_pool();
+        let nats = stream().await;
+        let config = settings(&db.url, &nats.url()).toml();
+        let relays = (0..relays)
+            .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
+            .collect();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let writer = paced_writer(
+            &pool,
+            Shape::rows(Outbox::Switchyard),
+            AGGREGATES,
+            TRANSACTIONS,
+            stop.clone(),
+        );
+        Paced {
+            db,
+            pool,
+            nats,
+            relays,
+            stop,
+            writer,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops the writers, waits for every event and counts.
+    async fn finish(mut self, scenario: String) -> Row {
+        self.stop.cancel();
+        let expected = self.writer.await.expect("writer");
+        let row = finish(scenario, &self.pool, &self.nats, &expected, self.started).await;
+        for relay in &mut self.relays {
+            relay.terminate();
+        }
+        drop(self.db);
+        row
+    }
+}
+
 /// Two relays, writers at [`TRANSACTIONS`] a second; NATS stopped for
 /// `outage` after 30 s and started again with its store, writing going on
 /// 30 s after its return.
 pub async fn broker_down_run(relay_bin: &str, outage: Duration) -> Row {
-    let db = TestOutbox::mariadb().await;
-    let pool = db.service_pool();
-    let mut nats = stream().await;
-    let config = settings(&db.url, &nats.url()).toml();
-    let mut relays: Vec<Process> = (0..2)
-        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
-        .collect();
-    let started = Instant::now();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let writer = paced_writer(
-        &pool,
-        Shape::rows(Outbox::Switchyard),
-        AGGREGATES,
-        TRANSACTIONS,
-        stop.clone(),
-    );
+    let mut run = Paced::start(relay_bin, 2).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    nats.stop();
-    eprintln!("NATS down at {} published", published(&pool).await);
+    run.nats.stop();
+    eprintln!("NATS down at {} published", published(&run.pool).await);
     tokio::time::sleep(outage).await;
-    let waiting = pool
+    let waiting = run
+        .pool
         .scalar("SELECT count(*) FROM switchyard_outbox WHERE waiting_on IS NOT NULL AND status = 'pending'")
         .await;
-    nats.resume().await;
+    run.nats.resume().await;
     eprintln!("NATS back; {waiting} rows waiting on it");
     tokio::time::sleep(Duration::from_secs(30)).await;
-    stop.cancel();
-    let expected = writer.await.expect("writer");
-    let row = finish(
-        format!("NATS down {} s, 2 relays, writers going on", outage.as_secs()),
-        &pool,
-        &nats,
-        &expected,
-        started,
-    )
-    .await;
-    for relay in &mut relays {
-        relay.terminate();
-    }
-    row
+    run.finish(format!(
+        "NATS down {} s, 2 relays, writers going on",
+        outage.as_secs()
+    ))
+    .await
 }
 
 /// Stops the project's MariaDB (SIGTERM: a clean shutdown that cuts every
@@ -196,22 +226,7 @@ fn restart_mariadb() {
 /// server drops is written again); MariaDB restarted `restarts` times,
 /// 20 s apart.
 pub async fn restart_run(relay_bin: &str, restarts: usize) -> Row {
-    let db = TestOutbox::mariadb().await;
-    let pool = db.service_pool();
-    let nats = stream().await;
-    let config = settings(&db.url, &nats.url()).toml();
-    let mut relays: Vec<Process> = (0..2)
-        .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
-        .collect();
-    let started = Instant::now();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let writer = paced_writer(
-        &pool,
-        Shape::rows(Outbox::Switchyard),
-        AGGREGATES,
-        TRANSACTIONS,
-        stop.clone(),
-    );
+    let run = Paced::start(relay_bin, 2).await;
     for round in 1..=restarts {
         tokio::time::sleep(Duration::from_secs(20)).await;
         let at = Instant::now();
@@ -221,22 +236,12 @@ pub async fn restart_run(relay_bin: &str, restarts: usize) -> Row {
         eprintln!(
             "MariaDB restarted ({round}), down {:.1} s, {} published",
             at.elapsed().as_secs_f64(),
-            published(&pool).await
+            published(&run.pool).await
         );
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
-    stop.cancel();
-    let expected = writer.await.expect("writer");
-    let row = finish(
-        format!("MariaDB restarted {restarts} times under writers, 2 relays"),
-        &pool,
-        &nats,
-        &expected,
-        started,
-    )
-    .await;
-    for relay in &mut relays {
-        relay.terminate();
-    }
-    row
+    run.finish(format!(
+        "MariaDB restarted {restarts} times under writers, 2 relays"
+    ))
+    .await
 }

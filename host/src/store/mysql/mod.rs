@@ -394,16 +394,7 @@ impl Backend for MySql {
             row.refuse_payload_over(max_payload_bytes, len.and_then(|len| usize::try_from(len).ok()));
             rows.push(row);
         }
-        let look_again = !rows.is_empty();
-        Ok(Claim {
-            lease: lease_id,
-            rows,
-            deadline: started + lease,
-            took: started.elapsed(),
-            statement: None,
-            parked: 0,
-            look_again,
-        })
+        Ok(Claim::polled(lease_id, rows, started, lease))
     }
 
     async fn ack(
