@@ -65,7 +65,8 @@ impl SslMode {
 }
 
 /// `[database.tls]`, `[[databases]] tls`, `[catalog.tls]`: TLS to
-/// PostgreSQL, for what the URL does not say itself.
+/// PostgreSQL (or MySQL and MariaDB, in the same words), for what the URL
+/// does not say itself.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PgTlsConfig {

@@ -167,7 +167,7 @@ async fn a_claim_never_passes_an_event_whose_predecessor_another_session_holds(d
             "the claim waited {:?} for the held row",
             started.elapsed()
         );
-        drop(holder);
+        holder.release().await;
         // o-2's head back, as if its relay had stopped: the next round
         // starts from the same rows.
         db.store.release_owner("b").await.unwrap();

@@ -299,3 +299,19 @@ pub enum Held {
     /// On MariaDB.
     MySql(sqlx::Transaction<'static, sqlx::MySql>),
 }
+
+impl Held {
+    /// Rolls the transaction back and waits until the server has: a
+    /// transaction merely dropped is rolled back when its session is next
+    /// used, and holds its locks until then.
+    ///
+    /// # Panics
+    /// When the server refuses the rollback.
+    pub async fn release(self) {
+        match self {
+            Held::Postgres(tx) => tx.rollback().await,
+            Held::MySql(tx) => tx.rollback().await,
+        }
+        .expect("rollback");
+    }
+}

@@ -236,16 +236,18 @@ impl PluginRuntimeConfig {
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// Connection URL, e.g. `postgres://user@host/db`. The environment
-    /// may override it, so secrets stay out of files.
+    /// Connection URL: `postgres://user@host/db`, `mysql://` or
+    /// `mariadb://` (MySQL 8, MariaDB 10.6 and later), or `sqlite:` for a
+    /// file. The environment may override it, so secrets stay out of files.
     #[serde(default)]
     #[schemars(extend("x-env" = "SWITCHYARD_DATABASE_URL"))]
     pub url: String,
     /// Pool size. Each relay worker holds a connection only while it claims or acks.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
-    /// TLS to PostgreSQL, for what the URL's `sslmode`, `sslrootcert`,
-    /// `sslcert` and `sslkey` do not say (the URL wins).
+    /// TLS to the database, for what the URL's `sslmode`, `sslrootcert`,
+    /// `sslcert` and `sslkey` do not say (the URL wins; on MySQL also its
+    /// client's `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`).
     #[serde(default)]
     pub tls: crate::endpoint::PgTlsConfig,
     /// A password that rotates, read from a file or a command, for a URL
