@@ -84,6 +84,7 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, Tally, tally};
 use switchyard_tests::postgres::{Outbox, fresh_db};
 use switchyard_tests::relay::{Process, Settings, example};
+use switchyard_tests::service::ServicePool;
 use switchyard_tests::stall::StallingProxy;
 use switchyard_tests::workload::{Shape, write_events};
 
@@ -294,35 +295,32 @@ fn settings(db_url: &str, nats_url: &str) -> TestConfig {
     )
 }
 
-async fn published(pool: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'published'")
-        .fetch_one(pool)
-        .await
-        .unwrap_or(0)
+/// Rows published; 0 while the database does not answer.
+async fn published(pool: impl Into<ServicePool>) -> i64 {
+    pool.into().try_count_status("published").await.unwrap_or(0)
 }
 
+/// Waits (at most 15 minutes) until every expected event is published,
+/// then counts what the consumer got.
 async fn finish(
     scenario: String,
-    pool: &sqlx::PgPool,
+    pool: impl Into<ServicePool>,
     nats: &NatsServer,
     expected: &HashMap<String, Expected>,
     started: Instant,
 ) -> Row {
+    let pool = pool.into();
     let total = expected.len() as i64;
     let limit = Instant::now() + Duration::from_secs(900);
-    while published(pool).await < total && Instant::now() < limit {
+    while published(&pool).await < total && Instant::now() < limit {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let drain_s = started.elapsed().as_secs_f64();
-    let worst: f64 = sqlx::query_scalar(
-        "SELECT coalesce(max(EXTRACT(EPOCH FROM published_at - created_at)), 0)::float8 FROM switchyard_outbox",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap_or(f64::NAN);
+    let worst = pool.worst_commit_to_publish_s().await;
+    let dead = pool.count_status("dead").await;
     let received = nats.read_stream(STREAM).await;
     let counted = tally(&received, expected);
-    eprintln!("{scenario}: {counted:?}");
+    eprintln!("{scenario}: {counted:?}, {dead} dead");
     Row::counted(scenario, expected.len(), counted, worst, drain_s)
 }
 

@@ -70,25 +70,7 @@ async fn claims_racing_writers_never_take_an_event_before_its_predecessor_is_don
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 }
-                let outcomes: Vec<RowOutcome> = claim
-                    .rows
-                    .iter()
-                    .enumerate()
-                    .map(|(i, row)| {
-                        let retry = (round + i as u64 + worker).is_multiple_of(5) && row.attempts == 1;
-                        outcome(
-                            row.id,
-                            if retry {
-                                Outcome::Retry {
-                                    after: Duration::ZERO,
-                                    error: "flaky".into(),
-                                }
-                            } else {
-                                Outcome::Published
-                            },
-                        )
-                    })
-                    .collect();
+                let outcomes = flaky_outcomes(&claim, round + worker, 5);
                 store.ack(claim.lease, &outcomes).await.unwrap();
             }
         }));
@@ -181,6 +163,28 @@ async fn a_claim_never_passes_an_event_whose_predecessor_another_session_holds(d
         .collect();
     taken.sort();
     assert_eq!(taken, [("o-1".to_string(), 0), ("o-2".to_string(), 0)]);
+}
+
+/// Each row of `claim` published, but about one in `every` (by `seed`)
+/// retried at once on its first attempt.
+fn flaky_outcomes(claim: &switchyard::store::Claim, seed: u64, every: u64) -> Vec<RowOutcome> {
+    claim
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let retry = (seed + i as u64).is_multiple_of(every) && row.attempts == 1;
+            let result = if retry {
+                Outcome::Retry {
+                    after: Duration::ZERO,
+                    error: "flaky".into(),
+                }
+            } else {
+                Outcome::Published
+            };
+            outcome(row.id, result)
+        })
+        .collect()
 }
 
 async fn concurrent_claims_are_disjoint_and_take_only_heads(db: TestOutbox) {
@@ -423,24 +427,8 @@ async fn concurrent_workers_keep_each_aggregate_in_order_and_strand_nothing(db: 
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     continue;
                 }
-                let outcomes: Vec<RowOutcome> = claim
-                    .rows
-                    .iter()
-                    .enumerate()
-                    .map(|(i, row)| {
-                        // About one row in seven fails once, for no time.
-                        let retry = (round + i as u64 + worker).is_multiple_of(7) && row.attempts == 1;
-                        let result = if retry {
-                            Outcome::Retry {
-                                after: Duration::ZERO,
-                                error: "flaky".into(),
-                            }
-                        } else {
-                            Outcome::Published
-                        };
-                        outcome(row.id, result)
-                    })
-                    .collect();
+                // About one row in seven fails once, for no time.
+                let outcomes = flaky_outcomes(&claim, round + worker, 7);
                 // Recorded before the ack: once it commits, the next event
                 // of the aggregate may be acked by another worker.
                 {

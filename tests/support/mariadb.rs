@@ -34,37 +34,27 @@ pub struct DropMariaDb {
 impl Drop for DropMariaDb {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        // Drop cannot await: a short-lived thread with a runtime of its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async move {
-                let mut admin = MySqlConnection::connect(&server_url()).await?;
-                // A test that failed mid-transaction leaves sessions whose
-                // runtime is gone, holding locks the DROP would wait on
-                // for a day (lock_wait_timeout's default).
-                let sessions: Vec<i64> = sqlx::query_scalar(
-                    "SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()",
-                )
-                .bind(&name)
-                .fetch_all(&mut admin)
+        super::clean_up_in_drop("drop a test database", async move {
+            let mut admin = MySqlConnection::connect(&server_url()).await?;
+            // A test that failed mid-transaction leaves sessions whose
+            // runtime is gone, holding locks the DROP would wait on for a
+            // day (lock_wait_timeout's default).
+            let sessions: Vec<i64> = sqlx::query_scalar(
+                "SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()",
+            )
+            .bind(&name)
+            .fetch_all(&mut admin)
+            .await?;
+            for session in sessions {
+                let _ = admin.execute(format!("KILL {session}").as_str()).await;
+            }
+            admin.execute("SET SESSION lock_wait_timeout = 30").await?;
+            admin
+                .execute(format!("DROP DATABASE IF EXISTS `{name}`").as_str())
                 .await?;
-                for session in sessions {
-                    let _ = admin.execute(format!("KILL {session}").as_str()).await;
-                }
-                admin.execute("SET SESSION lock_wait_timeout = 30").await?;
-                admin
-                    .execute(format!("DROP DATABASE IF EXISTS `{name}`").as_str())
-                    .await?;
-                admin.close().await?;
-                Ok::<(), anyhow::Error>(())
-            })
-        })
-        .join();
-        if let Ok(Err(error)) = dropped {
-            eprintln!("could not drop a test database: {error}");
-        }
+            admin.close().await?;
+            Ok(())
+        });
     }
 }
 

@@ -26,6 +26,25 @@ pub mod workload;
 
 use std::time::{Duration, Instant};
 
+/// Runs `cleanup` from a `Drop`, which cannot await: on a short-lived
+/// thread with a runtime of its own, waited for; a failure is printed as
+/// `could not {what}`.
+pub fn clean_up_in_drop<F>(what: &str, cleanup: F)
+where
+    F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let done = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(cleanup)
+    })
+    .join();
+    if let Ok(Err(error)) = done {
+        eprintln!("could not {what}: {error}");
+    }
+}
+
 /// Installs a log subscriber once; `SWITCHYARD_LOG=debug` shows relay logs in tests.
 pub fn init_logging() {
     switchyard::telemetry::init_with_default(switchyard::telemetry::LogFormat::Text, "warn");

@@ -112,26 +112,16 @@ impl Drop for DropDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
         let server = std::mem::take(&mut self.server);
-        // Drop cannot await: a short-lived thread with a runtime of its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                let mut admin = sqlx::PgConnection::connect(&server).await?;
-                drop_slots(&mut admin, &name).await?;
-                admin
-                    .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-                    .await?;
-                admin.close().await?;
-                Ok::<(), anyhow::Error>(())
-            })
-        })
-        .join();
-        if let Ok(Err(error)) = dropped {
-            eprintln!("could not drop a test database: {error}");
-        }
+        super::clean_up_in_drop("drop a test database", async move {
+            use sqlx::Connection;
+            let mut admin = sqlx::PgConnection::connect(&server).await?;
+            drop_slots(&mut admin, &name).await?;
+            admin
+                .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+                .await?;
+            admin.close().await?;
+            Ok(())
+        });
     }
 }
 

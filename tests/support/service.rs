@@ -78,6 +78,28 @@ impl ServicePool {
         }
     }
 
+    /// The longest any row took from its commit to its publish, in
+    /// seconds (0 when none is published).
+    ///
+    /// # Panics
+    /// When the database refuses the query.
+    pub async fn worst_commit_to_publish_s(&self) -> f64 {
+        match self {
+            ServicePool::Postgres(pool) => sqlx::query_scalar(
+                "SELECT coalesce(max(EXTRACT(EPOCH FROM published_at - created_at)), 0)::float8 FROM switchyard_outbox",
+            )
+            .fetch_one(pool)
+            .await,
+            ServicePool::MySql(pool) => sqlx::query_scalar(
+                "SELECT coalesce(max(TIMESTAMPDIFF(MICROSECOND, created_at, published_at)), 0) / 1e6
+                   FROM switchyard_outbox",
+            )
+            .fetch_one(pool)
+            .await,
+        }
+        .expect("worst commit to publish")
+    }
+
     /// Rows and their count of each status.
     ///
     /// # Panics

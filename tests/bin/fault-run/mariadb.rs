@@ -8,31 +8,20 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::orders::{Expected, tally};
+use switchyard_tests::orders::Expected;
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::Outbox;
 use switchyard_tests::relay::Process;
 use switchyard_tests::service::ServicePool;
 use switchyard_tests::workload::{Shape, paced_writer, write_events};
 
-use super::{AGGREGATES, Row, STREAM, settings};
+use super::{AGGREGATES, Row, STREAM, published, settings};
 
 /// Transactions a second of the paced writers (about 3.5 aggregates of
 /// two events each: some 700 events a second).
 const TRANSACTIONS: u64 = 100;
 
-/// Rows published so far, asked again while the server is away.
-async fn published(pool: &ServicePool) -> i64 {
-    loop {
-        match pool.try_count_status("published").await {
-            Ok(count) => return count,
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
-/// Waits until every expected event is published, then counts what the
-/// consumer got.
+/// [`super::finish`], the scenario named as MariaDB's.
 async fn finish(
     scenario: String,
     pool: &ServicePool,
@@ -40,30 +29,7 @@ async fn finish(
     expected: &HashMap<String, Expected>,
     started: Instant,
 ) -> Row {
-    let total = expected.len() as i64;
-    let limit = Instant::now() + Duration::from_secs(900);
-    while published(pool).await < total && Instant::now() < limit {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let drain_s = started.elapsed().as_secs_f64();
-    let worst = pool
-        .scalar(
-            "SELECT coalesce(max(TIMESTAMPDIFF(MICROSECOND, created_at, published_at)), 0)
-               FROM switchyard_outbox",
-        )
-        .await as f64
-        / 1e6;
-    let dead = pool.count_status("dead").await;
-    let received = nats.read_stream(STREAM).await;
-    let counted = tally(&received, expected);
-    eprintln!("{scenario}: {counted:?}, {dead} dead");
-    Row::counted(
-        format!("MariaDB: {scenario}"),
-        expected.len(),
-        counted,
-        worst,
-        drain_s,
-    )
+    super::finish(format!("MariaDB: {scenario}"), pool, nats, expected, started).await
 }
 
 async fn stream() -> NatsServer {
