@@ -3,6 +3,7 @@
 //! `cargo nextest run` (or `cargo test --test suite MODULE::`) picks them.
 //! What each file covers is in the book's tests page.
 
+mod binlog;
 #[path = "claim/main.rs"]
 mod claim;
 mod claim_cost;

@@ -267,6 +267,62 @@ impl Endpoint {
         })
     }
 
+    /// The options for a MySQL or MariaDB binary log reader (a driver of
+    /// its own: sqlx reads no binary log), with the same server, account,
+    /// database and TLS as [`Endpoint::mysql_options_with`].
+    ///
+    /// # Errors
+    /// As [`Endpoint::mysql_options_with`].
+    pub fn mysql_binlog_options_with(
+        &self,
+        secret: Option<&Secret>,
+    ) -> Result<mysql_async::Opts, EndpointError> {
+        use sqlx::mysql::MySqlSslMode;
+        let sqlx_options = self.mysql_options_with(secret)?;
+        let url = url::Url::parse(&self.url.replacen("mariadb://", "mysql://", 1))
+            .map_err(|e| EndpointError::Url(sqlx::Error::Configuration(e.into())))?;
+        let password = match secret {
+            Some(secret) => Some(secret.expose().to_string()),
+            None => url.password().map(|p| {
+                percent_encoding::percent_decode_str(p)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            }),
+        };
+        let get = |keys: &[&str]| keys.iter().find_map(|key| self.parameter(key));
+        let ssl = match sqlx_options.get_ssl_mode() {
+            MySqlSslMode::Disabled | MySqlSslMode::Preferred => None,
+            mode => {
+                let mut ssl = mysql_async::SslOpts::default();
+                if let Some(root) = get(&["sslrootcert", "ssl-ca", "sslca"]) {
+                    ssl = ssl.with_root_certs(vec![PathBuf::from(root).into()]);
+                }
+                if let (Some(cert), Some(key)) = (get(&["sslcert", "ssl-cert"]), get(&["sslkey", "ssl-key"]))
+                {
+                    ssl = ssl.with_client_identity(Some(mysql_async::ClientIdentity::new(
+                        PathBuf::from(cert).into(),
+                        PathBuf::from(key).into(),
+                    )));
+                }
+                Some(match mode {
+                    MySqlSslMode::Required => ssl.with_danger_accept_invalid_certs(true),
+                    MySqlSslMode::VerifyCa => ssl.with_danger_skip_domain_validation(true),
+                    _ => ssl,
+                })
+            }
+        };
+        let builder = mysql_async::OptsBuilder::default()
+            .ip_or_hostname(sqlx_options.get_host())
+            .tcp_port(sqlx_options.get_port())
+            .socket(sqlx_options.get_socket().map(|p| p.display().to_string()))
+            .prefer_socket(false)
+            .user(Some(sqlx_options.get_username()))
+            .pass(password)
+            .db_name(sqlx_options.get_database())
+            .ssl_opts(ssl);
+        Ok(builder.into())
+    }
+
     /// The password from its source, read now (`None`: the URL's or none).
     ///
     /// # Errors

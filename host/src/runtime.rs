@@ -140,36 +140,48 @@ pub async fn database_builder(
         Some(_) => (None, capture.as_ref().map(SourceTable::new)),
         None => (capture, None),
     };
-    let replication = match config.replication_feed() {
+    // A WAL batch or a binary log batch is shared out to the lanes: each
+    // lane's share is then about a claim's batch, and a broker gets
+    // requests as large as in claim mode.
+    let stream_batch = usize::try_from(
+        config
+            .relay
+            .batch_size
+            .saturating_mul(config.relay.concurrency.max(1)),
+    )
+    .unwrap_or(usize::MAX);
+    let (replication, binlog) = match config.replication_feed() {
         Some(replication) => {
             check_replication(config, &store).await?;
-            Some(crate::store::replication::StreamSettings {
-                endpoint: config.database.endpoint(),
-                slot: replication.slot,
-                publication: replication.publication,
-                application_name: format!("switchyard {owner}"),
-                // A batch from the WAL is shared out to the lanes: each
-                // lane's share is then about a claim's batch, and a broker
-                // gets requests as large as in claim mode.
-                batch_size: usize::try_from(
-                    config
-                        .relay
-                        .batch_size
-                        .saturating_mul(config.relay.concurrency.max(1)),
-                )
-                .unwrap_or(usize::MAX),
-                max_retained_wal_bytes: replication.max_retained_wal_bytes,
-                source,
-            })
+            if store.binlog().is_some() {
+                let binlog = crate::store::replication::BinlogSettings {
+                    endpoint: config.database.endpoint(),
+                    name: replication.slot,
+                    batch_size: stream_batch,
+                };
+                (None, Some(binlog))
+            } else {
+                let slot = crate::store::replication::StreamSettings {
+                    endpoint: config.database.endpoint(),
+                    slot: replication.slot,
+                    publication: replication.publication,
+                    application_name: format!("switchyard {owner}"),
+                    batch_size: stream_batch,
+                    max_retained_wal_bytes: replication.max_retained_wal_bytes,
+                    source,
+                };
+                (Some(slot), None)
+            }
         }
-        None => None,
+        None => (None, None),
     };
     Ok(
         Relay::builder(store, shared.plugins.clone(), shared.sinks.clone(), relay_config)
             .metrics(shared.metrics.for_database(database))
             .listen(listens)
             .capture(capture)
-            .replication(replication),
+            .replication(replication)
+            .binlog(binlog),
     )
 }
 
@@ -267,15 +279,13 @@ pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     anyhow::ensure!(report.problems.is_empty(), "{}", report.problems.join("\n  - "));
-    // SQLite, MySQL and MariaDB have claim mode alone.
-    let Some(pg) = store.postgres() else {
-        return Ok(());
+    let mismatch = match (store.postgres(), store.binlog()) {
+        (Some(pg), _) => pg.mode_mismatch(false).await,
+        (None, Some(binlog)) => binlog.mode_mismatch(false).await,
+        // SQLite has claim mode alone.
+        (None, None) => return Ok(()),
     };
-    match pg
-        .mode_mismatch(false)
-        .await
-        .context("cannot read the outbox's relay mode")?
-    {
+    match mismatch.context("cannot read the outbox's relay mode")? {
         Some(problem) => anyhow::bail!(problem),
         None => Ok(()),
     }
@@ -322,10 +332,23 @@ pub async fn check_replication(config: &Config, store: &OutboxStore) -> anyhow::
     let Some(replication) = config.replication_feed() else {
         return Ok(());
     };
+    if let Some(binlog) = store.binlog() {
+        let report = store
+            .server_report()
+            .await
+            .context("cannot read the database server's settings")?;
+        for warning in &report.warnings {
+            tracing::warn!("{warning}");
+        }
+        anyhow::ensure!(report.problems.is_empty(), "{}", report.problems.join("\n  - "));
+        return check_binlog(&binlog, &replication.slot).await;
+    }
     // The configuration refuses replication mode on SQLite; a database
     // URL that says otherwise is the same mistake.
     let Some(pg) = store.postgres() else {
-        anyhow::bail!("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming");
+        anyhow::bail!(
+            "relay.mode = \"replication\" needs PostgreSQL or MariaDB; SQLite is relayed by claiming"
+        );
     };
     let source = match &config.source {
         Some(source) => Some(pg.check_source(source).await?),
@@ -339,6 +362,31 @@ pub async fn check_replication(config: &Config, store: &OutboxStore) -> anyhow::
     anyhow::ensure!(
         problems.is_empty(),
         "replication mode cannot start:\n  - {}",
+        problems.join("\n  - ")
+    );
+    Ok(())
+}
+
+/// Binlog mode on MariaDB: the server's binary log settings, the account's
+/// privilege, the recorded position and the outbox's mode.
+async fn check_binlog(binlog: &crate::store::replication::BinlogOutbox, name: &str) -> anyhow::Result<()> {
+    let (mut problems, warnings) = binlog
+        .binlog_report(name)
+        .await
+        .context("cannot check the binlog setup")?;
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    if let Some(mismatch) = binlog
+        .mode_mismatch(true)
+        .await
+        .context("cannot read the outbox's relay mode")?
+    {
+        problems.push(mismatch.to_string());
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "binlog mode cannot start:\n  - {}",
         problems.join("\n  - ")
     );
     Ok(())

@@ -123,17 +123,10 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         .filter(|_| args.backfill || installed != Some(Installed::Current));
     // Without a config the mode is unknown: leave it as it is. SQLite
     // has claim mode alone.
-    let feed = match (&args.config, &pg) {
-        (Some(_), Some(pg)) => {
-            let names = replication
-                .as_ref()
-                .map(|r| (r.slot.as_str(), r.publication.as_str()));
-            let source = capture.as_ref().map(SourceTable::new);
-            pg.feed_statements(names, source.as_ref())
-                .await
-                .context("cannot read the replication setup")?
-        }
-        _ => Vec::new(),
+    let binlog = store.binlog();
+    let feed = match &args.config {
+        Some(_) => feed_statements(&store, replication.as_ref(), capture.as_ref()).await?,
+        None => Vec::new(),
     };
 
     if args.dry_run {
@@ -168,21 +161,52 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     } else if let Some(capture) = capture.as_ref().filter(|_| replication.is_none()) {
         println!("capture trigger on {} is up to date", capture.table());
     }
-    if !feed.is_empty()
-        && let Some(pg) = &pg
-    {
-        pg.run_feed_statements(&feed)
-            .await
-            .context("setting the outbox's relay mode failed")?;
-        match &replication {
-            Some(r) => println!(
-                "replication mode: rows are written for the stream; publication {} and slot {} are in place",
-                r.publication, r.slot
-            ),
-            None => println!("claim mode: rows are written for claiming"),
-        }
+    if feed.is_empty() {
+        return Ok(());
+    }
+    match (&pg, &binlog) {
+        (Some(pg), _) => pg.run_feed_statements(&feed).await,
+        (None, Some(binlog)) => binlog.run_feed_statements(&feed).await,
+        (None, None) => Ok(()),
+    }
+    .context("setting the outbox's relay mode failed")?;
+    match (&replication, &pg) {
+        (Some(r), Some(_)) => println!(
+            "replication mode: rows are written for the stream; publication {} and slot {} are in place",
+            r.publication, r.slot
+        ),
+        (Some(r), None) => println!(
+            "binlog mode: rows are written for the binary log reader; position {} is recorded",
+            r.slot
+        ),
+        (None, _) => println!("claim mode: rows are written for claiming"),
     }
     Ok(())
+}
+
+/// What puts the database into the config's mode (replication mode's
+/// slot and publication on PostgreSQL, binlog mode's position on MariaDB,
+/// or back to claim mode); SQLite has claim mode alone.
+async fn feed_statements(
+    store: &OutboxStore,
+    replication: Option<&crate::config::ReplicationConfig>,
+    capture: Option<&crate::store::capture::Capture>,
+) -> anyhow::Result<Vec<String>> {
+    if let Some(pg) = store.postgres() {
+        let names = replication.map(|r| (r.slot.as_str(), r.publication.as_str()));
+        let source = capture.map(SourceTable::new);
+        return pg
+            .feed_statements(names, source.as_ref())
+            .await
+            .context("cannot read the replication setup");
+    }
+    match store.binlog() {
+        Some(binlog) => binlog
+            .feed_statements(replication.map(|r| r.slot.as_str()))
+            .await
+            .context("cannot read the binlog setup"),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// What `--dry-run` prints: every statement `migrate` would run, in order.

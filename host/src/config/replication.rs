@@ -79,12 +79,8 @@ pub fn static_problems(
         return problems;
     }
     if database_url.starts_with("sqlite:") {
-        problems.push("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming".into());
-    }
-    if database_url.starts_with("mysql://") || database_url.starts_with("mariadb://") {
         problems.push(
-            "relay.mode = \"replication\" needs PostgreSQL; MySQL and MariaDB are relayed by claiming (relay.mode = \"claim\")"
-                .into(),
+            "relay.mode = \"replication\" needs PostgreSQL or MariaDB; SQLite is relayed by claiming".into(),
         );
     }
     let replication = replication.cloned().unwrap_or_default();

@@ -12,7 +12,7 @@ use crate::relay::router::Limits;
 use crate::sinks::Sinks;
 use crate::store::OutboxStore;
 use crate::store::capture::Capture;
-use crate::store::replication::StreamSettings;
+use crate::store::replication::{BinlogSettings, StreamSettings};
 
 /// A relay being assembled; [`Relay::builder`] starts one.
 #[must_use = "a builder does nothing until `build`"]
@@ -25,6 +25,7 @@ pub struct RelayBuilder {
     pub(super) native_router: Option<NativeRouter>,
     pub(super) capture: Option<Capture>,
     pub(super) replication: Option<StreamSettings>,
+    pub(super) binlog: Option<BinlogSettings>,
     pub(super) metrics: Option<Metrics>,
     pub(super) database: Option<String>,
     pub(super) listen: bool,
@@ -55,6 +56,13 @@ impl RelayBuilder {
     /// hands over to the table.
     pub fn replication(mut self, settings: Option<StreamSettings>) -> Self {
         self.replication = settings;
+        self
+    }
+
+    /// Reads new events from the MariaDB binary log (binlog mode), the
+    /// MySQL form of [`RelayBuilder::replication`].
+    pub fn binlog(mut self, settings: Option<BinlogSettings>) -> Self {
+        self.binlog = settings;
         self
     }
 
@@ -96,12 +104,15 @@ impl RelayBuilder {
                 _watcher: self.watcher,
                 native_router: self.native_router,
                 capture: self.capture,
-                feed: match self.replication {
-                    Some(slot) => Feed::Wal {
+                feed: match (self.replication, self.binlog) {
+                    (Some(slot), _) => Feed::Wal {
                         slot: Box::new(slot),
                         listen: self.listen,
                     },
-                    None => Feed::Claim { listen: self.listen },
+                    (None, Some(binlog)) => Feed::Binlog {
+                        settings: Box::new(binlog),
+                    },
+                    (None, None) => Feed::Claim { listen: self.listen },
                 },
                 retry: RetryPolicy::from_config(&config),
                 metrics,

@@ -89,12 +89,19 @@ pub enum Feed {
         /// Whether a session LISTENs for the acks that free parked rows.
         listen: bool,
     },
+    /// Read from a MariaDB binary log, as from a slot (MySQL has no LISTEN:
+    /// the claim path polls).
+    Binlog {
+        /// The position, and how to read it.
+        settings: Box<crate::store::replication::BinlogSettings>,
+    },
 }
 
 impl Feed {
     fn listens(&self) -> bool {
         match self {
             Feed::Claim { listen } | Feed::Wal { listen, .. } => *listen,
+            Feed::Binlog { .. } => false,
         }
     }
 }
@@ -171,6 +178,7 @@ impl Relay {
             native_router: None,
             capture: None,
             replication: None,
+            binlog: None,
             metrics: None,
             database: None,
             listen: true,
@@ -181,7 +189,7 @@ impl Relay {
     pub fn replication(&self) -> Option<&crate::store::replication::StreamSettings> {
         match &self.inner.feed {
             Feed::Wal { slot, .. } => Some(slot),
-            Feed::Claim { .. } => None,
+            Feed::Claim { .. } | Feed::Binlog { .. } => None,
         }
     }
 
@@ -197,14 +205,21 @@ impl Relay {
     pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
         self.wake_rows_waiting_on_targets().await;
         let claim = claim_feed::ClaimFeed::new(self.clone(), self.inner.feed.listens());
-        let Feed::Wal { slot, .. } = &self.inner.feed else {
-            return claim.run(shutdown).await;
+        let source = match &self.inner.feed {
+            Feed::Claim { .. } => return claim.run(shutdown).await,
+            Feed::Wal { slot, .. } => match self.inner.store.postgres() {
+                Some(pg) => wal_feed::Source::Wal(slot.clone(), pg),
+                // The configuration refuses replication mode on SQLite.
+                None => anyhow::bail!(
+                    "relay.mode = \"replication\" needs PostgreSQL or MariaDB; SQLite is relayed by claiming"
+                ),
+            },
+            Feed::Binlog { settings } => match self.inner.store.binlog() {
+                Some(binlog) => wal_feed::Source::Binlog(settings.as_ref().clone(), binlog),
+                None => anyhow::bail!("binlog mode needs MariaDB"),
+            },
         };
-        // The configuration refuses replication mode on SQLite.
-        let Some(pg) = self.inner.store.postgres() else {
-            anyhow::bail!("relay.mode = \"replication\" needs PostgreSQL; SQLite is relayed by claiming");
-        };
-        let wal = wal_feed::WalFeed::new(self.clone(), slot.as_ref().clone(), pg);
+        let wal = wal_feed::WalFeed::new(self.clone(), source);
         // A WAL feed that ends on its own (its slot is gone) stops the
         // claim feed too; its error is the relay's.
         let stop = shutdown.child_token();

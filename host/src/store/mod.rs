@@ -349,6 +349,16 @@ impl OutboxStore {
         }
     }
 
+    /// The MySQL or MariaDB pool, and whether the server is MariaDB.
+    pub(crate) fn mysql_pool(&self) -> Option<(sqlx::MySqlPool, bool)> {
+        match &self.backend {
+            AnyBackend::MySql(backend) => {
+                Some((backend.pool.clone(), backend.flavor() == mysql::Flavor::MariaDb))
+            }
+            AnyBackend::Postgres(_) | AnyBackend::Sqlite(_) => None,
+        }
+    }
+
     /// On MySQL and MariaDB, what the server and the outbox table lack
     /// for the relay; nothing on the other databases, which their
     /// migrations and the claim-mode check cover.

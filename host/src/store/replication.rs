@@ -4,11 +4,13 @@
 
 use std::collections::HashSet;
 
+use super::mysql::binlog;
+pub use super::mysql::binlog::{BinlogSettings, BinlogStream};
 use super::postgres::replication as pg;
 pub use super::postgres::replication::{
     SlotStatus, SourceTable, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
 };
-use super::{Error, LeaseId, PgOutbox, RowOutcome};
+use super::{Error, LeaseId, OutboxStore, PgOutbox, RowId, RowOutcome};
 
 impl PgOutbox {
     /// What `migrate` runs to put the outbox (and the `[source]` table)
@@ -91,37 +93,18 @@ impl PgOutbox {
         outcomes: &[RowOutcome],
     ) -> Result<Vec<bool>, Error> {
         let lease = LeaseId(uuid::Uuid::new_v4());
-        let mut taken = pg::take_over(&self.backend.pool, owner, lease, lease_ms, rows).await?;
-        let renamed: std::collections::HashMap<_, _> = taken.renamed.into_iter().collect();
-        // A row taken after an earlier event of its aggregate that was not
-        // would be published before it: given back, and not proved.
-        let keys = rows
-            .iter()
-            .map(|r| (r.row.aggregate_type.as_str(), r.row.aggregate_id.as_str()));
-        let behind = behind_a_gap(keys, &taken.in_table);
-        if !behind.is_empty() {
-            let (mut ids, mut fresh) = (Vec::new(), Vec::new());
-            for &at in &behind {
-                let id = rows[at].row.id;
-                match renamed.get(&id) {
-                    Some(new) => fresh.push(new.0),
-                    None => ids.push(id.0),
-                }
-                taken.in_table[at] = false;
-            }
-            pg::give_back(&self.backend.pool, lease, &ids, &fresh).await?;
-        }
-        let outcomes: Vec<RowOutcome> = outcomes
-            .iter()
-            .enumerate()
-            .filter(|(at, _)| !behind.contains(at))
-            .map(|(_, outcome)| RowOutcome {
-                id: renamed.get(&outcome.id).copied().unwrap_or(outcome.id),
-                ..outcome.clone()
-            })
-            .collect();
-        self.store.ack(lease, &outcomes).await?;
-        Ok(taken.in_table)
+        let taken = pg::take_over(&self.backend.pool, owner, lease, lease_ms, rows).await?;
+        let pool = &self.backend.pool;
+        settle_hand_over(
+            &self.store,
+            lease,
+            rows,
+            outcomes,
+            taken.in_table,
+            taken.renamed,
+            async |ids, fresh| pg::give_back(pool, lease, ids, fresh).await,
+        )
+        .await
     }
 
     /// Of these aggregates, those whose next event must wait behind an
@@ -145,6 +128,161 @@ impl PgOutbox {
     /// The database's.
     pub async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
         pg::anything_waiting_in_table(&self.backend.pool, self.store.dead_letter_blocks_aggregate).await
+    }
+}
+
+/// The end of a hand-over on either server: rows taken after an earlier
+/// event of their aggregate that was not are given back (the claim path
+/// would publish them before it) and not proved; the rest are acked with
+/// their outcomes under the hand-over's lease.
+async fn settle_hand_over(
+    store: &OutboxStore,
+    lease: LeaseId,
+    rows: &[&StreamedRow],
+    outcomes: &[RowOutcome],
+    mut in_table: Vec<bool>,
+    renamed: Vec<(RowId, RowId)>,
+    give_back: impl AsyncFnOnce(&[i64], &[i64]) -> Result<(), Error>,
+) -> Result<Vec<bool>, Error> {
+    let renamed: std::collections::HashMap<_, _> = renamed.into_iter().collect();
+    let keys = rows
+        .iter()
+        .map(|r| (r.row.aggregate_type.as_str(), r.row.aggregate_id.as_str()));
+    let behind = behind_a_gap(keys, &in_table);
+    if !behind.is_empty() {
+        let (mut ids, mut fresh) = (Vec::new(), Vec::new());
+        for &at in &behind {
+            let id = rows[at].row.id;
+            match renamed.get(&id) {
+                Some(new) => fresh.push(new.0),
+                None => ids.push(id.0),
+            }
+            in_table[at] = false;
+        }
+        give_back(&ids, &fresh).await?;
+    }
+    let outcomes: Vec<RowOutcome> = outcomes
+        .iter()
+        .enumerate()
+        .filter(|(at, _)| !behind.contains(at))
+        .map(|(_, outcome)| RowOutcome {
+            id: renamed.get(&outcome.id).copied().unwrap_or(outcome.id),
+            ..outcome.clone()
+        })
+        .collect();
+    store.ack(lease, &outcomes).await?;
+    Ok(in_table)
+}
+
+/// The outbox on MariaDB set up for binlog mode, the MySQL form of
+/// replication mode.
+#[derive(Clone, Debug)]
+pub struct BinlogOutbox {
+    store: OutboxStore,
+    pool: sqlx::MySqlPool,
+    mariadb: bool,
+}
+
+impl OutboxStore {
+    /// The MySQL or MariaDB outbox, for binlog mode.
+    pub fn binlog(&self) -> Option<BinlogOutbox> {
+        self.mysql_pool().map(|(pool, mariadb)| BinlogOutbox {
+            store: self.clone(),
+            pool,
+            mariadb,
+        })
+    }
+}
+
+impl BinlogOutbox {
+    /// The pool the position is recorded through.
+    pub(crate) fn pool(&self) -> sqlx::MySqlPool {
+        self.pool.clone()
+    }
+
+    /// What `migrate` runs to put the outbox into binlog mode, reading from
+    /// position `name`, or with `None` back to claim mode.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn feed_statements(&self, name: Option<&str>) -> Result<Vec<String>, Error> {
+        binlog::feed_statements(&self.pool, name).await
+    }
+
+    /// Runs what [`BinlogOutbox::feed_statements`] returned.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
+        binlog::run(&self.pool, statements).await
+    }
+
+    /// A database set up for the other mode than the relay's, with what to
+    /// do; `None` when they agree.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn mode_mismatch(&self, binlog: bool) -> Result<Option<&'static str>, Error> {
+        binlog::mode_mismatch(&self.pool, binlog).await
+    }
+
+    /// Everything that keeps binlog mode from working here, each saying
+    /// what to do, and what works but less well.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn binlog_report(&self, name: &str) -> Result<(Vec<String>, Vec<String>), Error> {
+        let problems = binlog::problems(&self.pool, self.mariadb, name).await?;
+        let warnings = binlog::warnings(&self.pool).await?;
+        Ok((problems, warnings))
+    }
+
+    /// As [`PgOutbox::hand_over`].
+    ///
+    /// # Errors
+    /// The database's; nothing is recorded then.
+    pub async fn hand_over(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        rows: &[&StreamedRow],
+        outcomes: &[RowOutcome],
+    ) -> Result<Vec<bool>, Error> {
+        let lease = LeaseId(uuid::Uuid::new_v4());
+        let in_table = binlog::take_over(&self.pool, owner, lease, lease_ms, rows).await?;
+        let pool = &self.pool;
+        settle_hand_over(
+            &self.store,
+            lease,
+            rows,
+            outcomes,
+            in_table,
+            Vec::new(),
+            async |ids, _| binlog::give_back(pool, lease, ids).await,
+        )
+        .await
+    }
+
+    /// As [`PgOutbox::waiting_in_table`].
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn waiting_in_table(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<HashSet<(String, String)>, Error> {
+        if keys.is_empty() {
+            return Ok(HashSet::new());
+        }
+        binlog::waiting_in_table(&self.pool, keys, self.store.dead_letter_blocks_aggregate).await
+    }
+
+    /// As [`PgOutbox::anything_waiting_in_table`].
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
+        binlog::anything_waiting_in_table(&self.pool, self.store.dead_letter_blocks_aggregate).await
     }
 }
 

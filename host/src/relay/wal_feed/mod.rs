@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::Relay;
-use crate::store::replication::{StreamError, StreamSettings, StreamedRow, WalBatch, WalStream};
+use crate::store::replication::{
+    BinlogOutbox, BinlogSettings, BinlogStream, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
+};
 use crate::store::{Outcome, PgOutbox, RowOutcome};
 use crate::telemetry::{Occurrence, Repeats};
 use machine::{Ended, Held, LaneBatch, Ledger, Reader, Step, Then, Why};
@@ -67,7 +69,7 @@ fn lane_of(row: &StreamedRow, lanes: usize) -> usize {
 /// what the lane knows of the table between batches.
 struct Handover {
     relay: Relay,
-    pg: PgOutbox,
+    table: Table,
     /// Some aggregate may wait behind a row in the table: each batch's
     /// aggregates are looked up there (else none are).
     may_hold: bool,
@@ -78,16 +80,126 @@ struct Handover {
     blocked: HashSet<u64>,
 }
 
-/// Reads a replication slot and relays what it reads.
+/// Where the stream comes from: a PostgreSQL slot or a MariaDB binary log.
+pub(super) enum Source {
+    Wal(Box<StreamSettings>, PgOutbox),
+    Binlog(BinlogSettings, BinlogOutbox),
+}
+
+/// The table the stream hands events over to.
+#[derive(Clone)]
+enum Table {
+    Pg(PgOutbox),
+    Binlog(BinlogOutbox),
+}
+
+impl Table {
+    async fn anything_waiting_in_table(&self) -> Result<bool, crate::store::Error> {
+        match self {
+            Table::Pg(pg) => pg.anything_waiting_in_table().await,
+            Table::Binlog(binlog) => binlog.anything_waiting_in_table().await,
+        }
+    }
+
+    async fn waiting_in_table(&self, keys: &[Key]) -> Result<HashSet<Key>, crate::store::Error> {
+        match self {
+            Table::Pg(pg) => pg.waiting_in_table(keys).await,
+            Table::Binlog(binlog) => binlog.waiting_in_table(keys).await,
+        }
+    }
+
+    async fn hand_over(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        rows: &[&StreamedRow],
+        outcomes: &[RowOutcome],
+    ) -> Result<Vec<bool>, crate::store::Error> {
+        match self {
+            Table::Pg(pg) => pg.hand_over(owner, lease_ms, rows, outcomes).await,
+            Table::Binlog(binlog) => binlog.hand_over(owner, lease_ms, rows, outcomes).await,
+        }
+    }
+}
+
+/// How far a stream is: a WAL position, or a binary log transaction's
+/// sequence number in its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Pos {
+    Lsn(pgwire_replication::Lsn),
+    Seq(u64),
+}
+
+/// An open stream of either kind.
+enum Stream {
+    Wal(WalStream),
+    Binlog(BinlogStream),
+}
+
+impl Stream {
+    async fn next_batch(&mut self) -> Result<(Vec<StreamedRow>, Option<Pos>), StreamError> {
+        match self {
+            Stream::Wal(wal) => wal
+                .next_batch()
+                .await
+                .map(|WalBatch { rows, done_at }| (rows, done_at.map(Pos::Lsn))),
+            Stream::Binlog(binlog) => binlog
+                .next_batch()
+                .await
+                .map(|batch| (batch.rows, batch.done_at.map(Pos::Seq))),
+        }
+    }
+
+    fn confirm(&self, pos: Pos) {
+        match (self, pos) {
+            (Stream::Wal(wal), Pos::Lsn(lsn)) => wal.confirm(lsn),
+            (Stream::Binlog(binlog), Pos::Seq(seq)) => binlog.confirm(seq),
+            // A position is only ever the stream's own kind.
+            _ => {}
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Stream::Wal(wal) => wal.close().await,
+            Stream::Binlog(binlog) => binlog.close().await,
+        }
+    }
+}
+
+/// Reads a replication slot (or a binary log) and relays what it reads.
 pub(super) struct WalFeed {
     relay: Relay,
-    settings: StreamSettings,
-    pg: PgOutbox,
+    source: Source,
 }
 
 impl WalFeed {
-    pub(super) fn new(relay: Relay, settings: StreamSettings, pg: PgOutbox) -> WalFeed {
-        WalFeed { relay, settings, pg }
+    pub(super) fn new(relay: Relay, source: Source) -> WalFeed {
+        WalFeed { relay, source }
+    }
+
+    /// The slot's or binlog position's name, for what the relay says.
+    fn name(&self) -> &str {
+        match &self.source {
+            Source::Wal(settings, _) => &settings.slot,
+            Source::Binlog(settings, _) => &settings.name,
+        }
+    }
+
+    fn table(&self) -> Table {
+        match &self.source {
+            Source::Wal(_, pg) => Table::Pg(pg.clone()),
+            Source::Binlog(_, binlog) => Table::Binlog(binlog.clone()),
+        }
+    }
+
+    async fn open(&self) -> Result<Stream, StreamError> {
+        match &self.source {
+            Source::Wal(settings, _) => WalStream::open(settings).await.map(Stream::Wal),
+            Source::Binlog(settings, binlog) => BinlogStream::open(settings, binlog.pool())
+                .await
+                .map(Stream::Binlog),
+        }
     }
 
     /// Reads the slot until `shutdown`: as its reader, or as a standby
@@ -97,22 +209,22 @@ impl WalFeed {
     /// The slot cannot be read any more (dropped, invalidated): the relay
     /// cannot go on, and an operator has to act.
     pub(super) async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let settings = &self.settings;
+        let slot = self.name();
         let broken = Repeats::default();
         let mut reader = Reader::Starting;
         // The first pause after a break is 200 ms.
         let mut pause = crate::backoff::Backoff::new(Duration::from_millis(200), RETRY_MAX);
         while !shutdown.is_cancelled() {
             let opened = tokio::select! {
-                opened = WalStream::open(settings) => opened,
+                opened = self.open() => opened,
                 () = shutdown.cancelled() => return Ok(()),
             };
             let failed = match opened {
                 Ok(stream) => {
                     if reader.opened() == Reader::Starting {
-                        info!(slot = %settings.slot, "Reading the replication slot.");
+                        info!(slot = %slot, "Reading the replication slot.");
                     } else {
-                        info!(slot = %settings.slot, "Reading the replication slot now.");
+                        info!(slot = %slot, "Reading the replication slot now.");
                     }
                     pause.reset();
                     let metrics = &self.relay.inner.metrics;
@@ -131,7 +243,7 @@ impl WalFeed {
             let wait = match reader.ended(how) {
                 Then::StandBy { first } => {
                     if first {
-                        info!(slot = %settings.slot, "Standing by: {why}.");
+                        info!(slot = %slot, "Standing by: {why}.");
                     }
                     STANDBY_RETRY
                 }
@@ -144,10 +256,10 @@ impl WalFeed {
                 Then::Reconnect => {
                     match broken.occurred() {
                         Occurrence::First => {
-                            warn!(slot = %settings.slot, error = %why, "The replication stream broke; connecting again.")
+                            warn!(slot = %slot, error = %why, "The replication stream broke; connecting again.")
                         }
                         Occurrence::Still { count, lasting } => warn!(
-                            slot = %settings.slot, error = %why, count, lasting_s = lasting.as_secs(),
+                            slot = %slot, error = %why, count, lasting_s = lasting.as_secs(),
                             "The replication stream still cannot be read."
                         ),
                         Occurrence::Quiet => debug!(error = %why, "Replication stream broke again."),
@@ -169,7 +281,7 @@ impl WalFeed {
     /// confirmed up to the last batch that every lane has finished, as have
     /// all batches before it, and only while every event of them is
     /// published or in the table.
-    async fn read(&self, mut stream: WalStream, shutdown: &CancellationToken) -> StreamError {
+    async fn read(&self, mut stream: Stream, shutdown: &CancellationToken) -> StreamError {
         let lanes = usize::try_from(self.relay.inner.config.concurrency.max(1)).unwrap_or(1);
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<LaneDone>();
         let mut running = tokio::task::JoinSet::new();
@@ -177,7 +289,7 @@ impl WalFeed {
             .map(|_| self.lane(&mut running, done_tx.clone()))
             .collect();
         drop(done_tx);
-        let mut ledger: Ledger<pgwire_replication::Lsn, uuid::Uuid> = Ledger::default();
+        let mut ledger: Ledger<Pos, uuid::Uuid> = Ledger::default();
         let mut held = false;
         let ended = loop {
             while let Ok(done) = done_rx.try_recv() {
@@ -195,7 +307,7 @@ impl WalFeed {
                 }
                 () = shutdown.cancelled() => break StreamError::Gone("shut down".into()),
             };
-            let WalBatch { rows, done_at } = match batch {
+            let (rows, done_at) = match batch {
                 Ok(batch) => batch,
                 Err(error) => break error,
             };
@@ -259,7 +371,7 @@ impl WalFeed {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
         let mut handover = Handover {
             relay: self.relay.clone(),
-            pg: self.pg.clone(),
+            table: self.table(),
             may_hold: true,
             checked: Instant::now() - TABLE_RECHECK,
             blocked: HashSet::new(),
@@ -301,11 +413,7 @@ impl WalFeed {
     /// the slot stays before it, the relay says which event it is, counts
     /// it, and reads again from the confirmed position (the event is read
     /// again and handed over anew).
-    fn confirm(
-        &self,
-        ledger: &mut Ledger<pgwire_replication::Lsn, uuid::Uuid>,
-        stream: &WalStream,
-    ) -> Result<(), StreamError> {
+    fn confirm(&self, ledger: &mut Ledger<Pos, uuid::Uuid>, stream: &Stream) -> Result<(), StreamError> {
         let (furthest, held) = ledger.confirmable();
         if let Some(lsn) = furthest {
             stream.confirm(lsn);
@@ -317,7 +425,7 @@ impl WalFeed {
         self.relay.inner.metrics.replication_held(count as u64);
         let named: Vec<String> = events.iter().take(10).map(ToString::to_string).collect();
         error!(
-            slot = %self.settings.slot,
+            slot = %self.name(),
             events = count,
             event_ids = %named.join(","),
             unaccounted = missing,
@@ -360,7 +468,7 @@ impl Handover {
             return;
         }
         self.checked = Instant::now();
-        match self.pg.anything_waiting_in_table().await {
+        match self.table.anything_waiting_in_table().await {
             Ok(waiting) => self.may_hold = waiting,
             Err(error) => debug!(%error, "Cannot tell whether rows wait in the table; looking them up."),
         }
@@ -374,7 +482,9 @@ impl Handover {
         let waiting: HashSet<u64> = if self.may_hold {
             let keys: Vec<Key> = rows.iter().map(key).collect();
             let waiting = self
-                .until_answered("look up waiting aggregates", || self.pg.waiting_in_table(&keys))
+                .until_answered("look up waiting aggregates", || {
+                    self.table.waiting_in_table(&keys)
+                })
                 .await;
             rows.iter()
                 .filter(|row| waiting.contains(&key(row)))
@@ -509,7 +619,7 @@ impl Handover {
             .collect();
         let in_table = self
             .until_answered("hand rows over to the outbox table", || {
-                self.pg.hand_over(&inner.owner, lease_ms, &given, &outcomes)
+                self.table.hand_over(&inner.owner, lease_ms, &given, &outcomes)
             })
             .await;
         let proved = in_table.iter().filter(|t| **t).count();

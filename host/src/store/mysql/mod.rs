@@ -12,6 +12,7 @@
 //! both).
 
 mod ack;
+pub(crate) mod binlog;
 mod checks;
 mod connect;
 mod fleet;
