@@ -11,7 +11,7 @@ use switchyard_tests::orders::verify;
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{Outbox, count_status};
 use switchyard_tests::relay::{InProcess, Process, Settings, example, parse};
-use switchyard_tests::workload::{Shape, write_events};
+use switchyard_tests::workload::{Dice, Shape, plan, write_events, write_plan_with};
 use switchyard_tests::{cli, eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -191,6 +191,60 @@ async fn a_broker_outage_in_binlog_mode_dead_letters_nothing_and_keeps_order() {
     .await
     .unwrap();
     assert_eq!(unfinished, 0);
+}
+
+/// Services that delete their event in the transaction that wrote it (the
+/// table stays empty; the log has the insert), while NATS is down: every
+/// event must wait in the table, so the relay writes each back from the
+/// log's values, and all arrive in order once NATS is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_deleted_as_they_are_written_are_written_back_when_they_must_wait() {
+    let (db, mut nats, config) = migrated(&[("max_attempts", "2"), ("publish_timeout_ms", "1000")]).await;
+    let relay = InProcess::start(&parse(&config)).await;
+    nats.stop();
+    let pool = db.mysql_pool();
+    let (mut expected, mut next_seq, mut dice) = (
+        std::collections::HashMap::new(),
+        std::collections::HashMap::new(),
+        Dice::new(36),
+    );
+    for _ in 0..30 {
+        let plan = plan(&mut dice, Shape::rows(Outbox::Switchyard), 12, 0, 1);
+        let mut tx = pool.begin().await.unwrap();
+        let written = write_plan_with(&mut *tx, &plan, &mut next_seq).await.unwrap();
+        for (event_id, _) in &written {
+            sqlx::query("DELETE FROM switchyard_outbox WHERE event_id = ?")
+                .bind(event_id)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+        expected.extend(written);
+    }
+    let total = expected.len() as i64;
+    eventually(
+        "every event written back for the claim path",
+        Duration::from_secs(60),
+        || async {
+            let back: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM switchyard_outbox")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (back == total).then_some(())
+        },
+    )
+    .await;
+    nats.resume().await;
+    stream_holds(&nats, expected.len() as u64, "every event in the stream", 60).await;
+    relay.stop().await;
+    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
+    assert_eq!(
+        (verdict.distinct, verdict.duplicates),
+        (expected.len(), 0),
+        "{verdict:?}"
+    );
+    assert_eq!(count_status(db.service_pool(), "dead").await, 0);
 }
 
 /// Two relay processes on one position while events are written; the one

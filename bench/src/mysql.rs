@@ -1,5 +1,6 @@
 //! `relay-bench --mysql`: PostgreSQL claim mode against MariaDB claim mode
-//! side by side, in rounds that alternate which runs first: the drain of
+//! and MariaDB binlog mode side by side, in rounds that alternate which
+//! runs first: the drain of
 //! a backlog (100,000 rows by default), the database server's CPU per
 //! event and commit-to-consumer latency at 100 and 500 events/s (each
 //! event its own transaction, as services write), to NATS JetStream
@@ -20,11 +21,12 @@ use super::{
     Args, CpuMark, Running, Services, Target, admin_pool, drop_db, now_us, recreate_db, relay_config,
 };
 
-/// The two servers.
+/// The two servers, MariaDB in either mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Server {
     Postgres,
     MariaDb,
+    MariaDbBinlog,
 }
 
 impl Server {
@@ -32,7 +34,12 @@ impl Server {
         match self {
             Server::Postgres => "PostgreSQL",
             Server::MariaDb => "MariaDB",
+            Server::MariaDbBinlog => "MariaDB binlog",
         }
+    }
+
+    fn binlog(self) -> bool {
+        self == Server::MariaDbBinlog
     }
 }
 
@@ -44,7 +51,7 @@ async fn fresh(services: &Services, server: Server, name: &str) -> anyhow::Resul
             recreate_db(&admin, name, None).await?;
             services.db_url(name)
         }
-        Server::MariaDb => {
+        Server::MariaDb | Server::MariaDbBinlog => {
             let mut admin = mariadb_admin().await?;
             sqlx::raw_sql(&format!(
                 "DROP DATABASE IF EXISTS `{name}`; CREATE DATABASE `{name}`"
@@ -54,7 +61,15 @@ async fn fresh(services: &Services, server: Server, name: &str) -> anyhow::Resul
             switchyard_tests::mariadb::url_of(name)
         }
     };
-    OutboxStore::connect(&url, 2).await?.migrate().await?;
+    let store = OutboxStore::connect(&url, 2).await?;
+    store.migrate().await?;
+    if server.binlog() {
+        let binlog = store
+            .binlog()
+            .ok_or_else(|| anyhow::anyhow!("binlog mode needs MariaDB"))?;
+        let statements = binlog.feed_statements(Some("switchyard")).await?;
+        binlog.run_feed_statements(&statements).await?;
+    }
     Ok(url)
 }
 
@@ -69,7 +84,7 @@ async fn mariadb_admin() -> anyhow::Result<sqlx::MySqlConnection> {
 async fn drop_fresh(services: &Services, server: Server, name: &str) -> anyhow::Result<()> {
     match server {
         Server::Postgres => drop_db(services, name).await,
-        Server::MariaDb => {
+        Server::MariaDb | Server::MariaDbBinlog => {
             let mut admin = mariadb_admin().await?;
             sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`"))
                 .execute(&mut admin)
@@ -83,7 +98,7 @@ async fn drop_fresh(services: &Services, server: Server, name: &str) -> anyhow::
 fn server_cpu(server: Server, from: &CpuMark, to: &CpuMark) -> f64 {
     match server {
         Server::Postgres => to.clone().since(from.clone()).postgres,
-        Server::MariaDb => to.mariadb - from.mariadb,
+        Server::MariaDb | Server::MariaDbBinlog => to.mariadb - from.mariadb,
     }
 }
 
@@ -108,7 +123,7 @@ impl Writer {
                         .await?,
                 )
             }
-            Server::MariaDb => Writer::MariaDb(
+            Server::MariaDb | Server::MariaDbBinlog => Writer::MariaDb(
                 sqlx::mysql::MySqlPoolOptions::new()
                     .max_connections(connections)
                     .connect(url)
@@ -205,9 +220,14 @@ struct Drained {
 }
 
 /// A relay on `url` to a fresh JetStream stream, built, not started.
-async fn nats_relay(services: &Services, args: &Args, url: &str) -> anyhow::Result<switchyard::Relay> {
+async fn nats_relay(
+    services: &Services,
+    args: &Args,
+    url: &str,
+    server: Server,
+) -> anyhow::Result<switchyard::Relay> {
     super::reset_brokers(services, Target::Nats).await?;
-    let config = relay_config(
+    let mut config = relay_config(
         url,
         services,
         args,
@@ -215,7 +235,20 @@ async fn nats_relay(services: &Services, args: &Args, url: &str) -> anyhow::Resu
         &super::plugin_file(),
         PublishedRows::Keep,
     )?;
+    if server.binlog() {
+        super::replication::configure(&mut config, "switchyard");
+    }
     switchyard::runtime::build(&config).await
+}
+
+/// Messages in the bench's JetStream stream (0 before it exists).
+async fn stream_len(services: &Services) -> anyhow::Result<u64> {
+    let client = async_nats::connect(&services.nats_url).await?;
+    let js = async_nats::jetstream::new(client);
+    Ok(match js.get_stream("BENCH").await {
+        Ok(mut stream) => stream.info().await?.state.messages,
+        Err(_) => 0,
+    })
 }
 
 /// `args.rows` rows written with the relay stopped, then drained.
@@ -224,11 +257,12 @@ async fn drain(services: &Services, args: &Args, server: Server) -> anyhow::Resu
     let url = fresh(services, server, name).await?;
     let writer = Writer::connect(server, &url, 2).await?;
     writer.load(args.rows, args.aggregates).await?;
-    let relay = nats_relay(services, args, &url).await?;
+    let relay = nats_relay(services, args, &url, server).await?;
     let cpu = CpuMark::now();
     let started = Instant::now();
     let running = Running::start(&relay);
-    while writer.unfinished().await? > 0 {
+    // In binlog mode the rows stay `streamed`: the stream says when.
+    while writer.unfinished().await? > 0 || (server.binlog() && stream_len(services).await? < args.rows) {
         anyhow::ensure!(!running.task.is_finished(), "the relay stopped early");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -261,7 +295,7 @@ async fn steady(services: &Services, args: &Args, server: Server, rate: u64) -> 
     let name = "sy_bench_mysql_steady";
     let url = fresh(services, server, name).await?;
     let writer = Writer::connect(server, &url, 8).await?;
-    let relay = nats_relay(services, args, &url).await?;
+    let relay = nats_relay(services, args, &url, server).await?;
     let running = Running::start(&relay);
     let client = async_nats::connect(&services.nats_url).await?;
     let mut subscription = client.subscribe("bench.>").await?;
@@ -324,9 +358,9 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
     let mut steadies: Vec<(Server, u64, Steady)> = Vec::new();
     for round in 0..args.repeat {
         let order = if round % 2 == 0 {
-            [Server::Postgres, Server::MariaDb]
+            [Server::Postgres, Server::MariaDb, Server::MariaDbBinlog]
         } else {
-            [Server::MariaDb, Server::Postgres]
+            [Server::MariaDbBinlog, Server::MariaDb, Server::Postgres]
         };
         for server in order {
             eprintln!(
@@ -346,17 +380,17 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
     }
     println!();
     println!(
-        "claim mode, PostgreSQL against MariaDB; NATS JetStream, Rust route-by-type, batch {} x {}",
+        "PostgreSQL claim mode against MariaDB claim and binlog mode; NATS JetStream, Rust route-by-type, batch {} x {}",
         args.batch_size, args.concurrency
     );
     println!("drain of {} rows over {} aggregates:", args.rows, args.aggregates);
     println!(
-        "{:<11} {:>10} {:>16} {:>16}",
+        "{:<15} {:>10} {:>16} {:>16}",
         "server", "events/s", "server CPU ms/ev", "relay CPU ms/ev"
     );
     for (server, run) in &drains {
         println!(
-            "{:<11} {:>10.0} {:>16.3} {:>16.3}",
+            "{:<15} {:>10.0} {:>16.3} {:>16.3}",
             server.name(),
             run.events_per_second,
             run.server_ms_per_event,
@@ -368,12 +402,12 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         args.latency_seconds
     );
     println!(
-        "{:<11} {:>6} {:>16} {:>16} {:>8} {:>8} {:>9}",
+        "{:<15} {:>6} {:>16} {:>16} {:>8} {:>8} {:>9}",
         "server", "rate", "server CPU ms/ev", "relay CPU ms/ev", "p50 ms", "p99 ms", "received"
     );
     for (server, rate, run) in &steadies {
         println!(
-            "{:<11} {:>6} {:>16.3} {:>16.3} {:>8.1} {:>8.1} {:>9}",
+            "{:<15} {:>6} {:>16.3} {:>16.3} {:>8.1} {:>8.1} {:>9}",
             server.name(),
             rate,
             run.server_ms_per_event,

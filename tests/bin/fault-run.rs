@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|mariadb-binlog-kills|mariadb-binlog-down-nats|mariadb-binlog-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -70,7 +70,8 @@
 //! `mariadb-kills [EVENTS] [KILLS]` (100,000 and 20), `mariadb-down-nats
 //! [MINUTES]` (2), `mariadb-restart [RESTARTS]` (2): the kills, a NATS
 //! outage under writers and the database restarted under writers, on a
-//! MariaDB outbox in claim mode.
+//! MariaDB outbox in claim mode; `mariadb-binlog-kills|down-nats|restart`
+//! the same in binlog mode (the kills are of the binary log's reader).
 //! `fleet-kills DATABASES KILLS` (50 and 10 by default): three relays
 //! share DATABASES databases out with `[ownership]`, writers in all of
 //! them, a relay SIGKILLed KILLS times; prints each takeover's time.
@@ -158,14 +159,20 @@ async fn main() {
         return;
     }
     if let Some(scenario) = which.strip_prefix("mariadb-") {
+        let (mode, scenario) = match scenario.strip_prefix("binlog-") {
+            Some(scenario) => (mariadb::Mode::Binlog, scenario),
+            None => (mariadb::Mode::Claim, scenario),
+        };
         let row = match scenario {
-            "kills" => mariadb::kills_run(&relay_bin, events, if rounds == 0 { 20 } else { rounds }).await,
+            "kills" => {
+                mariadb::kills_run(&relay_bin, mode, events, if rounds == 0 { 20 } else { rounds }).await
+            }
             "down-nats" => {
                 let minutes = second.unwrap_or(2);
-                mariadb::broker_down_run(&relay_bin, Duration::from_secs(60 * minutes)).await
+                mariadb::broker_down_run(&relay_bin, mode, Duration::from_secs(60 * minutes)).await
             }
-            "restart" => mariadb::restart_run(&relay_bin, second.map_or(2, |n| n as usize)).await,
-            other => panic!("no MariaDB run {other:?}: kills, down-nats or restart"),
+            "restart" => mariadb::restart_run(&relay_bin, mode, second.map_or(2, |n| n as usize)).await,
+            other => panic!("no MariaDB run {other:?}: kills, down-nats or restart (binlog-kills, ...)"),
         };
         print_rows(vec![row]);
         return;

@@ -264,6 +264,11 @@ impl Process {
         assert!(status.success(), "kill -{signal}");
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process has exited by itself.
     pub fn has_exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))

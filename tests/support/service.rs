@@ -49,6 +49,17 @@ impl ServicePool {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
+    /// The text a query without parameters returns, if a row; `None`
+    /// also when the database does not answer.
+    pub async fn text(&self, sql: &str) -> Option<String> {
+        match self {
+            ServicePool::Postgres(pool) => sqlx::query_scalar(sql).fetch_optional(pool).await,
+            ServicePool::MySql(pool) => sqlx::query_scalar(sql).fetch_optional(pool).await,
+        }
+        .ok()
+        .flatten()
+    }
+
     /// Rows in `status`.
     ///
     /// # Panics

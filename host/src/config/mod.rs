@@ -350,7 +350,7 @@ pub struct RelayConfig {
     #[serde(default)]
     pub failures: FailurePolicy,
     /// `claim` rows from the outbox table, or read them from the WAL
-    /// (`replication`, PostgreSQL; see `[replication]`).
+    /// (`replication`, PostgreSQL; MariaDB's binary log; see `[replication]`).
     #[serde(default)]
     pub mode: FeedMode,
 }

@@ -1,6 +1,7 @@
 //! `[relay] mode` and `[replication]`: whether the relay claims rows from
-//! the outbox table or reads the events from PostgreSQL's WAL, and the
-//! replication slot and publication it reads through.
+//! the outbox table or reads the events from PostgreSQL's WAL (MariaDB's
+//! binary log), and the replication slot and publication it reads through
+//! (the binlog position's name).
 
 use serde::Deserialize;
 
@@ -8,11 +9,12 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FeedMode {
-    /// Claim rows from the outbox table under a lease (PostgreSQL, SQLite).
+    /// Claim rows from the outbox table under a lease (every database).
     #[default]
     Claim,
-    /// Read inserts from a logical replication slot (PostgreSQL): no row
-    /// update per event. Events that fail go to the table and the claim path.
+    /// Read inserts from a logical replication slot (PostgreSQL) or the
+    /// binary log (MariaDB): no row update per event. Events that fail go to
+    /// the table and the claim path.
     Replication,
 }
 
@@ -21,10 +23,11 @@ pub enum FeedMode {
 #[serde(deny_unknown_fields)]
 pub struct ReplicationConfig {
     /// The logical replication slot (`pgoutput`); one relay reads it at a
-    /// time, the others stand by.
+    /// time, the others stand by. On MariaDB, the name of the binary log
+    /// position (in `switchyard_binlog_positions`), read the same way.
     #[serde(default = "default_slot")]
     pub slot: String,
-    /// The publication of the outbox table's inserts.
+    /// The publication of the outbox table's inserts (PostgreSQL).
     #[serde(default = "default_publication")]
     pub publication: String,
     /// Retained WAL above this makes the relay unready (`/readyz`).

@@ -1,8 +1,8 @@
-//! The fault runs on a MariaDB outbox (claim mode): relays SIGKILLed while
-//! they hold leases, NATS down for minutes, MariaDB restarted, each under
-//! writers shaped as a service's (several aggregates per transaction, one
-//! to three events of each), counted by the consumer as the PostgreSQL
-//! runs are.
+//! The fault runs on a MariaDB outbox, in claim mode or binlog mode:
+//! relays SIGKILLed while they hold leases (claim) or read the binary log
+//! (binlog), NATS down for minutes, MariaDB restarted, each under writers
+//! shaped as a service's (several aggregates per transaction, one to three
+//! events of each), counted by the consumer as the PostgreSQL runs are.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -21,15 +21,78 @@ use super::{AGGREGATES, Row, STREAM, published, settings};
 /// two events each: some 700 events a second).
 const TRANSACTIONS: u64 = 100;
 
-/// [`super::finish`], the scenario named as MariaDB's.
+/// How the relays take events from MariaDB.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Claim,
+    Binlog,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Claim => "claim",
+            Mode::Binlog => "binlog",
+        }
+    }
+}
+
+/// [`super::finish`], the scenario named as MariaDB's. In binlog mode a
+/// published event's row stays `streamed`: the consumer's stream and the
+/// rows left unfinished in the table say when it is done.
 async fn finish(
+    mode: Mode,
     scenario: String,
     pool: &ServicePool,
     nats: &NatsServer,
     expected: &HashMap<String, Expected>,
     started: Instant,
 ) -> Row {
-    super::finish(format!("MariaDB: {scenario}"), pool, nats, expected, started).await
+    let scenario = format!("MariaDB {}: {scenario}", mode.name());
+    if mode == Mode::Claim {
+        return super::finish(scenario, pool, nats, expected, started).await;
+    }
+    let total = expected.len() as u64;
+    let limit = Instant::now() + Duration::from_secs(900);
+    let unfinished = "SELECT count(*) FROM switchyard_outbox WHERE status IN ('pending', 'in_flight')";
+    while (nats.stream_len(STREAM).await < total || pool.scalar(unfinished).await > 0)
+        && Instant::now() < limit
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drain_s = started.elapsed().as_secs_f64();
+    let dead = pool.count_status("dead").await;
+    let counted = switchyard_tests::orders::tally(&nats.read_stream(STREAM).await, expected);
+    eprintln!("{scenario}: {counted:?}, {dead} dead");
+    Row::counted(scenario, expected.len(), counted, f64::NAN, drain_s)
+}
+
+/// The config of `mode` for `db`, the database set up for it.
+async fn config_for(relay_bin: &str, mode: Mode, db_url: &str, nats: &NatsServer) -> String {
+    let config = settings(db_url, &nats.url());
+    let config = match mode {
+        Mode::Claim => config,
+        Mode::Binlog => config.set("relay", "mode", "replication"),
+    }
+    .toml();
+    super::replication::migrate(relay_bin, &config).await;
+    config
+}
+
+/// The relay process reading the binary log: the client port of the
+/// database's binlog dump session, and the process holding it.
+async fn binlog_reader(pool: &ServicePool, relays: &[Process]) -> Option<usize> {
+    let host = pool
+        .text("SELECT host FROM information_schema.processlist WHERE command LIKE 'Binlog Dump%' AND db = DATABASE()")
+        .await?;
+    let port = host.rsplit_once(':')?.1.to_string();
+    let out = std::process::Command::new("ss")
+        .args(["-Htnp", "state", "established", &format!("( sport = :{port} )")])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let pid: u32 = text.split("pid=").nth(1)?.split(',').next()?.parse().ok()?;
+    relays.iter().position(|relay| relay.pid() == pid)
 }
 
 async fn stream() -> NatsServer {
@@ -40,11 +103,11 @@ async fn stream() -> NatsServer {
 
 /// Three relays drain `events` written while they run; one at a time is
 /// SIGKILLed while it holds leases, and started again, `kills` times.
-pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
+pub async fn kills_run(relay_bin: &str, mode: Mode, events: usize, kills: usize) -> Row {
     let db = TestOutbox::mariadb().await;
     let pool = db.service_pool();
     let nats = stream().await;
-    let config = settings(&db.url, &nats.url()).toml();
+    let config = config_for(relay_bin, mode, &db.url, &nats).await;
     let mut relays: Vec<Process> = (0..3)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
         .collect();
@@ -54,7 +117,21 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
         async move { write_events(&pool, Shape::rows(Outbox::Switchyard), AGGREGATES, events, 8, 5).await }
     });
     let (mut done, mut generation) = (0, 0);
-    while done < kills {
+    while done < kills && mode == Mode::Binlog {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        if writer.is_finished() {
+            break;
+        }
+        let Some(victim) = binlog_reader(&pool, &relays).await else {
+            continue;
+        };
+        relays[victim].kill();
+        generation += 1;
+        done += 1;
+        eprintln!("kill {done}: relay {victim}, the binary log's reader");
+        relays[victim] = Process::spawn(relay_bin, &config, &format!("relay-{victim}-{generation}"));
+    }
+    while done < kills && mode == Mode::Claim {
         let victim = done % relays.len();
         let owner = format!("relay-{victim}");
         let holds = pool
@@ -78,6 +155,7 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
     }
     let expected = writer.await.expect("writer");
     let row = finish(
+        mode,
         format!("{done} SIGKILLs, 3 relays"),
         &pool,
         &nats,
@@ -94,6 +172,7 @@ pub async fn kills_run(relay_bin: &str, events: usize, kills: usize) -> Row {
 /// A MariaDB outbox, a stream, `relays` relay processes on it and writers
 /// at [`TRANSACTIONS`] a second until the returned token is cancelled.
 struct Paced {
+    mode: Mode,
     db: TestOutbox,
     pool: ServicePool,
     nats: NatsServer,
@@ -104,11 +183,11 @@ struct Paced {
 }
 
 impl Paced {
-    async fn start(relay_bin: &str, relays: usize) -> Paced {
+    async fn start(relay_bin: &str, mode: Mode, relays: usize) -> Paced {
         let db = TestOutbox::mariadb().await;
         let pool = db.service_pool();
         let nats = stream().await;
-        let config = settings(&db.url, &nats.url()).toml();
+        let config = config_for(relay_bin, mode, &db.url, &nats).await;
         let relays = (0..relays)
             .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
             .collect();
@@ -121,6 +200,7 @@ impl Paced {
             stop.clone(),
         );
         Paced {
+            mode,
             db,
             pool,
             nats,
@@ -135,7 +215,15 @@ impl Paced {
     async fn finish(mut self, scenario: String) -> Row {
         self.stop.cancel();
         let expected = self.writer.await.expect("writer");
-        let row = finish(scenario, &self.pool, &self.nats, &expected, self.started).await;
+        let row = finish(
+            self.mode,
+            scenario,
+            &self.pool,
+            &self.nats,
+            &expected,
+            self.started,
+        )
+        .await;
         for relay in &mut self.relays {
             relay.terminate();
         }
@@ -147,11 +235,12 @@ impl Paced {
 /// Two relays, writers at [`TRANSACTIONS`] a second; NATS stopped for
 /// `outage` after 30 s and started again with its store, writing going on
 /// 30 s after its return.
-pub async fn broker_down_run(relay_bin: &str, outage: Duration) -> Row {
-    let mut run = Paced::start(relay_bin, 2).await;
+pub async fn broker_down_run(relay_bin: &str, mode: Mode, outage: Duration) -> Row {
+    let mut run = Paced::start(relay_bin, mode, 2).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
+    let before = run.nats.stream_len(STREAM).await;
     run.nats.stop();
-    eprintln!("NATS down at {} published", published(&run.pool).await);
+    eprintln!("NATS down at {before} in the stream");
     tokio::time::sleep(outage).await;
     let waiting = run
         .pool
@@ -191,8 +280,8 @@ fn restart_mariadb() {
 /// Two relays, writers at [`TRANSACTIONS`] a second (a transaction the
 /// server drops is written again); MariaDB restarted `restarts` times,
 /// 20 s apart.
-pub async fn restart_run(relay_bin: &str, restarts: usize) -> Row {
-    let run = Paced::start(relay_bin, 2).await;
+pub async fn restart_run(relay_bin: &str, mode: Mode, restarts: usize) -> Row {
+    let run = Paced::start(relay_bin, mode, 2).await;
     for round in 1..=restarts {
         tokio::time::sleep(Duration::from_secs(20)).await;
         let at = Instant::now();
@@ -200,9 +289,9 @@ pub async fn restart_run(relay_bin: &str, restarts: usize) -> Row {
             .await
             .expect("restart");
         eprintln!(
-            "MariaDB restarted ({round}), down {:.1} s, {} published",
+            "MariaDB restarted ({round}), down {:.1} s, {} in the stream",
             at.elapsed().as_secs_f64(),
-            published(&run.pool).await
+            run.nats.stream_len(STREAM).await
         );
     }
     tokio::time::sleep(Duration::from_secs(20)).await;

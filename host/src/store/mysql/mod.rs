@@ -524,7 +524,7 @@ impl Backend for MySql {
         let mut tx = self.pool.begin().await?;
         let ids: Vec<i64> = sqlx::query_scalar(
             "SELECT id FROM switchyard_outbox
-              WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND AND status = 'published'
+              WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND AND status IN ('published', 'streamed')
               ORDER BY published_at LIMIT ? FOR UPDATE SKIP LOCKED",
         )
         .bind(micros(max_age))
