@@ -112,6 +112,38 @@ async fn events_come_from_the_binlog_in_order_and_their_rows_are_never_updated()
     relay.stop().await;
 }
 
+/// The session holding a position's lock (the reader), if one does.
+async fn reader_session(db: &TestOutbox) -> Option<i64> {
+    sqlx::query_scalar("SELECT IS_USED_LOCK(concat('switchyard.binlog.', DATABASE(), '.switchyard'))")
+        .fetch_one(&db.mysql_pool())
+        .await
+        .unwrap()
+}
+
+/// With nothing written the server sends heartbeats; the reader, which
+/// takes 5 s of silence for a dead session, keeps its session through 12 s
+/// of quiet and relays the next commit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_binary_log_keeps_its_reader() {
+    let (db, nats, config) = migrated(&[]).await;
+    let relay = InProcess::start(&parse(&config)).await;
+    let session = eventually(
+        "the relay reads the binary log",
+        Duration::from_secs(30),
+        || async { reader_session(&db).await },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        reader_session(&db).await,
+        Some(session),
+        "the reading session was opened again"
+    );
+    let expected = write_events(db.service_pool(), Shape::rows(Outbox::Switchyard), 5, 10, 1, 37).await;
+    stream_holds(&nats, expected.len() as u64, "the events after the quiet", 5).await;
+    relay.stop().await;
+}
+
 /// A relay stopped cleanly records where it got to; a backlog written
 /// while none runs is read from there, whole and once, when one starts
 /// (the catch-up reads batches back to back, while the lanes report: a

@@ -1030,19 +1030,53 @@ async fn mariadb_over_verify_full_and_each_mistake_said_as_for_postgresql() {
 /// sessions logged in with the new password, none dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_mariadb_password_reaches_the_relays_new_sessions() {
+    rotated_mariadb_password(false).await;
+}
+
+/// The same in binlog mode: the binary log's reader, a session of its own
+/// through another driver, logs in over verified TLS and again with the
+/// new password once its session is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_mariadb_password_reaches_the_binlog_reader() {
+    rotated_mariadb_password(true).await;
+}
+
+async fn rotated_mariadb_password(binlog: bool) {
     init_logging();
     let db = switchyard_tests::outbox::TestOutbox::mariadb().await;
     let (user, url) = mariadb_tls_user(&db, "first-password", "localhost").await;
+    if binlog {
+        db.execute(&format!("GRANT REPLICATION SLAVE ON *.* TO '{user}'@'127.0.0.1'"))
+            .await;
+    }
     let file = std::env::temp_dir().join(format!("sy-{user}"));
     std::fs::write(&file, "first-password\n").unwrap();
     let command = vec![toml::Value::from("cat"), path(&file)];
     let password = table(&[("command", command.into()), ("refresh_seconds", 1.into())]);
     let nats = nats().await;
     let url = format!("{url}?sslmode=verify-full&sslrootcert={}", tls_file("ca.pem"));
-    let config = example(&Settings::new(&url, &nats.url()))
-        .database("password", password)
-        .toml();
+    let settings = Settings::new(&url, &nats.url());
+    let settings = if binlog {
+        settings.relay("mode", "\"replication\"")
+    } else {
+        settings
+    };
+    let config = example(&settings).database("password", password).toml();
+    if binlog {
+        let (code, out, err) = cli_with(&config, &["migrate"]).await;
+        assert_eq!(code, 0, "{out}{err}");
+    }
     let mut relay = Process::spawn(SWITCHYARD, &config, "relay-rotating-mariadb");
+    let reading = || {
+        let pool = db.service_pool();
+        let user = user.clone();
+        async move {
+            let sql = format!(
+                "SELECT count(*) FROM information_schema.processlist WHERE user = '{user}' AND command LIKE 'Binlog Dump%'"
+            );
+            (pool.scalar(&sql).await > 0).then_some(())
+        }
+    };
     let pool = db.service_pool();
     let write = |from: usize| {
         let pool = pool.clone();
@@ -1056,6 +1090,14 @@ async fn a_rotated_mariadb_password_reaches_the_relays_new_sessions() {
     };
     write(0).await;
     wait_for_stream(&nats, 10, 60).await;
+    if binlog {
+        eventually(
+            "the relay's user reads the binary log",
+            Duration::from_secs(10),
+            &reading,
+        )
+        .await;
+    }
     db.execute(&format!(
         "ALTER USER '{user}'@'127.0.0.1' IDENTIFIED BY 'second-password'"
     ))
@@ -1078,6 +1120,14 @@ async fn a_rotated_mariadb_password_reaches_the_relays_new_sessions() {
     }
     write(100).await;
     wait_for_stream(&nats, 20, 60).await;
+    if binlog {
+        eventually(
+            "the binary log read again with the new password",
+            Duration::from_secs(30),
+            &reading,
+        )
+        .await;
+    }
     assert_eq!(db.count("dead").await, 0);
     relay.terminate();
     let _ = std::fs::remove_file(&file);
