@@ -181,48 +181,21 @@ async fn a_backlog_written_while_no_relay_runs_is_read_from_the_recorded_positio
     );
 }
 
+/// The body of PostgreSQL's replication-mode outage test, on MariaDB in
+/// binlog mode, with a 10 s outage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_in_binlog_mode_dead_letters_nothing_and_keeps_order() {
     // Two attempts: an outage charged to the events would dead-letter them.
     let (db, mut nats, config) = migrated(&[("max_attempts", "2"), ("publish_timeout_ms", "1000")]).await;
-    let relay = InProcess::start(&parse(&config)).await;
-    let writer = {
-        let pool = db.service_pool();
-        tokio::spawn(
-            async move { write_events(pool, Shape::rows(Outbox::Switchyard), 50, 2000, 2, 32).await },
-        )
-    };
-    stream_holds(&nats, 200, "some events through", 60).await;
-    nats.stop();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    nats.resume().await;
-    let expected = writer.await.unwrap();
-    stream_holds(&nats, expected.len() as u64, "every event in the stream", 120).await;
-    relay.stop().await;
-
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
-    assert_eq!(
-        count_status(db.service_pool(), "dead").await,
-        0,
-        "an outage is not the events' fault"
-    );
-    let handed: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM switchyard_outbox WHERE status = 'published'")
-        .fetch_one(&db.mysql_pool())
-        .await
-        .unwrap();
-    assert!(handed > 0, "the outage handed events over to the table");
-    let unfinished: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM switchyard_outbox WHERE status NOT IN ('streamed', 'published')",
+    let shape = Shape::rows(Outbox::Switchyard);
+    crate::replication::broker_outage_in_replication_mode(
+        db.service_pool(),
+        &mut nats,
+        &config,
+        shape,
+        Duration::from_secs(10),
     )
-    .fetch_one(&db.mysql_pool())
-    .await
-    .unwrap();
-    assert_eq!(unfinished, 0);
+    .await;
 }
 
 /// Services that delete their event in the transaction that wrote it (the
