@@ -61,6 +61,19 @@ async fn stream_holds(nats: &NatsServer, count: u64, what: &str, seconds: u64) {
     .await;
 }
 
+/// Every expected event is in the stream once, in order per aggregate.
+async fn each_once(
+    nats: &NatsServer,
+    expected: &std::collections::HashMap<String, switchyard_tests::orders::Expected>,
+) {
+    let verdict = verify(&nats.read_stream(STREAM).await, expected);
+    assert_eq!(
+        (verdict.distinct, verdict.duplicates),
+        (expected.len(), 0),
+        "{verdict:?}"
+    );
+}
+
 async fn recorded_position(db: &TestOutbox) -> String {
     sqlx::query_scalar("SELECT gtid_position FROM switchyard_binlog_positions WHERE name = 'switchyard'")
         .fetch_one(&db.mysql_pool())
@@ -85,12 +98,7 @@ async fn events_come_from_the_binlog_in_order_and_their_rows_are_never_updated()
     )
     .await;
     stream_holds(&nats, expected.len() as u64, "every event in the stream", 60).await;
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
+    each_once(&nats, &expected).await;
     let untouched: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM switchyard_outbox
           WHERE status = 'streamed' AND attempts = 0 AND lease_owner IS NULL AND published_at IS NOT NULL",
@@ -173,12 +181,7 @@ async fn a_backlog_written_while_no_relay_runs_is_read_from_the_recorded_positio
     let relay = InProcess::start(&parse(&config)).await;
     stream_holds(&nats, expected.len() as u64, "the backlog", 90).await;
     relay.stop().await;
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
+    each_once(&nats, &expected).await;
 }
 
 /// The body of PostgreSQL's replication-mode outage test, on MariaDB in
@@ -243,12 +246,7 @@ async fn events_deleted_as_they_are_written_are_written_back_when_they_must_wait
     nats.resume().await;
     stream_holds(&nats, expected.len() as u64, "every event in the stream", 60).await;
     relay.stop().await;
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
+    each_once(&nats, &expected).await;
     assert_eq!(count_status(db.service_pool(), "dead").await, 0);
 }
 
@@ -294,12 +292,7 @@ async fn a_killed_binlog_reader_is_replaced_by_its_standby_and_nothing_is_lost()
     stream_holds(&nats, expected.len() as u64, "every event in the stream", 120).await;
     second.terminate();
     // JetStream absorbs what the killed reader published but had not confirmed.
-    let verdict = verify(&nats.read_stream(STREAM).await, &expected);
-    assert_eq!(
-        (verdict.distinct, verdict.duplicates),
-        (expected.len(), 0),
-        "{verdict:?}"
-    );
+    each_once(&nats, &expected).await;
 }
 
 /// `validate` names each thing that keeps binlog mode from working: the

@@ -265,12 +265,9 @@ async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
     }
 }
 
-/// In claim mode: the database is not set up for replication mode, whose
-/// rows a claiming relay would never see.
-///
-/// # Errors
-/// The mismatch, saying what to do, or the database's error.
-pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
+/// What the server lacks for the relay (MySQL and MariaDB: version,
+/// binary log format, engine, columns); its warnings are logged.
+async fn check_server(store: &OutboxStore) -> anyhow::Result<()> {
     let report = store
         .server_report()
         .await
@@ -279,6 +276,16 @@ pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     anyhow::ensure!(report.problems.is_empty(), "{}", report.problems.join("\n  - "));
+    Ok(())
+}
+
+/// In claim mode: the database is not set up for replication mode, whose
+/// rows a claiming relay would never see.
+///
+/// # Errors
+/// The mismatch, saying what to do, or the database's error.
+pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
+    check_server(store).await?;
     let mismatch = match (store.postgres(), store.binlog()) {
         (Some(pg), _) => pg.mode_mismatch(false).await,
         (None, Some(binlog)) => binlog.mode_mismatch(false).await,
@@ -333,14 +340,7 @@ pub async fn check_replication(config: &Config, store: &OutboxStore) -> anyhow::
         return Ok(());
     };
     if let Some(binlog) = store.binlog() {
-        let report = store
-            .server_report()
-            .await
-            .context("cannot read the database server's settings")?;
-        for warning in &report.warnings {
-            tracing::warn!("{warning}");
-        }
-        anyhow::ensure!(report.problems.is_empty(), "{}", report.problems.join("\n  - "));
+        check_server(store).await?;
         return check_binlog(&binlog, &replication.slot).await;
     }
     // The configuration refuses replication mode on SQLite; a database
