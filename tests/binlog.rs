@@ -201,6 +201,43 @@ async fn a_broker_outage_in_binlog_mode_dead_letters_nothing_and_keeps_order() {
     .await;
 }
 
+/// A relay started while its broker is down reads the binary log all the
+/// same: the events wait in the table without spending attempts (two
+/// allowed, a 1 s publish timeout), and arrive once and in order when the
+/// broker comes, longer after than the publish timeout and the backoffs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_the_broker_is_down_relays_everything_when_it_comes() {
+    let (db, mut nats, config) = migrated(&[("max_attempts", "2"), ("publish_timeout_ms", "1000")]).await;
+    nats.stop();
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_events(db.service_pool(), Shape::rows(Outbox::Switchyard), 20, 400, 2, 38).await;
+    let pool = db.service_pool();
+    eventually(
+        "the events wait in the table",
+        Duration::from_secs(30),
+        || async {
+            (pool
+                .scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'pending'")
+                .await
+                > 0)
+            .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    nats.resume().await;
+    stream_holds(
+        &nats,
+        expected.len() as u64,
+        "every event after the broker came",
+        60,
+    )
+    .await;
+    relay.stop().await;
+    each_once(&nats, &expected).await;
+    assert_eq!(count_status(db.service_pool(), "dead").await, 0);
+}
+
 /// Services that delete their event in the transaction that wrote it (the
 /// table stays empty; the log has the insert), while NATS is down: every
 /// event must wait in the table, so the relay writes each back from the

@@ -400,7 +400,9 @@ pub(crate) async fn waiting_in_table(
         }
         found.extend(query.fetch_all(pool).await?);
     }
-    Ok(found.into_iter().filter(|k| keys.contains(k)).collect())
+    // Two aggregates may share a hash: only those asked for.
+    let asked: HashSet<&(String, String)> = keys.iter().collect();
+    Ok(found.into_iter().filter(|k| asked.contains(k)).collect())
 }
 
 /// Whether any aggregate waits in the table at all.

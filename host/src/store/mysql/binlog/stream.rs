@@ -332,13 +332,14 @@ impl BinlogStream {
             let Some(after) = after else { continue };
             let mut values = RowValues::default();
             for (at, column) in after.columns_ref().iter().enumerate() {
+                // Per column of every row read: borrowed, not copied.
                 let named = column.name_str();
                 let name = if named.is_empty() {
-                    self.columns.get(at).cloned().unwrap_or_default()
+                    self.columns.get(at).map_or("", String::as_str)
                 } else {
-                    named.into_owned()
+                    named.as_ref()
                 };
-                values.set(&name, after.as_ref(at));
+                values.set(name, after.as_ref(at));
             }
             if values.status.as_deref() == Some("streamed") {
                 self.open_rows.push(values.into_row());
