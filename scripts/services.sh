@@ -7,12 +7,15 @@
 # offered, binlog in row format), as plain processes on loopback.
 # Idempotent: `start` on a running set is a no-op.
 #
-#   scripts/services.sh install|start|stop|status|env
+#   scripts/services.sh install|start|stop|status|env|durable
+#
+# `durable` starts (alone) a PostgreSQL cluster with the server's durability
+# defaults for benchmarks by hand and prints its DATABASE_URL.
 #
 # Ports and directories can be moved with SWITCHYARD_PG_PORT, SWITCHYARD_PG_TLS_PORT,
 # SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
 # (AMQP; the next port is its Erlang distribution port), SWITCHYARD_PUBSUB_PORT,
-# SWITCHYARD_REGISTRY_PORT, SWITCHYARD_MARIADB_PORT,
+# SWITCHYARD_REGISTRY_PORT, SWITCHYARD_MARIADB_PORT, SWITCHYARD_PG_DURABLE_PORT,
 # SWITCHYARD_STATE_DIR and
 # SWITCHYARD_TOOLS_DIR (where tansu is installed).
 set -euo pipefail
@@ -32,6 +35,8 @@ PG_BIN="${SWITCHYARD_PG_BIN:-/usr/lib/postgresql/15/bin}"
 PG_DATA="$STATE_DIR/pg"
 PG_TLS_PORT="${SWITCHYARD_PG_TLS_PORT:-55433}"
 PG_TLS_DATA="$STATE_DIR/pg-tls"
+PG_DURABLE_PORT="${SWITCHYARD_PG_DURABLE_PORT:-55434}"
+PG_DURABLE_DATA="$STATE_DIR/pg-durable"
 TLS_DIR="$STATE_DIR/tls"
 NATS_DIR="$STATE_DIR/nats"
 KAFKA_DIR="$STATE_DIR/kafka"
@@ -238,6 +243,32 @@ HBA
     fi
     pg_run "$PG_BIN/pg_ctl" -D "$PG_TLS_DATA" status >/dev/null 2>&1 && return 0
     pg_run "$PG_BIN/pg_ctl" -D "$PG_TLS_DATA" -l "$PG_TLS_DATA/server.log" -w -t 60 start >/dev/null
+}
+
+# A cluster for benchmarks by hand (`durable`), never for tests: the
+# server's durability defaults (fsync, synchronous_commit, full_page_writes
+# on), as production runs, so that what a commit or a page's first change
+# after a checkpoint costs is counted; the test server turns them off.
+pg_durable_start() {
+    mkdir -p "$STATE_DIR"
+    if [ "$(id -u)" = 0 ]; then chown postgres "$STATE_DIR"; fi
+    if [ ! -f "$PG_DURABLE_DATA/PG_VERSION" ]; then
+        pg_run "$PG_BIN/initdb" -D "$PG_DURABLE_DATA" -U postgres --auth=trust -E UTF8 >/dev/null
+        cat >>"$PG_DURABLE_DATA/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $PG_DURABLE_PORT
+unix_socket_directories = '$PG_DURABLE_DATA'
+max_connections = 200
+shared_buffers = 256MB
+wal_level = logical
+max_replication_slots = 20
+max_wal_senders = 20
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.save = off
+CONF
+    fi
+    pg_run "$PG_BIN/pg_ctl" -D "$PG_DURABLE_DATA" status >/dev/null 2>&1 && return 0
+    pg_run "$PG_BIN/pg_ctl" -D "$PG_DURABLE_DATA" -l "$PG_DURABLE_DATA/server.log" -w -t 60 start >/dev/null
 }
 
 pg_stop() { # data-directory
@@ -559,6 +590,11 @@ case "${1:-}" in
         pid_stop "$NATS_DIR/nats.pid" nats-server
         pg_stop "$PG_DATA"
         pg_stop "$PG_TLS_DATA"
+        pg_stop "$PG_DURABLE_DATA"
+        ;;
+    durable)
+        pg_durable_start
+        echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_DURABLE_PORT/postgres"
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
@@ -571,7 +607,7 @@ case "${1:-}" in
         print_env
         ;;
     *)
-        echo "usage: $0 install|start|stop|status|env" >&2
+        echo "usage: $0 install|start|stop|status|env|durable" >&2
         exit 2
         ;;
 esac

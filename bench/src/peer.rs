@@ -48,6 +48,7 @@ pub(super) async fn start(url: &str, nats_url: &str) -> anyhow::Result<Peer> {
             .current_dir(dir())
             .env("DATABASE_URL", url)
             .env("NATS_URL", nats_url)
+            .env("PGAPPNAME", super::server_cost::PEER_APP)
             .kill_on_drop(true);
         node
     };

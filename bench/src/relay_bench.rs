@@ -44,6 +44,7 @@ mod many;
 mod mysql;
 mod peer;
 mod replication;
+mod server_cost;
 mod slot_spread;
 mod steady;
 
@@ -112,6 +113,13 @@ struct Args {
     /// Node.js and npm) from its own table's WAL at each rate.
     #[arg(long, requires = "steady")]
     peer: bool,
+    /// With --steady: only these runs (comma-separated: writes, claim,
+    /// intake, replication, source, peer); all when empty.
+    #[arg(long, value_delimiter = ',', requires = "steady")]
+    runs: Vec<String>,
+    /// With --steady: the rates (events/s) to run at.
+    #[arg(long, value_delimiter = ',', requires = "steady", default_value = "100,500")]
+    rates: Vec<u64>,
     /// Only one relay serving this many databases each (comma-separated):
     /// idle cost, latency at 10 events/s each, sessions.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread", "steady"])]
@@ -261,6 +269,14 @@ impl CpuMark {
             }
         }
         mark
+    }
+
+    /// Each PostgreSQL process's CPU since `earlier`, by process id.
+    fn postgres_since(&self, earlier: &CpuMark) -> std::collections::HashMap<i32, f64> {
+        self.postgres
+            .iter()
+            .map(|(pid, now)| (*pid, now - earlier.postgres.get(pid).copied().unwrap_or(0.0)))
+            .collect()
     }
 
     /// What each process used since `earlier`. A PostgreSQL process that
@@ -803,6 +819,10 @@ struct Latency {
     peak_rss: u64,
     /// CPU from the first write until the last event arrived.
     cpu: CpuTimes,
+    /// PostgreSQL's part of it by what each process serves.
+    pg_roles: BTreeMap<String, f64>,
+    /// The run's dearest statements.
+    statements: Vec<server_cost::Statement>,
 }
 
 /// A steady load: `rate` events/s for `seconds`.
@@ -919,7 +939,12 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     // `synchronous_commit = off`, whose WAL reaches disk, and a WAL reader,
     // only at the WAL writer's next round, up to 200 ms later).
     let options: sqlx::postgres::PgConnectOptions = url.parse()?;
-    let pool = sqlx::PgPool::connect_with(options.options([("synchronous_commit", "on")])).await?;
+    let pool = sqlx::PgPool::connect_with(
+        options
+            .options([("synchronous_commit", "on")])
+            .application_name(server_cost::WRITER_APP),
+    )
+    .await?;
     reset_brokers(services, Target::Nats).await?;
 
     let dir = std::env::temp_dir().join(format!("sy-bench-{rate}"));
@@ -1024,7 +1049,10 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
         sent += n;
     }
     let mut sorted_us = consumer.await?;
-    let cpu = CpuMark::now().since(cpu);
+    let roles = server_cost::roles(&admin).await;
+    let end = CpuMark::now();
+    let pg_roles = server_cost::by_role(&end.postgres_since(&cpu), &roles);
+    let cpu = end.since(cpu);
     if let Some(running) = running {
         running.stop().await?;
     }
@@ -1040,6 +1068,7 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     let peak_rss = peak_rss();
     drop(relay);
     pool.close().await;
+    let statements = server_cost::statements(&admin, &name).await;
     replication::drop_slot(&admin, &name).await?;
     replication::drop_slot(&admin, peer::SLOT).await?;
     drop_db(services, &name).await?;
@@ -1050,6 +1079,8 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
         reload_ms,
         peak_rss,
         cpu,
+        pg_roles,
+        statements,
     })
 }
 

@@ -129,92 +129,148 @@ async fn replication_writer(
     costs
 }
 
+/// The runs at one rate, by key, with their names.
+fn loads(rate: u64, seconds: u64) -> [(&'static str, &'static str, Load); 6] {
+    let steady = Load {
+        one_per_transaction: true,
+        ..Load::new(rate, seconds)
+    };
+    [
+        (
+            "writes",
+            "writes alone",
+            Load {
+                writer_only: true,
+                ..steady
+            },
+        ),
+        ("claim", "claim mode", steady),
+        (
+            "intake",
+            "claim, intake",
+            Load {
+                intake: true,
+                ..steady
+            },
+        ),
+        (
+            "replication",
+            "replication",
+            Load {
+                replication: true,
+                ..steady
+            },
+        ),
+        (
+            "source",
+            "repl., [source]",
+            Load {
+                replication: true,
+                source: true,
+                ..steady
+            },
+        ),
+        ("peer", "peer (WAL)", Load { peer: true, ..steady }),
+    ]
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> {
     if args.peer {
         super::peer::install().await?;
     }
-    eprintln!("writer cost ...");
-    let writers = writer_cost(services).await?;
-    let mut runs: Vec<(&str, Latency)> = Vec::new();
-    for rate in [100, 500] {
-        let steady = Load {
-            one_per_transaction: true,
-            ..Load::new(rate, args.latency_seconds)
-        };
-        for (mode, load) in [
-            (
-                "writes alone",
-                Load {
-                    writer_only: true,
-                    ..steady
-                },
-            ),
-            ("claim mode", steady),
-            (
-                "claim, intake",
-                Load {
-                    intake: true,
-                    ..steady
-                },
-            ),
-            (
-                "replication",
-                Load {
-                    replication: true,
-                    ..steady
-                },
-            ),
-            (
-                "repl., [source]",
-                Load {
-                    replication: true,
-                    source: true,
-                    ..steady
-                },
-            ),
-            ("peer (WAL)", Load { peer: true, ..steady }),
-        ] {
-            if load.peer && !args.peer {
-                continue;
+    let writers = if args.runs.is_empty() {
+        eprintln!("writer cost ...");
+        writer_cost(services).await?
+    } else {
+        Vec::new()
+    };
+    // Round by round, each rate's runs in turn, every other round in the
+    // reverse order (ABBA): a drift of the machine over the rounds falls on
+    // every mode alike.
+    let mut runs: Vec<(u32, &str, Latency)> = Vec::new();
+    for round in 0..args.repeat {
+        for &rate in &args.rates {
+            let mut order: Vec<_> = loads(rate, args.latency_seconds)
+                .into_iter()
+                .filter(|(key, _, load)| {
+                    (args.peer || !load.peer) && (args.runs.is_empty() || args.runs.iter().any(|r| r == key))
+                })
+                .collect();
+            if round % 2 == 1 {
+                order.reverse();
             }
-            eprintln!("{mode}, {rate} events/s ...");
-            runs.push((mode, latency_in(services, args, load).await?));
+            for (_, mode, load) in order {
+                eprintln!("round {}: {mode}, {rate} events/s ...", round + 1);
+                runs.push((round, mode, latency_in(services, args, load).await?));
+            }
         }
     }
     println!();
     println!(
-        "steady rate, one event per transaction, {} s per run; CPU per event in ms",
-        args.latency_seconds
+        "steady rate, one event per transaction, {} s per run, {} round(s); CPU per event in ms, medians (each round's PG CPU after it)",
+        args.latency_seconds, args.repeat
     );
     println!(
-        "{:<15} {:>7} {:>10} {:>16} {:>10} {:>8} {:>8}",
-        "mode", "rate", "PG CPU", "PG over writes", "relay CPU", "p50 ms", "p99 ms"
+        "{:<15} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}  rounds",
+        "mode", "rate", "PG CPU", "x peer", "- writes", "relay", "p50 ms", "p99 ms"
     );
-    for rate in runs.chunk_by(|a, b| a.1.rate == b.1.rate) {
-        let alone = rate[0].1.cpu.postgres / rate[0].1.sent.max(1) as f64;
-        for (mode, run) in rate {
-            let events = run.sent.max(1) as f64;
-            let postgres = run.cpu.postgres / events;
-            let (p50, p99) = if run.sorted_us.is_empty() {
-                ("-".to_string(), "-".to_string())
-            } else {
-                (
-                    format!("{:.1}", run.percentile_ms(0.5)),
-                    format!("{:.1}", run.percentile_ms(0.99)),
-                )
+    for &rate in &args.rates {
+        let at: Vec<_> = runs.iter().filter(|r| r.2.rate == rate).collect();
+        let per_event = |mode: &str, f: &dyn Fn(&Latency) -> f64| {
+            let mut values: Vec<f64> = at
+                .iter()
+                .filter(|r| r.1 == mode)
+                .map(|r| f(&r.2) / r.2.sent.max(1) as f64 * 1000.0)
+                .collect();
+            (median(&mut values.clone()), std::mem::take(&mut values))
+        };
+        let (peer, _) = per_event("peer (WAL)", &|l| l.cpu.postgres);
+        let (alone, _) = per_event("writes alone", &|l| l.cpu.postgres);
+        for (_, mode, _) in loads(rate, 0) {
+            let (postgres, rounds) = per_event(mode, &|l| l.cpu.postgres);
+            if rounds.is_empty() {
+                continue;
+            }
+            let (relay, _) = per_event(mode, &|l| l.cpu.relay);
+            let percentile = |p: f64| {
+                let mut values: Vec<f64> = at
+                    .iter()
+                    .filter(|r| r.1 == mode && !r.2.sorted_us.is_empty())
+                    .map(|r| r.2.percentile_ms(p))
+                    .collect();
+                if values.is_empty() {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}", median(&mut values))
+                }
             };
+            let rounds: Vec<String> = rounds.iter().map(|v| format!("{v:.3}")).collect();
             println!(
-                "{:<15} {:>7} {:>10.3} {:>16.3} {:>10.3} {:>8} {:>8}",
+                "{:<15} {:>5} {:>8.3} {:>8.2} {:>8.3} {:>8.3} {:>7} {:>7}  {}",
                 mode,
-                run.rate,
-                postgres * 1000.0,
-                (postgres - alone) * 1000.0,
-                run.cpu.relay / events * 1000.0,
-                p50,
-                p99
+                rate,
+                postgres,
+                postgres / peer,
+                postgres - alone,
+                relay,
+                percentile(0.5),
+                percentile(0.99),
+                rounds.join(" ")
             );
         }
     }
-    print_writers(&writers);
+    println!();
+    for (round, mode, run) in &runs {
+        let mode = format!("round {}, {mode}", round + 1);
+        super::server_cost::print(&mode, run.rate, run.sent, &run.pg_roles, &run.statements);
+    }
+    if !writers.is_empty() {
+        print_writers(&writers);
+    }
     Ok(())
 }
