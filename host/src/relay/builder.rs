@@ -101,6 +101,7 @@ impl RelayBuilder {
                 outages: outage::Outages::default(),
                 wake: Arc::new(tokio::sync::Notify::new()),
                 held: super::claim_feed::HeldOutcomes::default(),
+                claim_gate: super::claim_feed::ClaimGate::default(),
                 _watcher: self.watcher,
                 native_router: self.native_router,
                 capture: self.capture,

@@ -115,6 +115,8 @@ struct Inner {
     wake: Arc<tokio::sync::Notify>,
     /// Batches whose outcomes wait for the database to record them.
     held: claim_feed::HeldOutcomes,
+    /// Spaces the claims wake-ups start.
+    claim_gate: claim_feed::ClaimGate,
     /// Kept alive as long as the relay: hot reload.
     _watcher: Option<crate::plugin::watch::PluginWatcher>,
     /// Routes instead of the plugins when set.
