@@ -17,9 +17,8 @@
 //! ```
 
 // The relay runs in this process: its allocator is this binary's.
-#[cfg(feature = "mimalloc")]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: switchyard::Allocator = switchyard::ALLOCATOR;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -100,6 +99,9 @@ struct Args {
     /// events/s.
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted"])]
     replication: bool,
+    /// With --replication: the drains only (their rate, CPU and peak RSS).
+    #[arg(long, requires = "replication")]
+    no_latency: bool,
     /// Only the cost to PostgreSQL of one outbox spread over 1, 2 and 4
     /// slots with hash row filters.
     #[arg(long, conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication"])]
@@ -1273,6 +1275,7 @@ async fn stale_claims(services: &Services, schema: Schema) -> anyhow::Result<Sta
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    switchyard::tune_allocator();
     let args = Args::parse();
     // sqlx flags the bulk load as slow statements; that is the point of it.
     switchyard::telemetry::init_with_default(switchyard::telemetry::LogFormat::Text, "warn,sqlx=error");

@@ -238,6 +238,10 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
     }
     drop_db(services, Schema::Current.template()).await?;
     let mut latencies: Vec<(String, Latency)> = Vec::new();
+    if args.no_latency {
+        print(args, &rows, &latencies);
+        return Ok(());
+    }
     for rate in [100, 1_000] {
         for replication in [false, true] {
             let mode = if replication { "replication" } else { "claim mode" };
@@ -446,8 +450,8 @@ fn print(args: &Args, drains: &[(String, Drain)], latencies: &[(String, Latency)
     );
     println!();
     println!(
-        "{:<44} {:>12}  {:>8}  CPU per 1,000 events",
-        "drain", "rate", "vs keep"
+        "{:<44} {:>12}  {:>8}  {:>8}  CPU per 1,000 events",
+        "drain", "rate", "vs keep", "peak RSS"
     );
     let mut keep = 0.0;
     for (label, drain) in drains {
@@ -455,9 +459,10 @@ fn print(args: &Args, drains: &[(String, Drain)], latencies: &[(String, Latency)
             keep = drain.rate;
         }
         println!(
-            "{label:<44} {:>9.0} /s  {:>7.2}x  {}",
+            "{label:<44} {:>9.0} /s  {:>7.2}x  {:>4} MiB  {}",
             drain.rate,
             drain.rate / keep,
+            drain.peak_rss >> 20,
             drain.cpu.per_thousand(args.rows)
         );
     }

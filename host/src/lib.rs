@@ -62,13 +62,20 @@ pub use store::OutboxStore;
 /// installs this one, so what the tests and fault runs measure is what ships:
 /// `#[global_allocator] static A: switchyard::Allocator = switchyard::ALLOCATOR;`
 #[cfg(feature = "mimalloc")]
-pub type Allocator = mimalloc::MiMalloc;
+pub type Allocator = switchyard_alloc::Allocator;
 /// The allocator of the shipped binary (see the `mimalloc` feature).
 #[cfg(not(feature = "mimalloc"))]
 pub type Allocator = std::alloc::System;
 /// The value to install as the global allocator.
 #[cfg(feature = "mimalloc")]
-pub const ALLOCATOR: Allocator = mimalloc::MiMalloc;
+pub const ALLOCATOR: Allocator = switchyard_alloc::ALLOCATOR;
+
+/// The shipped allocator's settings (see `switchyard_alloc::tune`), applied
+/// by every binary that installs [`ALLOCATOR`], first thing in `main`.
+pub fn tune_allocator() {
+    #[cfg(feature = "mimalloc")]
+    switchyard_alloc::tune();
+}
 /// The value to install as the global allocator.
 #[cfg(not(feature = "mimalloc"))]
 pub const ALLOCATOR: Allocator = std::alloc::System;

@@ -307,6 +307,7 @@ impl RegistryArgs {
 
 /// Parses the command line, runs the command, and maps the result to an exit code.
 pub fn main() -> ExitCode {
+    crate::tune_allocator();
     let cli = Cli::parse();
     // The demo's output is the point; keep lifecycle logs out of it.
     let default_filter = if matches!(cli.command, Command::Demo { .. }) {
