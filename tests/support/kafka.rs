@@ -420,9 +420,20 @@ fn client_config(bootstrap: &str) -> ClientConfig {
 
 fn read_blocking(config: &ClientConfig, topic: &str, expected: usize, limit: Duration) -> Vec<KafkaReceived> {
     let consumer: BaseConsumer = config.create().expect("consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("topic metadata");
+    // A connection the broker dropped mid-request (a login revoked a
+    // moment ago, a loaded machine) fails the fetch at once, where a
+    // consumer would connect again: so does the reader, within the bound.
+    let asked = std::time::Instant::now();
+    let metadata = loop {
+        match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            Ok(metadata) => break metadata,
+            Err(error) if asked.elapsed() < Duration::from_secs(20) => {
+                eprintln!("topic metadata: {error}; asking again");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(error) => panic!("topic metadata: {error}"),
+        }
+    };
     let partitions = metadata
         .topics()
         .iter()
