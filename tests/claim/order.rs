@@ -553,3 +553,93 @@ async fn claims_move_intake_rows_once_another_process_creates_the_intake() {
     assert!(refused.contains("switchyard_intake"), "{refused}");
     assert_eq!(store.claim("a", 10, LEASE).await.unwrap().rows.len(), 1);
 }
+
+/// The movers' lock is taken inside the claim's statement, after its
+/// snapshot: another mover can commit in between. Its first row of an
+/// aggregate is then in the outbox where this claim cannot see it, and the
+/// next row, still in the intake as this claim sees it, would look like the
+/// aggregate's head and be leased beside the first. Here the claim takes
+/// the lock first and the other move's row lock holds it on the first row
+/// until that move commits: the same order of events, made certain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_snapshot_predates_another_move_leases_nothing_it_moves() {
+    let db = fresh_db().await;
+    let store = OutboxStore::new(db.pool.clone());
+    for seq in 0..2 {
+        place_event(&db.pool, Outbox::Intake, &event(7, seq), true).await;
+    }
+    place_event(&db.pool, Outbox::Intake, &event(8, 0), true).await;
+    let mut mover = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "WITH first AS (DELETE FROM switchyard_intake
+                         WHERE id = (SELECT min(id) FROM switchyard_intake) RETURNING *)
+         INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+         SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM first",
+    )
+    .execute(&mut *mover)
+    .await
+    .unwrap();
+
+    let claiming = {
+        let store = store.clone();
+        tokio::spawn(async move { store.claim("late", 10, LEASE).await })
+    };
+    // The claim has its snapshot and waits on the first intake row (the
+    // only session here that can wait on a lock).
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let started = std::time::Instant::now();
+    while sqlx::query_scalar::<_, i64>(waiting)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the claim never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    mover.commit().await.unwrap();
+    let late = claiming.await.unwrap().unwrap();
+    let leased: Vec<_> = late.rows.iter().map(|row| row.aggregate_id.as_str()).collect();
+    assert!(
+        !leased.contains(&"o-7"),
+        "o-7's second event leased beside its first: {leased:?}"
+    );
+    let outcomes: Vec<_> = late
+        .rows
+        .iter()
+        .map(|row| outcome(row.id, Outcome::Published))
+        .collect();
+    store.ack(late.lease, &outcomes).await.unwrap();
+
+    // The next claims take o-7's events one at a time, in order; none is lost.
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let claim = store.claim("next", 10, LEASE).await.unwrap();
+        let o7: Vec<_> = claim
+            .rows
+            .iter()
+            .filter(|row| row.aggregate_id == "o-7")
+            .collect();
+        assert!(o7.len() <= 1, "{o7:?}");
+        seen.extend(o7.iter().map(|row| row.payload_json.clone().unwrap_or_default()));
+        let outcomes: Vec<_> = claim
+            .rows
+            .iter()
+            .map(|row| outcome(row.id, Outcome::Published))
+            .collect();
+        store.ack(claim.lease, &outcomes).await.unwrap();
+    }
+    assert_eq!(seen, ["{\"seq\": 0}", "{\"seq\": 1}"]);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.delayed), (0, 0), "{stats:?}");
+    let published: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status = 'published'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(published, 3, "o-7's two events and o-8's");
+}

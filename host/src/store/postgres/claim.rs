@@ -253,6 +253,16 @@ pub const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
 // may make the second one pass over every unfinished row (14,500 rows
 // read for one claim, found with auto_explain).
 //
+// The movers' lock is taken inside the statement, after its snapshot: a
+// mover that committed in between moved rows this statement cannot see in
+// the outbox, so the head test above would pass the next row of their
+// aggregate. Such a claim finds rows it saw in the intake already gone
+// (`wanted` against `taken`), and then leases none of what it moves: they
+// enter the outbox pending, and the next claim's fresh snapshot judges
+// them. Writers commit an aggregate's events in order, so a row this
+// snapshot sees has its predecessors either in the outbox as it sees it
+// or still in the intake, wanted before it.
+//
 // `guard` marks the transaction so the outbox's notification passes over
 // this insert (otherwise every claim would wake every relay). It must run
 // even when the intake is empty: the DELETE reads it in a condition of
@@ -261,11 +271,13 @@ pub const INTAKE_LOCK: i64 = 0x5357_494e_5441_4b45;
 const MOVE_SQL: &str = r#", mover AS MATERIALIZED (
     SELECT set_config('switchyard.moving', 'on', true) AS guard,
            pg_try_advisory_xact_lock(__INTAKE_LOCK__) AS moves
+), wanted AS MATERIALIZED (
+    SELECT x.id FROM switchyard_intake x
+     WHERE (SELECT m.moves AND m.guard = 'on' FROM mover m)
+     ORDER BY x.id LIMIT $1
 ), taken AS (
     DELETE FROM switchyard_intake i
-     WHERE i.id = ANY (ARRAY(SELECT x.id FROM switchyard_intake x
-                              WHERE (SELECT m.moves AND m.guard = 'on' FROM mover m)
-                              ORDER BY x.id LIMIT $1))
+     WHERE i.id = ANY (ARRAY(SELECT w.id FROM wanted w))
     RETURNING i.*
 ), move_plan AS MATERIALIZED (
     SELECT t.id,
@@ -273,7 +285,8 @@ const MOVE_SQL: &str = r#", mover AS MATERIALIZED (
            OR COALESCE(d.taken, false) AS duplicate,
            (t.not_before IS NULL OR t.not_before <= now())
            AND lag(t.id) OVER (PARTITION BY t.aggregate_type, t.aggregate_id ORDER BY t.id) IS NULL
-           AND b.id IS NULL AS head
+           AND b.id IS NULL
+           AND (SELECT count(*) FROM taken) = (SELECT count(*) FROM wanted) AS head
       FROM taken t
       LEFT JOIN LATERAL (
            SELECT true AS taken FROM switchyard_outbox e WHERE e.event_id = t.event_id LIMIT 1) d ON true
