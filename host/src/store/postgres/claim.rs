@@ -443,6 +443,8 @@ pub(super) struct Claimed {
     pub(super) mover_busy: bool,
     /// Whether `switchyard_intake` exists.
     pub(super) intake_there: bool,
+    /// Whether it moved intake rows.
+    pub(super) moved: bool,
 }
 
 /// The statement-wide figures every row of a claim carries.
@@ -531,6 +533,7 @@ pub(super) async fn claim(
         claim,
         mover_busy: figures.mover_busy,
         intake_there: figures.intake_there,
+        moved: figures.moved > 0,
     })
 }
 

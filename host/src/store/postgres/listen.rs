@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::connect::{CONNECT_TIMEOUT, pinged};
+use super::intake_watch::IntakeWatch;
 use crate::store::{NOTIFY_CHANNEL, PgOutbox};
 use crate::telemetry::{Occurrence, Repeats};
 
@@ -39,13 +40,16 @@ impl PgOutbox {
         shutdown: CancellationToken,
         listening: impl Fn(bool) + Send + Sync,
     ) {
-        listen(&self.backend.pool, &wake, &shutdown, &listening).await;
+        let intake = &self.backend.intake;
+        listen(&self.backend.pool, intake, &wake, &shutdown, &listening).await;
+        intake.deaf();
         listening(false);
     }
 }
 
 async fn listen(
     pool: &PgPool,
+    intake: &IntakeWatch,
     wake: &Notify,
     shutdown: &CancellationToken,
     listening: &(dyn Fn(bool) + Send + Sync),
@@ -100,23 +104,28 @@ async fn listen(
         if let Some((failures, lasted)) = failing.ended() {
             info!(failures, failed_for_s = lasted.as_secs(), "LISTEN works again.");
         }
+        intake.listening();
         listening(true);
         wake.notify_waiters();
-        hear(&mut listener, wake, shutdown).await;
+        hear(&mut listener, intake, wake, shutdown).await;
+        intake.deaf();
         listening(false);
     }
 }
 
 /// Turns notifications into wake-ups until the session breaks or stops
 /// answering, or `shutdown`.
-async fn hear(listener: &mut PgListener, wake: &Notify, shutdown: &CancellationToken) {
+async fn hear(listener: &mut PgListener, intake: &IntakeWatch, wake: &Notify, shutdown: &CancellationToken) {
     loop {
         let received = tokio::select! {
             received = tokio::time::timeout(QUIET_FOR, listener.try_recv()) => received,
             () = shutdown.cancelled() => return,
         };
         match received {
-            Ok(Ok(Some(_))) => wake.notify_one(),
+            Ok(Ok(Some(notification))) => {
+                intake.heard(notification.payload());
+                wake.notify_one();
+            }
             // Connection lost. Not left to the listener's own reconnect:
             // its pool has the options of when it was made, and a password
             // that rotated since would be refused.

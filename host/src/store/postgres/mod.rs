@@ -12,6 +12,7 @@ mod claim;
 pub use claim::INTAKE_LOCK;
 mod connect;
 mod fleet;
+mod intake_watch;
 pub(crate) use connect::describe_connect_error;
 mod listen;
 pub(crate) mod replication;
@@ -64,6 +65,8 @@ pub(super) struct Postgres {
     planner_settings: bool,
     /// Sessions the claims and acks keep out of the pool between uses.
     sessions: Arc<sessions::Sessions>,
+    /// Whether a claim has to move intake rows, from what LISTEN heard.
+    intake: Arc<intake_watch::IntakeWatch>,
     /// Stops the pool's password renewal when the last clone goes.
     _renewal: Option<Arc<tokio_util::sync::DropGuard>>,
 }
@@ -75,6 +78,7 @@ impl Postgres {
             sessions: Arc::new(sessions::Sessions::new(pool.clone(), 0, None)),
             pool,
             generation: Arc::new(AtomicU8::new(UNKNOWN)),
+            intake: Arc::default(),
             planner_settings: false,
             _renewal: None,
         }
@@ -303,7 +307,13 @@ impl Backend for Postgres {
         lease: Duration,
         max_payload_bytes: usize,
     ) -> Result<Claim, Error> {
-        let plan = claim::Plan::of(self.generation().await?, dead_letter_blocks);
+        let generation = self.generation().await?;
+        // Without the move, a claim is the previous generation's statement.
+        let plan = if generation == Generation::Current && !self.intake.claim_moves() {
+            claim::Plan::of(Generation::Previous, dead_letter_blocks)
+        } else {
+            claim::Plan::of(generation, dead_letter_blocks)
+        };
         let request = claim::Request {
             planner_settings: self.planner_settings,
             owner,
@@ -341,6 +351,9 @@ impl Backend for Postgres {
                 self.generation.store(UNKNOWN, Ordering::Relaxed);
             }
         })?;
+        if claimed.moved || claimed.mover_busy {
+            self.intake.moved();
+        }
         let claim = claimed.claim;
         if claim.rows.is_empty() {
             self.sessions.put_back(session);
