@@ -273,6 +273,7 @@ impl Endpoint {
     ///
     /// # Errors
     /// As [`Endpoint::mysql_options_with`].
+    #[cfg(feature = "binlog")]
     pub fn mysql_binlog_options_with(
         &self,
         secret: Option<&Secret>,

@@ -66,6 +66,21 @@ fn default_connection_name() -> String {
 /// AMQP short strings (exchange names, routing keys, header names) hold at most 255 bytes.
 pub(super) const SHORT_STRING_MAX: usize = 255;
 
+/// Whether AMQP can carry `topic` as a routing key (a short string: at most 255 bytes).
+///
+/// # Errors
+/// Why not.
+pub fn check_routing_key(topic: &str) -> Result<(), SinkError> {
+    if topic.len() > SHORT_STRING_MAX {
+        Err(SinkError::permanent(format!(
+            "routing key of {} bytes; AMQP allows at most {SHORT_STRING_MAX}",
+            topic.len()
+        )))
+    } else {
+        Ok(())
+    }
+}
+
 impl TargetKind for RabbitMqSinkConfig {
     fn kind(&self) -> &'static str {
         "rabbitmq"
@@ -78,7 +93,7 @@ impl TargetKind for RabbitMqSinkConfig {
                 "url {:?} must use amqp:// or amqps://",
                 crate::redact::url(&self.url)
             ));
-        } else if let Err(error) = self.url.parse::<lapin::uri::AMQPUri>() {
+        } else if let Some(error) = url_problem(&self.url) {
             problems.push(format!(
                 "url {:?} is not a valid AMQP URL: {}",
                 crate::redact::url(&self.url),
@@ -115,15 +130,36 @@ impl TargetKind for RabbitMqSinkConfig {
     }
 
     fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
-        super::check_routing_key(topic)
+        check_routing_key(topic)
     }
 
+    #[cfg(feature = "rabbitmq")]
     async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         let sink = super::RabbitMqSink::new(name, self, settings.publish_timeout);
         Ok(Arc::new(sink) as Arc<dyn Sink>)
     }
+
+    #[cfg(not(feature = "rabbitmq"))]
+    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
+        Err(SinkError::permanent(format!(
+            "target {name:?}: this switchyard was built without RabbitMQ (cargo feature `rabbitmq`, on by default)"
+        )))
+    }
 }
 
+/// Why `url` is not an AMQP URL, as the client reads it.
+#[cfg(feature = "rabbitmq")]
+fn url_problem(url: &str) -> Option<String> {
+    url.parse::<lapin::uri::AMQPUri>().err()
+}
+
+/// Without the client, a URL is checked when a build with it starts.
+#[cfg(not(feature = "rabbitmq"))]
+fn url_problem(_url: &str) -> Option<String> {
+    None
+}
+
+#[cfg(feature = "rabbitmq")]
 impl RabbitMqSinkConfig {
     /// The URL with the password read now, and the TLS settings with the
     /// files read now: what one connection is made from.

@@ -15,7 +15,7 @@ use lapin::{
 };
 use tokio::sync::Mutex;
 
-use super::config::{RabbitMqSinkConfig, SHORT_STRING_MAX};
+use super::config::{RabbitMqSinkConfig, SHORT_STRING_MAX, check_routing_key};
 use crate::sinks::{FailureKind, KEY_HEADER, OutgoingMessage, Sink, SinkError};
 
 /// Upper bound on connecting; a broker that does not answer fails the batch fast.
@@ -313,21 +313,6 @@ fn message_id(message: &OutgoingMessage) -> ShortString {
     }
     let digest = Sha256::digest(message.dedup_id.as_bytes());
     format!("{}:{digest:x}", message.event_id).into()
-}
-
-/// Whether AMQP can carry `topic` as a routing key (a short string: at most 255 bytes).
-///
-/// # Errors
-/// Why not.
-pub fn check_routing_key(topic: &str) -> Result<(), SinkError> {
-    if topic.len() > SHORT_STRING_MAX {
-        Err(SinkError::permanent(format!(
-            "routing key of {} bytes; AMQP allows at most {SHORT_STRING_MAX}",
-            topic.len()
-        )))
-    } else {
-        Ok(())
-    }
 }
 
 /// Why AMQP cannot carry this message at all: routing keys and header

@@ -4,10 +4,17 @@
 //! the table, where the claim path takes it as in claim mode. Here: what
 //! `migrate` runs, what `validate` and startup check, and the hand-over.
 
+#[cfg(feature = "binlog")]
 pub(crate) mod gtid;
+#[cfg(feature = "binlog")]
 mod stream;
+#[cfg(not(feature = "binlog"))]
+mod unbuilt;
 
-pub use stream::{BinlogSettings, BinlogStream};
+#[cfg(feature = "binlog")]
+pub use stream::BinlogStream;
+#[cfg(not(feature = "binlog"))]
+pub use unbuilt::{BinlogStream, WITHOUT_BINLOG};
 
 use std::collections::HashSet;
 
@@ -16,6 +23,28 @@ use sqlx::{MySqlPool, QueryBuilder, Row};
 use super::placeholders;
 use crate::store::replication::StreamedRow;
 use crate::store::{Error, LeaseId};
+
+/// How to reach the binary log.
+#[derive(Debug, Clone)]
+pub struct BinlogSettings {
+    /// The database: URL, TLS and password source.
+    pub endpoint: crate::endpoint::Endpoint,
+    /// The position's name (`[replication] slot`): one reader at a time.
+    pub name: String,
+    /// Rows per batch at most (a transaction is never split).
+    pub batch_size: usize,
+}
+
+/// Rows read, and the position that is done once they are.
+#[derive(Debug, Default)]
+pub struct BinlogBatch {
+    /// Inserts in commit order, of complete transactions only.
+    pub rows: Vec<StreamedRow>,
+    /// The last transaction the batch completes, as a sequence number of
+    /// this session: confirm it once every row is published or in the
+    /// table. `None`: no transaction ended.
+    pub done_at: Option<u64>,
+}
 
 /// A relay in binlog mode on a database set up for claim mode.
 const BINLOG_ON_CLAIM: &str = "this database is set up for claim mode: switchyard_outbox writes its rows for \

@@ -15,6 +15,7 @@ use mysql_async::{BinlogStreamRequest, Value};
 use sqlx::MySqlPool;
 
 use super::gtid::{Boundary, GtidPos, MARIADB_GTID_EVENT, Transactions, gtid_event};
+use super::{BinlogBatch, BinlogSettings};
 use crate::store::postgres::replication::StreamedText;
 use crate::store::replication::{StreamError, StreamedRow};
 use crate::store::types::{OutboxRow, RowId};
@@ -34,28 +35,6 @@ const RECORD_EVERY: Duration = Duration::from_millis(500);
 /// A batch of no rows that only moves the position is handed out at most
 /// this often (other tables' transactions).
 const IDLE_POSITION_EVERY: Duration = Duration::from_secs(1);
-
-/// How to reach the binary log.
-#[derive(Debug, Clone)]
-pub struct BinlogSettings {
-    /// The database: URL, TLS and password source.
-    pub endpoint: crate::endpoint::Endpoint,
-    /// The position's name (`[replication] slot`): one reader at a time.
-    pub name: String,
-    /// Rows per batch at most (a transaction is never split).
-    pub batch_size: usize,
-}
-
-/// Rows read, and the position that is done once they are.
-#[derive(Debug, Default)]
-pub struct BinlogBatch {
-    /// Inserts in commit order, of complete transactions only.
-    pub rows: Vec<StreamedRow>,
-    /// The last transaction the batch completes, as a sequence number of
-    /// this session: confirm it once every row is published or in the
-    /// table. `None`: no transaction ended.
-    pub done_at: Option<u64>,
-}
 
 /// Positions by sequence number, and the furthest confirmed.
 #[derive(Default)]

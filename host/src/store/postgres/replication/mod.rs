@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 
 pub use events::StreamedRow;
+#[cfg(feature = "binlog")]
 pub(crate) use events::StreamedText;
 pub use source::SourceTable;
 pub use stream::{StreamError, StreamSettings, WalBatch, WalStream};
