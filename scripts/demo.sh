@@ -20,9 +20,10 @@ if [ -n "${SWITCHYARD_DEMO_BINARY:-}" ]; then
 elif [ ! -x "$binary" ]; then
     echo "Building the demo: the example plugins, then switchyard (the first time about 4 minutes on 2 cores; cargo shows its progress)." >&2
 fi
-# The plugins build beside switchyard's: each build leaves a core idle for
-# a while (a crate compiled alone, a link), which the other fills.
-(cd plugins && cargo build --release --quiet -p route-by-type -p redact-fields -p fan-out) &
+# The plugins build beside switchyard's, at the lowest priority: switchyard's
+# build leaves a core idle for a while now and then (a crate compiled
+# alone, a link), and the plugins' fills those gaps without slowing it.
+(cd plugins && nice -n 19 cargo build --release --quiet -p route-by-type -p redact-fields -p fan-out) &
 plugins=$!
 trap 'kill "$plugins" 2>/dev/null || true' EXIT
 [ -n "${SWITCHYARD_DEMO_BINARY:-}" ] || cargo build --profile demo --no-default-features -p switchyard
