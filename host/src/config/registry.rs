@@ -64,6 +64,17 @@ impl RegistryConfig {
     /// What is wrong with these settings for `reference` (without
     /// `oci://`), `at` naming the plugin; empty when fine.
     pub fn problems(&self, at: &str, reference: &str) -> Vec<String> {
+        #[cfg(not(feature = "oci"))]
+        return vec![format!(
+            "{at}: path {OCI_SCHEME}{reference}: {}",
+            crate::plugin::oci::WITHOUT_OCI
+        )];
+        #[cfg(feature = "oci")]
+        self.problems_of(at, reference)
+    }
+
+    #[cfg(feature = "oci")]
+    fn problems_of(&self, at: &str, reference: &str) -> Vec<String> {
         let mut problems = Vec::new();
         let parsed = match reference.parse::<oci_client::Reference>() {
             Ok(parsed) => Some(parsed),
