@@ -86,6 +86,13 @@ pub fn static_problems(
             "relay.mode = \"replication\" needs PostgreSQL or MariaDB; SQLite is relayed by claiming".into(),
         );
     }
+    #[cfg(not(feature = "binlog"))]
+    if database_url.starts_with("mysql://") || database_url.starts_with("mariadb://") {
+        problems.push(format!(
+            "relay.mode = \"replication\" on MariaDB: {}",
+            crate::store::replication::WITHOUT_BINLOG
+        ));
+    }
     let replication = replication.cloned().unwrap_or_default();
     for (key, name) in [
         ("slot", &replication.slot),

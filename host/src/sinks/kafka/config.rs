@@ -123,6 +123,10 @@ impl TargetKind for KafkaSinkConfig {
 
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let mut problems = Vec::new();
+        #[cfg(not(feature = "kafka"))]
+        problems.push(
+            "this switchyard was built without Kafka (cargo feature `kafka`, on by default)".to_string(),
+        );
         if self.bootstrap_servers.trim().is_empty() {
             problems.push("bootstrap_servers is empty".to_string());
         }

@@ -169,7 +169,13 @@ impl TargetKind for PubSubSinkConfig {
     }
 
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        self.problems()
+        #[cfg_attr(feature = "pubsub", allow(unused_mut))]
+        let mut problems = self.problems();
+        #[cfg(not(feature = "pubsub"))]
+        problems.push(
+            "this switchyard was built without Pub/Sub (cargo feature `pubsub`, on by default)".to_string(),
+        );
+        problems
     }
 
     fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {

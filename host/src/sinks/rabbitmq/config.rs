@@ -88,6 +88,11 @@ impl TargetKind for RabbitMqSinkConfig {
 
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let mut problems = Vec::new();
+        #[cfg(not(feature = "rabbitmq"))]
+        problems.push(
+            "this switchyard was built without RabbitMQ (cargo feature `rabbitmq`, on by default)"
+                .to_string(),
+        );
         if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
             problems.push(format!(
                 "url {:?} must use amqp:// or amqps://",
