@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command on a fresh machine with Rust: adds the wasm32-wasip2 target if
 # missing, builds the three example plugins the demo runs and a demo build
-# of switchyard (profile `demo`: dependencies unoptimised, no Kafka client,
-# so a first build takes minutes, not a quarter of an hour), and runs
+# of switchyard (profile `demo`: every crate unoptimised, no broker client
+# the demo does not use, so a first build takes minutes, not a quarter of
+# an hour), and runs
 # `switchyard demo` (SQLite outbox, stdout and file targets: no database or
 # broker needed). Arguments go to `switchyard demo`.
 set -euo pipefail
@@ -18,7 +19,7 @@ started=$SECONDS
 if [ -n "${SWITCHYARD_DEMO_BINARY:-}" ]; then
     binary="$SWITCHYARD_DEMO_BINARY"
 elif [ ! -x "$binary" ]; then
-    echo "Building the demo: the example plugins, then switchyard (the first time about 4 minutes on 2 cores; cargo shows its progress)." >&2
+    echo "Building the demo: the example plugins, then switchyard (the first time under 4 minutes on 2 cores; cargo shows its progress)." >&2
 fi
 # The plugins build beside switchyard's, at the lowest priority: switchyard's
 # build leaves a core idle for a while now and then (a crate compiled
