@@ -8,7 +8,7 @@ use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, order_event, verify, write_orders, write_orders_to};
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
-    Outbox, all_published, count_status, fresh_db, place_event, place_order_event,
+    Outbox, all_published, count_status, fresh_db, move_first_intake_row, place_event, place_order_event,
 };
 use switchyard_tests::relay::{
     InProcess, Process, Settings, example_config, kill_while_holding_leases, parse,
@@ -627,15 +627,7 @@ async fn a_move_in_progress_keeps_later_rows_of_its_aggregate_waiting() {
     // Another mover, part way: the first row taken out of the intake and
     // into the outbox, uncommitted.
     let mut mover = holding_the_movers_lock(&db.pool).await;
-    sqlx::query(
-        "WITH first AS (DELETE FROM switchyard_intake
-                         WHERE id = (SELECT min(id) FROM switchyard_intake) RETURNING *)
-         INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-         SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM first",
-    )
-    .execute(&mut *mover)
-    .await
-    .unwrap();
+    move_first_intake_row(&mut mover).await;
     let settings = Settings::new(&db.url, &nats.url()).relay("poll_interval_ms", "100");
     let relay = InProcess::start(&parse(&example_config(&settings))).await;
     // Twenty claims find nothing to take meanwhile.

@@ -13,7 +13,8 @@ use switchyard::store::{
 };
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{
-    INTAKE_MIGRATION, NewEvent, Outbox, fresh_db, fresh_db_before, place_event, place_order_event,
+    INTAKE_MIGRATION, NewEvent, Outbox, fresh_db, fresh_db_before, move_first_intake_row, place_event,
+    place_order_event,
 };
 use switchyard_tests::stall::{StallingProxy, gives_up_unanswered};
 
@@ -71,6 +72,16 @@ fn event(aggregate: usize, seq: usize) -> NewEvent {
         payload: serde_json::json!({ "seq": seq }),
         headers: serde_json::json!({}),
     }
+}
+
+/// Acks every row of `claim` as published.
+async fn publish_all(store: &OutboxStore, claim: &switchyard::store::Claim) {
+    let outcomes: Vec<_> = claim
+        .rows
+        .iter()
+        .map(|row| outcome(row.id, Outcome::Published))
+        .collect();
+    store.ack(claim.lease, &outcomes).await.unwrap();
 }
 
 fn outcome(id: RowId, outcome: Outcome) -> RowOutcome {

@@ -570,15 +570,7 @@ async fn a_claim_whose_snapshot_predates_another_move_leases_nothing_it_moves() 
     }
     place_event(&db.pool, Outbox::Intake, &event(8, 0), true).await;
     let mut mover = db.pool.begin().await.unwrap();
-    sqlx::query(
-        "WITH first AS (DELETE FROM switchyard_intake
-                         WHERE id = (SELECT min(id) FROM switchyard_intake) RETURNING *)
-         INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-         SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM first",
-    )
-    .execute(&mut *mover)
-    .await
-    .unwrap();
+    move_first_intake_row(&mut mover).await;
 
     let claiming = {
         let store = store.clone();
@@ -608,12 +600,7 @@ async fn a_claim_whose_snapshot_predates_another_move_leases_nothing_it_moves() 
         !leased.contains(&"o-7"),
         "o-7's second event leased beside its first: {leased:?}"
     );
-    let outcomes: Vec<_> = late
-        .rows
-        .iter()
-        .map(|row| outcome(row.id, Outcome::Published))
-        .collect();
-    store.ack(late.lease, &outcomes).await.unwrap();
+    publish_all(&store, &late).await;
 
     // The next claims take o-7's events one at a time, in order; none is lost.
     let mut seen = Vec::new();
@@ -626,12 +613,7 @@ async fn a_claim_whose_snapshot_predates_another_move_leases_nothing_it_moves() 
             .collect();
         assert!(o7.len() <= 1, "{o7:?}");
         seen.extend(o7.iter().map(|row| row.payload_json.clone().unwrap_or_default()));
-        let outcomes: Vec<_> = claim
-            .rows
-            .iter()
-            .map(|row| outcome(row.id, Outcome::Published))
-            .collect();
-        store.ack(claim.lease, &outcomes).await.unwrap();
+        publish_all(&store, &claim).await;
     }
     assert_eq!(seen, ["{\"seq\": 0}", "{\"seq\": 1}"]);
     let stats = store.stats().await.unwrap();

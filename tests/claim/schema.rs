@@ -120,12 +120,7 @@ async fn serve_then_migrate(store: &OutboxStore, served: bool, what: &str) {
 /// One claim, acked as published: (aggregate, seq) of each row.
 async fn claim_and_publish(store: &OutboxStore) -> Vec<(String, u64)> {
     let claim = store.claim("upgrade", 10, LEASE).await.unwrap();
-    let outcomes: Vec<_> = claim
-        .rows
-        .iter()
-        .map(|row| outcome(row.id, Outcome::Published))
-        .collect();
-    store.ack(claim.lease, &outcomes).await.unwrap();
+    publish_all(store, &claim).await;
     claim
         .rows
         .iter()

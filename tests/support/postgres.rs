@@ -265,6 +265,20 @@ pub async fn place_order_event(pool: &PgPool, event: &NewEvent, commit: bool) ->
     place_event(pool, Outbox::Switchyard, event, commit).await
 }
 
+/// Moves the intake's first row into the outbox in `tx`, as a claim's move
+/// does, left uncommitted for the caller to time.
+pub async fn move_first_intake_row(tx: &mut sqlx::PgConnection) {
+    sqlx::query(
+        "WITH first AS (DELETE FROM switchyard_intake
+                         WHERE id = (SELECT min(id) FROM switchyard_intake) RETURNING *)
+         INSERT INTO switchyard_outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+         SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers FROM first",
+    )
+    .execute(tx)
+    .await
+    .expect("move the intake's first row");
+}
+
 /// [`place_order_event`] into the given outbox table.
 pub async fn place_event(pool: &PgPool, outbox: Outbox, event: &NewEvent, commit: bool) -> uuid::Uuid {
     try_place_event(pool, outbox, event, commit)
