@@ -153,10 +153,6 @@ pub async fn database_builder(
     let (replication, binlog) = match config.replication_feed() {
         Some(replication) => {
             check_replication(config, &store).await?;
-            #[cfg(not(feature = "binlog"))]
-            if store.binlog().is_some() {
-                anyhow::bail!(crate::store::replication::WITHOUT_BINLOG);
-            }
             if store.binlog().is_some() {
                 let binlog = crate::store::replication::BinlogSettings {
                     endpoint: config.database.endpoint(),

@@ -66,8 +66,10 @@ impl RegistryConfig {
     pub fn problems(&self, at: &str, reference: &str) -> Vec<String> {
         #[cfg(not(feature = "oci"))]
         return vec![format!(
-            "{at}: path {OCI_SCHEME}{reference}: {}",
-            crate::plugin::oci::WITHOUT_OCI
+            "{at}: path {}",
+            crate::plugin::oci::OciError::Unbuilt {
+                reference: format!("{OCI_SCHEME}{reference}")
+            }
         )];
         #[cfg(feature = "oci")]
         self.problems_of(at, reference)

@@ -90,7 +90,7 @@ pub fn static_problems(
     if database_url.starts_with("mysql://") || database_url.starts_with("mariadb://") {
         problems.push(format!(
             "relay.mode = \"replication\" on MariaDB: {}",
-            crate::store::replication::WITHOUT_BINLOG
+            crate::store::replication::without_binlog()
         ));
     }
     let replication = replication.cloned().unwrap_or_default();

@@ -23,7 +23,7 @@ mod unbuilt;
 #[cfg(feature = "oci")]
 pub use client::OciSource;
 #[cfg(not(feature = "oci"))]
-pub use unbuilt::{OciSource, WITHOUT_OCI};
+pub use unbuilt::OciSource;
 
 /// The media type of a component layer (the CNCF Wasm OCI artifact layout,
 /// what `wkg oci push` writes).
@@ -112,9 +112,7 @@ pub enum OciError {
         reason: String,
     },
     /// This build has no registry client.
-    #[error(
-        "{reference}: this switchyard was built without registry plugins (cargo feature `oci`, on by default)"
-    )]
+    #[error("{reference}: {}", crate::built_without("registry plugins", "oci"))]
     Unbuilt {
         /// As configured.
         reference: String,

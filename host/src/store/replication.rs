@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::mysql::binlog;
 #[cfg(not(feature = "binlog"))]
-pub use super::mysql::binlog::WITHOUT_BINLOG;
+pub use super::mysql::binlog::without_binlog;
 pub use super::mysql::binlog::{BinlogSettings, BinlogStream};
 use super::postgres::replication as pg;
 pub use super::postgres::replication::{

@@ -1,16 +1,12 @@
 //! A registry plugin's source in a build without the registry client
 //! (cargo feature `oci` off, as in the demo's build): `validate` and a
-//! relay's start refuse `oci://` plugins with [`WITHOUT_OCI`], so no source
+//! relay's start refuse `oci://` plugins ([`OciError::Unbuilt`]), so no source
 //! is ever made.
 
 use std::time::Duration;
 
 use super::{OciCache, OciError, Pulled};
 use crate::config::RegistryConfig;
-
-/// Why this build pulls no plugin from a registry.
-pub const WITHOUT_OCI: &str =
-    "this switchyard was built without registry plugins (cargo feature `oci`, on by default)";
 
 /// A registry plugin's source, of which this build can make none.
 #[derive(Debug, Clone)]

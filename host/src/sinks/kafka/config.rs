@@ -124,9 +124,7 @@ impl TargetKind for KafkaSinkConfig {
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let mut problems = Vec::new();
         #[cfg(not(feature = "kafka"))]
-        problems.push(
-            "this switchyard was built without Kafka (cargo feature `kafka`, on by default)".to_string(),
-        );
+        problems.push(crate::built_without("Kafka", "kafka"));
         if self.bootstrap_servers.trim().is_empty() {
             problems.push("bootstrap_servers is empty".to_string());
         }
@@ -194,7 +192,8 @@ impl TargetKind for KafkaSinkConfig {
     #[cfg(not(feature = "kafka"))]
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
-            "target {name:?}: this switchyard was built without Kafka (cargo feature `kafka`, on by default)"
+            "target {name:?}: {}",
+            crate::built_without("Kafka", "kafka")
         )))
     }
 }

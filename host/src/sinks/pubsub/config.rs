@@ -169,12 +169,9 @@ impl TargetKind for PubSubSinkConfig {
     }
 
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        #[cfg_attr(feature = "pubsub", allow(unused_mut))]
-        let mut problems = self.problems();
+        let problems = self.problems();
         #[cfg(not(feature = "pubsub"))]
-        problems.push(
-            "this switchyard was built without Pub/Sub (cargo feature `pubsub`, on by default)".to_string(),
-        );
+        let problems = [vec![crate::built_without("Pub/Sub", "pubsub")], problems].concat();
         problems
     }
 
@@ -225,7 +222,8 @@ impl TargetKind for PubSubSinkConfig {
     #[cfg(not(feature = "pubsub"))]
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
-            "target {name:?}: this switchyard was built without Pub/Sub (cargo feature `pubsub`, on by default)"
+            "target {name:?}: {}",
+            crate::built_without("Pub/Sub", "pubsub")
         )))
     }
 }

@@ -89,10 +89,7 @@ impl TargetKind for RabbitMqSinkConfig {
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let mut problems = Vec::new();
         #[cfg(not(feature = "rabbitmq"))]
-        problems.push(
-            "this switchyard was built without RabbitMQ (cargo feature `rabbitmq`, on by default)"
-                .to_string(),
-        );
+        problems.push(crate::built_without("RabbitMQ", "rabbitmq"));
         if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
             problems.push(format!(
                 "url {:?} must use amqp:// or amqps://",
@@ -147,7 +144,8 @@ impl TargetKind for RabbitMqSinkConfig {
     #[cfg(not(feature = "rabbitmq"))]
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
-            "target {name:?}: this switchyard was built without RabbitMQ (cargo feature `rabbitmq`, on by default)"
+            "target {name:?}: {}",
+            crate::built_without("RabbitMQ", "rabbitmq")
         )))
     }
 }

@@ -14,7 +14,7 @@ mod unbuilt;
 #[cfg(feature = "binlog")]
 pub use stream::BinlogStream;
 #[cfg(not(feature = "binlog"))]
-pub use unbuilt::{BinlogStream, WITHOUT_BINLOG};
+pub use unbuilt::{BinlogStream, without_binlog};
 
 use std::collections::HashSet;
 

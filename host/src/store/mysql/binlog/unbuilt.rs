@@ -1,6 +1,6 @@
 //! The binary log reader in a build without it (cargo feature `binlog`
-//! off, as in the demo's build): a relay refuses binlog mode at start with
-//! [`WITHOUT_BINLOG`], so no stream is ever opened.
+//! off, as in the demo's build): `validate` refuses binlog mode with
+//! [`without_binlog`], and a stream opened anyway refuses with it too.
 
 use sqlx::MySqlPool;
 
@@ -8,8 +8,9 @@ use super::{BinlogBatch, BinlogSettings};
 use crate::store::replication::StreamError;
 
 /// Why this build reads no binary log.
-pub const WITHOUT_BINLOG: &str = "this switchyard was built without the binary log reader that binlog mode \
-     needs (cargo feature `binlog`, on by default)";
+pub fn without_binlog() -> String {
+    crate::built_without("the binary log reader that binlog mode needs", "binlog")
+}
 
 /// A binary log session, of which this build can open none.
 pub struct BinlogStream {
@@ -20,9 +21,9 @@ impl BinlogStream {
     /// Refuses: this build has no binary log reader.
     ///
     /// # Errors
-    /// Always, [`StreamError::Gone`] with [`WITHOUT_BINLOG`].
+    /// Always, [`StreamError::Gone`] with [`without_binlog`].
     pub async fn open(_settings: &BinlogSettings, _pool: MySqlPool) -> Result<BinlogStream, StreamError> {
-        Err(StreamError::Gone(WITHOUT_BINLOG.to_string()))
+        Err(StreamError::Gone(without_binlog()))
     }
 
     /// Never called: no stream is opened.
