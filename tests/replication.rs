@@ -1047,3 +1047,138 @@ async fn an_event_the_table_does_not_take_holds_the_slot_until_it_does() {
     let verdict = verify(&nats.read_stream(STREAM).await, &expected);
     assert_eq!((verdict.distinct, verdict.duplicates), (3, 0));
 }
+
+/// A hand-over has reached disk when it returns. The relay confirms the
+/// slot past the events it took as soon as it does, and its sessions
+/// commit with `synchronous_commit` off: a server crash before the WAL
+/// writer's next flush would lose a hand-over that did not wait, and the
+/// slot would not give its events again. The WAL is read back
+/// (`pg_walinspect`) for the hand-over's commit, which the flush position
+/// read the moment it returned must have passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_has_reached_disk_when_the_slot_may_pass_it() {
+    use switchyard::store::replication::{StreamSettings, WalStream};
+    use switchyard::store::{OutboxStore, Outcome, RowOutcome};
+    use switchyard_tests::workload::write_plan;
+
+    let (db, _nats, _config) = migrated(&[]).await;
+    sqlx::query("CREATE EXTENSION pg_walinspect")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let store = OutboxStore::connect(db.url.as_str(), 2).await.unwrap();
+    let outbox = store.postgres().expect("a PostgreSQL outbox");
+    let mut stream = WalStream::open(&StreamSettings {
+        endpoint: db.url.as_str().into(),
+        slot: db.name.clone(),
+        publication: "switchyard_outbox".into(),
+        application_name: "hand-over test".into(),
+        batch_size: 100,
+        max_retained_wal_bytes: u64::MAX,
+        source: None,
+    })
+    .await
+    .unwrap();
+    // A service's transaction: two events of one aggregate, one without a
+    // row, one of another aggregate.
+    let plan = vec![
+        (0, 2, Outbox::Switchyard),
+        (1, 1, Outbox::Emitted),
+        (2, 1, Outbox::Switchyard),
+    ];
+    let mut tx = db.pool.begin().await.unwrap();
+    let written = write_plan(&mut tx, &plan, &mut HashMap::new()).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut rows = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while rows.len() < written.len() {
+            rows.extend(stream.next_batch().await.unwrap().rows);
+        }
+    })
+    .await
+    .expect("the transaction read from the slot");
+
+    let start: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let outcomes: Vec<RowOutcome> = rows
+        .iter()
+        .map(|r| RowOutcome {
+            id: r.row.id,
+            outcome: Outcome::Retry {
+                after: Duration::from_secs(60),
+                error: "the broker is down".into(),
+            },
+            deliveries: Default::default(),
+            plugin_version: None,
+        })
+        .collect();
+    let taken = outbox
+        .hand_over(
+            "hand-over test",
+            30_000,
+            &rows.iter().collect::<Vec<_>>(),
+            &outcomes,
+        )
+        .await
+        .unwrap();
+    let flushed: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(taken, vec![true; rows.len()], "every event taken over");
+    stream.close().await;
+
+    // Everything written so far flushed, so that the WAL can be read: a
+    // commit that waits for its flush (and writes, or it would not wait).
+    sqlx::query("CREATE TABLE flushed (at timestamptz)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO flushed VALUES (now())")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // The first transaction to change the outbox after `start` is the
+    // hand-over's (its ack comes after it).
+    let commit: Option<String> = sqlx::query_scalar(
+        "WITH w AS MATERIALIZED (SELECT * FROM pg_get_wal_records_info_till_end_of_wal($1::pg_lsn)),
+              outbox AS (SELECT format('rel %s/%s/%s ', t.spcoid, d.oid, pg_relation_filenode('switchyard_outbox'))
+                                AS rel
+                           FROM pg_database d,
+                                (SELECT COALESCE(NULLIF(reltablespace, 0),
+                                                 (SELECT dattablespace FROM pg_database
+                                                   WHERE datname = current_database())) AS spcoid
+                                   FROM pg_class WHERE oid = 'switchyard_outbox'::regclass) t
+                          WHERE d.datname = current_database()),
+              hand_over AS (SELECT w.xid FROM w, outbox
+                             WHERE w.resource_manager = 'Heap' AND w.xid <> '0'
+                               AND position(outbox.rel IN w.block_ref) > 0
+                             ORDER BY w.start_lsn LIMIT 1)
+         SELECT w.end_lsn::text FROM w, hand_over
+          WHERE w.xid = hand_over.xid AND w.resource_manager = 'Transaction' AND w.record_type LIKE 'COMMIT%'",
+    )
+    .bind(&start)
+    .fetch_optional(&db.pool)
+    .await
+    .unwrap();
+    let commit = commit.expect("the hand-over's commit in the WAL");
+    let durable: bool = sqlx::query_scalar("SELECT $1::pg_lsn >= $2::pg_lsn")
+        .bind(&flushed)
+        .bind(&commit)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        durable,
+        "the hand-over's commit ends at {commit}, but the WAL was flushed only to {flushed} when it returned"
+    );
+    store.close().await;
+}

@@ -78,6 +78,9 @@ pub(super) fn set_local_planner(value: &str) -> String {
 ///   service rates.
 ///
 /// `$1` is the statement timeout in ms, NULL to keep the server's.
+///
+/// A write that something outside this database relies on once it
+/// returns runs in a transaction begun by [`begin_durable`] instead.
 static SESSION_SETTINGS: LazyLock<String> = LazyLock::new(|| {
     let planner: String = INDEX_PROBES_ONLY
         .iter()
@@ -90,6 +93,24 @@ static SESSION_SETTINGS: LazyLock<String> = LazyLock::new(|| {
                 set_config('statement_timeout', COALESCE($1, current_setting('statement_timeout')), false)"
     )
 });
+
+/// A transaction whose commit waits for its WAL to reach disk, as the
+/// server's own setting says (`local` where that is `off`): for a write that
+/// something outside this database relies on as soon as it returns. A
+/// hand-over in replication mode is one: the slot is moved past the events
+/// it took, and a crash that lost it would lose them.
+pub(crate) async fn begin_durable(
+    pool: &PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "SELECT set_config('synchronous_commit', CASE WHEN reset_val = 'off' THEN 'local' ELSE reset_val END, true)
+           FROM pg_settings WHERE name = 'synchronous_commit'",
+    )
+    .execute(&mut *tx)
+    .await?;
+    Ok(tx)
+}
 
 /// A pool whose sessions carry [`SESSION_SETTINGS`], and each statement
 /// its `statement_timeout` when given. The server is asked once first,

@@ -18,6 +18,7 @@ pub use source::SourceTable;
 pub use stream::{StreamError, StreamSettings, WalBatch, WalStream};
 
 use crate::store::Error;
+use crate::store::postgres::connect::begin_durable;
 use crate::store::types::{LeaseId, RowId};
 
 /// The column default that makes a written row `streamed`.
@@ -517,6 +518,11 @@ pub(crate) struct TakenOver {
 /// a synchronous standby's wait widens that window to any length). An
 /// `UPDATE` does not see such a row and changes nothing; the upsert waits
 /// for the writer's transaction to end and then takes the committed row.
+///
+/// Its commit waits for the WAL flush: the slot is confirmed past these
+/// events once it returns, and a server crash that lost a hand-over made
+/// without waiting (the relay's sessions commit with `synchronous_commit`
+/// off) would lose them.
 pub(crate) async fn take_over(
     pool: &PgPool,
     owner: &str,
@@ -526,6 +532,7 @@ pub(crate) async fn take_over(
 ) -> Result<TakenOver, Error> {
     let needing = rows.iter().filter(|r| r.id_at_handover).count();
     let mut fresh = fresh_ids(pool, needing).await?.into_iter();
+    let mut tx = begin_durable(pool).await?;
     let mut renamed = Vec::with_capacity(needing);
     let mut ids = Vec::with_capacity(rows.len());
     let mut stand_ins = Vec::with_capacity(rows.len());
@@ -615,8 +622,9 @@ pub(crate) async fn take_over(
     .bind(lease.0)
     .bind(lease_ms)
     .bind(&stand_ins)
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     tracing::debug!(
         rows = rows.len(),
         in_table = in_table.iter().filter(|t| **t).count(),
@@ -630,12 +638,15 @@ pub(crate) async fn take_over(
 /// and the claim path would publish them before it): a row with its own
 /// id is `streamed` again, one written with a fresh id is removed. Fenced
 /// by the lease, which nothing else holds before the hand-over's ack.
+/// Durable as [`take_over`] is: lost once the slot has moved on, the
+/// claim path would publish them out of order.
 pub(crate) async fn give_back(
     pool: &PgPool,
     lease: LeaseId,
     ids: &[i64],
     fresh: &[i64],
 ) -> Result<(), Error> {
+    let mut tx = begin_durable(pool).await?;
     sqlx::query(
         "WITH streamed AS (
             UPDATE switchyard_outbox
@@ -648,8 +659,9 @@ pub(crate) async fn give_back(
     .bind(ids)
     .bind(fresh)
     .bind(lease.0)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 
