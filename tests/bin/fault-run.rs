@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|mariadb-binlog-kills|mariadb-binlog-down-nats|mariadb-binlog-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|pg-crash|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|replication-pg-crash|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|mariadb-binlog-kills|mariadb-binlog-down-nats|mariadb-binlog-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -17,7 +17,10 @@
 //! killed are moving rows into the outbox. `outage`: two relays,
 //! NATS stopped for 30 s mid-stream (JetStream store kept), ROUNDS runs.
 //! `pg-restart`: two relays drain a backlog while the project's PostgreSQL
-//! is restarted (fast mode: every connection cut) under them. `stall`: the
+//! is restarted (fast mode: every connection cut) under them; `pg-crash`
+//! the same with the server crashed instead (immediate stop: the WAL not
+//! yet written, with it the relays' last asynchronous commits, is lost, and
+//! the server recovers at start). `stall`: the
 //! same through a proxy that stalls every open connection three times
 //! (they stay open and answer nothing).
 //! `down-nats`, `down-kafka`, `down-rabbitmq [MINUTES|SECONDSs] [KILLS]`:
@@ -52,7 +55,9 @@
 //! first kill and started after the last (5 by default), so every restart
 //! meets the broker down; counts relays that exit by themselves.
 //! `replication-pg-restart`: the same two relays drain a backlog from the
-//! slot while PostgreSQL restarts under them twice.
+//! slot while PostgreSQL restarts under them twice; `replication-pg-crash`
+//! while it crashes and recovers twice, the second time with NATS down
+//! while the relays hand what they read over to the table.
 //! `replication-outage`: two relays in replication mode, NATS stopped for
 //! 30 s mid-stream (at most 20,000 events). `replication-source-kills`,
 //! `replication-source-outage`: the same with the writers inserting into a
@@ -242,7 +247,10 @@ async fn main() {
         rows.push(replication::poison_run(&relay_bin, events.min(10_000)).await);
     }
     if which == "replication-pg-restart" || which == "all" {
-        rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000)).await);
+        rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000), false).await);
+    }
+    if which == "replication-pg-crash" || which == "all" {
+        rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000), true).await);
     }
     if which == "upgrade" {
         let old = std::env::var("SWITCHYARD_OLD_RELAY")
@@ -250,7 +258,10 @@ async fn main() {
         rows.push(upgrade_run(&old, &relay_bin, events.min(50_000)).await);
     }
     if which == "pg-restart" || which == "all" {
-        rows.push(pg_restart_run(&relay_bin, events.min(20_000)).await);
+        rows.push(pg_restart_run(&relay_bin, events.min(20_000), false).await);
+    }
+    if which == "pg-crash" || which == "all" {
+        rows.push(pg_restart_run(&relay_bin, events.min(20_000), true).await);
     }
     if which == "stall" || which == "all" {
         rows.push(stall_run(&relay_bin, events.min(20_000)).await);
@@ -530,6 +541,41 @@ async fn outage_run(relay_bin: &str, events: usize, round: usize) -> Row {
 
 /// Restarts the project's PostgreSQL in fast mode: every connection cut.
 fn restart_postgres() {
+    restart_postgres_in("fast");
+}
+
+/// Stops the project's PostgreSQL as a crash does (`immediate`: every
+/// process quits at once, WAL not yet written is gone, among it the relay
+/// sessions' commits made with `synchronous_commit = off`) and starts it,
+/// which recovers from the WAL.
+fn crash_postgres() {
+    restart_postgres_in("immediate");
+}
+
+/// Makes every commit so far durable: the project's PostgreSQL commits
+/// with `synchronous_commit` off, and its WAL writer can leave the last
+/// page of them unwritten for seconds, so a crash would lose what the
+/// writers committed last, which a service's server would have kept. One
+/// commit that waits for its flush takes all the WAL before it along; it
+/// must write something, or PostgreSQL does not wait.
+async fn flush_wal(pool: &sqlx::PgPool) {
+    sqlx::query("CREATE TABLE IF NOT EXISTS fault_run_flush (at timestamptz)")
+        .execute(pool)
+        .await
+        .expect("create");
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .execute(&mut *tx)
+        .await
+        .expect("set");
+    sqlx::query("INSERT INTO fault_run_flush VALUES (now())")
+        .execute(&mut *tx)
+        .await
+        .expect("insert");
+    tx.commit().await.expect("a commit that flushes the WAL");
+}
+
+fn restart_postgres_in(mode: &str) {
     let state = std::env::var("SWITCHYARD_STATE_DIR").unwrap_or_else(|_| "/tmp/switchyard-services".into());
     let pg_ctl = std::env::var("SWITCHYARD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
     let status = std::process::Command::new("runuser")
@@ -543,7 +589,7 @@ fn restart_postgres() {
             "-l",
             &format!("{state}/pg/server.log"),
         ])
-        .args(["-m", "fast", "-w", "-t", "60", "restart"])
+        .args(["-m", mode, "-w", "-t", "60", "restart"])
         .stdout(std::process::Stdio::null())
         .status()
         .expect("pg_ctl");
@@ -572,14 +618,24 @@ async fn stall_run(relay_bin: &str, events: usize) -> Row {
     .await
 }
 
-/// Two relays drain a backlog; PostgreSQL restarts under them twice.
-async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
+/// Two relays drain a backlog; PostgreSQL restarts under them twice, or
+/// with `crash` crashes and recovers twice.
+async fn pg_restart_run(relay_bin: &str, events: usize, crash: bool) -> Row {
     let db = fresh_db().await;
     // The harness pool loses its connections too; sqlx reconnects on use.
-    let scenario = "PostgreSQL restarted twice, 2 relays";
+    let scenario = if crash {
+        "PostgreSQL crashed twice, 2 relays"
+    } else {
+        "PostgreSQL restarted twice, 2 relays"
+    };
     drain_under_faults(relay_bin, &db, &db.url, events, scenario, 2, |round| {
-        restart_postgres();
-        eprintln!("pg-restart: PostgreSQL restarted (round {round})");
+        if crash {
+            crash_postgres();
+            eprintln!("pg-crash: PostgreSQL crashed and recovered (round {round})");
+        } else {
+            restart_postgres();
+            eprintln!("pg-restart: PostgreSQL restarted (round {round})");
+        }
     })
     .await
 }
@@ -607,6 +663,7 @@ async fn drain_under_faults(
         7,
     )
     .await;
+    flush_wal(&db.pool).await;
     let config = settings(relay_url, &nats.url()).toml();
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))

@@ -9,7 +9,7 @@ use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, Outbox, TestDb, debezium_sourc
 use switchyard_tests::relay::Process;
 use switchyard_tests::workload::{Shape, write_events};
 
-use super::{AGGREGATES, Row, STREAM, restart_postgres, settings};
+use super::{AGGREGATES, Row, STREAM, crash_postgres, flush_wal, restart_postgres, settings};
 
 /// The fault run's config in replication mode, through a slot named after
 /// the database.
@@ -202,10 +202,12 @@ async fn drain_and_count(
 }
 
 /// Two relays in replication mode drain a backlog written before they
-/// start; PostgreSQL restarts under them twice.
-pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
+/// start; PostgreSQL restarts under them twice, or with `crash` crashes and
+/// recovers twice, the second time with NATS down, while the relays hand
+/// what they read over to the table and move the slot past it.
+pub async fn pg_restart_run(relay_bin: &str, events: usize, crash: bool) -> Row {
     let db = fresh_db().await;
-    let nats = NatsServer::start().await;
+    let mut nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
     let config = replication_settings(&db, &nats).toml();
     migrate(relay_bin, &config).await;
@@ -218,6 +220,7 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
         2,
     )
     .await;
+    flush_wal(&db.pool).await;
     let total = expected.len() as u64;
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
@@ -227,10 +230,40 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize) -> Row {
         while nats.stream_len(STREAM).await < total * round / 3 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        restart_postgres();
-        eprintln!("replication pg-restart: PostgreSQL restarted (round {round})");
+        if crash && round == 2 {
+            nats.stop();
+            let handed_over = async || -> i64 {
+                sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status <> 'streamed'")
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap_or(0)
+            };
+            let before = handed_over().await;
+            let waited = Instant::now();
+            while handed_over().await == before && waited.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            crash_postgres();
+            eprintln!(
+                "replication pg-crash: PostgreSQL crashed and recovered with NATS down, {} rows handed over before",
+                handed_over().await
+            );
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            nats.resume().await;
+        } else if crash {
+            crash_postgres();
+            eprintln!("replication pg-crash: PostgreSQL crashed and recovered (round {round})");
+        } else {
+            restart_postgres();
+            eprintln!("replication pg-restart: PostgreSQL restarted (round {round})");
+        }
     }
-    let scenario = "replication, PostgreSQL restarted twice, 2 relays".to_string();
+    let scenario = if crash {
+        "replication, PostgreSQL crashed twice (once with NATS down), 2 relays"
+    } else {
+        "replication, PostgreSQL restarted twice, 2 relays"
+    }
+    .to_string();
     drain_and_count(
         scenario,
         &db,
