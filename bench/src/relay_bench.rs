@@ -116,7 +116,7 @@ struct Args {
     #[arg(long, requires = "steady")]
     peer: bool,
     /// With --steady: only these runs (comma-separated: writes, claim,
-    /// intake, replication, source, peer); all when empty.
+    /// intake, replication, source, emit, peer); all when empty.
     #[arg(long, value_delimiter = ',', requires = "steady")]
     runs: Vec<String>,
     /// With --steady: the rates (events/s) to run at.
@@ -849,6 +849,9 @@ struct Load {
     /// Writers insert into a plain table of their own, which the relay
     /// reads from the WAL as `[source]` (with `replication`).
     source: bool,
+    /// Writers call `switchyard_emit` (an event without a row) instead of
+    /// inserting (with `replication`).
+    emit: bool,
 }
 
 impl Load {
@@ -874,6 +877,7 @@ impl Load {
             peer: false,
             intake: false,
             source: false,
+            emit: false,
         }
     }
 }
@@ -1042,6 +1046,9 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
             let writes =
                 (sent..sent + n).map(|at| peer::write(&pool, i64::try_from(at).unwrap_or(0), sent_us));
             futures::future::try_join_all(writes).await?;
+        } else if load.emit {
+            let writes = (sent..sent + n).map(|at| emit_steady(&pool, at));
+            futures::future::try_join_all(writes).await?;
         } else if load.one_per_transaction {
             let writes = (sent..sent + n).map(|at| write_steady(&pool, load.table(), at, 1));
             futures::future::try_join_all(writes).await?;
@@ -1119,6 +1126,20 @@ async fn write_steady(pool: &PgPool, table: &str, from: u64, n: u64) -> anyhow::
         query.bind(i64::try_from(n)?)
     };
     query.execute(pool).await?;
+    Ok(())
+}
+
+/// Event `at` written without a row, as [`write_steady`] writes one.
+async fn emit_steady(pool: &PgPool, at: u64) -> anyhow::Result<()> {
+    sqlx::query(
+        "SELECT switchyard_emit('order', 'order-' || (($1::bigint * 7919) % 10000), 'OrderCreated',
+                 jsonb_build_object('sent_us', $2::bigint, 'seq', $1::bigint, 'currency', 'EUR',
+                                    'total_cents', 12900, 'customer_id', 'cust-42'))",
+    )
+    .bind(i64::try_from(at)?)
+    .bind(i64::try_from(now_us())?)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

@@ -130,7 +130,7 @@ async fn replication_writer(
 }
 
 /// The runs at one rate, by key, with their names.
-fn loads(rate: u64, seconds: u64) -> [(&'static str, &'static str, Load); 6] {
+fn loads(rate: u64, seconds: u64) -> [(&'static str, &'static str, Load); 7] {
     let steady = Load {
         one_per_transaction: true,
         ..Load::new(rate, seconds)
@@ -167,6 +167,15 @@ fn loads(rate: u64, seconds: u64) -> [(&'static str, &'static str, Load); 6] {
             Load {
                 replication: true,
                 source: true,
+                ..steady
+            },
+        ),
+        (
+            "emit",
+            "repl., emit",
+            Load {
+                replication: true,
+                emit: true,
                 ..steady
             },
         ),
