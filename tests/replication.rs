@@ -1130,22 +1130,8 @@ async fn a_hand_over_has_reached_disk_when_the_slot_may_pass_it() {
     assert_eq!(taken, vec![true; rows.len()], "every event taken over");
     stream.close().await;
 
-    // Everything written so far flushed, so that the WAL can be read: a
-    // commit that waits for its flush (and writes, or it would not wait).
-    sqlx::query("CREATE TABLE flushed (at timestamptz)")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL synchronous_commit = on")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO flushed VALUES (now())")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    // Everything written so far flushed, so that the WAL can be read.
+    switchyard_tests::postgres::flush_wal(&db.pool).await;
     // The first transaction to change the outbox after `start` is the
     // hand-over's (its ack comes after it).
     let commit: Option<String> = sqlx::query_scalar(

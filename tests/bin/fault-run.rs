@@ -88,7 +88,7 @@ use std::time::{Duration, Instant};
 use switchyard_tests::config::TestConfig;
 use switchyard_tests::nats::NatsServer;
 use switchyard_tests::orders::{Expected, Tally, tally};
-use switchyard_tests::postgres::{Outbox, fresh_db};
+use switchyard_tests::postgres::{Outbox, flush_wal, fresh_db};
 use switchyard_tests::relay::{Process, Settings, example};
 use switchyard_tests::service::ServicePool;
 use switchyard_tests::stall::StallingProxy;
@@ -550,29 +550,6 @@ fn restart_postgres() {
 /// which recovers from the WAL.
 fn crash_postgres() {
     restart_postgres_in("immediate");
-}
-
-/// Makes every commit so far durable: the project's PostgreSQL commits
-/// with `synchronous_commit` off, and its WAL writer can leave the last
-/// page of them unwritten for seconds, so a crash would lose what the
-/// writers committed last, which a service's server would have kept. One
-/// commit that waits for its flush takes all the WAL before it along; it
-/// must write something, or PostgreSQL does not wait.
-async fn flush_wal(pool: &sqlx::PgPool) {
-    sqlx::query("CREATE TABLE IF NOT EXISTS fault_run_flush (at timestamptz)")
-        .execute(pool)
-        .await
-        .expect("create");
-    let mut tx = pool.begin().await.expect("begin");
-    sqlx::query("SET LOCAL synchronous_commit = on")
-        .execute(&mut *tx)
-        .await
-        .expect("set");
-    sqlx::query("INSERT INTO fault_run_flush VALUES (now())")
-        .execute(&mut *tx)
-        .await
-        .expect("insert");
-    tx.commit().await.expect("a commit that flushes the WAL");
 }
 
 fn restart_postgres_in(mode: &str) {

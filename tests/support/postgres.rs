@@ -137,6 +137,29 @@ pub async fn fresh_db() -> TestDb {
 /// The migration that created `switchyard_intake`.
 pub const INTAKE_MIGRATION: i64 = 20_261_204_000_000;
 
+/// Makes every commit so far durable and readable from the WAL: the
+/// project's PostgreSQL commits with `synchronous_commit` off, and its WAL
+/// writer can leave the last page of those commits unwritten for seconds
+/// (a crash then loses them; a slot and `pg_walinspect` do not read them
+/// yet). One commit that waits for its flush takes all the WAL before it
+/// along; it must write something, or PostgreSQL does not wait.
+pub async fn flush_wal(pool: &PgPool) {
+    sqlx::query("CREATE TABLE IF NOT EXISTS test_wal_flush (at timestamptz)")
+        .execute(pool)
+        .await
+        .expect("a table to write to");
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .execute(&mut *tx)
+        .await
+        .expect("synchronous_commit");
+    sqlx::query("INSERT INTO test_wal_flush VALUES (now())")
+        .execute(&mut *tx)
+        .await
+        .expect("a write to wait for");
+    tx.commit().await.expect("a commit that flushes the WAL");
+}
+
 /// Runs the outbox migrations older than `version`: an outbox as an older
 /// release left it.
 ///

@@ -9,7 +9,7 @@ use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, Outbox, TestDb, debezium_sourc
 use switchyard_tests::relay::Process;
 use switchyard_tests::workload::{Shape, write_events};
 
-use super::{AGGREGATES, Row, STREAM, crash_postgres, flush_wal, restart_postgres, settings};
+use super::{AGGREGATES, Row, STREAM, crash_postgres, restart_postgres, settings};
 
 /// The fault run's config in replication mode, through a slot named after
 /// the database.
@@ -220,7 +220,7 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize, crash: bool) -> Row 
         2,
     )
     .await;
-    flush_wal(&db.pool).await;
+    switchyard_tests::postgres::flush_wal(&db.pool).await;
     let total = expected.len() as u64;
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
