@@ -128,15 +128,47 @@ async fn with_nats_down_only_nats_is_retried_and_pubsub_gets_each_event_once() {
     .await;
     nats.resume().await;
     all_published(&db.pool, 200, Duration::from_secs(120)).await;
+    // A publish Pub/Sub itself did not answer in time (the emulator on a
+    // busy machine) is published again, as it must be: a copy of one of
+    // those is at-least-once, not a retry of NATS reaching Pub/Sub.
+    let pubsub_failed: u64 = relay
+        .relay
+        .metrics()
+        .render()
+        .lines()
+        .filter(|line| {
+            line.starts_with("switchyard_messages_failed_total{") && line.contains("target=\"pubsub\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum();
     relay.stop().await;
 
-    let rest = consumer.pull(151, Duration::from_secs(10)).await;
-    let all: Vec<_> = first.into_iter().chain(rest).collect();
+    // Every event, however slowly the emulator delivers, then a few
+    // seconds more for any copy.
+    let mut all = first;
+    let distinct = |all: &[switchyard_tests::nats::Received]| {
+        all.iter()
+            .filter_map(|m| m.header("Switchyard-Event-Id"))
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while distinct(&all) < expected.len() && std::time::Instant::now() < deadline {
+        all.extend(consumer.pull(1, Duration::from_secs(1)).await);
+    }
+    all.extend(consumer.pull(1, Duration::from_secs(3)).await);
     let tally = tally(&all, &expected);
     assert_eq!(
-        (tally.lost, tally.duplicates, tally.reordered),
-        (0, 0, 0),
-        "Pub/Sub: each event once, in order, though NATS was retried: {tally:?}"
+        (tally.lost, tally.reordered),
+        (0, 0),
+        "Pub/Sub: each event, in order, though NATS was retried: {tally:?}"
+    );
+    // A copy only of a message whose publish failed, at most one each.
+    assert!(
+        tally.duplicates as u64 <= pubsub_failed,
+        "Pub/Sub: {} copies, {pubsub_failed} messages Pub/Sub failed to answer: {tally:?}",
+        tally.duplicates
     );
     let on_nats = tally_of(&nats.read_stream("AUDIT").await, &expected);
     assert_eq!(on_nats, (0, 0), "NATS: lost, reordered");
