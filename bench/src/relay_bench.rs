@@ -122,6 +122,10 @@ struct Args {
     /// With --steady: the rates (events/s) to run at.
     #[arg(long, value_delimiter = ',', requires = "steady", default_value = "100,500")]
     rates: Vec<u64>,
+    /// With --steady: seconds written at each run's rate before it is
+    /// measured (for --latency-seconds), the relay's start left out.
+    #[arg(long, requires = "steady", default_value_t = 10)]
+    warmup_seconds: u64,
     /// Only one relay serving this many databases each (comma-separated):
     /// idle cost, latency at 10 events/s each, sessions.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["latency_only", "drains_only", "large_reload", "interpreted", "replication", "slot_spread", "steady"])]
@@ -852,6 +856,10 @@ struct Load {
     /// Writers call `switchyard_emit` (an event without a row) instead of
     /// inserting (with `replication`).
     emit: bool,
+    /// Seconds written at the rate before the run is measured, so that a
+    /// relay's start (its sessions' first plans and caches, the peer's
+    /// too) is not counted as if it were paid per event.
+    warmup: u64,
 }
 
 impl Load {
@@ -878,6 +886,7 @@ impl Load {
             intake: false,
             source: false,
             emit: false,
+            warmup: 0,
         }
     }
 }
@@ -990,7 +999,8 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     client.flush().await?;
     let new_version = Arc::new(std::sync::Mutex::new(None::<String>));
     let reload_seen = Arc::new(std::sync::Mutex::new(None::<Instant>));
-    let total = rate * seconds;
+    let warm = rate * load.warmup;
+    let total = warm + rate * seconds;
     let expected = if load.writer_only { 0 } else { total };
     let consumer = tokio::spawn({
         let new_version = new_version.clone();
@@ -1002,11 +1012,17 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
                     tokio::time::timeout(Duration::from_secs(5), subscription.next()).await
             {
                 let arrived = now_us();
-                let sent = serde_json::from_slice::<serde_json::Value>(&message.payload)
-                    .ok()
-                    .and_then(|v| v["sent_us"].as_u64());
-                if let Some(sent) = sent {
-                    latencies.push(arrived.saturating_sub(sent));
+                let event = serde_json::from_slice::<serde_json::Value>(&message.payload).ok();
+                let sent = event.as_ref().and_then(|v| v["sent_us"].as_u64());
+                // Every message counts towards the end; a warm-up event's
+                // latency does not.
+                let measured = event
+                    .as_ref()
+                    .and_then(|v| v["seq"].as_u64())
+                    .is_none_or(|seq| seq >= warm);
+                match sent {
+                    Some(sent) if measured => latencies.push(arrived.saturating_sub(sent)),
+                    _ => latencies.push(u64::MAX),
                 }
                 let want = new_version.lock().ok().and_then(|v| v.clone());
                 if let (Some(want), Some(headers)) = (want, message.headers.as_ref())
@@ -1028,10 +1044,16 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut sent = 0u64;
     let mut reload_started = None;
-    let started = Instant::now();
-    let cpu = CpuMark::now();
+    let mut started = Instant::now();
+    let mut cpu = CpuMark::now();
     while sent < total {
         tick.tick().await;
+        if warm > 0 && sent == warm {
+            // The writers' first transactions are as warm as the relay's.
+            server_cost::reset_statements(&admin, &name).await;
+            started = Instant::now();
+            cpu = CpuMark::now();
+        }
         if reload && reload_started.is_none() && started.elapsed() >= Duration::from_secs(seconds / 2) {
             let variant = switchyard_tests::plugins::with_custom_section(&original, 7);
             if let Ok(mut v) = new_version.lock() {
@@ -1040,7 +1062,8 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
             reload_started = Some(Instant::now());
             switchyard_tests::plugins::replace_atomically(&plugin_path, &variant);
         }
-        let n = per_tick.min(total - sent);
+        // A tick does not write across the end of the warm-up.
+        let n = per_tick.min(if sent < warm { warm - sent } else { total - sent });
         if load.peer {
             let sent_us = i64::try_from(now_us())?;
             let writes =
@@ -1058,6 +1081,7 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
         sent += n;
     }
     let mut sorted_us = consumer.await?;
+    sorted_us.retain(|&us| us != u64::MAX);
     let roles = server_cost::roles(&admin).await;
     let end = CpuMark::now();
     let pg_roles = server_cost::by_role(&end.postgres_since(&cpu), &roles);
@@ -1084,7 +1108,8 @@ async fn latency_in(services: &Services, args: &Args, load: Load) -> anyhow::Res
     Ok(Latency {
         rate,
         sorted_us,
-        sent,
+        // What the figures are per: the events written after the warm-up.
+        sent: sent - warm,
         reload_ms,
         peak_rss,
         cpu,

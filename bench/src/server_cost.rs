@@ -71,6 +71,19 @@ pub(super) struct Statement {
     pub(super) dirtied: i64,
 }
 
+/// Forgets what the statements on database `name` have cost so far, so
+/// that [`statements`] reads a run without its warm-up.
+pub(super) async fn reset_statements(admin: &PgPool, name: &str) {
+    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(admin)
+        .await;
+    let _ =
+        sqlx::query("SELECT pg_stat_statements_reset(0, d.oid, 0) FROM pg_database d WHERE d.datname = $1")
+            .bind(name)
+            .execute(admin)
+            .await;
+}
+
 /// The statements run on database `name`, dearest first (empty when
 /// `pg_stat_statements` is not loaded).
 pub(super) async fn statements(admin: &PgPool, name: &str) -> Vec<Statement> {

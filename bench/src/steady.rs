@@ -130,9 +130,10 @@ async fn replication_writer(
 }
 
 /// The runs at one rate, by key, with their names.
-fn loads(rate: u64, seconds: u64) -> [(&'static str, &'static str, Load); 7] {
+fn loads(rate: u64, seconds: u64, warmup: u64) -> [(&'static str, &'static str, Load); 7] {
     let steady = Load {
         one_per_transaction: true,
+        warmup,
         ..Load::new(rate, seconds)
     };
     [
@@ -204,7 +205,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
     let mut runs: Vec<(u32, &str, Latency)> = Vec::new();
     for round in 0..args.repeat {
         for &rate in &args.rates {
-            let mut order: Vec<_> = loads(rate, args.latency_seconds)
+            let mut order: Vec<_> = loads(rate, args.latency_seconds, args.warmup_seconds)
                 .into_iter()
                 .filter(|(key, _, load)| {
                     (args.peer || !load.peer) && (args.runs.is_empty() || args.runs.iter().any(|r| r == key))
@@ -221,8 +222,8 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
     }
     println!();
     println!(
-        "steady rate, one event per transaction, {} s per run, {} round(s); CPU per event in ms, medians (each round's PG CPU after it)",
-        args.latency_seconds, args.repeat
+        "steady rate, one event per transaction, {} s per run after {} s of warm-up, {} round(s); CPU per event in ms, medians (each round's PG CPU after it)",
+        args.latency_seconds, args.warmup_seconds, args.repeat
     );
     println!(
         "{:<15} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}  rounds",
@@ -240,7 +241,7 @@ pub(super) async fn run(services: &Services, args: &Args) -> anyhow::Result<()> 
         };
         let (peer, _) = per_event("peer (WAL)", &|l| l.cpu.postgres);
         let (alone, _) = per_event("writes alone", &|l| l.cpu.postgres);
-        for (_, mode, _) in loads(rate, 0) {
+        for (_, mode, _) in loads(rate, 0, 0) {
             let (postgres, rounds) = per_event(mode, &|l| l.cpu.postgres);
             if rounds.is_empty() {
                 continue;
