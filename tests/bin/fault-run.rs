@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|pg-crash|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|replication-pg-crash|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|mariadb-binlog-kills|mariadb-binlog-down-nats|mariadb-binlog-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|pg-crash|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|replication-pg-crash|replication-source-pg-restart|replication-source-pg-crash|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|mariadb-binlog-kills|mariadb-binlog-down-nats|mariadb-binlog-restart|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -57,7 +57,9 @@
 //! `replication-pg-restart`: the same two relays drain a backlog from the
 //! slot while PostgreSQL restarts under them twice; `replication-pg-crash`
 //! while it crashes and recovers twice, the second time with NATS down
-//! while the relays hand what they read over to the table.
+//! while the relays hand what they read over to the table;
+//! `replication-source-pg-restart` and `replication-source-pg-crash` the
+//! same with the writers inserting into a table of their own (`[source]`).
 //! `replication-outage`: two relays in replication mode, NATS stopped for
 //! 30 s mid-stream (at most 20,000 events). `replication-source-kills`,
 //! `replication-source-outage`: the same with the writers inserting into a
@@ -242,15 +244,15 @@ async fn main() {
         if which == format!("replication-{prefix}outage") || which == "all" {
             rows.push(replication::outage_run(&relay_bin, outbox, events.min(20_000)).await);
         }
+        if which == format!("replication-{prefix}pg-restart") || which == "all" {
+            rows.push(replication::pg_restart_run(&relay_bin, outbox, events.min(20_000), false).await);
+        }
+        if which == format!("replication-{prefix}pg-crash") || which == "all" {
+            rows.push(replication::pg_restart_run(&relay_bin, outbox, events.min(20_000), true).await);
+        }
     }
     if which == "replication-poison" || which == "all" {
         rows.push(replication::poison_run(&relay_bin, events.min(10_000)).await);
-    }
-    if which == "replication-pg-restart" || which == "all" {
-        rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000), false).await);
-    }
-    if which == "replication-pg-crash" || which == "all" {
-        rows.push(replication::pg_restart_run(&relay_bin, events.min(20_000), true).await);
     }
     if which == "upgrade" {
         let old = std::env::var("SWITCHYARD_OLD_RELAY")

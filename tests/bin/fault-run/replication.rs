@@ -201,25 +201,17 @@ async fn drain_and_count(
     Row::counted(scenario, expected.len(), counted, f64::NAN, drain_s)
 }
 
-/// Two relays in replication mode drain a backlog written before they
-/// start; PostgreSQL restarts under them twice, or with `crash` crashes and
-/// recovers twice, the second time with NATS down, while the relays hand
-/// what they read over to the table and move the slot past it.
-pub async fn pg_restart_run(relay_bin: &str, events: usize, crash: bool) -> Row {
+/// Two relays in replication mode drain a backlog written into `outbox`
+/// before they start; PostgreSQL restarts under them twice, or with `crash`
+/// crashes and recovers twice, the second time with NATS down, while the
+/// relays hand what they read over to the table and move the slot past it.
+pub async fn pg_restart_run(relay_bin: &str, outbox: Outbox, events: usize, crash: bool) -> Row {
     let db = fresh_db().await;
     let mut nats = NatsServer::start().await;
     nats.create_stream(STREAM, &["orders.>"]).await;
-    let config = replication_settings(&db, &nats).toml();
+    let config = settings_for(&db, &nats, outbox).await;
     migrate(relay_bin, &config).await;
-    let expected = write_events(
-        &db.pool,
-        Shape::replicated(Outbox::Switchyard),
-        AGGREGATES,
-        events,
-        8,
-        2,
-    )
-    .await;
+    let expected = write_events(&db.pool, Shape::replicated(outbox), AGGREGATES, events, 8, 2).await;
     switchyard_tests::postgres::flush_wal(&db.pool).await;
     let total = expected.len() as u64;
     let mut relays: Vec<Process> = (0..2)
@@ -262,8 +254,8 @@ pub async fn pg_restart_run(relay_bin: &str, events: usize, crash: bool) -> Row 
         "replication, PostgreSQL crashed twice (once with NATS down), 2 relays"
     } else {
         "replication, PostgreSQL restarted twice, 2 relays"
-    }
-    .to_string();
+    };
+    let scenario = format!("{scenario}{}", written_to(outbox));
     drain_and_count(
         scenario,
         &db,
