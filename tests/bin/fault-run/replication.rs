@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use switchyard_tests::config::{Plugin, TestConfig};
 use switchyard_tests::nats::NatsServer;
-use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, Outbox, TestDb, debezium_source, fresh_db};
+use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, Outbox, TestDb, debezium_source, flush_wal, fresh_db};
 use switchyard_tests::relay::Process;
 use switchyard_tests::workload::{Shape, write_events};
 
@@ -212,7 +212,7 @@ pub async fn pg_restart_run(relay_bin: &str, outbox: Outbox, events: usize, cras
     let config = settings_for(&db, &nats, outbox).await;
     migrate(relay_bin, &config).await;
     let expected = write_events(&db.pool, Shape::replicated(outbox), AGGREGATES, events, 8, 2).await;
-    switchyard_tests::postgres::flush_wal(&db.pool).await;
+    flush_wal(&db.pool).await;
     let total = expected.len() as u64;
     let mut relays: Vec<Process> = (0..2)
         .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
@@ -224,21 +224,15 @@ pub async fn pg_restart_run(relay_bin: &str, outbox: Outbox, events: usize, cras
         }
         if crash && round == 2 {
             nats.stop();
-            let handed_over = async || -> i64 {
-                sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE status <> 'streamed'")
-                    .fetch_one(&db.pool)
-                    .await
-                    .unwrap_or(0)
-            };
-            let before = handed_over().await;
+            let before = through_table(&db).await;
             let waited = Instant::now();
-            while handed_over().await == before && waited.elapsed() < Duration::from_secs(30) {
+            while through_table(&db).await == before && waited.elapsed() < Duration::from_secs(30) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             crash_postgres();
             eprintln!(
                 "replication pg-crash: PostgreSQL crashed and recovered with NATS down, {} rows handed over before",
-                handed_over().await
+                through_table(&db).await
             );
             tokio::time::sleep(Duration::from_secs(5)).await;
             nats.resume().await;
