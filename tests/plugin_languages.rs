@@ -249,27 +249,38 @@ async fn plugin_check_uses_the_compiled_cache() {
         out.contains("valid switchyard:plugin/router (route: one call per event) component"),
         "{out}"
     );
-    let cached = walk(&cache.join("switchyard"));
-    assert!(cached > 0, "the compiled component is in the cache");
+    let cached = compiled(&cache.join("switchyard"));
+    assert!(!cached.is_empty(), "the compiled component is in the cache");
     let (code, out, _) = check().await;
     assert_eq!(code, 0);
     assert_eq!(
-        walk(&cache.join("switchyard")),
+        compiled(&cache.join("switchyard")),
         cached,
         "the second check reuses it: {out}"
     );
     let _ = std::fs::remove_dir_all(cache);
 }
 
-/// Files under `dir`, recursively.
-fn walk(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .flatten()
-            .map(|entry| {
-                let path = entry.path();
-                if path.is_dir() { walk(&path) } else { 1 }
-            })
-            .sum()
-    })
+/// Compiled artifacts under `dir` with their modification times. wasmtime's
+/// cache worker writes `.stats` files and cleanup markers in the background,
+/// possibly after the process has exited, so those are left out.
+fn compiled(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path.is_dir() {
+            found.extend(compiled(&path));
+        } else if !name.starts_with('.')
+            && !name.ends_with(".stats")
+            && let Ok(modified) = entry.metadata().and_then(|meta| meta.modified())
+        {
+            found.push((path, modified));
+        }
+    }
+    found.sort();
+    found
 }
