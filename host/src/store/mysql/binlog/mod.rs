@@ -232,6 +232,16 @@ pub(crate) async fn warnings(pool: &MySqlPool) -> Result<Vec<String>, Error> {
 /// `streamed` is leased as if claimed, a row no longer in the table is
 /// written back, a row the claim path has already is left alone. Returns,
 /// per row, whether the table now holds it for the claim path.
+///
+/// Rows are written back one statement at a time, each its own
+/// transaction, after the leasing transaction has committed. A row its
+/// service deleted as it wrote it leaves a delete-marked index entry until
+/// purge; writing its event id again makes InnoDB check that entry under
+/// next-key locks, which service inserts beside it wait on. A batch held
+/// such locks across many rows while waiting on a service's new row, and
+/// InnoDB rolled services back as deadlock victims (once in about 3,000
+/// transactions with eight writers). One row's locks close a cycle only if
+/// one service transaction inserts on both sides of that very entry.
 pub(crate) async fn take_over(
     pool: &MySqlPool,
     owner: &str,
@@ -277,37 +287,37 @@ pub(crate) async fn take_over(
         }
         query.execute(&mut *tx).await?;
     }
-    // Gone from the table before the hand-over (deleted by hand or by
-    // retention): written back from what the binary log carried.
+    tx.commit().await?;
+    // Gone from the table before the hand-over (deleted by its writer, by
+    // hand or by retention): written back from what the binary log carried.
     let mut seen = HashSet::new();
     let missing: Vec<&StreamedRow> = rows
         .iter()
         .copied()
         .filter(|r| !found.contains_key(&r.row.id.0) && seen.insert(r.row.id.0))
         .collect();
-    write_back(&mut tx, owner, &lease_text, lease_us, &missing).await?;
-    let held = in_table(&mut tx, rows).await?;
-    tx.commit().await?;
-    Ok(held)
+    let mut conn = pool.acquire().await?;
+    for row in missing {
+        write_back(&mut conn, owner, &lease_text, lease_us, row).await?;
+    }
+    in_table(&mut conn, rows).await
 }
 
-/// Writes rows back into the table, taken over under the lease.
+/// Writes a row back into the table, taken over under the lease; a row
+/// already there (another relay wrote it back) is left as it is.
 async fn write_back(
-    tx: &mut sqlx::MySqlConnection,
+    conn: &mut sqlx::MySqlConnection,
     owner: &str,
     lease_text: &str,
     lease_us: i64,
-    missing: &[&StreamedRow],
+    missing: &StreamedRow,
 ) -> Result<(), Error> {
-    if missing.is_empty() {
-        return Ok(());
-    }
     let mut insert = QueryBuilder::new(
         "INSERT IGNORE INTO switchyard_outbox
             (id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, tenant,
              created_at, not_before, status, attempts, lease_owner, lease_id, lease_expires_at, published_at) ",
     );
-    insert.push_values(missing, |mut values, r| {
+    insert.push_values([missing], |mut values, r| {
         let row = &r.row;
         values
             .push_bind(row.id.0)
@@ -334,14 +344,14 @@ async fn write_back(
             .push_unseparated(" MICROSECOND")
             .push("NULL");
     });
-    insert.build().execute(&mut *tx).await?;
+    insert.build().execute(&mut *conn).await?;
     Ok(())
 }
 
 /// Per row: whether the table holds it for the claim path, by its id
 /// (taken now or before), or by its event id under another id (a row
 /// written again by hand).
-async fn in_table(tx: &mut sqlx::MySqlConnection, rows: &[&StreamedRow]) -> Result<Vec<bool>, Error> {
+async fn in_table(conn: &mut sqlx::MySqlConnection, rows: &[&StreamedRow]) -> Result<Vec<bool>, Error> {
     let sql = format!(
         "SELECT id, event_id, status FROM switchyard_outbox
           WHERE id IN ({0}) OR event_id IN ({0})",
@@ -354,7 +364,7 @@ async fn in_table(tx: &mut sqlx::MySqlConnection, rows: &[&StreamedRow]) -> Resu
     for r in rows {
         query = query.bind(r.row.event_id.to_string());
     }
-    let held = query.fetch_all(&mut *tx).await?;
+    let held = query.fetch_all(&mut *conn).await?;
     let mut by_id = std::collections::HashMap::new();
     let mut by_event = std::collections::HashMap::new();
     for row in &held {
