@@ -11,7 +11,7 @@ use switchyard_tests::orders::verify;
 use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::{Outbox, count_status};
 use switchyard_tests::relay::{InProcess, Process, Settings, example, parse};
-use switchyard_tests::workload::{Dice, Shape, plan, write_events, write_plan_with};
+use switchyard_tests::workload::{Dice, Shape, plan, write_events};
 use switchyard_tests::{cli, eventually, init_logging};
 
 const STREAM: &str = "ORDERS";
@@ -254,7 +254,7 @@ async fn events_deleted_as_they_are_written_are_written_back_when_they_must_wait
     nats.stop();
     let writers: Vec<_> = (0..WRITERS)
         .map(|writer| {
-            let pool = db.mysql_pool();
+            let pool = db.service_pool();
             tokio::spawn(async move {
                 let (mut written, mut next_seq, mut dice) = (
                     Vec::new(),
@@ -263,20 +263,10 @@ async fn events_deleted_as_they_are_written_are_written_back_when_they_must_wait
                 );
                 for _ in 0..300 {
                     let plan = plan(&mut dice, Shape::rows(Outbox::Switchyard), 12, writer, WRITERS);
-                    let mut tx = pool.begin().await.unwrap();
-                    let events = write_plan_with(&mut *tx, &plan, &mut next_seq)
+                    let events = pool
+                        .write_deleted(&plan, &mut next_seq)
                         .await
-                        .unwrap_or_else(|e| panic!("the service's insert: {e}"));
-                    for (event_id, _) in &events {
-                        sqlx::query("DELETE FROM switchyard_outbox WHERE event_id = ?")
-                            .bind(event_id)
-                            .execute(&mut *tx)
-                            .await
-                            .unwrap_or_else(|e| panic!("the service's delete: {e}"));
-                    }
-                    tx.commit()
-                        .await
-                        .unwrap_or_else(|e| panic!("the service's commit: {e}"));
+                        .unwrap_or_else(|e| panic!("the service's transaction: {e}"));
                     written.extend(events);
                 }
                 written

@@ -79,6 +79,10 @@
 //! outage under writers and the database restarted under writers, on a
 //! MariaDB outbox in claim mode; `mariadb-binlog-kills|down-nats|restart`
 //! the same in binlog mode (the kills are of the binary log's reader).
+//! With `SWITCHYARD_FAULT_DELETE_AS_WRITTEN=1` the binlog runs' paced
+//! writers delete each event in the transaction that writes it; a service
+//! transaction that fails (a deadlock the relay's write-back caused) is
+//! printed and run again.
 //! `fleet-kills DATABASES KILLS` (50 and 10 by default): three relays
 //! share DATABASES databases out with `[ownership]`, writers in all of
 //! them, a relay SIGKILLed KILLS times; prints each takeover's time.

@@ -236,6 +236,45 @@ impl ServicePool {
             }
         }
     }
+
+    /// As [`ServicePool::write_committed`], the service deleting each event
+    /// in the transaction that writes it: the log still carries the insert,
+    /// the table keeps nothing.
+    ///
+    /// # Errors
+    /// The database's; nothing is committed then.
+    pub async fn write_deleted(
+        &self,
+        plan: &Plan,
+        next_seq: &mut HashMap<usize, usize>,
+    ) -> Result<Vec<(String, Expected)>, sqlx::Error> {
+        match self {
+            ServicePool::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                let written = super::workload::write_plan(&mut tx, plan, next_seq).await?;
+                for (event_id, _) in &written {
+                    sqlx::query("DELETE FROM switchyard_outbox WHERE event_id = $1::uuid")
+                        .bind(event_id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(written)
+            }
+            ServicePool::MySql(pool) => {
+                let mut tx = pool.begin().await?;
+                let written = super::workload::write_plan_with(&mut *tx, plan, next_seq).await?;
+                for (event_id, _) in &written {
+                    sqlx::query("DELETE FROM switchyard_outbox WHERE event_id = ?")
+                        .bind(event_id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(written)
+            }
+        }
+    }
 }
 
 /// A connection a service writes its events on.

@@ -173,6 +173,8 @@ pub async fn kills_run(relay_bin: &str, mode: Mode, events: usize, kills: usize)
 /// at [`TRANSACTIONS`] a second until the returned token is cancelled.
 struct Paced {
     mode: Mode,
+    /// The writers delete each event as they write it.
+    deleting: bool,
     db: TestOutbox,
     pool: ServicePool,
     nats: NatsServer,
@@ -192,15 +194,19 @@ impl Paced {
             .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
             .collect();
         let stop = tokio_util::sync::CancellationToken::new();
+        let deleting = mode == Mode::Binlog
+            && std::env::var("SWITCHYARD_FAULT_DELETE_AS_WRITTEN").is_ok_and(|v| v == "1");
+        let shape = Shape::rows(Outbox::Switchyard);
         let writer = paced_writer(
             &pool,
-            Shape::rows(Outbox::Switchyard),
+            if deleting { shape.deleting() } else { shape },
             AGGREGATES,
             TRANSACTIONS,
             stop.clone(),
         );
         Paced {
             mode,
+            deleting,
             db,
             pool,
             nats,
@@ -215,6 +221,11 @@ impl Paced {
     async fn finish(mut self, scenario: String) -> Row {
         self.stop.cancel();
         let expected = self.writer.await.expect("writer");
+        let scenario = if self.deleting {
+            format!("{scenario}, events deleted as written")
+        } else {
+            scenario
+        };
         let row = finish(
             self.mode,
             scenario,
