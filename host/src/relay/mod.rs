@@ -313,9 +313,16 @@ impl Relay {
         let inner = &self.inner;
         inner.metrics.batch_size(rows.len());
         let mut routed = self.route(rows, deadline, took).await;
-        let may_publish = Instant::now() + inner.config.publish_timeout() + ACK_RESERVE < deadline;
-        let not_sent =
-            || SinkError::retryable(lease_spent(took, inner.config.lease_duration(), "publishing"));
+        let reserved = inner.config.publish_timeout() + ACK_RESERVE;
+        let may_publish = Instant::now() + reserved < deadline;
+        let not_sent = || {
+            SinkError::retryable(lease_spent(
+                took,
+                inner.config.lease_duration(),
+                reserved,
+                "publishing",
+            ))
+        };
         let held_back = |target: &str| inner.outages.hold_back(target);
         let plan = plan::plan(&mut routed, may_publish, &not_sent, &held_back);
         let mut results = plan.results;

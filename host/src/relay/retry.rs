@@ -88,13 +88,18 @@ pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
 
 /// Why a batch ran out of lease before `stage`: the claim statement itself
 /// (a slow database) or the plugin calls. Blaming the plugins for a slow
-/// claim sends operators to the wrong place.
-pub fn lease_spent(claim_took: Duration, lease: Duration, stage: &str) -> String {
-    if claim_took * 2 >= lease {
+/// claim sends operators to the wrong place. `reserved` is what the lease
+/// keeps after the stage (the publish timeout and the ack's reserve): the
+/// claim is to blame when it took half of what was left before.
+pub fn lease_spent(claim_took: Duration, lease: Duration, reserved: Duration, stage: &str) -> String {
+    let before_stage = lease.saturating_sub(reserved);
+    if claim_took * 2 >= before_stage {
         format!(
-            "lease nearly expired before {stage}: the claim statement took {} ms of the {} ms lease (database slow)",
+            "lease nearly expired before {stage}: the claim statement took {} ms, and the {} ms lease keeps {} ms \
+             of it for publishing and the ack (database slow)",
             claim_took.as_millis(),
-            lease.as_millis()
+            lease.as_millis(),
+            reserved.as_millis()
         )
     } else {
         format!("lease nearly expired before {stage} (plugins too slow for the lease)")
@@ -140,14 +145,26 @@ mod tests {
 
     #[test]
     fn a_slow_claim_is_not_blamed_on_the_plugins() {
-        let lease = Duration::from_secs(30);
-        let slow = lease_spent(Duration::from_secs(20), lease, "routing");
+        let (lease, reserved) = (Duration::from_secs(30), Duration::from_secs(11));
+        let slow = lease_spent(Duration::from_secs(20), lease, reserved, "routing");
         assert!(
-            slow.contains("claim statement took 20000 ms of the 30000 ms lease"),
+            slow.contains("claim statement took 20000 ms, and the 30000 ms lease keeps 11000 ms"),
             "{slow}"
         );
         assert!(!slow.contains("plugins"), "{slow}");
-        let plugins = lease_spent(Duration::from_millis(5), lease, "publishing");
+        let plugins = lease_spent(Duration::from_millis(5), lease, reserved, "publishing");
+        assert!(plugins.contains("plugins too slow"), "{plugins}");
+    }
+
+    /// A claim that took less than half the lease can still have spent
+    /// most of what the lease leaves before publishing: 1.6 s of a 4 s
+    /// lease that keeps 2 s for the publish timeout and 1 s for the ack.
+    #[test]
+    fn a_claim_that_spent_the_routing_budget_is_blamed() {
+        let (lease, reserved) = (Duration::from_secs(4), Duration::from_secs(3));
+        let slow = lease_spent(Duration::from_millis(1_600), lease, reserved, "routing");
+        assert!(slow.contains("database slow"), "{slow}");
+        let plugins = lease_spent(Duration::from_millis(300), lease, reserved, "routing");
         assert!(plugins.contains("plugins too slow"), "{plugins}");
     }
 

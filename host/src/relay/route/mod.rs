@@ -194,6 +194,12 @@ impl RouteStage<'_> {
         done.into_iter().flatten().collect()
     }
 
+    /// Why a row was not routed in time (see [`lease_spent`]).
+    fn lease_spent(&self, claim_took: Duration) -> String {
+        let reserved = self.config.publish_timeout() + super::ACK_RESERVE;
+        lease_spent(claim_took, self.config.lease_duration(), reserved, "routing")
+    }
+
     /// Everything up to the plugin call: the attempt limit, the event, the
     /// native router, which plugin, whether it is loaded and time is left.
     fn prepare(
@@ -249,7 +255,7 @@ impl RouteStage<'_> {
             return Prepared::Done(RoutedRow { row, state, span });
         };
         if Instant::now() >= route_until {
-            let error = lease_spent(claim_took, inner.config.lease_duration(), "routing");
+            let error = inner.lease_spent(claim_took);
             let outcome = self.retry.after_failure(attempts, error);
             return Prepared::Done(RoutedRow::failed(row, outcome, None).in_span(&span));
         }
@@ -346,7 +352,7 @@ impl RouteStage<'_> {
                     )
                 }),
                 None => {
-                    let error = lease_spent(claim_took, self.config.lease_duration(), "routing");
+                    let error = self.lease_spent(claim_took);
                     RowState::Failed {
                         outcome: self.retry.after_failure(waiting.attempts, error),
                         version: None,
