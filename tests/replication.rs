@@ -404,6 +404,18 @@ async fn a_broker_outage_in_replication_mode_dead_letters_nothing_and_keeps_orde
     broker_outage_in_replication_mode(&db.pool, &mut nats, &config, shape, Duration::from_secs(5)).await;
 }
 
+/// A service that deletes each event in the transaction that writes it
+/// (the table keeps nothing, the WAL has the insert), a third of its
+/// aggregates through `switchyard_emit`, through a broker outage: what
+/// must wait is written back from the WAL's copy, and every event arrives
+/// once and in order, none dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_deleted_as_they_are_written_come_through_a_broker_outage() {
+    let (db, mut nats, config) = migrated(&[("max_attempts", "2"), ("publish_timeout_ms", "1000")]).await;
+    let shape = Shape::rows(Outbox::Switchyard).emitting(30).deleting();
+    broker_outage_in_replication_mode(&db.pool, &mut nats, &config, shape, Duration::from_secs(5)).await;
+}
+
 /// A relay in replication mode (PostgreSQL's slot or MariaDB's binary
 /// log) on `pool`'s database while NATS is stopped for `outage` under a
 /// writer shaped as a service's (several aggregates per transaction, one
