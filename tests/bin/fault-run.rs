@@ -33,7 +33,8 @@
 //! (in claim mode, each in turn) SIGKILLed that many times over the outage
 //! and the 30 s after it. In replication mode over the outbox table,
 //! `SWITCHYARD_FAULT_EMIT_PERCENT` writes that share of the aggregates
-//! through `switchyard_emit`. `down-pubsub-frozen`
+//! through `switchyard_emit`, and `SWITCHYARD_FAULT_DELETE_AS_WRITTEN=1`
+//! deletes each event in the transaction that writes it. `down-pubsub-frozen`
 //! freezes the Pub/Sub emulator (SIGSTOP) for MINUTES; `down-pubsub` kills
 //! it and starts a new one, whose topic and subscription the run makes
 //! again (what the killed one held is gone: the run counts, among the

@@ -41,13 +41,20 @@ impl Shape {
 
     /// Replication mode's shape for runs by hand: with the share of
     /// aggregates `SWITCHYARD_FAULT_EMIT_PERCENT` names (0 by default)
-    /// written by `switchyard_emit`, when the rows go to the outbox table.
+    /// written by `switchyard_emit`, and each event deleted as it is
+    /// written with `SWITCHYARD_FAULT_DELETE_AS_WRITTEN=1`, when the rows go
+    /// to the outbox table.
     pub fn replicated(rows: Outbox) -> Shape {
         let emit = std::env::var("SWITCHYARD_FAULT_EMIT_PERCENT")
             .ok()
             .and_then(|p| p.parse().ok())
             .unwrap_or(0);
-        Shape::rows(rows).emitting(if rows == Outbox::Switchyard { emit } else { 0 })
+        let shape = Shape::rows(rows).emitting(if rows == Outbox::Switchyard { emit } else { 0 });
+        if rows == Outbox::Switchyard && deleting_asked() {
+            shape.deleting()
+        } else {
+            shape
+        }
     }
 
     /// With every event deleted in the transaction that writes it.
@@ -65,6 +72,12 @@ impl Shape {
             ..self
         }
     }
+}
+
+/// Whether a run by hand asks for services that delete each event as they
+/// write it (`SWITCHYARD_FAULT_DELETE_AS_WRITTEN=1`).
+pub fn deleting_asked() -> bool {
+    std::env::var("SWITCHYARD_FAULT_DELETE_AS_WRITTEN").is_ok_and(|v| v == "1")
 }
 
 /// A small deterministic generator (xorshift): the same seed writes the

@@ -13,7 +13,7 @@ use switchyard_tests::outbox::TestOutbox;
 use switchyard_tests::postgres::Outbox;
 use switchyard_tests::relay::Process;
 use switchyard_tests::service::ServicePool;
-use switchyard_tests::workload::{Shape, paced_writer, write_events};
+use switchyard_tests::workload::{Shape, deleting_asked, paced_writer, write_events};
 
 use super::{AGGREGATES, Row, STREAM, published, settings};
 
@@ -194,8 +194,7 @@ impl Paced {
             .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
             .collect();
         let stop = tokio_util::sync::CancellationToken::new();
-        let deleting = mode == Mode::Binlog
-            && std::env::var("SWITCHYARD_FAULT_DELETE_AS_WRITTEN").is_ok_and(|v| v == "1");
+        let deleting = mode == Mode::Binlog && deleting_asked();
         let shape = Shape::rows(Outbox::Switchyard);
         let writer = paced_writer(
             &pool,
