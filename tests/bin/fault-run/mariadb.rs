@@ -67,6 +67,18 @@ async fn finish(
     Row::counted(scenario, expected.len(), counted, f64::NAN, drain_s)
 }
 
+/// The writers' shape: a service's, each event deleted as it is written
+/// in binlog mode when the run asks for it (claim mode would never see a
+/// deleted event).
+fn writers_shape(mode: Mode) -> Shape {
+    let shape = Shape::rows(Outbox::Switchyard);
+    if mode == Mode::Binlog && deleting_asked() {
+        shape.deleting()
+    } else {
+        shape
+    }
+}
+
 /// The config of `mode` for `db`, the database set up for it.
 async fn config_for(relay_bin: &str, mode: Mode, db_url: &str, nats: &NatsServer) -> String {
     let config = settings(db_url, &nats.url());
@@ -114,7 +126,7 @@ pub async fn kills_run(relay_bin: &str, mode: Mode, events: usize, kills: usize)
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = pool.clone();
-        async move { write_events(&pool, Shape::rows(Outbox::Switchyard), AGGREGATES, events, 8, 5).await }
+        async move { write_events(&pool, writers_shape(mode), AGGREGATES, events, 8, 5).await }
     });
     let (mut done, mut generation) = (0, 0);
     while done < kills && mode == Mode::Binlog {
@@ -156,7 +168,11 @@ pub async fn kills_run(relay_bin: &str, mode: Mode, events: usize, kills: usize)
     let expected = writer.await.expect("writer");
     let row = finish(
         mode,
-        format!("{done} SIGKILLs, 3 relays"),
+        if writers_shape(mode).deleted {
+            format!("{done} SIGKILLs, 3 relays, events deleted as written")
+        } else {
+            format!("{done} SIGKILLs, 3 relays")
+        },
         &pool,
         &nats,
         &expected,
@@ -194,18 +210,11 @@ impl Paced {
             .map(|n| Process::spawn(relay_bin, &config, &format!("relay-{n}")))
             .collect();
         let stop = tokio_util::sync::CancellationToken::new();
-        let deleting = mode == Mode::Binlog && deleting_asked();
-        let shape = Shape::rows(Outbox::Switchyard);
-        let writer = paced_writer(
-            &pool,
-            if deleting { shape.deleting() } else { shape },
-            AGGREGATES,
-            TRANSACTIONS,
-            stop.clone(),
-        );
+        let shape = writers_shape(mode);
+        let writer = paced_writer(&pool, shape, AGGREGATES, TRANSACTIONS, stop.clone());
         Paced {
             mode,
-            deleting,
+            deleting: shape.deleted,
             db,
             pool,
             nats,
