@@ -275,10 +275,15 @@ async fn write(
     expected
 }
 
-/// One writer committing `per_second` transactions of `shape` a second
-/// over `aggregates` until `stop` is cancelled. A transaction that fails
-/// (the database is down) is written again until it goes through. Returns
-/// what the consumer should see.
+/// How many connections a paced service writes on at once.
+const PACED_WRITERS: usize = 4;
+
+/// A service committing `per_second` transactions of `shape` a second over
+/// `aggregates` until `stop` is cancelled, on [`PACED_WRITERS`] connections
+/// at once, as a service's handlers write: each owns a share of the
+/// aggregates, so an aggregate's order is one connection's. A transaction
+/// that fails (the database is down) is printed and written again until
+/// it goes through. Returns what the consumer should see.
 pub fn paced_writer(
     pool: impl Into<ServicePool>,
     shape: Shape,
@@ -287,30 +292,49 @@ pub fn paced_writer(
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<HashMap<String, Expected>> {
     let pool: ServicePool = pool.into();
+    let writers = PACED_WRITERS
+        .min(aggregates)
+        .min(usize::try_from(per_second).unwrap_or(usize::MAX))
+        .max(1);
+    let each_per_second = (per_second / writers as u64).max(1);
+    let tasks: Vec<_> = (0..writers)
+        .map(|writer| {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut expected = HashMap::new();
+                let mut dice = Dice::new(0x5eed + writer as u64);
+                let mut next_seq = HashMap::new();
+                let mut tick =
+                    tokio::time::interval(std::time::Duration::from_millis(1000 / each_per_second));
+                while !stop.is_cancelled() {
+                    tick.tick().await;
+                    let plan = plan(&mut dice, shape, aggregates, writer, writers);
+                    let written = loop {
+                        let mut seqs = next_seq.clone();
+                        match commit(&pool, shape, &plan, &mut seqs).await {
+                            Ok(written) => {
+                                next_seq = seqs;
+                                break written;
+                            }
+                            Err(error) => {
+                                // Told, not hidden: a relay that makes
+                                // services fail (a deadlock it causes)
+                                // shows here.
+                                eprintln!("a service transaction failed and runs again: {error}");
+                                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                            }
+                        }
+                    };
+                    expected.extend(written);
+                }
+                expected
+            })
+        })
+        .collect();
     tokio::spawn(async move {
         let mut expected = HashMap::new();
-        let mut dice = Dice::new(0x5eed);
-        let mut next_seq = HashMap::new();
-        let mut tick = tokio::time::interval(std::time::Duration::from_millis(1000 / per_second.max(1)));
-        while !stop.is_cancelled() {
-            tick.tick().await;
-            let plan = plan(&mut dice, shape, aggregates, 0, 1);
-            let written = loop {
-                let mut seqs = next_seq.clone();
-                match commit(&pool, shape, &plan, &mut seqs).await {
-                    Ok(written) => {
-                        next_seq = seqs;
-                        break written;
-                    }
-                    Err(error) => {
-                        // Told, not hidden: a relay that makes services
-                        // fail (a deadlock it causes) shows here.
-                        eprintln!("a service transaction failed and runs again: {error}");
-                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                    }
-                }
-            };
-            expected.extend(written);
+        for task in tasks {
+            expected.extend(task.await.expect("a paced writer"));
         }
         expected
     })
