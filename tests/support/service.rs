@@ -221,20 +221,7 @@ impl ServicePool {
         plan: &Plan,
         next_seq: &mut HashMap<usize, usize>,
     ) -> Result<Vec<(String, Expected)>, sqlx::Error> {
-        match self {
-            ServicePool::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                let written = super::workload::write_plan(&mut tx, plan, next_seq).await?;
-                tx.commit().await?;
-                Ok(written)
-            }
-            ServicePool::MySql(pool) => {
-                let mut tx = pool.begin().await?;
-                let written = super::workload::write_plan_with(&mut *tx, plan, next_seq).await?;
-                tx.commit().await?;
-                Ok(written)
-            }
-        }
+        self.write(plan, next_seq, false).await
     }
 
     /// As [`ServicePool::write_committed`], the service deleting each event
@@ -248,11 +235,20 @@ impl ServicePool {
         plan: &Plan,
         next_seq: &mut HashMap<usize, usize>,
     ) -> Result<Vec<(String, Expected)>, sqlx::Error> {
+        self.write(plan, next_seq, true).await
+    }
+
+    async fn write(
+        &self,
+        plan: &Plan,
+        next_seq: &mut HashMap<usize, usize>,
+        deleted: bool,
+    ) -> Result<Vec<(String, Expected)>, sqlx::Error> {
         match self {
             ServicePool::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
                 let written = super::workload::write_plan(&mut tx, plan, next_seq).await?;
-                for (event_id, _) in &written {
+                for (event_id, _) in written.iter().filter(|_| deleted) {
                     sqlx::query("DELETE FROM switchyard_outbox WHERE event_id = $1::uuid")
                         .bind(event_id)
                         .execute(&mut *tx)
@@ -264,7 +260,7 @@ impl ServicePool {
             ServicePool::MySql(pool) => {
                 let mut tx = pool.begin().await?;
                 let written = super::workload::write_plan_with(&mut *tx, plan, next_seq).await?;
-                for (event_id, _) in &written {
+                for (event_id, _) in written.iter().filter(|_| deleted) {
                     sqlx::query("DELETE FROM switchyard_outbox WHERE event_id = ?")
                         .bind(event_id)
                         .execute(&mut *tx)
