@@ -76,6 +76,38 @@ impl RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    /// The outcome of a row the lease ran out on before `stage` (see
+    /// [`lease_spent`]). A slow claim is the database's doing, not the
+    /// row's: the row is deferred without spending an attempt, so a slow
+    /// database (a drain after an outage) never dead-letters an event.
+    /// Slow plugins spend one, as a failed call does.
+    pub fn after_spent_lease(
+        &self,
+        attempts: u32,
+        claim_took: Duration,
+        lease: Duration,
+        reserved: Duration,
+        stage: &str,
+    ) -> Outcome {
+        let why = lease_spent(claim_took, lease, reserved, stage);
+        if claim_to_blame(claim_took, lease, reserved) {
+            Outcome::Defer {
+                after: backoff(self.initial_backoff, self.max_backoff, 1),
+                reason: why,
+                waiting_on: Vec::new(),
+            }
+        } else {
+            self.after_failure(attempts, why)
+        }
+    }
+}
+
+/// Whether the claim took half of what the lease left before the stage.
+fn claim_to_blame(claim_took: Duration, lease: Duration, reserved: Duration) -> bool {
+    claim_took * 2 >= lease.saturating_sub(reserved)
+}
+
 /// Exponential backoff with jitter: `initial * 2^(attempt-1)`, capped, then a
 /// random point in its upper half so that retries of many rows spread out.
 pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
@@ -92,8 +124,7 @@ pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
 /// keeps after the stage (the publish timeout and the ack's reserve): the
 /// claim is to blame when it took half of what was left before.
 pub fn lease_spent(claim_took: Duration, lease: Duration, reserved: Duration, stage: &str) -> String {
-    let before_stage = lease.saturating_sub(reserved);
-    if claim_took * 2 >= before_stage {
+    if claim_to_blame(claim_took, lease, reserved) {
         format!(
             "lease nearly expired before {stage}: the claim statement took {} ms, and the {} ms lease keeps {} ms \
              of it for publishing and the ack (database slow)",
@@ -166,6 +197,40 @@ mod tests {
         assert!(slow.contains("database slow"), "{slow}");
         let plugins = lease_spent(Duration::from_millis(300), lease, reserved, "routing");
         assert!(plugins.contains("plugins too slow"), "{plugins}");
+    }
+
+    /// A drain after an outage can make claims slow; the rows they took
+    /// too late must not spend attempts, or an event on its last attempt
+    /// would be dead-lettered for the database's slowness.
+    #[test]
+    fn a_lease_spent_by_a_slow_claim_spends_no_attempt_and_never_dead_letters() {
+        let (lease, reserved) = (Duration::from_secs(4), Duration::from_secs(3));
+        let slow = POLICY.after_spent_lease(
+            POLICY.max_attempts,
+            Duration::from_millis(1_600),
+            lease,
+            reserved,
+            "routing",
+        );
+        match slow {
+            Outcome::Defer {
+                reason, waiting_on, ..
+            } => {
+                assert!(reason.contains("database slow"), "{reason}");
+                assert!(waiting_on.is_empty(), "it waits for no target");
+            }
+            other => panic!("deferred, not charged: {other:?}"),
+        }
+        let plugins = POLICY.after_spent_lease(1, Duration::from_millis(300), lease, reserved, "routing");
+        assert!(matches!(plugins, Outcome::Retry { .. }), "{plugins:?}");
+        let last = POLICY.after_spent_lease(
+            POLICY.max_attempts,
+            Duration::from_millis(300),
+            lease,
+            reserved,
+            "routing",
+        );
+        assert!(matches!(last, Outcome::Dead { .. }), "{last:?}");
     }
 
     #[test]

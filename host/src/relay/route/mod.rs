@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, debug_span, warn};
 
-use super::retry::{RetryPolicy, lease_spent};
+use super::retry::RetryPolicy;
 use super::{NativeRouter, Relay};
 use crate::config::{RelayConfig, UnmatchedPolicy};
 use crate::metrics::Metrics;
@@ -194,10 +194,17 @@ impl RouteStage<'_> {
         done.into_iter().flatten().collect()
     }
 
-    /// Why a row was not routed in time (see [`lease_spent`]).
-    fn lease_spent(&self, claim_took: Duration) -> String {
+    /// The outcome of a row not routed in time (see
+    /// [`RetryPolicy::after_spent_lease`]).
+    fn spent_lease(&self, attempts: u32, claim_took: Duration) -> Outcome {
         let reserved = self.config.publish_timeout() + super::ACK_RESERVE;
-        lease_spent(claim_took, self.config.lease_duration(), reserved, "routing")
+        self.retry.after_spent_lease(
+            attempts,
+            claim_took,
+            self.config.lease_duration(),
+            reserved,
+            "routing",
+        )
     }
 
     /// Everything up to the plugin call: the attempt limit, the event, the
@@ -255,8 +262,7 @@ impl RouteStage<'_> {
             return Prepared::Done(RoutedRow { row, state, span });
         };
         if Instant::now() >= route_until {
-            let error = inner.lease_spent(claim_took);
-            let outcome = self.retry.after_failure(attempts, error);
+            let outcome = inner.spent_lease(attempts, claim_took);
             return Prepared::Done(RoutedRow::failed(row, outcome, None).in_span(&span));
         }
         let Some(version) = pinned(slot).or_else(|| inner.plugins.slots()[slot].current()) else {
@@ -351,13 +357,10 @@ impl RouteStage<'_> {
                         waiting.child.as_ref(),
                     )
                 }),
-                None => {
-                    let error = self.lease_spent(claim_took);
-                    RowState::Failed {
-                        outcome: self.retry.after_failure(waiting.attempts, error),
-                        version: None,
-                    }
-                }
+                None => RowState::Failed {
+                    outcome: self.spent_lease(waiting.attempts, claim_took),
+                    version: None,
+                },
             };
             done[waiting.at] = Some(RoutedRow {
                 row: waiting.row,
