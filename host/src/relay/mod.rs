@@ -315,6 +315,10 @@ impl Relay {
         let mut routed = self.route(rows, deadline, took).await;
         let reserved = inner.config.publish_timeout() + ACK_RESERVE;
         let may_publish = Instant::now() + reserved < deadline;
+        if !may_publish {
+            let lease = inner.config.lease_duration();
+            plan::defer_if_the_claim_was_slow(&mut routed, &inner.retry, lease, took, reserved);
+        }
         let not_sent = || {
             SinkError::retryable(lease_spent(
                 took,

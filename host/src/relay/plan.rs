@@ -1,10 +1,12 @@
 //! The plan stage: which messages of a routed batch go to which target.
 //! A message a target already acknowledged in an earlier attempt is not sent
 //! again, nor one to a paused target; when the lease is nearly spent nothing
-//! is sent at all.
+//! is sent at all, and if the claim spent it the rows wait uncharged.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use super::retry::{RetryPolicy, claim_to_blame};
 use super::route::{RoutedRow, RowState};
 use crate::sinks::{OutgoingMessage, SinkError};
 
@@ -78,6 +80,41 @@ pub(super) fn plan(
         results.push(known);
     }
     Plan { sends, results }
+}
+
+/// Rows of a batch the lease no longer lets publish: when the claim
+/// statement used the time up, each row with a message still to send
+/// waits a backoff without spending an attempt (a slow database is not the
+/// event's fault; see [`RetryPolicy::after_spent_lease`]). After slow
+/// plugins the rows are left to [`plan`], which charges them.
+pub(super) fn defer_if_the_claim_was_slow(
+    routed: &mut [RoutedRow],
+    retry: &RetryPolicy,
+    lease: Duration,
+    took: Duration,
+    reserved: Duration,
+) {
+    if !claim_to_blame(took, lease, reserved) {
+        return;
+    }
+    for row in routed {
+        let RowState::Routed { messages, version } = &mut row.state else {
+            continue;
+        };
+        let unsent = messages.iter().any(|message| {
+            row.row
+                .deliveries
+                .get(&message.delivery_key)
+                .is_none_or(|delivery| delivery.acked_at.is_none())
+        });
+        if unsent {
+            let attempts = u32::try_from(row.row.attempts).unwrap_or(u32::MAX);
+            row.state = RowState::Failed {
+                outcome: retry.after_spent_lease(attempts, took, lease, reserved, "publishing"),
+                version: version.take(),
+            };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -228,5 +265,64 @@ pub(super) mod tests {
             &plan.results[0][1],
             Some(Err(e)) if e.kind == crate::sinks::FailureKind::Unavailable && e.message.contains("waits behind it")
         ));
+    }
+
+    /// A batch whose claim used up the lease: its rows with a message still
+    /// to send wait without spending an attempt, even on their last one; a
+    /// row every target acknowledged earlier and a row already decided keep
+    /// what they had. After a fast claim the plan charges them as before.
+    #[test]
+    fn a_batch_the_claim_made_late_waits_without_spending_attempts() {
+        let retry = RetryPolicy::from_config(&crate::config::RelayConfig {
+            max_attempts: 1,
+            ..crate::config::RelayConfig::default()
+        });
+        let (lease, reserved) = (Duration::from_secs(4), Duration::from_secs(3));
+        let batch = || {
+            vec![
+                routed(1, &[], &[("nats", "a.1")]),
+                routed(2, &["a.2"], &[("nats", "a.2")]),
+                RoutedRow::failed(
+                    row(3, &[]),
+                    Outcome::Dead {
+                        error: "refused".into(),
+                    },
+                    None,
+                ),
+            ]
+        };
+        let mut late = batch();
+        defer_if_the_claim_was_slow(&mut late, &retry, lease, Duration::from_millis(1_600), reserved);
+        assert!(
+            matches!(&late[0].state, RowState::Failed { outcome: Outcome::Defer { reason, .. }, .. }
+                if reason.contains("before publishing") && reason.contains("database slow")),
+            "row 1"
+        );
+        assert!(
+            matches!(late[1].state, RowState::Routed { .. }),
+            "row 2 was acknowledged"
+        );
+        assert!(
+            matches!(
+                &late[2].state,
+                RowState::Failed {
+                    outcome: Outcome::Dead { .. },
+                    ..
+                }
+            ),
+            "row 3"
+        );
+        let mut plugins_slow = batch();
+        defer_if_the_claim_was_slow(
+            &mut plugins_slow,
+            &retry,
+            lease,
+            Duration::from_millis(300),
+            reserved,
+        );
+        assert!(
+            matches!(plugins_slow[0].state, RowState::Routed { .. }),
+            "left to the plan"
+        );
     }
 }

@@ -74,9 +74,7 @@ impl RetryPolicy {
             }
         }
     }
-}
 
-impl RetryPolicy {
     /// The outcome of a row the lease ran out on before `stage` (see
     /// [`lease_spent`]). A slow claim is the database's doing, not the
     /// row's: the row is deferred without spending an attempt, so a slow
@@ -104,7 +102,7 @@ impl RetryPolicy {
 }
 
 /// Whether the claim took half of what the lease left before the stage.
-fn claim_to_blame(claim_took: Duration, lease: Duration, reserved: Duration) -> bool {
+pub(super) fn claim_to_blame(claim_took: Duration, lease: Duration, reserved: Duration) -> bool {
     claim_took * 2 >= lease.saturating_sub(reserved)
 }
 
