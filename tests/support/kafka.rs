@@ -163,6 +163,21 @@ impl KafkaServer {
             tls: Some(proxy),
         };
         server.resume().await;
+        // The credential is written through another broker on the same
+        // store; a broker that started without seeing it refuses the login
+        // for good (once in a few hundred runs). Started again, it reads it.
+        for start in 1..=3 {
+            if server.admits(user, password).await {
+                return server;
+            }
+            eprintln!("the broker refuses the new login (start {start}); starting it again");
+            server.stop();
+            server.resume().await;
+        }
+        assert!(
+            server.admits(user, password).await,
+            "the broker never admitted {user} with its password"
+        );
         server
     }
 
