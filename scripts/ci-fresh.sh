@@ -46,6 +46,9 @@ status=0
         TERM=dumb CI=true LANG=C.UTF-8 \
         bash .ci/run
 ) >"$work/ci.log" 2>&1 || status=$?
+# The clone's build, the downloads and the services' data are gigabytes a
+# run; the log is what is kept.
+rm -rf "$work/clone" "$work/home" "$work/services" "$work/bin"
 sed -n '/^== timings/,$p' "$work/ci.log"
 grep -E '^summary:|^failed:' "$work/ci.log" || true
 echo "ci-fresh: exit $status after $((SECONDS - started)) s; log $work/ci.log"

@@ -125,6 +125,13 @@ cat "$beside/plugins.log"
 [ "$plugins_status" = 0 ] || { echo "test: the plugins did not build" >&2; exit 1; }
 
 
+# What the demo and the tests write to the temporary directory (SQLite
+# outboxes, configs, brokers' stores: thousands of files a run) goes under
+# one directory removed at the end, so that runs do not fill the disk. Not
+# for the services: they outlive this script on a developer's machine.
+scratch="$(mktemp -d /tmp/switchyard-run.XXXXXX)"
+trap 'kill "$plugins_pid" 2>/dev/null || true; rm -rf "$beside" "$scratch"' EXIT
+
 if [ -n "$quick" ]; then
     export SWITCHYARD_IMAGE=""
     # The core promises: what users lose if they break.
@@ -133,7 +140,7 @@ if [ -n "$quick" ]; then
 else
     mark demo
     echo "== demo (the README's first command, on the test build's binary)"
-    SWITCHYARD_DEMO_BINARY="$relay" scripts/demo.sh --dir "$(mktemp -d)" | tail -3
+    SWITCHYARD_DEMO_BINARY="$relay" scripts/demo.sh --dir "$scratch/demo" | tail -3
 
     mark deploy
     echo "== deploy (manifests, alert rules, systemd unit)"
@@ -159,14 +166,14 @@ fi
 mark tests
 echo "== relay ($runner)"
 log="$(mktemp)"
-trap 'rm -rf "$log" "$log.tests" "$beside"' EXIT
+trap 'rm -rf "$log" "$log.tests" "$beside" "$scratch"' EXIT
 # Every test runs even after one fails, and the summary is printed either
 # way: a red run says everything that failed, not the first failure.
 status=0
 args=()
 for arg in "$@"; do [ "$arg" = --no-fail-fast ] || args+=("$arg"); done
 if [ "$runner" = nextest ]; then
-    env ${cargo_env[@]+"${cargo_env[@]}"} cargo nextest run "${targets[@]}" --no-fail-fast --status-level pass ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
+    env ${cargo_env[@]+"${cargo_env[@]}"} TMPDIR="$scratch" cargo nextest run "${targets[@]}" --no-fail-fast --status-level pass ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
     awk '/^ *Summary \[/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p = $i; if ($(i+1) ~ /^failed/) f = $i } }
          /^ *(FAIL|TIMEOUT|SIGSEGV|SIGABRT) \[/ { name = $NF; bin = $(NF-1); if (!seen[bin " " name]++) failed[++n] = bin " " name }
          END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"
@@ -185,7 +192,7 @@ if [ "$runner" = nextest ]; then
     sort -k3 -n -r "$log.tests" | sed -n 1,15p
     rm -f "$log.tests"
 else
-    env ${cargo_env[@]+"${cargo_env[@]}"} cargo test "${targets[@]}" --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
+    env ${cargo_env[@]+"${cargo_env[@]}"} TMPDIR="$scratch" cargo test "${targets[@]}" --no-fail-fast ${args[@]+"${args[@]}"} 2>&1 | tee "$log" || status=$?
     awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
          /^test .* \.\.\. FAILED$/ { failed[++n] = $2 }
          END { printf "summary: %d passed, %d failed\n", p, f; for (i = 1; i <= n; i++) printf "failed: %s\n", failed[i] }' "$log"

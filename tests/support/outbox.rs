@@ -35,6 +35,21 @@ macro_rules! on_pool {
     };
 }
 
+/// A SQLite outbox's file (and its journal) goes with it, as a PostgreSQL
+/// or MariaDB outbox's database does: thousands of tests would otherwise
+/// leave their files in the temporary directory.
+impl Drop for TestOutbox {
+    fn drop(&mut self) {
+        if let Some(path) = &self.sqlite_path {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut file = path.clone().into_os_string();
+                file.push(suffix);
+                let _ = std::fs::remove_file(file);
+            }
+        }
+    }
+}
+
 impl TestOutbox {
     /// A fresh PostgreSQL database, connected as a relay connects (its
     /// sessions carry the planner settings and a statement timeout).
