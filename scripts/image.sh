@@ -90,7 +90,15 @@ build() {
     printf 'root:x:0:\nswitchyard:x:65532:\n' >"$root/etc/group"
 
     echo "== image $image"
+    local replaced
+    replaced="$("$(engine)" image inspect "$image" --format '{{.Id}}' 2>/dev/null || true)"
     "$(engine)" build --quiet -t "$image" -f deploy/image/Containerfile target/image >/dev/null
+    # The image the tag named before is left without a name: removed, or
+    # every build (each CI run's) keeps another 100 MB. One a container
+    # still runs stays.
+    if [ -n "$replaced" ] && [ "$replaced" != "$("$(engine)" image inspect "$image" --format '{{.Id}}')" ]; then
+        "$(engine)" rmi "$replaced" >/dev/null 2>&1 || true
+    fi
     echo "image build: $(($(date +%s) - step)) s"
     "$(engine)" image inspect "$image" --format 'image size: {{.Size}} bytes' |
         awk '{ printf "%s %s %.1f MB\n", $1, $2, $3 / 1000000 }'
