@@ -61,6 +61,7 @@ mod cost;
 mod dead_letters;
 mod fencing;
 mod order;
+mod parked;
 mod rows;
 mod schema;
 

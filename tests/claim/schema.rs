@@ -227,7 +227,7 @@ async fn a_mariadb_table_the_relay_cannot_claim_from_is_named() {
     assert!(refused.contains("ENGINE = InnoDB"), "{refused}");
 
     db.execute(
-        "ALTER TABLE switchyard_outbox ENGINE = InnoDB, DROP COLUMN waiting_on, DROP COLUMN aggregate_key",
+        "ALTER TABLE switchyard_outbox ENGINE = InnoDB, DROP COLUMN parked, DROP COLUMN waiting_on, DROP COLUMN aggregate_key",
     )
     .await;
     let refused = switchyard::runtime::check_claim_mode(&db.store)

@@ -338,7 +338,9 @@ pub struct OutboxEntry {
 /// `20261203000000_ack_plans_what_it_uses`, the current one adds
 /// `20261204000000_intake`. On SQLite the previous generation is every
 /// migration up to `20261129000000_running_relays`, the current one adds
-/// `20261201000000_database_ownership`.
+/// `20261201000000_database_ownership`. On MySQL and MariaDB the previous
+/// generation is every migration up to `20261207000000_binlog_mode`, the
+/// current one adds `20261209000000_parked_rows_apart`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Generation {
     /// The schema of the release before this one.

@@ -23,6 +23,7 @@ pub(crate) use connect::Flavor;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
@@ -39,9 +40,18 @@ use super::{Error, MYSQL_MIGRATOR};
 
 const DIALECT: Dialect = Dialect::MySql;
 
-/// The first (and so far only) migration: a MySQL outbox is only ever made
-/// by `switchyard migrate`.
-const CURRENT_SINCE: i64 = 20261205000000;
+/// The first migration: a MySQL outbox is only ever made by `switchyard
+/// migrate`. A schema without the later ones is the previous generation,
+/// which relays still serve (with the statements it has indexes for), so
+/// that relays and `migrate` can be upgraded in either order.
+const PREVIOUS_SINCE: i64 = 20261205000000;
+/// Parked rows apart from due ones (`parked`, `switchyard_outbox_due_idx`).
+const CURRENT_SINCE: i64 = 20261209000000;
+
+/// [`MySql::generation`] not asked yet, or its answer.
+const UNKNOWN: u8 = 0;
+const PREVIOUS: u8 = 1;
+const CURRENT: u8 = 2;
 
 /// How long past its statement bound a claim or an ack may go unanswered
 /// before its session is closed (the server stops the statement at the
@@ -53,10 +63,13 @@ const ANSWER_MARGIN: Duration = Duration::from_secs(5);
 pub(super) struct MySql {
     pub(super) pool: MySqlPool,
     flavor: Flavor,
-    /// The head-selecting statements, built once: index 0 lets later
-    /// events of an aggregate pass a dead-lettered one, index 1 keeps them
-    /// waiting.
-    heads: Arc<[Heads; 2]>,
+    /// The head-selecting statements, built once, by schema generation
+    /// (0: previous, 1: current) and dead letters (0 lets later events of
+    /// an aggregate pass a dead-lettered one, 1 keeps them waiting).
+    heads: Arc<[[Heads; 2]; 2]>,
+    /// The schema's generation once known ([`UNKNOWN`], [`PREVIOUS`],
+    /// [`CURRENT`]), shared by the clones.
+    generation: Arc<std::sync::atomic::AtomicU8>,
     /// How long a claim or an ack may go unanswered (none: as long as it takes).
     answer_within: Option<Duration>,
     /// Stops the pool's password renewal when the last clone goes.
@@ -97,7 +110,9 @@ const CLAIMABLE: &str = "((o.status = 'pending' AND o.next_attempt_at <= NOW(6)
 const CANDIDATES_PER_ROW: u32 = 3;
 
 impl Heads {
-    fn new(dead_letter_blocks: bool) -> Heads {
+    /// With `parked_apart` (the current schema) the due rows are read
+    /// through `switchyard_outbox_due_idx`, past none of the parked ones.
+    fn new(dead_letter_blocks: bool, parked_apart: bool) -> Heads {
         let unfinished = if dead_letter_blocks {
             "'pending', 'in_flight', 'dead'"
         } else {
@@ -115,12 +130,21 @@ impl Heads {
                   WHERE o.status = 'in_flight' AND o.lease_expires_at < NOW(6) AND {head}
                   ORDER BY o.id LIMIT ?"
             ),
-            due: format!(
-                "SELECT o.id FROM switchyard_outbox o FORCE INDEX (switchyard_outbox_claim_idx)
-                  WHERE o.status = 'pending' AND o.next_attempt_at <= NOW(6)
-                    AND (o.not_before IS NULL OR o.not_before <= NOW(6)) AND {head}
-                  ORDER BY o.id LIMIT ?"
-            ),
+            due: if parked_apart {
+                format!(
+                    "SELECT o.id FROM switchyard_outbox o FORCE INDEX (switchyard_outbox_due_idx)
+                      WHERE o.status = 'pending' AND o.parked = 0 AND o.next_attempt_at <= NOW(6)
+                        AND (o.not_before IS NULL OR o.not_before <= NOW(6)) AND {head}
+                      ORDER BY o.id LIMIT ?"
+                )
+            } else {
+                format!(
+                    "SELECT o.id FROM switchyard_outbox o FORCE INDEX (switchyard_outbox_claim_idx)
+                      WHERE o.status = 'pending' AND o.next_attempt_at <= NOW(6)
+                        AND (o.not_before IS NULL OR o.not_before <= NOW(6)) AND {head}
+                      ORDER BY o.id LIMIT ?"
+                )
+            },
             head,
         }
     }
@@ -208,7 +232,11 @@ impl MySql {
         Ok(MySql {
             pool,
             flavor,
-            heads: Arc::new([Heads::new(false), Heads::new(true)]),
+            heads: Arc::new([
+                [Heads::new(false, false), Heads::new(true, false)],
+                [Heads::new(false, true), Heads::new(true, true)],
+            ]),
+            generation: Arc::new(std::sync::atomic::AtomicU8::new(UNKNOWN)),
             answer_within: statement_timeout.map(|timeout| timeout + timeout.min(ANSWER_MARGIN)),
             _renewal: renewal.map(Arc::new),
         })
@@ -240,14 +268,20 @@ impl MySql {
         }
     }
 
+    /// Whether the schema keeps parked rows apart (the current generation).
+    async fn parked_apart(&self) -> Result<bool, Error> {
+        Ok(matches!(Backend::generation(self).await?, Generation::Current))
+    }
+
     /// The heads of aggregates due now, locked, at most `limit`.
     async fn select_heads(
         &self,
         tx: &mut MySqlConnection,
+        parked_apart: bool,
         dead_letter_blocks: bool,
         limit: u32,
     ) -> Result<Vec<i64>, Error> {
-        let heads = &self.heads[usize::from(dead_letter_blocks)];
+        let heads = &self.heads[usize::from(parked_apart)][usize::from(dead_letter_blocks)];
         let wanted = i64::from(limit.saturating_mul(CANDIDATES_PER_ROW));
         let mut candidates: Vec<i64> = sqlx::query_scalar(&heads.expired)
             .bind(wanted)
@@ -291,13 +325,25 @@ impl Backend for MySql {
     }
 
     async fn generation(&self) -> Result<Generation, Error> {
-        if self.applied_migrations().await?.contains(&CURRENT_SINCE) {
-            Ok(Generation::Current)
-        } else {
-            Err(Error::SchemaTooOld {
-                missing: "20261205000000_create_outbox",
-            })
+        match self.generation.load(Ordering::Relaxed) {
+            CURRENT => return Ok(Generation::Current),
+            PREVIOUS => return Ok(Generation::Previous),
+            _ => {}
         }
+        let applied = self.applied_migrations().await?;
+        let (generation, known) = if applied.contains(&CURRENT_SINCE) {
+            (Generation::Current, CURRENT)
+        } else if applied.contains(&PREVIOUS_SINCE) {
+            (Generation::Previous, PREVIOUS)
+        } else {
+            return Err(Error::SchemaTooOld {
+                missing: "20261205000000_create_outbox",
+            });
+        };
+        // Previous stays previous until the relay starts again: its
+        // statements are right on the current schema too, only slower.
+        self.generation.store(known, Ordering::Relaxed);
+        Ok(generation)
     }
 
     async fn applied_migrations(&self) -> Result<Vec<i64>, Error> {
@@ -354,10 +400,15 @@ impl Backend for MySql {
         let started = Instant::now();
         let lease_id = LeaseId(uuid::Uuid::new_v4());
         let max = i64::try_from(max_payload_bytes).unwrap_or(i64::MAX);
+        // Known before the claim holds a session: asking the first time
+        // takes another from the pool.
+        let parked_apart = self.parked_apart().await?;
         let records = self
             .bounded("claim", async |conn| {
                 let mut tx = conn.begin().await?;
-                let ids = self.select_heads(&mut tx, dead_letter_blocks, limit).await?;
+                let ids = self
+                    .select_heads(&mut tx, parked_apart, dead_letter_blocks, limit)
+                    .await?;
                 if ids.is_empty() {
                     tx.commit().await?;
                     return Ok(Vec::new());
@@ -415,34 +466,60 @@ impl Backend for MySql {
         .await
     }
 
-    async fn unpark_stranded(&self, _dead_letter_blocks: bool, _limit: u32) -> Result<u64, Error> {
-        // Claims never park rows here.
-        Ok(0)
+    /// Rows parked on a target nobody saw come back, whose backoff ran out:
+    /// claims read only unparked rows, so they go back to them here (the
+    /// previous schema's claims read parked rows as well).
+    async fn unpark_stranded(&self, _dead_letter_blocks: bool, limit: u32) -> Result<u64, Error> {
+        if !self.parked_apart().await? {
+            return Ok(0);
+        }
+        let moved = sqlx::query(
+            "UPDATE switchyard_outbox FORCE INDEX (switchyard_outbox_due_idx)
+                SET waiting_on = NULL
+              WHERE status = 'pending' AND parked = 1 AND next_attempt_at <= NOW(6)
+              ORDER BY id LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(moved.rows_affected())
     }
 
     async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {
-        let woken = sqlx::query(
+        let sql = if self.parked_apart().await? {
+            "UPDATE switchyard_outbox FORCE INDEX (switchyard_outbox_due_idx)
+                SET waiting_on = NULL, next_attempt_at = NOW(6)
+              WHERE status = 'pending' AND parked = 1
+                AND (? IS NULL OR JSON_CONTAINS(waiting_on, JSON_QUOTE(?)))
+              ORDER BY id LIMIT ?"
+        } else {
             "UPDATE switchyard_outbox FORCE INDEX (switchyard_outbox_claim_idx)
                 SET waiting_on = NULL, next_attempt_at = NOW(6)
               WHERE status = 'pending' AND waiting_on IS NOT NULL
                 AND (? IS NULL OR JSON_CONTAINS(waiting_on, JSON_QUOTE(?)))
-              ORDER BY id LIMIT ?",
-        )
-        .bind(target)
-        .bind(target)
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?;
+              ORDER BY id LIMIT ?"
+        };
+        let woken = sqlx::query(sql)
+            .bind(target)
+            .bind(target)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
         Ok(woken.rows_affected())
     }
 
     async fn waiting_by_target(&self) -> Result<BTreeMap<String, i64>, Error> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
+        let parked = if self.parked_apart().await? {
+            "o.parked = 1"
+        } else {
+            "o.waiting_on IS NOT NULL"
+        };
+        let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
             "SELECT t.target, count(*) FROM switchyard_outbox o,
                     JSON_TABLE(o.waiting_on, '$[*]' COLUMNS (target VARCHAR(255) PATH '$')) AS t
-              WHERE o.status = 'pending' AND o.waiting_on IS NOT NULL AND json_valid(o.waiting_on)
-              GROUP BY t.target",
-        )
+              WHERE o.status = 'pending' AND {parked} AND json_valid(o.waiting_on)
+              GROUP BY t.target"
+        ))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().collect())
