@@ -238,7 +238,12 @@ impl ServicePool {
         self.write(plan, next_seq, true).await
     }
 
-    async fn write(
+    /// [`ServicePool::write_deleted`] when `deleted`, else
+    /// [`ServicePool::write_committed`]: as a writer's shape says.
+    ///
+    /// # Errors
+    /// The database's; nothing is committed then.
+    pub async fn write(
         &self,
         plan: &Plan,
         next_seq: &mut HashMap<usize, usize>,

@@ -215,21 +215,6 @@ pub async fn write_events(
     .await
 }
 
-/// One transaction of `plan`, committed, its events deleted in it when the
-/// shape says so.
-async fn commit(
-    pool: &ServicePool,
-    shape: Shape,
-    plan: &Plan,
-    next_seq: &mut HashMap<usize, usize>,
-) -> Result<Vec<(String, Expected)>, sqlx::Error> {
-    if shape.deleted {
-        pool.write_deleted(plan, next_seq).await
-    } else {
-        pool.write_committed(plan, next_seq).await
-    }
-}
-
 /// How much each writer writes.
 #[derive(Debug, Clone, Copy)]
 enum Until {
@@ -260,7 +245,7 @@ async fn write(
             } {
                 let plan = plan(&mut dice, shape, aggregates, writer, writers);
                 let mut seqs = next_seq.clone();
-                let events = commit(&pool, shape, &plan, &mut seqs).await.expect("write");
+                let events = pool.write(&plan, &mut seqs, shape.deleted).await.expect("write");
                 next_seq = seqs;
                 written.extend(events);
                 transactions += 1;
@@ -311,7 +296,7 @@ pub fn paced_writer(
                     let plan = plan(&mut dice, shape, aggregates, writer, writers);
                     let written = loop {
                         let mut seqs = next_seq.clone();
-                        match commit(&pool, shape, &plan, &mut seqs).await {
+                        match pool.write(&plan, &mut seqs, shape.deleted).await {
                             Ok(written) => {
                                 next_seq = seqs;
                                 break written;
