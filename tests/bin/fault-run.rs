@@ -87,6 +87,8 @@
 //! `fleet-kills DATABASES KILLS` (50 and 10 by default): three relays
 //! share DATABASES databases out with `[ownership]`, writers in all of
 //! them, a relay SIGKILLed KILLS times; prints each takeover's time.
+//! `SWITCHYARD_FAULT_AGGREGATES` sets how many aggregates the writers of
+//! the kills, replication and MariaDB runs spread over (1,000).
 //! Prints one table row per run.
 
 use std::collections::HashMap;
@@ -113,7 +115,17 @@ mod registry;
 mod replication;
 
 const STREAM: &str = "ORDERS";
-const AGGREGATES: usize = 1000;
+/// Aggregates the writers spread their events over: 1,000, or
+/// `SWITCHYARD_FAULT_AGGREGATES` (a service whose aggregates are orders
+/// has many, each with a few events: most rows a claim meets are then
+/// heads, and an outage parks most of them).
+fn aggregates() -> usize {
+    std::env::var("SWITCHYARD_FAULT_AGGREGATES")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1000)
+}
 
 struct Row {
     scenario: String,
@@ -372,7 +384,7 @@ impl Scenario {
             .collect();
         let writer = tokio::spawn({
             let pool = db.pool.clone();
-            async move { write_events(&pool, Shape::rows(outbox), AGGREGATES, events, 8, 5).await }
+            async move { write_events(&pool, Shape::rows(outbox), aggregates(), events, 8, 5).await }
         });
         Scenario {
             db,
@@ -413,7 +425,7 @@ async fn upgrade_run(old_bin: &str, relay_bin: &str, events: usize) -> Row {
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_events(&pool, Shape::rows(Outbox::Switchyard), AGGREGATES, events, 8, 6).await }
+        async move { write_events(&pool, Shape::rows(Outbox::Switchyard), aggregates(), events, 8, 6).await }
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
     replication::migrate(relay_bin, &config).await;
@@ -641,7 +653,7 @@ async fn drain_under_faults(
     let expected = write_events(
         &db.pool,
         Shape::rows(Outbox::Switchyard),
-        AGGREGATES,
+        aggregates(),
         events,
         8,
         7,

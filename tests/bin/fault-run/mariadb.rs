@@ -15,7 +15,7 @@ use switchyard_tests::relay::Process;
 use switchyard_tests::service::ServicePool;
 use switchyard_tests::workload::{Shape, deleting_asked, paced_writer, write_events};
 
-use super::{AGGREGATES, Row, STREAM, published, settings};
+use super::{Row, STREAM, aggregates, published, settings};
 
 /// Transactions a second of the paced writers (about 3.5 aggregates of
 /// two events each: some 700 events a second).
@@ -126,7 +126,7 @@ pub async fn kills_run(relay_bin: &str, mode: Mode, events: usize, kills: usize)
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = pool.clone();
-        async move { write_events(&pool, writers_shape(mode), AGGREGATES, events, 8, 5).await }
+        async move { write_events(&pool, writers_shape(mode), aggregates(), events, 8, 5).await }
     });
     let (mut done, mut generation) = (0, 0);
     while done < kills && mode == Mode::Binlog {
@@ -211,7 +211,7 @@ impl Paced {
             .collect();
         let stop = tokio_util::sync::CancellationToken::new();
         let shape = writers_shape(mode);
-        let writer = paced_writer(&pool, shape, AGGREGATES, TRANSACTIONS, stop.clone());
+        let writer = paced_writer(&pool, shape, aggregates(), TRANSACTIONS, stop.clone());
         Paced {
             mode,
             deleting: shape.deleted,

@@ -9,7 +9,7 @@ use switchyard_tests::postgres::{DEBEZIUM_OUTBOX, Outbox, TestDb, debezium_sourc
 use switchyard_tests::relay::Process;
 use switchyard_tests::workload::{Shape, write_events};
 
-use super::{AGGREGATES, Row, STREAM, crash_postgres, restart_postgres, settings};
+use super::{Row, STREAM, aggregates, crash_postgres, restart_postgres, settings};
 
 /// The fault run's config in replication mode, through a slot named after
 /// the database.
@@ -110,7 +110,7 @@ pub async fn kills_run(
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_events(&pool, Shape::replicated(outbox), AGGREGATES, events, 8, 1).await }
+        async move { write_events(&pool, Shape::replicated(outbox), aggregates(), events, 8, 1).await }
     });
     let mut takeovers = Vec::new();
     let mut generation = 0;
@@ -211,7 +211,7 @@ pub async fn pg_restart_run(relay_bin: &str, outbox: Outbox, events: usize, cras
     nats.create_stream(STREAM, &["orders.>"]).await;
     let config = settings_for(&db, &nats, outbox).await;
     migrate(relay_bin, &config).await;
-    let expected = write_events(&db.pool, Shape::replicated(outbox), AGGREGATES, events, 8, 2).await;
+    let expected = write_events(&db.pool, Shape::replicated(outbox), aggregates(), events, 8, 2).await;
     flush_wal(&db.pool).await;
     let total = expected.len() as u64;
     let mut relays: Vec<Process> = (0..2)
@@ -326,7 +326,7 @@ pub async fn outage_run(relay_bin: &str, outbox: Outbox, events: usize) -> Row {
     let started = Instant::now();
     let writer = tokio::spawn({
         let pool = db.pool.clone();
-        async move { write_events(&pool, Shape::replicated(outbox), AGGREGATES, events, 8, 3).await }
+        async move { write_events(&pool, Shape::replicated(outbox), aggregates(), events, 8, 3).await }
     });
     while nats.stream_len(STREAM).await < (events / 4) as u64 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -387,7 +387,7 @@ pub async fn poison_run(relay_bin: &str, events: usize) -> Row {
             write_events(
                 &pool,
                 Shape::replicated(Outbox::Switchyard),
-                AGGREGATES,
+                aggregates(),
                 events,
                 8,
                 4,
@@ -399,7 +399,7 @@ pub async fn poison_run(relay_bin: &str, events: usize) -> Row {
     // The poisoned aggregate: its events after the poison count from 0.
     let mut followers = std::collections::HashMap::new();
     for seq in 0..=20 {
-        let mut event = switchyard_tests::orders::order_event(AGGREGATES + 1, seq);
+        let mut event = switchyard_tests::orders::order_event(aggregates() + 1, seq);
         if seq == 0 {
             event.event_type = "Poison".into();
         }
