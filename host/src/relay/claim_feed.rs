@@ -522,6 +522,36 @@ impl HeldOutcomes {
 /// How often parked rows that no ack will free are looked for.
 const PARKED_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
+/// Rows one statement sets waiting behind their aggregate's waiting row.
+const FOLLOWERS_PER_STATEMENT: u32 = 5_000;
+
+/// Sets waiting the rows behind their aggregate's row that waits on a
+/// paused target (MySQL and MariaDB), a statement at a time until one
+/// finds fewer than it may take, at most 20 of them a sweep.
+async fn park_followers(store: &crate::store::OutboxStore) {
+    let mut parked = 0;
+    for _ in 0..20 {
+        match store.park_followers(FOLLOWERS_PER_STATEMENT).await {
+            Ok(moved) => {
+                parked += moved;
+                if moved < u64::from(FOLLOWERS_PER_STATEMENT) {
+                    break;
+                }
+            }
+            Err(error) => {
+                warn!(%error, "Setting rows waiting behind their aggregate's waiting row failed; will try again.");
+                break;
+            }
+        }
+    }
+    if parked > 0 {
+        info!(
+            parked,
+            "Rows behind a row waiting on a paused target wait with it."
+        );
+    }
+}
+
 /// The backstop behind parking: now and then, parked rows whose
 /// predecessors are all gone without an ack (`dlq purge`, a delete by hand)
 /// go back to the queue.
@@ -531,6 +561,7 @@ async fn sweep_parked(store: crate::store::OutboxStore, wake: Arc<Notify>, shutd
             () = tokio::time::sleep(PARKED_SWEEP_INTERVAL) => {}
             () = shutdown.cancelled() => return,
         }
+        park_followers(&store).await;
         match store.unpark_stranded(1000).await {
             Ok(0) => {}
             Ok(moved) => {

@@ -51,6 +51,9 @@ pub(super) trait Backend {
     ) -> Result<Vec<RowId>, Error>;
     /// Parked rows no ack will free back to the queue; how many.
     async fn unpark_stranded(&self, dead_letter_blocks: bool, limit: u32) -> Result<u64, Error>;
+    /// Up to `limit` pending rows behind a row of their aggregate that
+    /// waits on paused targets, set waiting with it; how many.
+    async fn park_followers(&self, limit: u32) -> Result<u64, Error>;
     /// Sets up to `limit` rows waiting on `target` (on any target when
     /// `None`) due now; how many.
     async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error>;

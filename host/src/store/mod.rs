@@ -586,15 +586,29 @@ impl OutboxStore {
     }
 
     /// Moves back to the queue up to `limit` parked rows that nothing will
-    /// free any more (PostgreSQL): their predecessor was removed by hand or
-    /// by `dlq purge`. The relay runs it now and then; normally it finds
-    /// nothing. Returns how many moved.
+    /// free any more: on PostgreSQL, their predecessor was removed by hand
+    /// or by `dlq purge`; on MySQL and MariaDB, rows waiting on a paused
+    /// target whose backoff ran out with no relay to wake them. The relay
+    /// runs it now and then; normally it finds nothing. Returns how many
+    /// moved.
     ///
     /// # Errors
     /// [`Error::Database`].
     pub async fn unpark_stranded(&self, limit: u32) -> Result<u64, Error> {
         let blocks = self.dead_letter_blocks_aggregate;
         dispatch!(self, backend => backend.unpark_stranded(blocks, limit).await)
+    }
+
+    /// Sets waiting, with it, up to `limit` pending rows behind a row of
+    /// their aggregate that waits on paused targets (MySQL and MariaDB,
+    /// whose claims would otherwise read each of them at every poll; they
+    /// come back when those targets are woken). The relay runs it now and
+    /// then. Returns how many.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn park_followers(&self, limit: u32) -> Result<u64, Error> {
+        dispatch!(self, backend => backend.park_followers(limit).await)
     }
 
     /// Sets every row waiting on `target` (on any target when `None`) due

@@ -85,6 +85,32 @@ fn bind_values<'q>(mut query: MyQuery<'q>, values: &'q [Values]) -> MyQuery<'q> 
     query
 }
 
+/// Parks the pending events behind each of `heads` (just parked on paused
+/// targets) with it: the same targets and next attempt, so that the
+/// relay that wakes those targets, or the sweep when the backoff runs
+/// out, brings them back together. Claims read past none of them
+/// meanwhile; before, every claim read each one and its head check (most
+/// of MariaDB's work during an outage when services write several events
+/// of an aggregate at once). Parking only keeps rows from claims, which
+/// still check each head, so it cannot reorder; events written behind a
+/// head after this are read past as before.
+async fn park_followers(tx: &mut MySqlConnection, heads: &[i64]) -> Result<(), Error> {
+    let sql = format!(
+        "UPDATE switchyard_outbox f FORCE INDEX (switchyard_outbox_aggregate_idx)
+           JOIN switchyard_outbox h ON f.aggregate_key = h.aggregate_key AND f.id > h.id
+            SET f.waiting_on = h.waiting_on, f.next_attempt_at = h.next_attempt_at
+          WHERE h.id IN ({}) AND h.status = 'pending' AND h.waiting_on IS NOT NULL
+            AND f.status = 'pending' AND f.waiting_on IS NULL",
+        placeholders(heads.len())
+    );
+    let mut query = sqlx::query(&sql);
+    for id in heads {
+        query = query.bind(id);
+    }
+    query.execute(&mut *tx).await?;
+    Ok(())
+}
+
 /// Records `outcomes` under `lease` in the caller's transaction; the ids
 /// recorded (those whose lease still held), in the batch's order.
 pub(super) async fn record(
@@ -128,6 +154,14 @@ pub(super) async fn record(
             derived(values.len())
         );
         bind_values(sqlx::query(&sql), &values).execute(&mut *tx).await?;
+        let parked: Vec<i64> = values
+            .iter()
+            .filter(|row| row.waiting_on.is_some())
+            .map(|row| row.id)
+            .collect();
+        if !parked.is_empty() {
+            park_followers(tx, &parked).await?;
+        }
     }
     if !removed.is_empty() {
         let values: Vec<Values> = removed.iter().map(|row| Values::of(row)).collect();

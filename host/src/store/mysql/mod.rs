@@ -473,16 +473,50 @@ impl Backend for MySql {
         if !self.parked_apart().await? {
             return Ok(0);
         }
+        // Found by a plain read, then set by primary key: an UPDATE that
+        // walked the index would lock each parked row it read, and wait on
+        // those a relay is waking (past the statement bound in the drain
+        // after an outage).
         let moved = sqlx::query(
-            "UPDATE switchyard_outbox FORCE INDEX (switchyard_outbox_due_idx)
-                SET waiting_on = NULL
-              WHERE status = 'pending' AND parked = 1 AND next_attempt_at <= NOW(6)
-              ORDER BY id LIMIT ?",
+            "UPDATE switchyard_outbox f JOIN (
+                SELECT id FROM switchyard_outbox FORCE INDEX (switchyard_outbox_due_idx)
+                 WHERE status = 'pending' AND parked = 1 AND next_attempt_at <= NOW(6)
+                 ORDER BY id LIMIT ?) AS s ON s.id = f.id
+                SET f.waiting_on = NULL
+              WHERE f.status = 'pending' AND f.waiting_on IS NOT NULL AND f.next_attempt_at <= NOW(6)",
         )
         .bind(i64::from(limit))
         .execute(&self.pool)
         .await?;
         Ok(moved.rows_affected())
+    }
+
+    /// The rows behind their aggregate's first pending row when that one
+    /// waits: safe by construction, since none can be claimed before it
+    /// anyway. Read from a snapshot, then set by primary key: a
+    /// row whose predecessor was woken meanwhile waits on targets that are
+    /// up, which the relays' waiting sweep wakes within seconds.
+    async fn park_followers(&self, limit: u32) -> Result<u64, Error> {
+        if !self.parked_apart().await? {
+            return Ok(0);
+        }
+        let parked = sqlx::query(
+            "UPDATE switchyard_outbox f JOIN (
+                SELECT o.id, h.waiting_on, h.next_attempt_at
+                  FROM switchyard_outbox o FORCE INDEX (switchyard_outbox_due_idx)
+                  JOIN switchyard_outbox h ON h.id = (
+                       SELECT min(e.id) FROM switchyard_outbox e
+                        WHERE e.aggregate_key = o.aggregate_key AND e.status = 'pending' AND e.id < o.id)
+                 WHERE o.status = 'pending' AND o.parked = 0
+                   AND h.status = 'pending' AND h.waiting_on IS NOT NULL
+                 ORDER BY o.id LIMIT ?) AS p ON p.id = f.id
+                SET f.waiting_on = p.waiting_on, f.next_attempt_at = p.next_attempt_at
+              WHERE f.status = 'pending' AND f.waiting_on IS NULL",
+        )
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(parked.rows_affected())
     }
 
     async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {

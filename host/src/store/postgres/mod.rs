@@ -391,6 +391,11 @@ impl Backend for Postgres {
         .await
     }
 
+    async fn park_followers(&self, _limit: u32) -> Result<u64, Error> {
+        // Claims take the rows behind a waiting one, held by its targets.
+        Ok(0)
+    }
+
     async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {
         self.bounded("wake of waiting rows", async |session| {
             waiting::wake(session, target, limit).await

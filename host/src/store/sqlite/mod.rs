@@ -313,6 +313,11 @@ impl Backend for Sqlite {
         Ok(0)
     }
 
+    async fn park_followers(&self, _limit: u32) -> Result<u64, Error> {
+        // One writer, one claim at a time: nothing to spare it.
+        Ok(0)
+    }
+
     async fn wake_waiting(&self, target: Option<&str>, limit: u32) -> Result<u64, Error> {
         let woken = sqlx::query(
             "UPDATE switchyard_outbox SET waiting_on = NULL, next_attempt_at = ?1
