@@ -92,8 +92,9 @@ fn bind_values<'q>(mut query: MyQuery<'q>, values: &'q [Values]) -> MyQuery<'q> 
 /// meanwhile; before, every claim read each one and its head check (most
 /// of MariaDB's work during an outage when services write several events
 /// of an aggregate at once). Parking only keeps rows from claims, which
-/// still check each head, so it cannot reorder; events written behind a
-/// head after this are read past as before.
+/// still check each head, so it cannot reorder. Events written behind a
+/// head after this are set waiting by the relay's 30-second sweep
+/// (`OutboxStore::park_followers`).
 async fn park_followers(tx: &mut MySqlConnection, heads: &[i64]) -> Result<(), Error> {
     let sql = format!(
         "UPDATE switchyard_outbox f FORCE INDEX (switchyard_outbox_aggregate_idx)
