@@ -11,9 +11,11 @@
 #   scripts/image.sh tools    install and configure podman (Debian) if no engine is there
 #
 # IMAGE names the image (default switchyard:VERSION, the version in
-# host/Cargo.toml and the tag the manifests run). Uses podman, or docker
-# when podman is missing and docker answers. Prints the image's size and
-# how long each step took.
+# host/Cargo.toml and the tag the manifests run). SWITCHYARD_IMAGE_BINARY
+# does what --binary does: scripts/production-walk.sh runs the README's
+# `scripts/image.sh build` as written, on the test build. Uses podman, or
+# docker when podman is missing and docker answers. Prints the image's size
+# and how long each step took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -113,7 +115,7 @@ build)
         echo "usage: scripts/image.sh build [--binary PATH]" >&2
         exit 2
     else
-        build
+        build "${SWITCHYARD_IMAGE_BINARY:-}"
     fi
     ;;
 tools) tools ;;

@@ -150,9 +150,10 @@ else
     echo "== docs (the book: links, module map, the names it uses; mdBook)"
     SWITCHYARD_BIN="$relay" scripts/docs.sh
 
-    # The README's production lines as written, on the image
-    # tests/container.rs runs: assembled from the same build, unless one
-    # is named.
+    # The README's production lines, for each overlay (as written, but for
+    # the $EDITOR edit and the lines that need a cluster), on the image
+    # tests/container.rs runs: assembled from the same build and left as
+    # switchyard:test, unless one is named.
     mark production
     echo "== the README's production lines (scripts/production-walk.sh)"
     if [ -z "${SWITCHYARD_IMAGE:-}" ]; then
