@@ -136,6 +136,13 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
 
     store.migrate().await.context("migration failed")?;
     println!("outbox schema is up to date");
+    // What the mode takes depends on the schema just made (replication mode
+    // closes the intake, which a fresh database had not got a moment ago):
+    // worked out again.
+    let feed = match &args.config {
+        Some(_) => feed_statements(&store, replication.as_ref(), capture.as_ref()).await?,
+        None => Vec::new(),
+    };
     if args.config.is_none()
         && let Some(pg) = &pg
         && pg
