@@ -864,6 +864,28 @@ async fn a_replication_mode_relay_on_a_claim_mode_database_names_the_mismatch() 
     mismatch_named_then_served(&db, &nats, &replication, "set up for claim mode").await;
 }
 
+/// A database the relay's tables are not in yet, set up by one `migrate`
+/// with a replication-mode config, as a newcomer does: `validate` says ok
+/// and the relay streams. The mode's statements were worked out before the
+/// schema existed, and the intake, made by the same run, stayed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_migrate_sets_up_an_empty_database_for_replication_mode() {
+    init_logging();
+    let db = switchyard_tests::postgres::fresh_db_before(0).await;
+    let nats = NatsServer::start().await;
+    nats.create_stream(STREAM, &["orders.>"]).await;
+    let config = replication_config(&db, &nats, &[]);
+    migrate(&config).await;
+    let path = config_file(&config);
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", path.to_str().unwrap()], &[]).await;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "validate after one migrate: {out}{err}");
+    let relay = InProcess::start(&parse(&config)).await;
+    let expected = write_orders(&db.pool, 5, 3, 1).await;
+    stream_holds(&nats, expected.len() as u64, "every event in the stream", 60).await;
+    relay.stop().await;
+}
+
 /// A transaction the WAL hands out before it is visible to other sessions
 /// (its commit record flushed, the committing backend not yet out of the
 /// process array: a synchronous standby's wait holds it there for as long
