@@ -795,6 +795,40 @@ async fn validate_runs_each_plugins_init_with_its_config() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `validate` compiles and starts each plugin once: the routing of its
+/// sample events uses the version it loaded, not a second compile and
+/// `init` (a Python plugin's start takes seconds).
+#[tokio::test]
+async fn validate_starts_each_plugin_once() {
+    let dir = std::env::temp_dir().join(format!("sy-validate-once-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = TestConfig::new(&format!("sqlite://{}", dir.join("outbox.db").display()))
+        .plugin(
+            Plugin::new("fanout", &plugin("fan_out")).config("default", routes(&[("out", "orders", None)])),
+        )
+        .target("out", Target::stdout());
+    let path = dir.join("relay.toml");
+    std::fs::write(&path, config.toml()).unwrap();
+    let output = tokio::process::Command::new(SWITCHYARD)
+        .args(["validate", "--config", path.to_str().unwrap()])
+        .env("SWITCHYARD_LOG", "switchyard=debug")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{out}{err}");
+    let started = format!("{out}{err}")
+        .lines()
+        .filter(|line| line.contains("Plugin compiled and its init passed") && line.contains("fanout"))
+        .count();
+    assert_eq!(started, 1, "the plugin started {started} times:\n{out}{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `validate` routes a sample event of each type a plugin serves, as the
 /// relay would: a route to a target the config lacks fails validation,
 /// naming the plugin, the event type and the target, instead of

@@ -14,6 +14,7 @@ mod container;
 mod demo;
 mod existing_table;
 mod faults;
+mod grants;
 mod many_databases;
 mod operations;
 mod plugin_languages;

@@ -126,7 +126,7 @@ pub async fn database_builder(
     .with_published_rows(config.relay.published_rows)
     .with_max_payload_bytes(config.relay.max_payload_bytes)
     .keeping_sessions(kept_sessions(config, pooled));
-    check_schema(&store).await?;
+    check_schema(&store, config.replication_feed().is_some()).await?;
     if config.replication_feed().is_none() {
         check_claim_mode(&store).await?;
     }
@@ -252,7 +252,21 @@ pub async fn load_plugins_waiting(config: &Config) -> anyhow::Result<Plugins> {
     })
 }
 
-async fn check_schema(store: &OutboxStore) -> anyhow::Result<()> {
+/// The account's privileges (each missing one named with its `GRANT`),
+/// then the schema: made by `migrate`, of a generation this relay serves.
+///
+/// # Errors
+/// What is missing, or the database's error.
+pub async fn check_schema(store: &OutboxStore, replication: bool) -> anyhow::Result<()> {
+    let missing = store
+        .privilege_problems(replication)
+        .await
+        .context("cannot check the relay's privileges")?;
+    anyhow::ensure!(
+        missing.is_empty(),
+        "the relay's database account lacks privileges it uses:\n  - {}",
+        missing.join("\n  - ")
+    );
     let exists = store.schema_exists().await.context("cannot query the database")?;
     anyhow::ensure!(
         exists,

@@ -9,43 +9,48 @@ use std::path::{Path, PathBuf};
 /// When the page cannot be read.
 #[must_use]
 pub fn snippets(page: &str) -> Vec<String> {
+    fenced(page, &["```sh", "```bash", "```shell"])
+}
+
+/// The blocks of `page` opened by one of `fences`, each line without the
+/// indentation of its fence.
+fn fenced(page: &str, fences: &[&str]) -> Vec<String> {
     let path = crate::workspace_root().join("docs/src").join(page);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
+    let mut current: Option<(usize, String)> = None;
     for line in text.lines() {
-        match (&mut current, line.trim_start()) {
-            (None, "```sh" | "```bash" | "```shell") => current = Some(String::new()),
-            (Some(block), "```") => {
+        let trimmed = line.trim_start();
+        match &mut current {
+            None if fences.contains(&trimmed) => current = Some((line.len() - trimmed.len(), String::new())),
+            Some((_, block)) if trimmed == "```" => {
                 blocks.push(std::mem::take(block));
                 current = None;
             }
-            (Some(block), _) => {
-                block.push_str(line);
+            Some((indent, block)) => {
+                let cut = line.len() - line.trim_start().len();
+                block.push_str(&line[cut.min(*indent)..]);
                 block.push('\n');
             }
-            (None, _) => {}
+            None => {}
         }
     }
     blocks
 }
 
-/// The one ```` ```sql ```` block of `page` that contains `marker`.
+/// The one ```` ```sql ```` block of `page` that contains `marker` (a
+/// block in a list item may be indented: its lines are read without it).
 ///
 /// # Panics
 /// When no block, or more than one, contains it.
 #[must_use]
 pub fn sql_block(page: &str, marker: &str) -> String {
-    let path = crate::workspace_root().join("docs/src").join(page);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let found: Vec<&str> = text
-        .split("```sql\n")
-        .skip(1)
-        .filter_map(|rest| rest.split_once("\n```").map(|(block, _)| block))
+    let found: Vec<String> = fenced(page, &["```sql"])
+        .into_iter()
         .filter(|block| block.contains(marker))
         .collect();
     assert_eq!(found.len(), 1, "{page}: one sql block with {marker:?}");
-    found[0].to_string()
+    found.into_iter().next().unwrap_or_default()
 }
 
 /// The one snippet of `page` that contains `marker`.

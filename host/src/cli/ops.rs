@@ -330,7 +330,7 @@ pub(super) async fn validate(path: &std::path::Path, offline: bool) -> anyhow::R
             failed.join("\n  - ")
         );
     } else if loaded.source.is_some() || loaded.replication_feed().is_some() {
-        check_database(&loaded, false)
+        check_database(&loaded, true)
             .await
             .with_context(|| path.display().to_string())?;
     } else if !loaded.database.endpoint().is_sqlite() {
@@ -338,7 +338,10 @@ pub(super) async fn validate(path: &std::path::Path, offline: bool) -> anyhow::R
         // up for replication mode would be served silently wrong.
         match OutboxStore::connect(loaded.database.endpoint(), 1).await {
             Ok(store) => {
-                let checked = crate::runtime::check_claim_mode(&store).await;
+                let checked = match crate::runtime::check_schema(&store, false).await {
+                    Ok(()) => crate::runtime::check_claim_mode(&store).await,
+                    Err(error) => Err(error),
+                };
                 store.close().await;
                 checked.with_context(|| path.display().to_string())?;
             }
@@ -377,18 +380,13 @@ async fn plugins_and_warnings(path: &std::path::Path, loaded: &Config) -> anyhow
         .await
         .with_context(|| format!("{}: the plugins do not start", path.display()))?;
     // A route to a target the config lacks dead-letters every event it
-    // takes: say so now, not at the first event. A registry plugin is tried
-    // as pulled, from the cache.
-    let mut config = loaded.clone();
-    for (plugin, slot) in config.plugins.iter_mut().zip(plugins.slots()) {
-        if let Some(component) = slot.oci().and_then(|state| state.component) {
-            plugin.path = component;
-        }
-    }
-    let (problems, notes) = tokio::task::spawn_blocking(move || super::plugin::sample_routes(&config))
-        .await
-        .context("routing the sample events panicked")?
-        .with_context(|| format!("{}: the plugins do not start", path.display()))?;
+    // takes: say so now, not at the first event.
+    let config = loaded.clone();
+    let (problems, notes) =
+        tokio::task::spawn_blocking(move || super::plugin::sample_routes(&config, &plugins))
+            .await
+            .context("routing the sample events panicked")?
+            .with_context(|| format!("{}: the plugins do not start", path.display()))?;
     for note in notes {
         println!("note: {note}");
     }
@@ -412,10 +410,7 @@ async fn check_database(config: &Config, schema: bool) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!(crate::redact::url(&e.to_string())))
         .context("cannot connect to the database")?;
     if schema {
-        anyhow::ensure!(
-            store.schema_exists().await.context("cannot query the database")?,
-            "table switchyard_outbox does not exist: run `switchyard migrate`"
-        );
+        crate::runtime::check_schema(&store, config.replication_feed().is_some()).await?;
     }
     if config.source.is_some()
         && let Some((_, Some(problem))) = crate::runtime::check_source(config, &store).await?

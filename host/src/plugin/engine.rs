@@ -183,6 +183,12 @@ impl PluginEngine {
         // A version goes live only after one instance passed init.
         let instance = plugin.instantiate()?;
         plugin.put_back(instance);
+        tracing::debug!(
+            plugin.name = %config.name,
+            plugin.version = %plugin.version,
+            compile_ms = plugin.compile_time.as_millis() as u64,
+            "Plugin compiled and its init passed."
+        );
         Ok(plugin)
     }
 }

@@ -20,6 +20,7 @@ mod dialect;
 mod mysql;
 mod password;
 mod postgres;
+mod privileges;
 mod sqlite;
 mod types;
 
@@ -356,6 +357,20 @@ impl OutboxStore {
                 Some((backend.pool.clone(), backend.flavor() == mysql::Flavor::MariaDb))
             }
             AnyBackend::Postgres(_) | AnyBackend::Sqlite(_) => None,
+        }
+    }
+
+    /// The privileges the relay's account lacks on the tables it uses
+    /// (`replication`: in replication or binlog mode), each with the
+    /// `GRANT` that gives it; none on SQLite.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn privilege_problems(&self, replication: bool) -> Result<Vec<String>, Error> {
+        match &self.backend {
+            AnyBackend::MySql(backend) => privileges::mysql(&backend.pool, replication).await,
+            AnyBackend::Postgres(backend) => privileges::postgres(&backend.pool).await,
+            AnyBackend::Sqlite(_) => Ok(Vec::new()),
         }
     }
 

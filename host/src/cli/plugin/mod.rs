@@ -14,7 +14,7 @@ use report::{EventReport, EventSummary, MessageReport, TestReport, message_repor
 
 use crate::config::{Config, PluginConfig, PluginRuntimeConfig, TargetConfig};
 use crate::plugin::oci::{OciCache, OciSource};
-use crate::plugin::{CallFailure, Event, PayloadFormat, PluginEngine};
+use crate::plugin::{CallFailure, Event, PayloadFormat, PluginEngine, PluginVersion, Plugins};
 use crate::relay::router::{self, Limits};
 use crate::store::OutboxStore;
 
@@ -340,11 +340,13 @@ fn event_from(event: EventFile, row_id: i64, payload_file: Option<&Path>) -> any
 ///
 /// # Errors
 /// When a plugin cannot be loaded.
-pub(super) fn sample_routes(config: &Config) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+pub(super) fn sample_routes(
+    config: &Config,
+    plugins: &Plugins,
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     const UNNAMED: &str = "SwitchyardSample";
     let (mut problems, mut notes) = (Vec::new(), Vec::new());
-    let cache_dir = config.plugin_runtime.cache_dir();
-    for (at, plugin) in config.plugins.iter().enumerate() {
+    for ((at, plugin), slot) in config.plugins.iter().enumerate().zip(plugins.slots()) {
         let event_types: Vec<&str> = if plugin.event_types.is_empty() {
             vec![UNNAMED]
         } else {
@@ -380,7 +382,12 @@ pub(super) fn sample_routes(config: &Config) -> anyhow::Result<(Vec<String>, Vec
         if samples.is_empty() {
             continue;
         }
-        let report = test(plugin, samples, Some(&config.targets), cache_dir.as_deref())?;
+        // The version `validate` loaded (a registry plugin as pulled): not
+        // compiled and started a second time.
+        let version = slot
+            .current()
+            .ok_or_else(|| anyhow::anyhow!("plugin {:?} is not loaded", plugin.name))?;
+        let report = test_version(&version, plugin, samples, Some(&config.targets))?;
         for event in report.events {
             let event_type = event.event.map(|e| e.event_type).unwrap_or_default();
             let what = if event_type == UNNAMED {
@@ -435,13 +442,22 @@ fn test(
     targets: Option<&BTreeMap<String, TargetConfig>>,
     cache_dir: Option<&Path>,
 ) -> anyhow::Result<TestReport> {
-    let engine = PluginEngine::new(cache_dir)?;
+    let version = PluginEngine::new(cache_dir)?.load(config)?;
+    test_version(&version, config, events, targets)
+}
+
+/// [`test`] with the plugin loaded already.
+fn test_version(
+    version: &PluginVersion,
+    config: &PluginConfig,
+    events: Vec<Result<Event, UnreadableRow>>,
+    targets: Option<&BTreeMap<String, TargetConfig>>,
+) -> anyhow::Result<TestReport> {
     // Without a relay config any target name is accepted.
     let known = |name: &str| match targets {
         Some(targets) => targets.get(name).map(TargetConfig::deduplicates_by_id),
         None => Some(false),
     };
-    let version = engine.load(config)?;
     let label = version.label();
     let instance = version.checkout()?;
     let limits = limits();

@@ -40,15 +40,11 @@ use super::{Error, MYSQL_MIGRATOR};
 
 const DIALECT: Dialect = Dialect::MySql;
 
-/// The first migration: a MySQL outbox is only ever made by `switchyard
-/// migrate`. A schema without the later ones is the previous generation,
-/// which relays still serve (with the statements it has indexes for), so
-/// that relays and `migrate` can be upgraded in either order.
-const PREVIOUS_SINCE: i64 = 20261205000000;
-/// Parked rows apart from due ones (`parked`, `switchyard_outbox_due_idx`).
-const CURRENT_SINCE: i64 = 20261209000000;
-
-/// [`MySql::generation`] not asked yet, or its answer.
+/// [`MySql::generation`] not asked yet, or its answer. A MySQL outbox is
+/// only ever made by `switchyard migrate`: the previous generation is the
+/// table of `20261205000000_create_outbox`, the current one has the
+/// `parked` column of `20261209000000_parked_rows_apart`. Relays serve
+/// both, so that relays and `migrate` can be upgraded in either order.
 const UNKNOWN: u8 = 0;
 const PREVIOUS: u8 = 1;
 const CURRENT: u8 = 2;
@@ -330,10 +326,18 @@ impl Backend for MySql {
             PREVIOUS => return Ok(Generation::Previous),
             _ => {}
         }
-        let applied = self.applied_migrations().await?;
-        let (generation, known) = if applied.contains(&CURRENT_SINCE) {
+        // Read off the table itself, as on PostgreSQL: the relay's account
+        // needs no privilege on `_sqlx_migrations` (MySQL shows a table
+        // only to an account with a privilege on it).
+        let parked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM information_schema.columns
+              WHERE table_schema = DATABASE() AND table_name = 'switchyard_outbox' AND column_name = 'parked'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let (generation, known) = if parked > 0 {
             (Generation::Current, CURRENT)
-        } else if applied.contains(&PREVIOUS_SINCE) {
+        } else if table_exists(&self.pool, "switchyard_outbox").await? {
             (Generation::Previous, PREVIOUS)
         } else {
             return Err(Error::SchemaTooOld {
