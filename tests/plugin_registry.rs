@@ -274,6 +274,76 @@ async fn a_tampered_blob_is_refused_and_named() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A tag moved to a blob that does not match its digest, under a running
+/// relay: refused once (counted, the reason kept), the serving version
+/// stays, the registry is not called unreachable, and the blob is not
+/// downloaded again at each check, only once the tag moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_blob_under_a_moved_tag_is_refused_once_and_not_pulled_again() {
+    init_logging();
+    let registry = Registry::own().await;
+    let (db, nats, dir) = outbox_and_stream("registry-tampered-moved").await;
+    let reference = registry.reference("team/router", "live");
+    let (good, good_hash) = variant(&dir, 1);
+    registry.push(SWITCHYARD, &good, &reference);
+    let settings = registry.plugin_settings(&registry.password_file(), 1);
+    let running =
+        InProcess::start(&config(&db.url, &nats.url(), &reference, settings, &dir.join("cache")).parse())
+            .await;
+    goes_live(&running.relay, &good_hash, "the first digest").await;
+
+    let (second, _) = variant(&dir, 3);
+    let bytes = std::fs::read(&second).unwrap();
+    let layer = format!("sha256:{}", sha256_hex(&bytes));
+    let blob = registry.blob_file(&layer);
+    // Pushed, then spoiled in the registry's storage before any check can
+    // pull it: the tag now names bytes that are not what it says.
+    let mut tampered = bytes.clone();
+    let middle = tampered.len() / 2;
+    tampered[middle] ^= 0xff;
+    registry.push(SWITCHYARD, &second, &reference);
+    std::fs::write(&blob, &tampered).unwrap();
+
+    let slot = || running.relay.plugins().slot("router").unwrap();
+    eventually("the tampered digest refused", Duration::from_secs(30), || async {
+        (slot().rejected() == 1).then_some(())
+    })
+    .await;
+    let (_, last) = slot().last_result();
+    assert!(
+        matches!(&last, switchyard::plugin::ReloadResult::Rejected { reason } if reason.contains("does not match its digest")),
+        "the refusal says why: {last:?}"
+    );
+    let downloads = registry.blob_downloads(&layer);
+    assert!(downloads >= 1, "the relay downloaded the blob it refused");
+    // Five tag checks later: the same count, no second download, and the
+    // registry, which answered every check, is not reported unreachable.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(slot().rejected(), 1, "refused once, not at every check");
+    assert_eq!(
+        registry.blob_downloads(&layer),
+        downloads,
+        "the refused blob was downloaded again"
+    );
+    assert_eq!(state(&running.relay).registry_error, None);
+    assert_eq!(serving(&running.relay).as_deref(), Some(good_hash.as_str()));
+    assert!(
+        running
+            .relay
+            .metrics()
+            .render()
+            .contains("switchyard_plugin_reloads_rejected_total{plugin=\"router\"} 1"),
+        "the metric counts the refusal"
+    );
+
+    // The tag moves on: the new digest is pulled and goes live.
+    let (fixed, fixed_hash) = variant(&dir, 5);
+    registry.push(SWITCHYARD, &fixed, &reference);
+    goes_live(&running.relay, &fixed_hash, "a good push after the tampered one").await;
+    running.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Pushes `component` as another tool would: `layer_type` and a config
 /// blob of `config_type`, with `annotations` on the manifest.
 async fn push_as(

@@ -272,10 +272,17 @@ impl Registry {
     pub async fn start(&mut self) {
         let own = self.own.as_mut().expect("only a test's own registry is started");
         let log = std::fs::File::create(own.dir.join("registry.log")).expect("registry log");
+        // Its access log (one line a request, on stdout): what a test counts
+        // the relay's downloads by.
+        let access = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(own.dir.join("access.log"))
+            .expect("registry access log");
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(own.dir.join("config.yml"))
-            .stdout(Stdio::null())
+            .stdout(access)
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| {
@@ -363,6 +370,23 @@ impl Registry {
             .join(&hex[..2])
             .join(hex)
             .join("data")
+    }
+
+    /// How many times this test's registry served the blob with `digest`
+    /// (GET requests in its access log, whatever their status).
+    ///
+    /// # Panics
+    /// On the shared registry.
+    pub fn blob_downloads(&self, digest: &str) -> usize {
+        let own = self
+            .own
+            .as_ref()
+            .expect("only a test's own registry's log is read");
+        let log = std::fs::read_to_string(own.dir.join("access.log")).unwrap_or_default();
+        let request = format!("/blobs/{digest} ");
+        log.lines()
+            .filter(|line| line.contains("\"GET ") && line.contains(&request))
+            .count()
     }
 
     /// `oci://HOST/REPOSITORY:TAG` on this registry.

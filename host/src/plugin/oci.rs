@@ -129,6 +129,19 @@ pub enum OciError {
     },
 }
 
+impl OciError {
+    /// Whether the registry answered and what it served is refused (a blob
+    /// that does not match its digest, no component layer, too large): the
+    /// same digest would be refused again, so it is not pulled again until
+    /// the reference moves.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            OciError::Digest { .. } | OciError::NotAComponent { .. } | OciError::TooLarge { .. }
+        )
+    }
+}
+
 /// A component pulled (or found in the cache by its digest).
 #[derive(Debug, Clone)]
 pub struct Pulled {
@@ -370,6 +383,14 @@ async fn follow_one(plugins: Plugins, name: String, source: OciSource, cache: Oc
         }
         let pulled = match source.pull(&cache).await {
             Ok(pulled) => pulled,
+            Err(error) if error.is_refusal() => {
+                // The registry answered; what it served is refused. Pulling
+                // it again at every check would download the same bytes
+                // for the same answer.
+                plugins.reject(slot, error.to_string());
+                refused = Some(digest);
+                continue;
+            }
             Err(error) => {
                 registry_answered(slot, &name, &source, Some(error.to_string()));
                 continue;

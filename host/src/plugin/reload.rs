@@ -144,7 +144,7 @@ impl Plugins {
         }
     }
 
-    fn reject(&self, slot: &PluginSlot, reason: String) {
+    pub(super) fn reject(&self, slot: &PluginSlot, reason: String) {
         tracing::warn!(plugin.name = %slot.config.name, %reason, "Plugin refused; the previous version keeps serving.");
         slot.rejected.fetch_add(1, Ordering::Relaxed);
         slot.record(ReloadResult::Rejected { reason });
