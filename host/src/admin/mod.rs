@@ -252,6 +252,26 @@ impl Reason {
         Reason::NotChecked,
     ];
 
+    /// Its name in `/readyz` and `/status`: a failed check reads `error
+    /// (NAME): why`, and the troubleshooting page's section names it too.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Database => "database",
+            Reason::NoAnswer => "no_answer",
+            Reason::ModeMismatch => "mode_mismatch",
+            Reason::OutcomesWaiting => "outcomes_waiting",
+            Reason::WorkerPanicked => "worker_panicked",
+            Reason::Capture => "capture",
+            Reason::SlotMissing => "slot_missing",
+            Reason::SlotLost => "slot_lost",
+            Reason::SlotRetainsTooMuch => "slot_retains_too_much",
+            Reason::Target => "target",
+            Reason::NotServed => "not_served",
+            Reason::Catalog => "catalog",
+            Reason::NotChecked => "not_checked",
+        }
+    }
+
     /// The heading of its section on the troubleshooting page.
     pub fn title(self) -> &'static str {
         match self {
@@ -315,7 +335,7 @@ impl std::fmt::Display for Check {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Check::Ok => f.write_str("ok"),
-            Check::Failed(_, why) => write!(f, "error: {why}"),
+            Check::Failed(reason, why) => write!(f, "error ({}): {why}", reason.name()),
         }
     }
 }
@@ -816,6 +836,16 @@ mod tests {
             assert!(
                 page.lines().any(|line| line == format!("### {title}")),
                 "docs/src/how-to/troubleshooting.md has no section \"### {title}\" for {reason:?}"
+            );
+            let section = page
+                .split(&format!("### {title}\n"))
+                .nth(1)
+                .and_then(|rest| rest.split("\n#").next())
+                .unwrap_or_default();
+            assert!(
+                section.contains(&format!("`error ({}): ...`", reason.name())),
+                "the section \"### {title}\" does not give the name /readyz shows, `{}`",
+                reason.name()
             );
             let anchor: String = title
                 .to_lowercase()
