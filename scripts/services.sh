@@ -350,6 +350,8 @@ rabbit_exports() {
 rabbit_start() {
     mkdir -p "$RABBIT_DIR/log"
     pid_running "$RABBIT_DIR/rabbit.pid" beam && return 0
+    # A node whose pid file went missing still answers on its port.
+    listening "$RABBIT_PORT" && return 0
     echo "[]." >"$RABBIT_DIR/enabled_plugins"
     printf 'listeners.tcp.1 = 127.0.0.1:%s\n' "$RABBIT_PORT" >"$RABBIT_DIR/rabbitmq.conf"
     # Not `(exports && server &)`: bash runs that list in the foreground of
@@ -576,6 +578,13 @@ case "${1:-}" in
         ;;
     start)
         install_locked
+        # One start at a time: two at once (two terminals, a test script
+        # beside a by-hand start) would each launch a server on the same
+        # port, and the loser's exit takes the winner's pid file with it.
+        mkdir -p "$STATE_DIR"
+        flock -o "$STATE_DIR/start.lock" "${BASH_SOURCE[0]}" start-now
+        ;;
+    start-now)
         pg_start
         pg_tls_start
         nats_start

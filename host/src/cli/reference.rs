@@ -113,8 +113,8 @@ pub fn metrics_markdown() -> String {
         "# Metrics list\n\n\
          <!-- Generated from the metrics registry by `switchyard config reference --page metrics`: do not edit. -->\n\n\
          Every series the relay exports on `/metrics`, in registration order. Counters carry `_total` \
-         after the name, histograms `_bucket`, `_sum` and `_count`. Every series but the plugin reload \
-         counts has a `database` label ([Metrics and health](metrics.md) says which others).\n\n\
+         after the name, histograms `_bucket`, `_sum` and `_count`. Each series' labels are on \
+         [Metrics and health](metrics.md).\n\n\
          | metric | kind | what it counts |\n|---|---|---|\n",
     );
     for metric in crate::metrics::Metrics::new(None).described() {
