@@ -3,8 +3,10 @@
 # the relay use: PostgreSQL 15 (and a second cluster that takes only TLS,
 # with certificates this script makes), nats-server with JetStream, tansu (a
 # Kafka-protocol broker), RabbitMQ, the Google Cloud Pub/Sub emulator, an
-# OCI registry (distribution, TLS and htpasswd login) and MariaDB 10.11 (TLS
-# offered, binlog in row format), as plain processes on loopback.
+# OCI registry (distribution, TLS and htpasswd login), MariaDB 10.11 (TLS
+# offered, binlog in row format) and moto's server (SQS, SNS, EventBridge,
+# Kinesis and STS, from a virtual environment of its own), as plain
+# processes on loopback.
 # Idempotent: `start` on a running set is a no-op.
 #
 #   scripts/services.sh install|start|stop|status|env|durable
@@ -15,9 +17,10 @@
 # Ports and directories can be moved with SWITCHYARD_PG_PORT, SWITCHYARD_PG_TLS_PORT,
 # SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
 # (AMQP; the next port is its Erlang distribution port), SWITCHYARD_PUBSUB_PORT,
-# SWITCHYARD_REGISTRY_PORT, SWITCHYARD_MARIADB_PORT, SWITCHYARD_PG_DURABLE_PORT,
+# SWITCHYARD_REGISTRY_PORT, SWITCHYARD_MARIADB_PORT, SWITCHYARD_MOTO_PORT,
+# SWITCHYARD_PG_DURABLE_PORT,
 # SWITCHYARD_STATE_DIR and
-# SWITCHYARD_TOOLS_DIR (where tansu is installed).
+# SWITCHYARD_TOOLS_DIR (where tansu and moto are installed).
 set -euo pipefail
 
 STATE_DIR="${SWITCHYARD_STATE_DIR:-/tmp/switchyard-services}"
@@ -28,6 +31,7 @@ RABBIT_PORT="${SWITCHYARD_RABBITMQ_PORT:-55672}"
 PUBSUB_PORT="${SWITCHYARD_PUBSUB_PORT:-58085}"
 REGISTRY_PORT="${SWITCHYARD_REGISTRY_PORT:-55000}"
 MARIADB_PORT="${SWITCHYARD_MARIADB_PORT:-53306}"
+MOTO_PORT="${SWITCHYARD_MOTO_PORT:-55500}"
 TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
 TANSU_BIN="$TOOLS_DIR/bin/tansu"
 TANSU_VERSION=0.6.0
@@ -44,6 +48,12 @@ RABBIT_DIR="$STATE_DIR/rabbitmq"
 PUBSUB_DIR="$STATE_DIR/pubsub"
 REGISTRY_DIR="$STATE_DIR/registry"
 MARIADB_DIR="$STATE_DIR/mariadb"
+MOTO_DIR="$STATE_DIR/moto"
+# moto's server in a virtual environment: its pins do not meet the system's
+# Python packages. The version is pinned; a new one is installed beside.
+MOTO_VERSION=5.2.6
+MOTO_VENV="$TOOLS_DIR/moto-$MOTO_VERSION"
+MOTO_BIN="$MOTO_VENV/bin/moto_server"
 # The server script that runs as the calling user (the one in /usr/sbin
 # switches to the `rabbitmq` user and its fixed directories).
 RABBIT_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
@@ -73,6 +83,16 @@ install_missing() {
     fi
     install_rabbitmq
     install_tansu
+    install_moto
+}
+
+# moto (from PyPI, about 45 s the first time) serves the AWS targets' tests.
+install_moto() {
+    [ -x "$MOTO_BIN" ] && return 0
+    echo "services: installing moto $MOTO_VERSION into $MOTO_VENV" >&2
+    rm -rf "$MOTO_VENV"
+    python3 -m venv "$MOTO_VENV"
+    "$MOTO_VENV/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
 }
 
 # tansu has no Debian package: it is built from the crate registry once
@@ -541,6 +561,22 @@ GRANT ALL PRIVILEGES ON *.* TO 'switchyard_cert'@'127.0.0.1';
 SQL
 }
 
+# The AWS services the AWS targets' tests publish to, in memory (a restart
+# forgets every queue, topic, bus and stream: each test makes its own).
+moto_start() {
+    mkdir -p "$MOTO_DIR"
+    pid_running "$MOTO_DIR/moto.pid" moto_server && return 0
+    nohup "$MOTO_BIN" -H 127.0.0.1 -p "$MOTO_PORT" </dev/null >"$MOTO_DIR/moto.log" 2>&1 &
+    echo $! >"$MOTO_DIR/moto.pid"
+    # Python's start, on two busy cores: longer than wait_port's 10 s.
+    for _ in $(seq 1 600); do
+        if listening "$MOTO_PORT"; then return 0; fi
+        sleep 0.1
+    done
+    echo "services: moto did not start, see $MOTO_DIR/moto.log" >&2
+    return 1
+}
+
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     echo "export SWITCHYARD_PG_TLS_URL='postgres://postgres@localhost:$PG_TLS_PORT/postgres?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem'"
@@ -554,6 +590,8 @@ print_env() {
     echo "export SWITCHYARD_REGISTRY_DIR=$REGISTRY_DIR"
     echo "export SWITCHYARD_MARIADB_URL=mysql://switchyard@127.0.0.1:$MARIADB_PORT/mysql"
     echo "export SWITCHYARD_MARIADB_SOCKET=$MARIADB_DIR/mariadb.sock"
+    echo "export SWITCHYARD_MOTO_URL=http://127.0.0.1:$MOTO_PORT"
+    echo "export SWITCHYARD_MOTO_SERVER=$MOTO_BIN"
     if pubsub_emulator >/dev/null; then
         echo "export SWITCHYARD_PUBSUB_EMULATOR=$(pubsub_emulator)"
         echo "export SWITCHYARD_PUBSUB_EMULATOR_HOST=127.0.0.1:$PUBSUB_PORT"
@@ -593,9 +631,11 @@ case "${1:-}" in
         pubsub_start
         registry_start
         mariadb_start
+        moto_start
         print_env
         ;;
     stop)
+        pid_stop "$MOTO_DIR/moto.pid" moto_server
         pid_stop "$MARIADB_DIR/mariadb.pid" mariadbd
         pid_stop "$REGISTRY_DIR/registry.pid" docker-registry
         pid_stop "$PUBSUB_DIR/emulator.pid" java
@@ -612,7 +652,7 @@ case "${1:-}" in
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid" "registry:docker-registry:$REGISTRY_DIR/registry.pid" "mariadb:mariadbd:$MARIADB_DIR/mariadb.pid"; do
+        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid" "registry:docker-registry:$REGISTRY_DIR/registry.pid" "mariadb:mariadbd:$MARIADB_DIR/mariadb.pid" "moto:moto_server:$MOTO_DIR/moto.pid"; do
             pidfile="${service##*:}" command="${service#*:}" command="${command%%:*}"
             if pid_running "$pidfile" "$command"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
         done

@@ -20,6 +20,7 @@ mod operations;
 mod plugin_languages;
 mod plugin_registry;
 mod plugin_runtime;
+mod relay_aws;
 mod relay_kafka;
 mod relay_nats;
 mod relay_pubsub;

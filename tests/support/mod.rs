@@ -2,6 +2,7 @@
 //! MariaDB) database per test, nats-server processes per test, the example plugins built once, and
 //! helpers to write events the way an application would.
 
+pub mod aws;
 pub mod backlog;
 pub mod book;
 pub mod brokers;

@@ -3,6 +3,7 @@
 //! decide the fate of its neighbours, and classifies failures as retryable or
 //! permanent.
 
+pub mod aws;
 mod deferred;
 pub mod file;
 pub mod kafka;

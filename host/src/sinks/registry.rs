@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::aws::{eventbridge, kinesis, sns, sqs};
 use super::{Sink, SinkError, file, kafka, nats, pubsub, rabbitmq, stdout};
 
 /// What a target takes from the relay's settings.
@@ -72,6 +73,14 @@ pub enum TargetConfig {
     Rabbitmq(rabbitmq::RabbitMqSinkConfig),
     /// Google Cloud Pub/Sub topics of one project.
     Pubsub(pubsub::PubSubSinkConfig),
+    /// Amazon SQS queues, standard or FIFO.
+    Sqs(sqs::SqsSinkConfig),
+    /// Amazon SNS topics, standard or FIFO.
+    Sns(sns::SnsSinkConfig),
+    /// Amazon EventBridge event buses.
+    Eventbridge(eventbridge::EventBridgeSinkConfig),
+    /// Amazon Kinesis data streams.
+    Kinesis(kinesis::KinesisSinkConfig),
     /// Standard output, for demos and debugging.
     Stdout(stdout::StdoutSinkConfig),
     /// A JSON-lines file, for demos, debugging and tests.
@@ -86,6 +95,10 @@ macro_rules! each_kind {
             TargetConfig::Kafka($config) => $body,
             TargetConfig::Rabbitmq($config) => $body,
             TargetConfig::Pubsub($config) => $body,
+            TargetConfig::Sqs($config) => $body,
+            TargetConfig::Sns($config) => $body,
+            TargetConfig::Eventbridge($config) => $body,
+            TargetConfig::Kinesis($config) => $body,
             TargetConfig::Stdout($config) => $body,
             TargetConfig::File($config) => $body,
         }

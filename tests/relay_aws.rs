@@ -1,0 +1,414 @@
+//! The AWS targets against moto's server: SQS FIFO and standard queues,
+//! SNS FIFO topics read through an SQS subscription, an EventBridge bus
+//! read through a rule into a queue, Kinesis streams read shard by shard.
+//! A service-shaped writer's events arrive once by event id, in order per
+//! aggregate where the service keeps order; SQS and SNS keep the event id
+//! readable however many headers travel; each limit fails its event alone,
+//! named; a fan-out with SQS down keeps NATS going; `validate` names a
+//! missing queue; credentials that rotate are taken up without a restart,
+//! and a wrong secret is named and never shown.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use switchyard_tests::aws::{Moto, from_event, unique};
+use switchyard_tests::config::{Plugin, Target, TestConfig, routes, strings};
+use switchyard_tests::nats::NatsServer;
+use switchyard_tests::orders::{Expected, tally};
+use switchyard_tests::plugins::plugin;
+use switchyard_tests::postgres::{NewEvent, Outbox, all_published, count_status, fresh_db, place_event};
+use switchyard_tests::relay::{InProcess, RelaySection, parse};
+use switchyard_tests::workload::{Shape, write_events};
+use switchyard_tests::{cli, eventually, init_logging};
+
+const SWITCHYARD: &str = env!("CARGO_BIN_EXE_relay-process");
+
+/// Every event to target `aws` (`target`), topic `topic`, keyed by aggregate.
+fn to_aws(db: &str, target: Target, topic: &str) -> TestConfig {
+    TestConfig::new(db)
+        .database("max_connections", 8)
+        .tuning(RelaySection::new().set("batch_size", "100"))
+        .plugin(
+            Plugin::new("fanout", &plugin("fan_out"))
+                .config("default", routes(&[("aws", topic, Some("{aggregate_id}"))])),
+        )
+        .target("aws", target)
+}
+
+/// Writes as a service does (several aggregates a transaction, one to three
+/// events of each, beside its `orders` rows), runs a relay on `config`
+/// until everything is published, and returns what was written.
+async fn relay_a_service(
+    db: &switchyard_tests::postgres::TestDb,
+    config: &TestConfig,
+    events: usize,
+) -> HashMap<String, Expected> {
+    let relay = InProcess::start(&parse(&config.toml())).await;
+    let expected = write_events(&db.pool, Shape::rows(Outbox::Switchyard), 30, events, 2, 77).await;
+    all_published(&db.pool, expected.len() as i64, Duration::from_secs(120)).await;
+    relay.stop().await;
+    assert_eq!(count_status(&db.pool, "dead").await, 0, "nothing dead-lettered");
+    expected
+}
+
+fn assert_once_in_order(received: &[switchyard_tests::nats::Received], expected: &HashMap<String, Expected>) {
+    let tally = tally(received, expected);
+    assert_eq!(
+        (tally.lost, tally.duplicates, tally.reordered, tally.unknown),
+        (0, 0, 0, 0),
+        "{tally:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_gets_each_event_once_in_order_per_aggregate_grouped_by_it() {
+    init_logging();
+    let db = fresh_db().await;
+    let moto = Moto::shared();
+    let queue = unique("orders") + ".fifo";
+    let url = moto.queue(&queue).await;
+    let expected = relay_a_service(&db, &to_aws(&db.url, moto.target("sqs"), &queue), 300).await;
+    let received = moto.receive(&url, expected.len(), Duration::from_secs(60)).await;
+    assert_once_in_order(&received, &expected);
+    for message in &received {
+        let want = &expected[message
+            .header("Switchyard-Event-Id")
+            .expect("the event id attribute")];
+        assert_eq!(
+            message.header("x-message-group"),
+            Some(want.aggregate_id.as_str())
+        );
+        assert!(
+            message
+                .header("traceparent")
+                .is_some_and(|t| t.starts_with("00-"))
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sqs_fifo_retry_within_the_window_is_dropped_by_its_deduplication_id() {
+    init_logging();
+    let db = fresh_db().await;
+    let moto = Moto::shared();
+    let queue = unique("dedup") + ".fifo";
+    let url = moto.queue(&queue).await;
+    let config = to_aws(&db.url, moto.target("sqs"), &queue);
+    let expected = relay_a_service(&db, &config, 40).await;
+    // Every event sent again, as a relay killed between the publish and
+    // the ack would: SQS drops each by its deduplication id, the event id.
+    sqlx::query("UPDATE switchyard_outbox SET status = 'pending', published_at = NULL, deliveries = '{}'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let relay = InProcess::start(&parse(&config.toml())).await;
+    all_published(&db.pool, expected.len() as i64, Duration::from_secs(60)).await;
+    relay.stop().await;
+    let received = moto
+        .receive(&url, expected.len() * 2, Duration::from_secs(15))
+        .await;
+    assert_once_in_order(&received, &expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sns_fifo_gets_each_event_once_in_order_through_an_sqs_subscription() {
+    init_logging();
+    let db = fresh_db().await;
+    let moto = Moto::shared();
+    let topic = unique("orders") + ".fifo";
+    let (arn, url) = moto
+        .topic_into_queue(&topic, &(unique("subscriber") + ".fifo"))
+        .await;
+    // The plugin names the topic; the target finds its ARN in the account.
+    let expected = relay_a_service(
+        &db,
+        &to_aws(
+            &db.url,
+            moto.target("sns").set("topics", strings(&[&arn])),
+            &topic,
+        ),
+        200,
+    )
+    .await;
+    let received = moto.receive(&url, expected.len(), Duration::from_secs(60)).await;
+    assert_once_in_order(&received, &expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventbridge_gets_each_event_once_with_source_detail_type_and_the_event_id() {
+    init_logging();
+    let db = fresh_db().await;
+    let moto = Moto::shared();
+    let bus = unique("orders");
+    let url = moto.bus_into_queue(&bus, &unique("rule-target")).await;
+    let expected = relay_a_service(&db, &to_aws(&db.url, moto.target("eventbridge"), &bus), 150).await;
+    let events: Vec<_> = moto
+        .receive(&url, expected.len(), Duration::from_secs(60))
+        .await
+        .iter()
+        .map(|message| from_event(message, "switchyard"))
+        .collect();
+    // EventBridge keeps no order: each event once, in any order.
+    let tally = tally(&events, &expected);
+    assert_eq!(
+        (tally.lost, tally.duplicates, tally.unknown),
+        (0, 0, 0),
+        "{tally:?}"
+    );
+    for event in &events {
+        let want = &expected[event
+            .header("Switchyard-Event-Id")
+            .expect("the event id in detail")];
+        assert_eq!(event.header("x-source"), Some("order"));
+        assert_eq!(event.header("x-detail-type"), Some(want.event_type.as_str()));
+        assert_eq!(event.json()["seq"], want.seq);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinesis_gets_each_event_once_in_order_per_partition_key() {
+    init_logging();
+    let db = fresh_db().await;
+    let moto = Moto::shared();
+    let stream = unique("orders");
+    moto.stream(&stream, 3).await;
+    let expected = relay_a_service(&db, &to_aws(&db.url, moto.target("kinesis"), &stream), 300).await;
+    let received = moto
+        .records(&stream, expected.len(), Duration::from_secs(60))
+        .await;
+    assert_once_in_order(&received, &expected);
+    for record in &received {
+        let want = &expected[record
+            .header("Switchyard-Event-Id")
+            .expect("the event id in the envelope")];
+        assert_eq!(record.header("x-partition-key"), Some(want.aggregate_id.as_str()));
+        assert_eq!(record.json()["seq"], want.seq);
+    }
+}
+
+/// An event with `headers` and `payload`, written as a service would.
+async fn write_one(
+    db: &switchyard_tests::postgres::TestDb,
+    id: &str,
+    headers: serde_json::Value,
+    payload: serde_json::Value,
+) -> String {
+    let event = NewEvent {
+        aggregate_type: "order".into(),
+        aggregate_id: id.into(),
+        event_type: "OrderPlaced".into(),
+        payload,
+        headers,
+    };
+    place_event(&db.pool, Outbox::Switchyard, &event, true)
+        .await
+        .to_string()
+}
+
+async fn last_error(db: &switchyard_tests::postgres::TestDb, event_id: &str) -> (String, String) {
+    sqlx::query_as("SELECT status, coalesce(last_error, '') FROM switchyard_outbox WHERE event_id = $1::uuid")
+        .bind(event_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_eleventh_header_a_300_kib_message_and_a_detail_not_an_object_each_get_their_outcome() {
+    init_logging();
+    let db = fresh_db().await;
+    let moto = Moto::shared();
+    let queue = unique("limits") + ".fifo";
+    let url = moto.queue(&queue).await;
+    let bus = unique("limits");
+    moto.bus_into_queue(&bus, &unique("limits-rule")).await;
+    let config = TestConfig::new(&db.url)
+        .tuning(RelaySection::quick())
+        .plugin(Plugin::new("fanout", &plugin("fan_out")).config(
+            "default",
+            routes(&[("sqs", &queue, Some("{aggregate_id}")), ("bus", &bus, None)]),
+        ))
+        .target("sqs", moto.target("sqs"))
+        .target("bus", moto.target("eventbridge"));
+    let relay = InProcess::start(&parse(&config.toml())).await;
+    // Ten headers of the row's own beside the relay's: more than SQS's ten
+    // attributes, so they travel together and the event id stays readable.
+    let many: serde_json::Map<String, serde_json::Value> = (0..10)
+        .map(|i| (format!("x-row-{i}"), serde_json::Value::String(format!("v{i}"))))
+        .collect();
+    let headers_event = write_one(
+        &db,
+        "order-h",
+        serde_json::Value::Object(many),
+        serde_json::json!({"seq": 0}),
+    )
+    .await;
+    let big = write_one(
+        &db,
+        "order-big",
+        serde_json::json!({}),
+        serde_json::json!({"blob": "x".repeat(300 * 1024)}),
+    )
+    .await;
+    let not_object = write_one(
+        &db,
+        "order-array",
+        serde_json::json!({}),
+        serde_json::json!([1, 2, 3]),
+    )
+    .await;
+    let fine = write_one(
+        &db,
+        "order-fine",
+        serde_json::json!({}),
+        serde_json::json!({"seq": 0}),
+    )
+    .await;
+    eventually("the outcomes", Duration::from_secs(60), || async {
+        let settled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchyard_outbox WHERE status IN ('published', 'dead')",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        (settled == 4).then_some(())
+    })
+    .await;
+    relay.stop().await;
+    let (status, error) = last_error(&db, &big).await;
+    assert_eq!(status, "dead", "{error}");
+    assert!(error.contains("256 KiB") && error.contains("SQS"), "{error}");
+    let (status, error) = last_error(&db, &not_object).await;
+    assert_eq!(status, "dead", "{error}");
+    assert!(error.contains("JSON object"), "{error}");
+    assert_eq!(last_error(&db, &headers_event).await.0, "published");
+    assert_eq!(last_error(&db, &fine).await.0, "published");
+    let received = moto.receive(&url, 3, Duration::from_secs(20)).await;
+    let ids: Vec<&str> = received
+        .iter()
+        .filter_map(|m| m.header("Switchyard-Event-Id"))
+        .collect();
+    assert!(
+        ids.contains(&headers_event.as_str()) && ids.contains(&fine.as_str()),
+        "{ids:?}"
+    );
+    let packed = received
+        .iter()
+        .find(|m| m.header("Switchyard-Event-Id") == Some(headers_event.as_str()))
+        .unwrap();
+    assert_eq!(
+        packed.header("x-row-9"),
+        Some("v9"),
+        "every header arrives: {:?}",
+        packed.headers
+    );
+    // The array went to the queue (SQS takes any text): only EventBridge refused it.
+    assert!(ids.contains(&not_object.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sqs_down_nats_goes_on_and_sqs_gets_everything_on_its_return() {
+    init_logging();
+    let db = fresh_db().await;
+    let mut moto = Moto::own().await;
+    let queue = unique("fanout") + ".fifo";
+    moto.queue(&queue).await;
+    let nats = NatsServer::start().await;
+    nats.create_stream("AUDIT", &["audit.>"]).await;
+    let config = TestConfig::new(&db.url)
+        .database("max_connections", 8)
+        .tuning(RelaySection::quick().set("max_attempts", "2"))
+        .plugin(Plugin::new("fanout", &plugin("fan_out")).config(
+            "default",
+            routes(&[
+                ("sqs", &queue, Some("{aggregate_id}")),
+                ("audit", "audit.orders.{event_type}", None),
+            ]),
+        ))
+        .target("sqs", moto.target("sqs").set("queues", strings(&[&queue])))
+        .target("audit", Target::nats(&nats.url()));
+    let relay = InProcess::start(&parse(&config.toml())).await;
+    moto.kill();
+    let expected = write_events(&db.pool, Shape::rows(Outbox::Switchyard), 20, 150, 2, 5).await;
+    // Each aggregate's first event reaches NATS while SQS is away; the
+    // aggregate's later events wait behind it, on SQS alone.
+    let aggregates = expected
+        .values()
+        .map(|e| e.aggregate_id.as_str())
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    eventually(
+        "each aggregate's first event on NATS",
+        Duration::from_secs(60),
+        || async { (nats.stream_len("AUDIT").await >= aggregates as u64).then_some(()) },
+    )
+    .await;
+    eventually("rows waiting on SQS alone", Duration::from_secs(60), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM switchyard_outbox WHERE status <> 'published' AND waiting_on = ARRAY['sqs']",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    let spent: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1 OR status = 'dead'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(spent, 0, "the outage spent no attempt");
+    // Back, empty (moto keeps nothing): the queue is made again, and every
+    // SQS delivery goes out.
+    moto.start().await;
+    let url = moto.queue(&queue).await;
+    all_published(&db.pool, expected.len() as i64, Duration::from_secs(120)).await;
+    relay.stop().await;
+    let received = moto.receive(&url, expected.len(), Duration::from_secs(60)).await;
+    assert_once_in_order(&received, &expected);
+    let audit = tally(&nats.read_stream("AUDIT").await, &expected);
+    assert_eq!(
+        (audit.lost, audit.duplicates, audit.reordered),
+        (0, 0, 0),
+        "{audit:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_names_a_missing_queue_stream_topic_and_bus() {
+    let db = fresh_db().await;
+    let moto = Moto::shared();
+    let config = TestConfig::new(&db.url)
+        .plugin(
+            Plugin::new("fanout", &plugin("fan_out"))
+                .config("default", routes(&[("q", "nothing-here", None)])),
+        )
+        .target("q", moto.target("sqs").set("queues", strings(&["no-such-queue"])))
+        .target(
+            "s",
+            moto.target("kinesis")
+                .set("streams", strings(&["no-such-stream"])),
+        )
+        .target("t", moto.target("sns").set("topics", strings(&["no-such-topic"])))
+        .target(
+            "b",
+            moto.target("eventbridge").set("buses", strings(&["no-such-bus"])),
+        );
+    let path = std::env::temp_dir().join(format!("sy-aws-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, config.toml()).unwrap();
+    let (code, out, err) = cli(SWITCHYARD, &["validate", "--config", path.to_str().unwrap()], &[]).await;
+    let _ = std::fs::remove_file(&path);
+    assert_ne!(code, 0, "{out}{err}");
+    for missing in [
+        "queue no-such-queue",
+        "stream no-such-stream",
+        "topic no-such-topic",
+        "bus no-such-bus",
+    ] {
+        assert!(
+            err.contains(missing) && err.contains("does not exist"),
+            "{missing}: {err}"
+        );
+    }
+}
