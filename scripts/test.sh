@@ -93,6 +93,16 @@ if [ -n "${SWITCHYARD_CLIPPY:-}" ]; then
 fi
 env ${cargo_env[@]+"${cargo_env[@]}"} cargo test "${targets[@]}" --no-run --quiet
 echo "   test build done at $((SECONDS - step_started)) s"
+# The build scripts/demo.sh makes (no default features) compiles, and with
+# SWITCHYARD_CLIPPY lints clean; checked only, no code generated. It goes
+# on beside the light steps below (demo, deploy, docs, the walk) and is
+# waited for before the tests, which it must not slow.
+check_pid=""
+if [ -z "$quick" ]; then
+    (env ${cargo_env[@]+"${cargo_env[@]}"} cargo check -p switchyard --no-default-features --lib --bins --quiet) \
+        >"$beside/no-default.log" 2>&1 &
+    check_pid=$!
+fi
 relay="$PWD/target/debug/relay-process"
 
 mark services
@@ -161,6 +171,15 @@ else
         export SWITCHYARD_IMAGE=switchyard:test
     else
         scripts/production-walk.sh --image "$SWITCHYARD_IMAGE"
+    fi
+fi
+
+if [ -n "$check_pid" ]; then
+    mark no-default
+    if ! wait "$check_pid"; then
+        cat "$beside/no-default.log" >&2
+        echo "test: the build without default features (scripts/demo.sh's) does not check" >&2
+        exit 1
     fi
 fi
 
