@@ -27,4 +27,5 @@ mod relay_pubsub;
 mod relay_rabbitmq;
 mod relay_sqlite;
 mod replication;
+mod secrets;
 mod tls;

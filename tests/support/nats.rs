@@ -39,6 +39,8 @@ pub enum Login {
     },
     /// A creds file (user JWT and seed), on a server in operator mode.
     Creds(PathBuf),
+    /// A user and a password.
+    UserPassword(String, String),
 }
 
 impl NatsServer {
@@ -97,6 +99,16 @@ impl NatsServer {
             seed: seed.to_string(),
         };
         NatsServer::start_logged_in(&config, login).await
+    }
+
+    /// A server that admits one user, `user` with `password`, and no one
+    /// without a login.
+    ///
+    /// # Panics
+    /// As [`NatsServer::start`].
+    pub async fn start_with_login(user: &str, password: &str) -> NatsServer {
+        let config = format!("authorization {{\n  user: {user:?}\n  password: {password:?}\n}}\n");
+        NatsServer::start_logged_in(&config, Login::UserPassword(user.into(), password.into())).await
     }
 
     /// A server in operator mode (accounts and users as JWTs, the account
@@ -203,6 +215,9 @@ impl NatsServer {
                 .credentials_file(path)
                 .await
                 .map_err(|e| async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::Io, e))?,
+            Login::UserPassword(user, password) => {
+                async_nats::ConnectOptions::new().user_and_password(user.clone(), password.clone())
+            }
         };
         options.connect(self.url()).await
     }

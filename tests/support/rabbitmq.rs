@@ -71,6 +71,20 @@ impl RabbitMq {
         rabbit
     }
 
+    /// Adds `user` with `password` and every permission on the default
+    /// vhost to this test's node; the AMQP URL that logs in as them.
+    ///
+    /// # Panics
+    /// On the shared broker, or when `rabbitmqctl` fails.
+    pub fn add_user(&self, user: &str, password: &str) -> String {
+        self.ctl(&["add_user", user, password]);
+        self.ctl(&["set_permissions", "-p", "/", user, ".*", ".*", ".*"]);
+        let mut url = url::Url::parse(&self.url).expect("the node's URL");
+        url.set_username(user).expect("a user name");
+        url.set_password(Some(password)).expect("a password");
+        url.to_string()
+    }
+
     /// Runs `rabbitmqctl` against this test's node.
     fn ctl(&self, args: &[&str]) {
         let node = self.node.as_ref().expect("only a test's own node");

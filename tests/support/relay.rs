@@ -234,6 +234,22 @@ impl Process {
     /// # Panics
     /// If the process cannot be started.
     pub fn spawn(binary: &str, config: &str, instance_id: &str) -> Process {
+        let level = std::env::var("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into());
+        Process::start(binary, config, instance_id, &level, Stdio::inherit())
+    }
+
+    /// Like [`Process::spawn`], logging at `level` (a `SWITCHYARD_LOG`
+    /// filter) into the file `log` instead of the test's stderr: its whole
+    /// log, for a test to read.
+    ///
+    /// # Panics
+    /// If the file cannot be created or the process started.
+    pub fn spawn_logged(binary: &str, config: &str, instance_id: &str, level: &str, log: &Path) -> Process {
+        let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        Process::start(binary, config, instance_id, level, Stdio::from(file))
+    }
+
+    fn start(binary: &str, config: &str, instance_id: &str, level: &str, stderr: Stdio) -> Process {
         let path = std::env::temp_dir().join(format!("sy-relay-{}.toml", uuid::Uuid::new_v4().simple()));
         let config = with_key(config, "relay", "instance_id", instance_id, false);
         // Several processes run at once: each takes a free admin port.
@@ -242,11 +258,9 @@ impl Process {
         let child = Command::new(binary)
             .args(["run", "--config"])
             .arg(&path)
-            .env(
-                "SWITCHYARD_LOG",
-                std::env::var("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("SWITCHYARD_LOG", level)
             .stdout(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn relay process");
         Process { child, _config: path }

@@ -26,7 +26,11 @@ pub enum NatsMode {
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSinkConfig {
-    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`.
+    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. A
+    /// URL may carry the login (`nats://user:password@host:4222`,
+    /// `nats://token@host:4222`, percent-encoded): the relay logs in with
+    /// it and gives the client the URL without it. `user`, `password` and
+    /// `token` are then left out.
     #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_URL"))]
     pub url: String,
     /// Core or JetStream publishing.
@@ -125,11 +129,23 @@ impl NatsSinkConfig {
                 ));
             }
         }
+        let url_login = match self.url_login() {
+            Ok((_, login)) => login,
+            Err(problem) => {
+                problems.push(problem);
+                None
+            }
+        };
+        if url_login.is_some() && (self.user.is_some() || self.token.is_some()) {
+            problems.push(
+                "url carries a login and user or token is set too: give the login in one place".to_string(),
+            );
+        }
         if self.password.is_some() && self.user.is_none() {
             problems.push("password is set but user is not".to_string());
         }
         let logins = [
-            self.user.is_some(),
+            self.user.is_some() || url_login.is_some(),
             self.token.is_some(),
             self.credentials_file.is_some(),
             self.nkey_seed_file.is_some(),
@@ -185,6 +201,13 @@ impl NatsSinkConfig {
     /// seed.
     pub(crate) async fn connect_options(&self) -> Result<async_nats::ConnectOptions, String> {
         let mut options = async_nats::ConnectOptions::new().name(&self.connection_name);
+        match self.url_login()?.1 {
+            Some(UrlLogin::UserPassword(user, password)) => {
+                options = options.user_and_password(user, password);
+            }
+            Some(UrlLogin::Token(token)) => options = options.token(token),
+            None => {}
+        }
         if let (Some(user), Some(password)) = (&self.user, &self.password) {
             let password = password.read().await.map_err(|e| e.to_string())?;
             options = options.user_and_password(user.clone(), password.expose().to_string());
@@ -217,6 +240,58 @@ impl NatsSinkConfig {
         }
         Ok(options)
     }
+}
+
+impl NatsSinkConfig {
+    /// The server URLs without credentials, and the login they carried
+    /// (`nats://user:password@host` or `nats://token@host`, as NATS clients
+    /// read a URL). The client is handed the bare URLs and the login
+    /// through its options, so that no line it logs (it logs the server
+    /// address) can hold the secret.
+    pub(crate) fn url_login(&self) -> Result<(String, Option<UrlLogin>), String> {
+        let mut bare = Vec::new();
+        let mut login: Option<UrlLogin> = None;
+        for url in self.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let Some(at) = rest[..authority_end].rfind('@') else {
+                bare.push(url.to_string());
+                continue;
+            };
+            let decode = |text: &str| {
+                percent_encoding::percent_decode_str(text)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            let found = match rest[..at].split_once(':') {
+                Some((user, password)) => UrlLogin::UserPassword(decode(user), decode(password)),
+                None => UrlLogin::Token(decode(&rest[..at])),
+            };
+            if login.as_ref().is_some_and(|before| *before != found) {
+                return Err(
+                    "url: the servers carry different logins; give one login, in user and password (or token)"
+                        .to_string(),
+                );
+            }
+            login = Some(found);
+            let host = &rest[at + 1..];
+            bare.push(if scheme.is_empty() {
+                host.to_string()
+            } else {
+                format!("{scheme}://{host}")
+            });
+        }
+        Ok((bare.join(","), login))
+    }
+}
+
+/// A login given in a NATS server URL.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum UrlLogin {
+    /// `user:password@`.
+    UserPassword(String, String),
+    /// `token@`.
+    Token(String),
 }
 
 impl TargetKind for NatsSinkConfig {
@@ -281,5 +356,47 @@ impl std::fmt::Debug for NatsSinkConfig {
             .field("stream", &self.stream)
             .field("duplicate_window_seconds", &self.duplicate_window_seconds)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_url(url: &str) -> NatsSinkConfig {
+        toml::from_str(&format!("url = {url:?}")).unwrap()
+    }
+
+    #[test]
+    fn a_login_in_the_url_is_taken_out_of_it() {
+        let (bare, login) = with_url("nats://app:p%40ss@a:4222, nats://app:p%40ss@b:4222")
+            .url_login()
+            .unwrap();
+        assert_eq!(bare, "nats://a:4222,nats://b:4222");
+        assert!(login == Some(UrlLogin::UserPassword("app".into(), "p@ss".into())));
+        let (bare, login) = with_url("tls://s3cret@a:4222/").url_login().unwrap();
+        assert_eq!(bare, "tls://a:4222/");
+        assert!(login == Some(UrlLogin::Token("s3cret".into())));
+        let (bare, login) = with_url("a:4222").url_login().unwrap();
+        assert!(bare == "a:4222" && login.is_none());
+    }
+
+    #[test]
+    fn a_login_given_twice_or_differently_is_refused() {
+        let horizon = std::time::Duration::ZERO;
+        let problems = with_url("nats://a:x@h1:4222,nats://b:y@h2:4222").problems(horizon);
+        assert!(
+            problems.iter().any(|p| p.contains("different logins")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().all(|p| !p.contains(":x@") && !p.contains("y@")),
+            "{problems:?}"
+        );
+        let mut both = with_url("nats://a:x@h1:4222");
+        both.user = Some("b".into());
+        let problems = both.problems(horizon);
+        assert!(problems.iter().any(|p| p.contains("one place")), "{problems:?}");
+        assert!(with_url("nats://a:x@h1:4222").problems(horizon).is_empty());
     }
 }

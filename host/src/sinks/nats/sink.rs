@@ -371,10 +371,14 @@ async fn open(config: &NatsSinkConfig, publish_timeout: Duration) -> Result<Conn
         .connect_options()
         .await
         .map_err(|reason| SinkError::new(FailureKind::Unauthorized, format!("NATS login: {reason}")))?;
+    // The URLs without the login they may carry: that went into `options`.
+    let (servers, _) = config
+        .url_login()
+        .map_err(|reason| SinkError::new(FailureKind::Unauthorized, format!("NATS login: {reason}")))?;
     let client = options
         .connection_timeout(publish_timeout)
         .max_reconnects(Some(1))
-        .connect(config.url.as_str())
+        .connect(servers.as_str())
         .await
         .map_err(|e| {
             let kind = match e.kind() {
