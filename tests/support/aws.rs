@@ -341,6 +341,26 @@ impl Moto {
         received
     }
 
+    /// A consumer receiving from queue `url` in the background (and
+    /// deleting, so a FIFO queue gives each group's next message) until it
+    /// is dropped; through an outage it keeps asking.
+    pub fn drain(&self, url: &str) -> Draining {
+        let moto = Moto {
+            url: self.url.clone(),
+            own: None,
+        };
+        let url = url.to_string();
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = std::sync::Arc::clone(&received);
+        let task = tokio::spawn(async move {
+            loop {
+                let got = moto.receive(&url, 1_000_000, Duration::from_secs(2)).await;
+                into.lock().unwrap().extend(got);
+            }
+        });
+        Draining { task, received }
+    }
+
     /// Every record of stream `name`, shard by shard (each shard's in
     /// sequence order), until `expected` came or `limit` passed. An
     /// envelope's headers are the message's headers, its payload the
@@ -393,6 +413,24 @@ impl Moto {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+}
+
+/// A consumer of a queue, receiving in the background.
+pub struct Draining {
+    task: tokio::task::JoinHandle<()>,
+    received: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+}
+
+impl Draining {
+    /// What it received, once that is `expected` messages or `limit` passed.
+    pub async fn wait(self, expected: usize, limit: Duration) -> Vec<Received> {
+        let until = Instant::now() + limit;
+        while self.received.lock().unwrap().len() < expected && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.task.abort();
+        self.received.lock().unwrap().clone()
     }
 }
 
