@@ -521,6 +521,81 @@ pub fn from_event(message: &Received, metadata_member: &str) -> Received {
     }
 }
 
+/// A call of an AWS query API (`service` is `iam`, `sqs`...) on `moto`,
+/// its `form` POSTed, signed with `key` (id, secret), or with anything
+/// before moto checks signatures: what
+/// the services' own SDKs do, for the calls whose crates the tests do not
+/// build (IAM). Returns the body, failing on an error answer.
+///
+/// # Panics
+/// When the call fails or is refused.
+pub async fn query_call(
+    moto: &Moto,
+    service: &str,
+    key: Option<(&str, &str)>,
+    form: &[(&str, &str)],
+) -> String {
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+    use http_body_util::BodyExt as _;
+    let body: String = form
+        .iter()
+        .map(|(k, v)| format!("{}={}", urlencode(k), urlencode(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let uri = format!("{}/", moto.url);
+    let mut request = hyper::Request::post(&uri)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("host", moto.url.trim_start_matches("http://"))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+        .expect("a request");
+    // moto tells the services apart by the signature's scope: a call
+    // before it checks signatures is signed with anything.
+    {
+        let (id, secret) = key.unwrap_or(("unchecked", "unchecked"));
+        let identity = Credentials::new(id, secret, None, None, "test").into();
+        let params = aws_sigv4::sign::v4::SigningParams::builder()
+            .identity(&identity)
+            .region(REGION)
+            .name(service)
+            .time(std::time::SystemTime::now())
+            .settings(SigningSettings::default())
+            .build()
+            .expect("signing params")
+            .into();
+        let headers: Vec<(String, String)> = request
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string()))
+            .collect();
+        let signable = SignableRequest::new(
+            "POST",
+            &uri,
+            headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            SignableBody::Bytes(body.as_bytes()),
+        )
+        .expect("signable");
+        let (instructions, _) = sign(signable, &params).expect("signed").into_parts();
+        instructions.apply_to_request_http1x(&mut request);
+    }
+    let client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let answer = client.request(request).await.expect("moto answers");
+    let status = answer.status();
+    let text =
+        String::from_utf8_lossy(&answer.into_body().collect().await.expect("a body").to_bytes()).to_string();
+    assert!(status.is_success(), "{service} {form:?}: {status} {text}");
+    text
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// A name of this test's own for a queue, topic, bus or stream.
 pub fn unique(what: &str) -> String {
     format!("{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])

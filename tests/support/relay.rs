@@ -235,7 +235,7 @@ impl Process {
     /// If the process cannot be started.
     pub fn spawn(binary: &str, config: &str, instance_id: &str) -> Process {
         let level = std::env::var("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into());
-        Process::start(binary, config, instance_id, &level, Stdio::inherit())
+        Process::start(binary, config, instance_id, &level, Stdio::inherit(), &[])
     }
 
     /// Like [`Process::spawn`], logging at `level` (a `SWITCHYARD_LOG`
@@ -245,11 +245,34 @@ impl Process {
     /// # Panics
     /// If the file cannot be created or the process started.
     pub fn spawn_logged(binary: &str, config: &str, instance_id: &str, level: &str, log: &Path) -> Process {
-        let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
-        Process::start(binary, config, instance_id, level, Stdio::from(file))
+        Process::spawn_logged_with(binary, config, instance_id, level, log, &[])
     }
 
-    fn start(binary: &str, config: &str, instance_id: &str, level: &str, stderr: Stdio) -> Process {
+    /// [`Process::spawn_logged`] with `env` in the process's environment
+    /// (what a container or a unit would set: credentials files, a region).
+    ///
+    /// # Panics
+    /// As [`Process::spawn_logged`].
+    pub fn spawn_logged_with(
+        binary: &str,
+        config: &str,
+        instance_id: &str,
+        level: &str,
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Process {
+        let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        Process::start(binary, config, instance_id, level, Stdio::from(file), env)
+    }
+
+    fn start(
+        binary: &str,
+        config: &str,
+        instance_id: &str,
+        level: &str,
+        stderr: Stdio,
+        env: &[(&str, &str)],
+    ) -> Process {
         let path = std::env::temp_dir().join(format!("sy-relay-{}.toml", uuid::Uuid::new_v4().simple()));
         let config = with_key(config, "relay", "instance_id", instance_id, false);
         // Several processes run at once: each takes a free admin port.
@@ -259,6 +282,7 @@ impl Process {
             .args(["run", "--config"])
             .arg(&path)
             .env("SWITCHYARD_LOG", level)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

@@ -350,14 +350,20 @@ where
             )
         }
         _ => {
-            let code = error.code();
             let status = error.raw_response().map(|r| r.status().as_u16());
+            // A body the protocol's parser could not read (a proxy's page,
+            // an XML error where JSON was due) may still name the code.
+            let body_code = error
+                .raw_response()
+                .and_then(|r| r.body().bytes())
+                .and_then(|body| xml_code(&String::from_utf8_lossy(body)));
+            let code = error.code().or(body_code.as_deref());
             let kind = kind_of(code, status);
-            let said = format!(
-                "{}{}",
-                code.unwrap_or("error"),
-                error.message().map(|m| format!(": {m}")).unwrap_or_default()
-            );
+            let said = match (code, error.message()) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(code), None) => code.to_string(),
+                (None, _) => format!("HTTP {}", status.unwrap_or_default()),
+            };
             let message = match kind {
                 FailureKind::Unauthorized => format!(
                     "{service} refused the credentials or the permission for {what} ({said}); the relay's \
@@ -370,6 +376,13 @@ where
             SinkError::new(kind, message)
         }
     }
+}
+
+/// The `<Code>` of an XML error body.
+fn xml_code(body: &str) -> Option<String> {
+    let code = body.split("<Code>").nth(1)?.split("</Code>").next()?;
+    (!code.is_empty() && code.len() < 100 && code.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'))
+        .then(|| code.to_string())
 }
 
 /// An error and its sources on one line (the SDK's top-level message is
@@ -388,6 +401,14 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_xml_error_body_names_its_code() {
+        let body = "<ErrorResponse><Errors><Error><Code>SignatureDoesNotMatch</Code><Message>m</Message>";
+        assert_eq!(xml_code(body).as_deref(), Some("SignatureDoesNotMatch"));
+        assert_eq!(xml_code("<html>502 Bad Gateway</html>"), None);
+        assert_eq!(xml_code("<Code><script></Code>"), None);
+    }
 
     #[test]
     fn answers_map_to_the_relays_kinds() {
