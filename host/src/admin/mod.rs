@@ -22,7 +22,7 @@ mod serve;
 
 /// Bound on each readiness check, so a hung broker makes `/readyz` say
 /// not-ready instead of hanging the probe.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A running admin server.
 pub struct AdminServer {

@@ -299,7 +299,7 @@ async fn keep(
     lease: Duration,
     tick: Duration,
 ) -> Kept {
-    let ends = |renewed: Instant| renewed + lease.saturating_sub(tick / 2);
+    let ends = |renewed: Instant| serve_until(renewed, lease, tick);
     let sent = Instant::now();
     let renewal = {
         let (store, me, token) = (store.clone(), me.to_string(), mine.token);
@@ -342,6 +342,14 @@ async fn keep(
     Kept::Yes
 }
 
+/// Until when a database renewed at `renewed` may be served without a
+/// later renewal: half a tick before its lease ends. The database counts
+/// the lease from when the renewal ran, after it was sent, so that is at
+/// least half a tick before the lease ends as the database sees it.
+fn serve_until(renewed: Instant, lease: Duration, tick: Duration) -> Instant {
+    renewed + lease.saturating_sub(tick / 2)
+}
+
 /// `work`'s result if it finishes by `deadline`. It runs on a task of its
 /// own that goes on past the deadline, unwatched: dropped mid-statement it
 /// would cost the follower its session, and the database a new one just
@@ -366,5 +374,28 @@ async fn stop_serving(fleet: &Fleet, mine: Held, store: Option<&OutboxStore>, me
         && let Err(error) = store.release_ownership(me, mine.token).await
     {
         tracing::debug!(%error, "Cannot hand the database back; its lease will run out.");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_database_is_given_up_a_sixth_of_its_lease_before_the_lease_ends() {
+        let renewed = Instant::now();
+        for (lease_s, margin_ms) in [(3, 500), (12, 2000), (30, 5000)] {
+            let lease = Duration::from_secs(lease_s);
+            let tick = lease / 3;
+            let until = serve_until(renewed, lease, tick);
+            assert_eq!(
+                renewed + lease - until,
+                Duration::from_millis(margin_ms),
+                "{lease:?}"
+            );
+            // The next tick's renewal, sent a tick later, has a tick and a
+            // half to be answered.
+            assert_eq!(until - (renewed + tick), tick * 3 / 2, "{lease:?}");
+        }
     }
 }
