@@ -229,13 +229,14 @@ async fn sigterm_mid_stream_hands_over_to_a_second_container() {
     let took = stopping.elapsed();
     assert!(stopped.status.success(), "{}", text(&stopped));
     assert!(!first.running());
+    // Exit code 0: the relay exited on its own within the grace (the kill
+    // past it would give 137).
     assert_eq!(
         first.inspect("{{.State.ExitCode}}"),
         "0",
         "a clean exit, not the kill past the grace: {}",
         first.logs()
     );
-    assert!(took < grace, "exit within the grace: {took:?}");
     let left = count_status(&db.pool, "published").await;
     assert!(left < 10_000, "SIGTERM came mid-stream ({left} published)");
 

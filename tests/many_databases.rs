@@ -23,11 +23,6 @@ use tokio_util::sync::CancellationToken;
 const STREAM: &str = "ORDERS";
 const AGGREGATES: usize = 8;
 
-/// Every event of a database reaches NATS this soon after its commit while
-/// another database is down and a third holds a poison row (a histogram
-/// bucket bound of `switchyard_commit_to_publish_seconds`).
-const LATENCY_BOUND: &str = "2.048";
-
 /// The outbox databases under test, written the same way whatever their kind.
 enum Outbox {
     Postgres(TestDb),
@@ -178,23 +173,24 @@ async fn every_event_in_order(nats: &NatsServer, databases: &[Database], events:
     }
 }
 
-/// The count of commit-to-publish observations for `database`, and how
-/// many of them were within `bucket` seconds.
-fn latency(metrics: &str, database: &str, bucket: &str) -> (u64, u64) {
-    let value = |prefix: String| {
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let count = value(format!(
-        "switchyard_commit_to_publish_seconds_count{{database=\"{database}\"}} "
-    ));
-    let within = value(format!(
-        "switchyard_commit_to_publish_seconds_bucket{{le=\"{bucket}\",database=\"{database}\"}} "
-    ));
-    (count, within)
+/// `database`'s `switchyard_commit_to_publish_seconds` buckets: each
+/// bound (`le`) and how many events were within it, `+Inf` last.
+fn latency(metrics: &str, database: &str) -> Vec<(String, u64)> {
+    let labels = format!(",database=\"{database}\"}} ");
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("switchyard_commit_to_publish_seconds_bucket{le=\"")?;
+            let (bound, rest) = rest.split_once('"')?;
+            let count = rest.strip_prefix(&labels)?.trim().parse().ok()?;
+            Some((bound.to_string(), count))
+        })
+        .collect()
+}
+
+/// How many commit-to-publish observations `database` has.
+fn latency_count(metrics: &str, database: &str) -> u64 {
+    latency(metrics, database).last().map_or(0, |(_, count)| *count)
 }
 
 async fn set_connections(name: &str, allowed: bool) {
@@ -212,6 +208,12 @@ async fn set_connections(name: &str, allowed: bool) {
     }
 }
 
+/// "Holds back only itself" is asserted without a clock: every other
+/// database's events are all published while pg05 is still down (it comes
+/// back only after) and while pg03's poison, tried and failed, is still
+/// short of its third and last attempt, 15 s or more after its first (two
+/// backoffs of 7.5 to 15 s). A fault that held the others back until it
+/// cleared shows as a poison dead by then, or a wait that runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself() {
     let _heavy = exclusive().await;
@@ -220,7 +222,10 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
     let databases = databases(20, 5).await;
     let all: Vec<&Database> = databases.iter().collect();
     let shutdown = CancellationToken::new();
-    let fleet = Fleet::start(config(&all, &nats.url()).parse(), shutdown.clone())
+    let config = config(&all, &nats.url())
+        .relay("initial_backoff_ms", 15_000)
+        .relay("max_backoff_ms", 15_000);
+    let fleet = Fleet::start(config.parse(), shutdown.clone())
         .await
         .expect("fleet starts");
     all_running(&fleet, 25).await;
@@ -231,6 +236,7 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
     }
     let poisoned = &databases[3];
     poisoned.insert("pg03-poison", "Poison", 0).await;
+    let poison_written = Instant::now();
     let stopped = &databases[5];
     let Outbox::Postgres(stopped_db) = &stopped.outbox else {
         unreachable!("pg05 is PostgreSQL")
@@ -257,6 +263,22 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
         },
     )
     .await;
+    eprintln!(
+        "every other database's events published {:?} after the poison was written",
+        poison_written.elapsed()
+    );
+    let Outbox::Postgres(poisoned_db) = &poisoned.outbox else {
+        unreachable!("pg03 is PostgreSQL")
+    };
+    let (status, attempts): (String, i32) =
+        sqlx::query_as("SELECT status, attempts FROM switchyard_outbox WHERE aggregate_id = 'pg03-poison'")
+            .fetch_one(&poisoned_db.pool)
+            .await
+            .expect("the poison row");
+    assert!(
+        status != "dead" && attempts >= 1,
+        "the poison, tried, waits for its next attempt: {status}, {attempts} attempts"
+    );
     let readiness = eventually("readiness says degraded", Duration::from_secs(30), || async {
         let readiness = switchyard::fleet::admin::readiness(&fleet).await;
         (readiness.state == "degraded" && readiness.databases.values().filter(|db| db.ready).count() == 24)
@@ -266,26 +288,33 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
     assert!(readiness.ready, "degraded still serves: {readiness:?}");
     assert!(!readiness.databases["pg05"].ready, "{readiness:?}");
 
-    // While pg05 was down and pg03 trapped, every other database kept its
-    // latency. A batch is counted once its outcomes are recorded, just after
-    // its messages reach the stream.
+    // The other databases' commit-to-publish times, for the log. A batch
+    // is counted once its outcomes are recorded, just after its messages
+    // reach the stream.
     let healthy: Vec<&Database> = databases.iter().filter(|db| db.name != stopped.name).collect();
     let metrics = eventually("every publish is counted", Duration::from_secs(30), || async {
         let metrics = fleet.metrics().render();
         healthy
             .iter()
-            .all(|db| latency(&metrics, &db.name, LATENCY_BOUND).0 >= (AGGREGATES * 6) as u64)
+            .all(|db| latency_count(&metrics, &db.name) >= (AGGREGATES * 6) as u64)
             .then_some(metrics)
     })
     .await;
-    for db in healthy {
-        let (count, within) = latency(&metrics, &db.name, LATENCY_BOUND);
-        assert_eq!(
-            within, count,
-            "{}: events over {LATENCY_BOUND} s from commit to publish",
-            db.name
-        );
+    let mut all_within: BTreeMap<String, u64> = BTreeMap::new();
+    for db in &healthy {
+        for (bound, count) in latency(&metrics, &db.name) {
+            *all_within.entry(bound).or_default() += count;
+        }
     }
+    let mut buckets: Vec<(f64, u64)> = all_within
+        .into_iter()
+        .map(|(bound, count)| (bound.parse().unwrap_or(f64::INFINITY), count))
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    eprintln!(
+        "commit to publish, {} databases while pg05 was down and pg03 poisoned (le s: events within): {buckets:?}",
+        healthy.len()
+    );
 
     // pg05 comes back and relays what it kept.
     set_connections(&stopped_db.name, true).await;
@@ -308,10 +337,8 @@ async fn one_relay_serves_25_databases_and_a_failing_one_holds_back_only_itself(
         !sequences.contains_key("pg03-poison"),
         "the poison was not published"
     );
-    let Outbox::Postgres(poisoned_db) = &poisoned.outbox else {
-        unreachable!("pg03 is PostgreSQL")
-    };
-    eventually("the poison is dead-lettered", Duration::from_secs(30), || async {
+    // Its three attempts take 30 s at most.
+    eventually("the poison is dead-lettered", Duration::from_secs(60), || async {
         let reason: Option<String> = sqlx::query_scalar(
             "SELECT last_error FROM switchyard_outbox WHERE aggregate_id = 'pg03-poison' AND status = 'dead'",
         )
@@ -505,6 +532,9 @@ async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
     init_logging();
     let nats = nats().await;
     let databases = databases(6, 0).await;
+    for db in &databases {
+        record_takeovers(&db.pg().pool).await;
+    }
     let all: Vec<&Database> = databases.iter().collect();
     // Each relay's admin endpoint on a port of its own, found by `status`.
     let config = config(&all, &nats.url())
@@ -574,14 +604,61 @@ async fn relays_share_the_databases_out_and_take_over_a_killed_ones() {
         || async { (held_by(&owners(&databases).await, "relay-a") == 6).then_some(()) },
     )
     .await;
-    let takeover = killed.elapsed();
-    eprintln!("takeover after SIGKILL: {} ms", takeover.as_millis());
-    // Lease (3 s) plus a renewal period (1 s), with room for a loaded machine.
-    assert!(takeover < Duration::from_secs(10), "takeover took {takeover:?}");
+    eprintln!("takeover after SIGKILL: {} ms", killed.elapsed().as_millis());
+    // Safe, on the database's clock: relay-a took each of relay-b's
+    // databases only once relay-b's lease on it had run out.
+    for (db, owner) in databases.iter().zip(&settled) {
+        let taken: Vec<(String, f64)> = sqlx::query_as(
+            "SELECT new_owner, extract(epoch FROM at - old_expires)::float8 FROM test_takeovers
+              WHERE old_owner = 'relay-b'",
+        )
+        .fetch_all(&db.pg().pool)
+        .await
+        .expect("the takeovers");
+        if owner.as_deref() != Some("relay-b") {
+            assert!(taken.is_empty(), "{}: {taken:?}", db.name);
+            continue;
+        }
+        let [(new_owner, after)] = taken.as_slice() else {
+            panic!("{}: one takeover from relay-b: {taken:?}", db.name)
+        };
+        assert_eq!(new_owner, "relay-a", "{}", db.name);
+        assert!(
+            *after >= 0.0,
+            "{}: taken {:.3} s before relay-b's lease ran out",
+            db.name,
+            -after
+        );
+        eprintln!(
+            "{}: taken over {} ms after relay-b's lease ran out",
+            db.name,
+            (after * 1000.0) as i64
+        );
+    }
     every_event_in_order(&nats, &databases, 4).await;
     a.terminate();
     // A clean stop hands every database back.
     assert_eq!(owners(&databases).await, vec![None; 6]);
+}
+
+/// Records in `test_takeovers` each change of the database's owner by a
+/// take (a new token): when, on the database's clock, and until when the
+/// lease taken over ran.
+async fn record_takeovers(pool: &sqlx::PgPool) {
+    pool.execute(
+        "CREATE TABLE test_takeovers (at timestamptz, old_owner text, old_expires timestamptz, new_owner text);
+         CREATE FUNCTION test_record_takeover() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.token <> OLD.token THEN
+                 INSERT INTO test_takeovers VALUES (now(), OLD.owner, OLD.expires_at, NEW.owner);
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER test_record_takeover AFTER UPDATE ON switchyard_ownership
+             FOR EACH ROW EXECUTE FUNCTION test_record_takeover();",
+    )
+    .await
+    .expect("the takeover record");
 }
 
 /// Sessions the relay `owner` holds on the test server now.
@@ -694,17 +771,17 @@ async fn an_idle_database_is_polled_less_and_less_often_but_still_relays_at_once
     let nats = nats().await;
     let databases = databases(1, 0).await;
     let listed = vec![(databases[0].name.clone(), databases[0].url())];
-    let relay = RelaySection::new()
-        .set("concurrency", "2")
-        .set("poll_interval_ms", "100")
-        .set("idle_poll_max_ms", "1600");
+    let polling = |interval_ms: &str, idle_max_ms: &str| {
+        let relay = RelaySection::new()
+            .set("concurrency", "2")
+            .set("poll_interval_ms", interval_ms)
+            .set("idle_poll_max_ms", idle_max_ms);
+        fleet::fleet(&listed, &nats.url(), &relay).parse()
+    };
     let shutdown = CancellationToken::new();
-    let fleet = Fleet::start(
-        fleet::fleet(&listed, &nats.url(), &relay).parse(),
-        shutdown.clone(),
-    )
-    .await
-    .expect("fleet starts");
+    let fleet = Fleet::start(polling("100", "1600"), shutdown.clone())
+        .await
+        .expect("fleet starts");
     all_running(&fleet, 1).await;
     // Polls come 100, 200, 400, 800 ms apart, then every 1.6 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -714,18 +791,29 @@ async fn an_idle_database_is_polled_less_and_less_often_but_still_relays_at_once
     let idle = claims(&fleet, "pg00") - before;
     // At the poll interval it would be 80.
     assert!(idle <= 10, "{idle} claims in {window:?} of an idle database");
-    // A commit still wakes it at once (LISTEN), not at the next poll.
+    shutdown.cancel();
+    fleet.stopped().await;
+
+    // A commit still wakes an idle worker at once (LISTEN), not at its
+    // next poll: polled once a minute, what is relayed within the wait
+    // below came through NOTIFY.
+    let shutdown = CancellationToken::new();
+    let fleet = Fleet::start(polling("60000", "60000"), shutdown.clone())
+        .await
+        .expect("fleet starts");
+    all_running(&fleet, 1).await;
+    eventually("the relay listens", Duration::from_secs(30), || async {
+        let relay = fleet.relay("pg00")?;
+        (relay.metrics().listening() && claims(&fleet, "pg00") > 0).then_some(())
+    })
+    .await;
     let started = Instant::now();
     databases[0].write(0).await;
     eventually("the database relays", Duration::from_secs(30), || async {
         (nats.stream_len(STREAM).await as usize >= AGGREGATES).then_some(())
     })
     .await;
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "relayed {:?} after the commits",
-        started.elapsed()
-    );
+    eprintln!("relayed {:?} after the commits", started.elapsed());
     shutdown.cancel();
     fleet.stopped().await;
 }
@@ -783,17 +871,12 @@ async fn a_database_unreachable_for_longer_than_the_ownership_lease_is_served_ag
     for seq in 1..4 {
         down.write(seq).await;
     }
-    eventually("a relay serves it again", Duration::from_secs(30), || async {
+    // A follower tries each third of a lease (1 s); the wait bounds a hang.
+    eventually("a relay serves it again", Duration::from_secs(60), || async {
         fleet::owners(&[&down_db.pool]).await[0].clone()
     })
     .await;
-    let served_again = back.elapsed();
-    eprintln!("served again {} ms after it returned", served_again.as_millis());
-    // A follower tries each third of a lease (1 s); room for a loaded machine.
-    assert!(
-        served_again < Duration::from_secs(10),
-        "served again after {served_again:?}"
-    );
+    eprintln!("served again {} ms after it returned", back.elapsed().as_millis());
     every_event_in_order(&nats, &databases, 4).await;
     // Whichever relay took it back may now hold more than its share and
     // hand one database over, which is free until the other takes it.
@@ -863,11 +946,16 @@ impl Proxied {
         )
     }
 
+    /// Stops the relay. Cut off from its database, its last statements
+    /// there each wait out their bounds, which grow with the lease (about
+    /// 30 s in all with a 12 s lease); the bound here is against a hang.
     async fn stop(self) {
         self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(60), self.fleet.stopped())
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(180), self.fleet.stopped())
             .await
             .expect("the relay stops");
+        eprintln!("stopped in {} ms", started.elapsed().as_millis());
     }
 }
 
@@ -885,11 +973,15 @@ impl Database {
 /// its ownership lease ends, as the database counts it: from then on
 /// another relay may take the database. Each statement has a bound of its
 /// own, but a tick's three in a row outlast a lease.
+///
+/// The relay gives up half a tick (a sixth of the lease) before the lease
+/// ends: 2 s with this 12 s lease, room for a loaded machine to notice.
+/// That arithmetic is unit-tested in `fleet::ownership`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_cut_off_from_its_database_stops_serving_it_before_its_lease_ends() {
     let _heavy = exclusive().await;
     init_logging();
-    let run = Proxied::start(3).await;
+    let run = Proxied::start(12).await;
     run.proxy.black_hole();
     // What the database holds now is the relay's last renewal, or one it
     // sent as the link went (then the relay believes its lease ends sooner).

@@ -27,9 +27,14 @@ const AGGREGATES: usize = 20;
 const ROUNDS: usize = 40;
 
 /// How long after the broker's return the first row may be published. The
-/// relay probes every 250 ms; the rest is a reconnect and slack for a
-/// loaded two-core machine.
-const RESUME_BOUND: Duration = Duration::from_secs(5);
+/// relay probes every 250 ms and resumes within about a second; this bound
+/// is only far below what a relay that left the rows to their leases
+/// ([`LEASE_MS`]) would take, so a loaded machine cannot reach it.
+const RESUME_BOUND: Duration = Duration::from_secs(20);
+
+/// The row leases of these tests: rows in flight when the broker went must
+/// not wait for theirs to run out.
+const LEASE_MS: &str = "60000";
 
 /// Two transactions every 100 ms in the background, into `outbox`, shaped
 /// as a service writes them: several aggregates each, one to three events
@@ -76,6 +81,7 @@ async fn check_outcomes(
     assert_eq!(count_status(pool, "dead").await, 0, "nothing dead-lettered");
     let first = pool.first_publish_since(resuming, back).await;
     let first = Duration::from_secs_f64(first.expect("rows published after the return").max(0.0));
+    eprintln!("first publish {first:?} after the broker's return");
     assert!(
         first <= RESUME_BOUND,
         "first publish {first:?} after the broker's return"
@@ -106,7 +112,7 @@ async fn broker_down_on(kind: &str, db_url: &str, pool: &ServicePool, outbox: Ou
     // short bound on it, and must still see the outage.
     let relay_section = RelaySection::quick()
         .set("publish_timeout_ms", "5000")
-        .set("lease_duration_ms", "12000");
+        .set("lease_duration_ms", LEASE_MS);
     let config = broker.config(db_url, relay_section).toml();
     let relay = InProcess::start(&parse(&config)).await;
     let writer = write_steadily(pool, outbox);
@@ -249,9 +255,15 @@ async fn a_fan_out_target_down_at_start_holds_back_only_its_own_deliveries() {
     fan_out_with_nats_down(true).await;
 }
 
-/// Fan-out to two Kafka targets and NATS, NATS down for 8 s while writers
-/// go on (from before the relay starts, with `at_start`): Kafka gets every
-/// event on time, NATS every event once it is back.
+/// Fan-out to two Kafka targets and NATS, NATS down while writers go on
+/// (from before the relay starts, with `at_start`): Kafka is not held
+/// behind NATS, and NATS gets every event once it is back.
+///
+/// "Not held behind" is asserted without a clock: NATS comes back only
+/// after every Kafka delivery of every event written has been
+/// acknowledged, and while it was down no NATS delivery was. A relay that
+/// made Kafka wait for NATS never gets there (the wait below has a bound
+/// only against a hang), however loaded the machine.
 async fn fan_out_with_nats_down(at_start: bool) {
     init_logging();
     let _heavy = exclusive().await;
@@ -278,26 +290,32 @@ async fn fan_out_with_nats_down(at_start: bool) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         nats.stop();
     }
-    // Longer than the bound below: a Kafka delivery held behind NATS shows.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    nats.resume().await;
     let expected = writer.await.unwrap();
+    let (rows, kafka_acked, audit_acked) = eventually(
+        "every Kafka delivery acknowledged while NATS is down",
+        Duration::from_secs(90),
+        || async {
+            let counts = deliveries_acked(&db.pool).await;
+            (counts.1 == 2 * counts.0 && counts.0 == expected.len() as i64).then_some(counts)
+        },
+    )
+    .await;
+    // Kafka got there while NATS deliveries were outstanding (none at all
+    // when NATS was down from the start): the check above saw Kafka's own
+    // progress, not a NATS that was up.
+    if at_start {
+        assert_eq!(audit_acked, 0, "NATS deliveries acknowledged while it was down");
+    } else {
+        assert!(
+            audit_acked < rows,
+            "every NATS delivery acknowledged: was it down?"
+        );
+    }
+    eprintln!("{rows} events, {kafka_acked} Kafka deliveries acknowledged with NATS down");
+    nats.resume().await;
     all_published(&db.pool, expected.len() as i64, Duration::from_secs(120)).await;
     relay.stop().await;
     assert_eq!(count_status(&db.pool, "dead").await, 0);
-
-    // Kafka took every event on time, NATS down or not.
-    let (kafka_worst, audit_worst): (f64, f64) = sqlx::query_as(
-        "SELECT max(CASE WHEN d.value ->> 'target' <> 'audit' THEN lag END),
-                max(CASE WHEN d.value ->> 'target' = 'audit' THEN lag END)
-           FROM switchyard_outbox o, jsonb_each(o.deliveries) d,
-                LATERAL (SELECT extract(epoch FROM (d.value ->> 'acked_at')::timestamptz - o.created_at)::float8 AS lag) l",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert!(kafka_worst < 4.0, "Kafka waited {kafka_worst:.1} s for an event");
-    assert!(audit_worst > 4.0, "NATS was down: {audit_worst:.1} s");
     let limit = Duration::from_secs(60);
     verify_kafka(
         &kafka.read_topic("orders", expected.len(), limit).await,
@@ -315,6 +333,21 @@ async fn fan_out_with_nats_down(at_start: bool) {
     );
 }
 
+/// Rows, acknowledged Kafka deliveries (two targets) and acknowledged NATS
+/// (`audit`) deliveries of the fan-out's outbox.
+async fn deliveries_acked(pool: &sqlx::PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM switchyard_outbox),
+                count(*) FILTER (WHERE d.value ->> 'target' <> 'audit'),
+                count(*) FILTER (WHERE d.value ->> 'target' = 'audit')
+           FROM switchyard_outbox o, jsonb_each(o.deliveries) d
+          WHERE d.value ->> 'acked_at' IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// A relay process started while the broker of `kind` is down: it starts
 /// and stays up, says why it is not ready, and once the broker is back
 /// becomes ready and publishes everything written meanwhile, in order,
@@ -325,7 +358,8 @@ async fn started_with_the_broker_down(kind: &str) {
     let db = fresh_db().await;
     let mut broker = Broker::start(kind).await;
     broker.stop();
-    let (config, admin) = with_admin(&broker.config(&db.url, RelaySection::quick()).toml());
+    let relay_section = RelaySection::quick().set("lease_duration_ms", LEASE_MS);
+    let (config, admin) = with_admin(&broker.config(&db.url, relay_section).toml());
     let mut relay = Process::spawn(SWITCHYARD, &config, "started-while-down");
     switchyard_tests::readyz_unready(admin, &["\"out\""]).await;
     let expected = write_orders(&db.pool, 10, 5, 2).await;
