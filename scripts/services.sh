@@ -54,6 +54,10 @@ MOTO_DIR="$STATE_DIR/moto"
 MOTO_VERSION=5.2.6
 MOTO_VENV="$TOOLS_DIR/moto-$MOTO_VERSION"
 MOTO_BIN="$MOTO_VENV/bin/moto_server"
+# The Standard Webhooks reference implementation, which the HTTP target's
+# tests check every signature with (not the project's own code).
+WEBHOOKS_VERSION=1.3.0
+WEBHOOKS_VENV="$TOOLS_DIR/standardwebhooks-$WEBHOOKS_VERSION"
 # The server script that runs as the calling user (the one in /usr/sbin
 # switches to the `rabbitmq` user and its fixed directories).
 RABBIT_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
@@ -84,6 +88,15 @@ install_missing() {
     install_rabbitmq
     install_tansu
     install_moto
+    install_webhooks
+}
+
+install_webhooks() {
+    [ -x "$WEBHOOKS_VENV/bin/python" ] && return 0
+    echo "services: installing standardwebhooks $WEBHOOKS_VERSION into $WEBHOOKS_VENV" >&2
+    rm -rf "$WEBHOOKS_VENV"
+    python3 -m venv "$WEBHOOKS_VENV"
+    "$WEBHOOKS_VENV/bin/pip" install --quiet --disable-pip-version-check "standardwebhooks==$WEBHOOKS_VERSION"
 }
 
 # moto (from PyPI, about 45 s the first time) serves the AWS targets' tests.
@@ -592,6 +605,7 @@ print_env() {
     echo "export SWITCHYARD_MARIADB_SOCKET=$MARIADB_DIR/mariadb.sock"
     echo "export SWITCHYARD_MOTO_URL=http://127.0.0.1:$MOTO_PORT"
     echo "export SWITCHYARD_MOTO_SERVER=$MOTO_BIN"
+    echo "export SWITCHYARD_WEBHOOK_PYTHON=$WEBHOOKS_VENV/bin/python"
     if pubsub_emulator >/dev/null; then
         echo "export SWITCHYARD_PUBSUB_EMULATOR=$(pubsub_emulator)"
         echo "export SWITCHYARD_PUBSUB_EMULATOR_HOST=127.0.0.1:$PUBSUB_PORT"

@@ -21,6 +21,7 @@ mod plugin_languages;
 mod plugin_registry;
 mod plugin_runtime;
 mod relay_aws;
+mod relay_http;
 mod relay_kafka;
 mod relay_nats;
 mod relay_pubsub;

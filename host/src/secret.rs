@@ -189,6 +189,46 @@ impl SecretValue {
     }
 }
 
+/// A secret read for each use, but at most once per its source's
+/// `refresh_seconds` (a value given inline never changes): a client that
+/// sends it with every request (a bearer token, a signing secret) takes up
+/// a rotated one within that time, without a file read per request.
+#[derive(Debug)]
+pub struct Held {
+    source: SecretValue,
+    held: tokio::sync::Mutex<Option<(Secret, std::time::Instant)>>,
+}
+
+impl Held {
+    /// Holds `source`.
+    pub fn new(source: SecretValue) -> Held {
+        Held {
+            source,
+            held: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The secret, read again when its source's refresh time has passed.
+    ///
+    /// # Errors
+    /// As [`SecretConfig::read`]; an earlier value is not served instead.
+    pub async fn get(&self) -> Result<Secret, Error> {
+        let mut held = self.held.lock().await;
+        let refresh = match &self.source {
+            SecretValue::Value(_) => Duration::MAX,
+            SecretValue::From(source) => source.refresh(),
+        };
+        if let Some((secret, read)) = held.as_ref()
+            && read.elapsed() < refresh
+        {
+            return Ok(secret.clone());
+        }
+        let secret = self.source.read().await?;
+        *held = Some((secret.clone(), std::time::Instant::now()));
+        Ok(secret)
+    }
+}
+
 /// A value shows as `***`; a source's file or command is no secret.
 impl std::fmt::Debug for SecretValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -51,6 +51,14 @@ impl Moto {
         }
     }
 
+    /// The server at `url` (`http://HOST:PORT`), started by someone else.
+    pub fn at(url: &str) -> Moto {
+        Moto {
+            url: url.to_string(),
+            own: None,
+        }
+    }
+
     /// A server of the test's own, started with `env` (moto's settings).
     ///
     /// # Panics
@@ -166,6 +174,7 @@ impl Moto {
         Target::of(kind)
             .set("region", REGION)
             .set("endpoint_url", self.url.as_str())
+            .set("sts_endpoint_url", self.url.as_str())
             .set("access_key_id", ACCESS_KEY_ID)
             .set("secret_access_key", SECRET_ACCESS_KEY)
     }
@@ -423,6 +432,11 @@ pub struct Draining {
 }
 
 impl Draining {
+    /// What it received so far, copies included; it goes on receiving.
+    pub fn so_far(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
     /// What it received, once that is `expected` messages or `limit` passed.
     pub async fn wait(self, expected: usize, limit: Duration) -> Vec<Received> {
         let until = Instant::now() + limit;

@@ -23,6 +23,7 @@ pub mod registry;
 pub mod relay;
 pub mod service;
 pub mod stall;
+pub mod webhook;
 pub mod workload;
 
 use std::time::{Duration, Instant};
@@ -85,7 +86,7 @@ pub fn workspace_root() -> std::path::PathBuf {
 /// latency or rely on time limits must not share the CPU with a load test.
 /// Under cargo-nextest (a process per test) the runner does it: the test
 /// must be in one of the groups of `.config/nextest.toml` that say how it
-/// shares the machine (`heavy`: alone; `outage`, `aws-outage`, `leases`: one at a time
+/// shares the machine (`heavy`: alone; `outage`, `service-outage`, `leases`: one at a time
 /// beside light tests), and is failed here if it is not. Under `cargo test`
 /// a lock serialises them all within one binary.
 ///
@@ -96,8 +97,8 @@ pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     if std::env::var_os("NEXTEST_RUN_ID").is_some() {
         let group = std::env::var("NEXTEST_TEST_GROUP").unwrap_or_default();
         assert!(
-            ["heavy", "outage", "aws-outage", "leases"].contains(&group.as_str()),
-            "a test calling exclusive() belongs to the `heavy`, `outage`, `aws-outage` or `leases` test group \
+            ["heavy", "outage", "service-outage", "leases"].contains(&group.as_str()),
+            "a test calling exclusive() belongs to the `heavy`, `outage`, `service-outage` or `leases` test group \
              of .config/nextest.toml, not {group:?}"
         );
     }

@@ -6,8 +6,11 @@
 pub mod aws;
 mod deferred;
 pub mod file;
+pub mod http;
 pub mod kafka;
 pub mod nats;
+#[cfg(any(feature = "aws", feature = "http"))]
+pub(crate) mod order;
 pub mod pubsub;
 pub mod rabbitmq;
 pub mod registry;

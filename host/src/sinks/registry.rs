@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::aws::{eventbridge, kinesis, sns, sqs};
-use super::{Sink, SinkError, file, kafka, nats, pubsub, rabbitmq, stdout};
+use super::{Sink, SinkError, file, http, kafka, nats, pubsub, rabbitmq, stdout};
 
 /// What a target takes from the relay's settings.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +81,8 @@ pub enum TargetConfig {
     Eventbridge(eventbridge::EventBridgeSinkConfig),
     /// Amazon Kinesis data streams.
     Kinesis(kinesis::KinesisSinkConfig),
+    /// HTTP endpoints (webhooks).
+    Http(http::HttpSinkConfig),
     /// Standard output, for demos and debugging.
     Stdout(stdout::StdoutSinkConfig),
     /// A JSON-lines file, for demos, debugging and tests.
@@ -99,6 +101,7 @@ macro_rules! each_kind {
             TargetConfig::Sns($config) => $body,
             TargetConfig::Eventbridge($config) => $body,
             TargetConfig::Kinesis($config) => $body,
+            TargetConfig::Http($config) => $body,
             TargetConfig::Stdout($config) => $body,
             TargetConfig::File($config) => $body,
         }

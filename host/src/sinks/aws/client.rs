@@ -27,10 +27,12 @@ use crate::sinks::{FailureKind, SinkError};
 /// Credentials are found again this long before they expire.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(300);
 
-/// The connection of a target: its `SdkConfig`, and the credentials it
-/// signs with, to be found again after a refusal.
+/// The connection of a target: its service's `SdkConfig`, the one of the
+/// relay's own STS calls, and the credentials both sign with, to be found
+/// again after a refusal.
 pub(super) struct Connection {
     pub sdk: SdkConfig,
+    pub sts: SdkConfig,
     credentials: Arc<Rotating>,
 }
 
@@ -56,15 +58,26 @@ impl Connection {
         if let Some(profile) = connection.profile {
             loader = loader.profile_name(profile);
         }
-        if let Some(url) = connection.endpoint_url {
+        // The base config is STS's: `endpoint_url` is the service's alone (a
+        // VPC endpoint of SQS does not answer AssumeRole).
+        if let Some(url) = connection.sts_endpoint_url {
             loader = loader.endpoint_url(url);
         }
         // The chain as the SDK builds it, to resolve from; the targets'
         // clients sign with `Rotating` (no cache of the SDK's own: it would
         // keep a refused key until it expires).
         let base = loader.load().await;
+        let mut refresh = Duration::from_secs(connection.credentials_refresh_seconds.max(1));
+        if let (Some(_), Some(SecretValue::From(source))) =
+            (connection.access_key_id, connection.secret_access_key)
+        {
+            // A secret from a file or a command is read as often as its
+            // source says, as every other secret is.
+            refresh = refresh.min(source.refresh());
+        }
         let credentials = Arc::new(Rotating {
             base: base.clone(),
+            profile: connection.profile.map(ToString::to_string),
             keys: connection
                 .access_key_id
                 .map(|id| (id.to_string(), connection.secret_access_key.cloned())),
@@ -75,18 +88,24 @@ impl Connection {
                     connection.role_session_name.to_string(),
                 )
             }),
-            refresh: Duration::from_secs(connection.credentials_refresh_seconds.max(1)),
+            refresh,
             held: tokio::sync::Mutex::new(None),
             refused: AtomicBool::new(false),
         });
-        let sdk = base
+        let sts = base
             .into_builder()
             .identity_cache(IdentityCache::no_cache())
             .credentials_provider(SharedCredentialsProvider::new(SharedRotating(
                 credentials.clone(),
             )))
             .build();
-        Connection { sdk, credentials }
+        let mut service = sts.clone().into_builder();
+        service.set_endpoint_url(connection.endpoint_url.map(ToString::to_string));
+        Connection {
+            sdk: service.build(),
+            sts,
+            credentials,
+        }
     }
 
     /// The service refused the credentials: the next call finds them again.
@@ -113,6 +132,7 @@ impl Connection {
 /// `refresh` has passed, or until a service refused them.
 struct Rotating {
     base: SdkConfig,
+    profile: Option<String>,
     keys: Option<(String, Option<SecretValue>)>,
     role: Option<(String, Option<String>, String)>,
     refresh: Duration,
@@ -169,6 +189,9 @@ impl Rotating {
             None => {
                 let mut chain = aws_config::default_provider::credentials::DefaultCredentialsChain::builder()
                     .configure(provider_config(&self.base));
+                if let Some(profile) = &self.profile {
+                    chain = chain.profile_name(profile);
+                }
                 chain.set_region(self.base.region().cloned());
                 SharedCredentialsProvider::new(chain.build().await)
             }
@@ -223,6 +246,9 @@ const THROTTLED: &[&str] = &[
     "RequestLimitExceeded",
     "LimitExceededException",
     "KMSThrottlingException",
+    "KMSThrottling",
+    "KMS.ThrottlingException",
+    "Throttled",
     "SlowDown",
     "ServiceUnavailable",
     "InternalFailure",
@@ -253,6 +279,16 @@ const REFUSED: &[&str] = &[
     "KMSNotFoundException",
     "KMS.AccessDeniedException",
     "KMS.DisabledException",
+    "KMS.NotFoundException",
+    "KMS.InvalidStateException",
+    "KMS.InvalidKeyUsageException",
+    "KMS.OptInRequired",
+    "KMSAccessDenied",
+    "KMSDisabled",
+    "KMSNotFound",
+    "KMSInvalidState",
+    "KMSOptInRequired",
+    "KMSInvalidStateException",
 ];
 
 /// Codes of a permission refused to an identity the service took.
@@ -321,15 +357,21 @@ where
             SinkError::timed_out(format!("{service} did not answer in time ({what})"))
         }
         SdkError::DispatchFailure(failure) => {
+            let text = chain(error);
+            // No credentials or no region found is the environment's
+            // setup, said as such, not an unreachable service.
+            if text.contains("credentials") || text.contains("region") || text.contains("identity") {
+                return SinkError::new(
+                    FailureKind::Unauthorized,
+                    format!("{service}: the relay has no usable credentials or region ({what}): {text}"),
+                );
+            }
             let kind = if failure.is_timeout() {
                 FailureKind::TimedOut
             } else {
                 FailureKind::Unavailable
             };
-            SinkError::new(
-                kind,
-                format!("{service} cannot be reached ({what}): {}", chain(error)),
-            )
+            SinkError::new(kind, format!("{service} cannot be reached ({what}): {text}"))
         }
         SdkError::ResponseError(_) => SinkError::unavailable(format!(
             "{service} answered what the client cannot read ({what}): {}",

@@ -17,7 +17,9 @@ pub enum GroupId {
     /// The key the plugin chose (the aggregate id when it chose none).
     Key,
     /// One group for every message (`{ fixed = "all" }`): one consumer at a
-    /// time, everything in order.
+    /// time, the messages in the order the relay sent them (each
+    /// aggregate's in order; across aggregates, not the order they were
+    /// written), one message a call.
     Fixed(String),
 }
 
@@ -28,6 +30,8 @@ pub struct AwsConnection<'c> {
     pub region: Option<&'c str>,
     /// `endpoint_url`.
     pub endpoint_url: Option<&'c str>,
+    /// `sts_endpoint_url`.
+    pub sts_endpoint_url: Option<&'c str>,
     /// `profile`.
     pub profile: Option<&'c str>,
     /// `role_arn`.
@@ -58,13 +62,18 @@ impl AwsConnection<'_> {
                 "region {region:?} is not a region name such as \"eu-west-1\""
             ));
         }
-        if let Some(url) = self.endpoint_url
-            && !(url.starts_with("https://") || url.starts_with("http://"))
-        {
-            problems.push(format!(
-                "endpoint_url {:?} must be a URL, e.g. \"https://sqs.eu-west-1.amazonaws.com\"",
-                crate::redact::url(url)
-            ));
+        for (key, url) in [
+            ("endpoint_url", self.endpoint_url),
+            ("sts_endpoint_url", self.sts_endpoint_url),
+        ] {
+            if let Some(url) = url
+                && !(url.starts_with("https://") || url.starts_with("http://"))
+            {
+                problems.push(format!(
+                    "{key} {:?} must be a URL, e.g. \"https://sqs.eu-west-1.amazonaws.com\"",
+                    crate::redact::url(url)
+                ));
+            }
         }
         match (self.access_key_id, self.secret_access_key) {
             (Some(_), None) => problems.push("access_key_id is set but secret_access_key is not".to_string()),
@@ -125,6 +134,12 @@ macro_rules! aws_target {
             #[serde(default)]
             #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_ENDPOINT_URL"))]
             pub endpoint_url: Option<String>,
+            /// The STS address of the relay's own calls (a role's
+            /// `AssumeRole`, a web identity's exchange, an SNS topic's
+            /// account): a VPC endpoint of STS, or an emulator. Default: the
+            /// region's. `endpoint_url` is the target's service's alone.
+            #[serde(default)]
+            pub sts_endpoint_url: Option<String>,
             /// A profile of the shared config and credentials files. Default:
             /// `AWS_PROFILE`, else `default`.
             #[serde(default)]
@@ -164,6 +179,7 @@ macro_rules! aws_target {
                 crate::sinks::aws::AwsConnection {
                     region: self.region.as_deref(),
                     endpoint_url: self.endpoint_url.as_deref(),
+                    sts_endpoint_url: self.sts_endpoint_url.as_deref(),
                     profile: self.profile.as_deref(),
                     role_arn: self.role_arn.as_deref(),
                     external_id: self.external_id.as_deref(),
@@ -217,6 +233,7 @@ mod tests {
         AwsConnection {
             region: Some("eu-west-1"),
             endpoint_url: None,
+            sts_endpoint_url: None,
             profile: None,
             role_arn: None,
             external_id: None,

@@ -269,6 +269,15 @@ mod sink {
             bus: &str,
             messages: Vec<(usize, &OutgoingMessage)>,
         ) -> Vec<(usize, Result<(), SinkError>)> {
+            // A name the service would refuse fails its messages now: asked
+            // for, it could read as a missing bus, which waits for ever.
+            if let Some(problem) = super::bus_problem(bus) {
+                let error = SinkError::permanent(problem);
+                return messages
+                    .into_iter()
+                    .map(|(index, _)| (index, Err(error.clone())))
+                    .collect();
+            }
             let mut results = Vec::with_capacity(messages.len());
             let mut ready = Vec::with_capacity(messages.len());
             for (index, message) in messages {
@@ -333,7 +342,14 @@ mod sink {
                     None => {}
                 }
             }
-            entry_outcomes(indexes, &failed, &succeeded, "EventBridge", &format!("bus {bus}"))
+            entry_outcomes(
+                &self.connection,
+                indexes,
+                &failed,
+                &succeeded,
+                "EventBridge",
+                &format!("bus {bus}"),
+            )
         }
     }
 

@@ -147,33 +147,7 @@ pub fn record(
     let key = super::fitted(key, 256, |_| true);
     let data = match config.record {
         RecordFormat::Payload => message.payload.to_vec(),
-        RecordFormat::Envelope => {
-            let mut headers: serde_json::Map<String, serde_json::Value> = message
-                .headers
-                .iter()
-                .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone())))
-                .collect();
-            if let Some(key) = &message.key {
-                headers.insert(
-                    crate::sinks::KEY_HEADER.to_string(),
-                    serde_json::Value::String(key.clone()),
-                );
-            }
-            let mut envelope = serde_json::Map::new();
-            envelope.insert("headers".into(), serde_json::Value::Object(headers));
-            match serde_json::from_slice::<serde_json::Value>(&message.payload) {
-                Ok(json) => {
-                    envelope.insert("payload".into(), json);
-                }
-                Err(_) => {
-                    use base64::Engine as _;
-                    let text = base64::engine::general_purpose::STANDARD.encode(&message.payload);
-                    envelope.insert("payload".into(), serde_json::Value::String(text));
-                    envelope.insert("payload_base64".into(), serde_json::Value::Bool(true));
-                }
-            }
-            serde_json::Value::Object(envelope).to_string().into_bytes()
-        }
+        RecordFormat::Envelope => crate::sinks::order::envelope(message).to_string().into_bytes(),
     };
     let size = data.len() + key.len();
     if size > MAX_RECORD_BYTES {
@@ -263,6 +237,15 @@ mod sink {
             stream: &str,
             messages: Vec<(usize, &OutgoingMessage)>,
         ) -> Vec<(usize, Result<(), SinkError>)> {
+            // A name the service would refuse fails its messages now: asked
+            // for, it could read as a missing stream, which waits for ever.
+            if let Some(problem) = super::stream_problem(stream) {
+                let error = SinkError::permanent(problem);
+                return messages
+                    .into_iter()
+                    .map(|(index, _)| (index, Err(error.clone())))
+                    .collect();
+            }
             let mut results = Vec::with_capacity(messages.len());
             let mut ready = Vec::with_capacity(messages.len());
             for (index, message) in messages {
@@ -350,6 +333,7 @@ mod sink {
                 }
             }
             entry_outcomes(
+                &self.connection,
                 indexes,
                 &failed,
                 &succeeded,

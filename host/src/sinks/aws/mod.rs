@@ -21,6 +21,8 @@ pub mod sqs;
 
 #[cfg(feature = "aws")]
 mod client;
+#[cfg(feature = "aws")]
+pub(crate) use crate::sinks::order::{in_order, per_topic};
 
 pub use config::{AwsConnection, GroupId};
 
@@ -70,89 +72,6 @@ fn fitted(value: &str, max: usize, allowed: impl Fn(char) -> bool) -> String {
     format!("{:x}", sha2::Sha256::digest(value.as_bytes()))
 }
 
-/// Publishes `messages` topic by topic (queue, topic, stream, bus), the
-/// topics at once and each topic's messages in order through `send`, which
-/// answers for each message it was given by its index.
-#[cfg(feature = "aws")]
-async fn per_topic<'m, F, Fut>(
-    messages: &'m [OutgoingMessage],
-    send: F,
-) -> Vec<Result<(), crate::sinks::SinkError>>
-where
-    F: Fn(&'m str, Vec<(usize, &'m OutgoingMessage)>) -> Fut,
-    Fut: std::future::Future<Output = Vec<(usize, Result<(), crate::sinks::SinkError>)>>,
-{
-    let mut by_topic: Vec<(&str, Vec<(usize, &OutgoingMessage)>)> = Vec::new();
-    for (index, message) in messages.iter().enumerate() {
-        match by_topic.iter_mut().find(|(topic, _)| *topic == message.topic) {
-            Some((_, list)) => list.push((index, message)),
-            None => by_topic.push((message.topic.as_str(), vec![(index, message)])),
-        }
-    }
-    let sent = futures::future::join_all(by_topic.into_iter().map(|(topic, list)| send(topic, list))).await;
-    let mut results: Vec<Result<(), crate::sinks::SinkError>> = (0..messages.len()).map(|_| Ok(())).collect();
-    for (index, result) in sent.into_iter().flatten() {
-        results[index] = result;
-    }
-    results
-}
-
-/// Sends `items` (index, order key, message) through `send` in rounds: a
-/// round holds at most one message per key (an empty key is unordered: all
-/// go in the first round), so a service that answers each entry on its own
-/// cannot store an aggregate's later message while failing its earlier one;
-/// after a failure, the key's later messages fail with it, unsent.
-#[cfg(feature = "aws")]
-async fn in_order<T, F, Fut>(
-    items: Vec<(usize, String, T)>,
-    mut send: F,
-) -> Vec<(usize, Result<(), crate::sinks::SinkError>)>
-where
-    F: FnMut(Vec<(usize, T)>) -> Fut,
-    Fut: std::future::Future<Output = Vec<(usize, Result<(), crate::sinks::SinkError>)>>,
-{
-    let mut rounds: Vec<Vec<(usize, String, T)>> = Vec::new();
-    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (index, key, item) in items {
-        let round = if key.is_empty() {
-            0
-        } else {
-            let count = seen.entry(key.clone()).or_insert(0);
-            *count += 1;
-            *count - 1
-        };
-        if rounds.len() <= round {
-            rounds.resize_with(round + 1, Vec::new);
-        }
-        rounds[round].push((index, key, item));
-    }
-    let mut results = Vec::new();
-    let mut failed: std::collections::HashMap<String, crate::sinks::SinkError> =
-        std::collections::HashMap::new();
-    for round in rounds {
-        let mut keys = std::collections::HashMap::new();
-        let mut sending = Vec::with_capacity(round.len());
-        for (index, key, item) in round {
-            match failed.get(&key) {
-                Some(error) => results.push((index, Err(error.clone()))),
-                None => {
-                    keys.insert(index, key);
-                    sending.push((index, item));
-                }
-            }
-        }
-        for (index, result) in send(sending).await {
-            if let (Err(error), Some(key)) = (&result, keys.get(&index))
-                && !key.is_empty()
-            {
-                failed.entry(key.clone()).or_insert_with(|| error.clone());
-            }
-            results.push((index, result));
-        }
-    }
-    results
-}
-
 /// One failed entry of a batch call.
 #[cfg(feature = "aws")]
 struct EntryFailure<'a> {
@@ -164,9 +83,11 @@ struct EntryFailure<'a> {
 }
 
 /// Each of `indexes` (the batch's messages, in entry order) answered: its
-/// entry failed, succeeded, or (never seen) the answer left it out.
+/// entry failed, succeeded, or (never seen) the answer left it out. An
+/// entry refused for its credentials has them found again.
 #[cfg(feature = "aws")]
 fn entry_outcomes(
+    connection: &client::Connection,
     indexes: Vec<usize>,
     failed: &[EntryFailure<'_>],
     succeeded: &std::collections::HashSet<String>,
@@ -180,8 +101,12 @@ fn entry_outcomes(
         .map(|(at, index)| {
             let id = at.to_string();
             let result = if let Some(failure) = failed.iter().find(|f| f.id == id) {
+                let kind = client::entry_kind(failure.code, failure.sender_fault);
+                if kind == crate::sinks::FailureKind::Unauthorized {
+                    connection.credentials_refused();
+                }
                 Err(SinkError::new(
-                    client::entry_kind(failure.code, failure.sender_fault),
+                    kind,
                     format!(
                         "{service} refused the message for {what} ({}{})",
                         failure.code,

@@ -152,7 +152,7 @@ mod sink {
             let prefix = self
                 .prefix
                 .get_or_try_init(|| async {
-                    let sts = aws_sdk_sts::Client::new(&self.connection.sdk);
+                    let sts = aws_sdk_sts::Client::new(&self.connection.sts);
                     let identity = sts
                         .get_caller_identity()
                         .send()
@@ -211,6 +211,15 @@ mod sink {
             topic: &str,
             messages: Vec<(usize, &OutgoingMessage)>,
         ) -> Vec<(usize, Result<(), SinkError>)> {
+            // A name the service would refuse fails its messages now: asked
+            // for, it could read as a missing topic, which waits for ever.
+            if let Some(problem) = super::topic_problem(topic) {
+                let error = SinkError::permanent(problem);
+                return messages
+                    .into_iter()
+                    .map(|(index, _)| (index, Err(error.clone())))
+                    .collect();
+            }
             let arn = match self.arn(topic).await {
                 Ok(arn) => arn,
                 Err(e) => {
@@ -319,7 +328,14 @@ mod sink {
                 .filter_map(|s| s.id().map(ToString::to_string))
                 .collect();
             let indexes = batch.into_iter().map(|(index, _)| index).collect();
-            entry_outcomes(indexes, &failed, &succeeded, "SNS", &format!("topic {topic}"))
+            entry_outcomes(
+                &self.connection,
+                indexes,
+                &failed,
+                &succeeded,
+                "SNS",
+                &format!("topic {topic}"),
+            )
         }
     }
 

@@ -218,6 +218,15 @@ mod sink {
             queue: &str,
             messages: Vec<(usize, &OutgoingMessage)>,
         ) -> Vec<(usize, Result<(), SinkError>)> {
+            // A name the service would refuse fails its messages now: asked
+            // for, it could read as a missing queue, which waits for ever.
+            if let Some(problem) = super::queue_problem(queue) {
+                let error = SinkError::permanent(problem);
+                return messages
+                    .into_iter()
+                    .map(|(index, _)| (index, Err(error.clone())))
+                    .collect();
+            }
             let url = match self.url(queue).await {
                 Ok(url) => url,
                 Err(e) => {
@@ -322,7 +331,14 @@ mod sink {
                 .collect();
             let succeeded: HashSet<String> = output.successful().iter().map(|s| s.id().to_string()).collect();
             let indexes = batch.into_iter().map(|(index, _)| index).collect();
-            entry_outcomes(indexes, &failed, &succeeded, "SQS", &format!("queue {queue}"))
+            entry_outcomes(
+                &self.connection,
+                indexes,
+                &failed,
+                &succeeded,
+                "SQS",
+                &format!("queue {queue}"),
+            )
         }
     }
 
@@ -335,13 +351,26 @@ mod sink {
             Box::pin(async move { per_topic(&messages, |topic, list| self.send_queue(topic, list)).await })
         }
 
-        /// SQS answers and takes the credentials: the first listed queue
-        /// exists, or with none listed, a one-queue list. A refused read
+        /// SQS answers and takes the credentials: the first listed queue's
+        /// attributes are read, or with none listed, a one-queue list. A refused read
         /// permission still shows both (the relay's identity may only send).
         fn healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
             Box::pin(async move {
                 let checked = match self.config.queues.first() {
-                    Some(queue) => self.url(queue).await.map(|_| ()),
+                    // A call each time: the URL may be cached, the queue's
+                    // attributes are read from SQS.
+                    Some(queue) => match self.url(queue).await {
+                        Ok(url) => self
+                            .client
+                            .get_queue_attributes()
+                            .queue_url(&url)
+                            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+                            .send()
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| self.connection.classify(&e, "SQS", &format!("queue {queue}"))),
+                        Err(e) => Err(e),
+                    },
                     None => self
                         .client
                         .list_queues()
