@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One command from a fresh machine with Rust to a relay publishing sample
-# order events: installs and starts PostgreSQL, NATS and tansu (Kafka
-# protocol) on loopback, builds the plugins, creates the outbox, lets the
-# sample order service write a few orders, relays them and prints what the
-# example consumer received.
+# order events: installs and starts PostgreSQL, NATS, tansu (Kafka
+# protocol) and moto (the AWS services) on loopback, builds the plugins,
+# creates the outbox, lets the sample order service write a few orders,
+# relays them and prints what the example consumer received.
 #
 #   scripts/quickstart.sh          # examples/relay.toml: NATS JetStream
 #   scripts/quickstart.sh kafka    # examples/relay-kafka.toml: Kafka, plus new orders to a NATS audit stream
 #   scripts/quickstart.sh pubsub   # examples/relay-pubsub.toml: the Google Cloud Pub/Sub emulator
+#   scripts/quickstart.sh sqs      # examples/relay-sqs.toml: an Amazon SQS FIFO queue, on moto
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,8 @@ case "$broker" in
     nats) config=examples/relay.toml ;;
     kafka) config=examples/relay-kafka.toml ;;
     pubsub) config=examples/relay-pubsub.toml ;;
-    *) echo "usage: $0 [nats|kafka|pubsub]" >&2; exit 2 ;;
+    sqs) config=examples/relay-sqs.toml ;;
+    *) echo "usage: $0 [nats|kafka|pubsub|sqs]" >&2; exit 2 ;;
 esac
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -46,6 +48,15 @@ if [ "$broker" = pubsub ]; then
     "$bin/consumer" "${pubsub_args[@]}" --create-for orders
     export SWITCHYARD_TARGET_EVENTS_EMULATOR_HOST="$SWITCHYARD_PUBSUB_EMULATOR_HOST"
 fi
+if [ "$broker" = sqs ]; then
+    # The relay never creates queues: make the FIFO queue first. moto takes
+    # any key; the consumer finds these in the environment (AWS's default
+    # chain), the relay in the example config.
+    export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
+    export SWITCHYARD_TARGET_EVENTS_ENDPOINT_URL="$SWITCHYARD_MOTO_URL"
+    sqs_args=(sqs --endpoint-url "$SWITCHYARD_MOTO_URL" --queue orders.fifo)
+    "$bin/consumer" "${sqs_args[@]}" --create-for orders.fifo
+fi
 "$bin/switchyard" migrate --config "$config"
 "$bin/order-service" --orders "${ORDERS:-5}"
 
@@ -64,6 +75,9 @@ inbox="sqlite:///tmp/switchyard-inbox-$broker.db"
 if [ "$broker" = pubsub ]; then
     echo "== published to Pub/Sub topic orders (subscription orders-view)"
     "$bin/consumer" "${pubsub_args[@]}" --inbox "$inbox" --idle-ms 3000 | tail -n 30
+elif [ "$broker" = sqs ]; then
+    echo "== published to SQS FIFO queue orders.fifo"
+    "$bin/consumer" "${sqs_args[@]}" --inbox "$inbox" --idle-ms 3000 | tail -n 30
 elif [ "$broker" = kafka ]; then
     echo "== published to Kafka topic orders"
     "$bin/consumer" kafka --bootstrap-servers "$SWITCHYARD_KAFKA_BOOTSTRAP" --topic orders --inbox "$inbox" \

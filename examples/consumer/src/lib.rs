@@ -1,5 +1,5 @@
 //! An idempotent consumer, as a service receiving Switchyard's events should
-//! be written, for NATS JetStream, Kafka, RabbitMQ and Pub/Sub. Delivery is at-least-once,
+//! be written, for NATS JetStream, Kafka, RabbitMQ, Pub/Sub and SQS. Delivery is at-least-once,
 //! so the consumer keeps an inbox table keyed by the event id
 //! (`Switchyard-Event-Id`, or the AMQP message id) and applies an event only if inserting its id into
 //! the inbox succeeds, in the same transaction as the change it makes. A
@@ -9,6 +9,7 @@ pub mod kafka;
 pub mod nats;
 pub mod pubsub;
 pub mod rabbitmq;
+pub mod sqs;
 
 use std::collections::HashMap;
 

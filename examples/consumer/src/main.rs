@@ -1,12 +1,13 @@
 //! Sample consumer: applies every event of a JetStream stream, a Kafka
-//! topic, a RabbitMQ queue or a Pub/Sub subscription once (inbox table
-//! keyed by event id) and prints what it did.
+//! topic, a RabbitMQ queue, a Pub/Sub subscription or an SQS queue once
+//! (inbox table keyed by event id) and prints what it did.
 //!
 //! ```text
 //! cargo run -p consumer -- nats --url nats://127.0.0.1:54222 --stream ORDERS
 //! cargo run -p consumer -- kafka --bootstrap-servers 127.0.0.1:59092 --topic orders
 //! cargo run -p consumer -- rabbitmq --url amqp://guest:guest@127.0.0.1:55672/%2f --queue orders
 //! cargo run -p consumer -- pubsub --emulator-host 127.0.0.1:58085 --project demo --subscription orders-view
+//! cargo run -p consumer -- sqs --endpoint-url http://127.0.0.1:55500 --region us-east-1 --queue orders.fifo
 //! ```
 
 use std::time::Duration;
@@ -81,6 +82,24 @@ enum Source {
         #[arg(long, value_name = "TOPIC")]
         create_for: Option<String>,
     },
+    /// An SQS queue (deleted messages leave it; a FIFO queue hands out a
+    /// group's next message once the one before is deleted). Credentials
+    /// from AWS's default chain.
+    Sqs {
+        /// The service's address (moto, a VPC endpoint); default: the region's.
+        #[arg(long, env = "AWS_ENDPOINT_URL")]
+        endpoint_url: Option<String>,
+        /// The region; default: AWS_REGION, then the profile's.
+        #[arg(long)]
+        region: Option<String>,
+        /// Queue name or URL.
+        #[arg(long, default_value = "orders.fifo")]
+        queue: String,
+        /// Only make the queue (FIFO when its name ends in `.fifo`), then
+        /// exit.
+        #[arg(long, value_name = "QUEUE")]
+        create_for: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -101,6 +120,21 @@ async fn main() -> anyhow::Result<()> {
         };
         consumer::pubsub::create(&place, topic, subscription).await?;
         println!("topic {topic} and subscription {subscription} (ordering on) ready");
+        return Ok(());
+    }
+    if let Source::Sqs {
+        endpoint_url,
+        region,
+        create_for: Some(queue),
+        ..
+    } = &args.source
+    {
+        let place = consumer::sqs::Place {
+            endpoint_url: endpoint_url.as_deref(),
+            region: region.as_deref(),
+        };
+        let url = consumer::sqs::create(&place, queue).await?;
+        println!("queue {queue} ready: {url}");
         return Ok(());
     }
     let inbox = Inbox::open(&args.inbox).await?;
@@ -130,6 +164,18 @@ async fn main() -> anyhow::Result<()> {
                 project: &project,
             };
             consumer::pubsub::consume(&place, &subscription, &inbox, idle, print).await?
+        }
+        Source::Sqs {
+            endpoint_url,
+            region,
+            queue,
+            ..
+        } => {
+            let place = consumer::sqs::Place {
+                endpoint_url: endpoint_url.as_deref(),
+                region: region.as_deref(),
+            };
+            consumer::sqs::consume(&place, &queue, &inbox, idle, print).await?
         }
     };
     println!(
