@@ -5,8 +5,8 @@
 # Kafka-protocol broker), RabbitMQ, the Google Cloud Pub/Sub emulator, an
 # OCI registry (distribution, TLS and htpasswd login), MariaDB 10.11 (TLS
 # offered, binlog in row format) and moto's server (SQS, SNS, EventBridge,
-# Kinesis and STS, from a virtual environment of its own), as plain
-# processes on loopback.
+# Kinesis and STS, from a virtual environment of its own) and Redis 7.0
+# (TLS only, an ACL user), as plain processes on loopback.
 # Idempotent: `start` on a running set is a no-op.
 #
 #   scripts/services.sh install|start|stop|status|env|durable
@@ -18,6 +18,7 @@
 # SWITCHYARD_NATS_PORT, SWITCHYARD_KAFKA_PORT, SWITCHYARD_RABBITMQ_PORT
 # (AMQP; the next port is its Erlang distribution port), SWITCHYARD_PUBSUB_PORT,
 # SWITCHYARD_REGISTRY_PORT, SWITCHYARD_MARIADB_PORT, SWITCHYARD_MOTO_PORT,
+# SWITCHYARD_REDIS_TLS_PORT,
 # SWITCHYARD_PG_DURABLE_PORT,
 # SWITCHYARD_STATE_DIR and
 # SWITCHYARD_TOOLS_DIR (where tansu and moto are installed).
@@ -32,6 +33,7 @@ PUBSUB_PORT="${SWITCHYARD_PUBSUB_PORT:-58085}"
 REGISTRY_PORT="${SWITCHYARD_REGISTRY_PORT:-55000}"
 MARIADB_PORT="${SWITCHYARD_MARIADB_PORT:-53306}"
 MOTO_PORT="${SWITCHYARD_MOTO_PORT:-55500}"
+REDIS_TLS_PORT="${SWITCHYARD_REDIS_TLS_PORT:-56380}"
 TOOLS_DIR="${SWITCHYARD_TOOLS_DIR:-$HOME/.local/share/switchyard}"
 TANSU_BIN="$TOOLS_DIR/bin/tansu"
 TANSU_VERSION=0.6.0
@@ -49,6 +51,7 @@ PUBSUB_DIR="$STATE_DIR/pubsub"
 REGISTRY_DIR="$STATE_DIR/registry"
 MARIADB_DIR="$STATE_DIR/mariadb"
 MOTO_DIR="$STATE_DIR/moto"
+REDIS_DIR="$STATE_DIR/redis"
 # moto's server in a virtual environment: its pins do not meet the system's
 # Python packages. The version is pinned; a new one is installed beside.
 MOTO_VERSION=5.2.6
@@ -81,6 +84,8 @@ install_missing() {
     command -v docker-registry >/dev/null || pkgs+=(docker-registry)
     # The MySQL-family outbox: Debian's MariaDB 10.11.
     command -v mariadbd >/dev/null || pkgs+=(mariadb-server)
+    # The Redis Streams target's tests: Debian's Redis 7.0 (built with TLS).
+    command -v redis-server >/dev/null || pkgs+=(redis-server)
     if [ ${#pkgs[@]} -gt 0 ]; then
         echo "services: installing ${pkgs[*]}" >&2
         apt_install "${pkgs[@]}"
@@ -590,6 +595,35 @@ moto_start() {
     return 1
 }
 
+# Redis over TLS only (the test CA's `localhost` certificate), with the ACL
+# user `switchyard` whose password is in $REDIS_DIR/password; the default
+# user is off.
+redis_start() {
+    make_certificates
+    mkdir -p "$REDIS_DIR"
+    [ -s "$REDIS_DIR/password" ] || head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$REDIS_DIR/password"
+    chmod 600 "$REDIS_DIR/password"
+    pid_running "$REDIS_DIR/redis.pid" redis-server && return 0
+    cat >"$REDIS_DIR/redis.conf" <<CONF
+bind 127.0.0.1
+port 0
+tls-port $REDIS_TLS_PORT
+tls-cert-file $TLS_DIR/server.pem
+tls-key-file $TLS_DIR/server.key
+tls-ca-cert-file $TLS_DIR/ca.pem
+tls-auth-clients optional
+dir $REDIS_DIR
+save ""
+appendonly no
+user default off
+user switchyard on >$(cat "$REDIS_DIR/password") ~* &* +@all
+daemonize no
+CONF
+    nohup redis-server "$REDIS_DIR/redis.conf" </dev/null >"$REDIS_DIR/redis.log" 2>&1 &
+    echo $! >"$REDIS_DIR/redis.pid"
+    wait_port "$REDIS_TLS_PORT" redis "$REDIS_DIR/redis.log"
+}
+
 print_env() {
     echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     echo "export SWITCHYARD_PG_TLS_URL='postgres://postgres@localhost:$PG_TLS_PORT/postgres?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem'"
@@ -606,6 +640,8 @@ print_env() {
     echo "export SWITCHYARD_MOTO_URL=http://127.0.0.1:$MOTO_PORT"
     echo "export SWITCHYARD_MOTO_SERVER=$MOTO_BIN"
     echo "export SWITCHYARD_WEBHOOK_PYTHON=$WEBHOOKS_VENV/bin/python"
+    echo "export SWITCHYARD_REDIS_URL=rediss://localhost:$REDIS_TLS_PORT"
+    echo "export SWITCHYARD_REDIS_DIR=$REDIS_DIR"
     if pubsub_emulator >/dev/null; then
         echo "export SWITCHYARD_PUBSUB_EMULATOR=$(pubsub_emulator)"
         echo "export SWITCHYARD_PUBSUB_EMULATOR_HOST=127.0.0.1:$PUBSUB_PORT"
@@ -646,9 +682,11 @@ case "${1:-}" in
         registry_start
         mariadb_start
         moto_start
+        redis_start
         print_env
         ;;
     stop)
+        pid_stop "$REDIS_DIR/redis.pid" redis-server
         pid_stop "$MOTO_DIR/moto.pid" moto_server
         pid_stop "$MARIADB_DIR/mariadb.pid" mariadbd
         pid_stop "$REGISTRY_DIR/registry.pid" docker-registry
@@ -666,7 +704,7 @@ case "${1:-}" in
         ;;
     status)
         pg_run "$PG_BIN/pg_ctl" -D "$PG_DATA" status || true
-        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid" "registry:docker-registry:$REGISTRY_DIR/registry.pid" "mariadb:mariadbd:$MARIADB_DIR/mariadb.pid" "moto:moto_server:$MOTO_DIR/moto.pid"; do
+        for service in "nats-server:nats-server:$NATS_DIR/nats.pid" "tansu:tansu:$KAFKA_DIR/tansu.pid" "rabbitmq:beam:$RABBIT_DIR/rabbit.pid" "pubsub-emulator:java:$PUBSUB_DIR/emulator.pid" "registry:docker-registry:$REGISTRY_DIR/registry.pid" "mariadb:mariadbd:$MARIADB_DIR/mariadb.pid" "moto:moto_server:$MOTO_DIR/moto.pid" "redis:redis-server:$REDIS_DIR/redis.pid"; do
             pidfile="${service##*:}" command="${service#*:}" command="${command%%:*}"
             if pid_running "$pidfile" "$command"; then echo "${service%%:*} running (pid $(cat "$pidfile"))"; else echo "${service%%:*} stopped"; fi
         done

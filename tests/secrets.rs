@@ -384,3 +384,67 @@ async fn no_password_reaches_a_trace_log_mariadb_binlog_nats() {
     );
     let _ = std::fs::remove_file(&log);
 }
+
+/// The webhook target with a bearer token and a signing secret, and the
+/// Redis target with an ACL user's password, at `trace`: reqwest, hyper
+/// and rustls log, and none of the three secrets is in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_reaches_a_trace_log_webhook_and_redis() {
+    use switchyard_tests::config::{Plugin, Target, TestConfig, routes, table};
+    init_logging();
+    let db = switchyard_tests::postgres::fresh_db().await;
+    let redis = switchyard_tests::redis::RedisServer::own().await;
+    let signing = switchyard_tests::webhook::secret();
+    let receiver = switchyard_tests::webhook::Receiver::start(true, false, &[&signing]).await;
+    let token = unique("bearer");
+    let config = TestConfig::new(&db.url)
+        .plugin(
+            Plugin::new("fanout", &switchyard_tests::plugins::plugin("fan_out")).config(
+                "default",
+                routes(&[
+                    ("hooks", "orders", None),
+                    ("redis", "orders", Some("{aggregate_id}")),
+                ]),
+            ),
+        )
+        .target(
+            "hooks",
+            Target::of("http")
+                .set("base_url", format!("{}/in", receiver.url))
+                .set("bearer_token", token.as_str())
+                .set(
+                    "signing_secrets",
+                    toml::Value::Array(vec![signing.clone().into()]),
+                )
+                .set(
+                    "tls",
+                    table(&[("root_cert", switchyard_tests::postgres::tls_file("ca.pem").into())]),
+                ),
+        )
+        .target("redis", redis.target())
+        .toml();
+    let log = log_file("webhook-redis");
+    let mut relay = Process::spawn_logged(SWITCHYARD, &config, "relay-secrets-http", &filter("trace"), &log);
+    let expected = switchyard_tests::orders::write_orders(&db.pool, 5, 2, 1).await;
+    switchyard_tests::postgres::all_published(&db.pool, expected.len() as i64, Duration::from_secs(60)).await;
+    relay.terminate();
+    assert!(
+        receiver.requests().iter().any(|r| r.verified == [true]),
+        "signed requests arrived"
+    );
+    let key = signing.trim_start_matches("whsec_").to_string();
+    // redis-rs logs only in its cluster code: no line of its own here.
+    assert_no_secret_in(
+        &log,
+        &["reqwest::", "hyper_util::"],
+        &[
+            Planted::login("HTTP (reqwest) bearer token", "", &token),
+            Planted {
+                client: "HTTP signing secret",
+                forms: vec![("as configured", signing.clone()), ("its key", key)],
+            },
+            Planted::login("Redis (redis-rs)", "switchyard", &redis.password),
+        ],
+    );
+    let _ = std::fs::remove_file(&log);
+}

@@ -26,6 +26,7 @@ mod relay_kafka;
 mod relay_nats;
 mod relay_pubsub;
 mod relay_rabbitmq;
+mod relay_redis;
 mod relay_sqlite;
 mod replication;
 mod secrets;

@@ -19,6 +19,7 @@ pub mod plugins;
 pub mod postgres;
 pub mod pubsub;
 pub mod rabbitmq;
+pub mod redis;
 pub mod registry;
 pub mod relay;
 pub mod service;

@@ -9,10 +9,11 @@ pub mod file;
 pub mod http;
 pub mod kafka;
 pub mod nats;
-#[cfg(any(feature = "aws", feature = "http"))]
+#[cfg(any(feature = "aws", feature = "http", feature = "redis"))]
 pub(crate) mod order;
 pub mod pubsub;
 pub mod rabbitmq;
+pub mod redis;
 pub mod registry;
 pub mod stdout;
 

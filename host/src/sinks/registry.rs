@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::aws::{eventbridge, kinesis, sns, sqs};
-use super::{Sink, SinkError, file, http, kafka, nats, pubsub, rabbitmq, stdout};
+use super::{Sink, SinkError, file, http, kafka, nats, pubsub, rabbitmq, redis, stdout};
 
 /// What a target takes from the relay's settings.
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +83,8 @@ pub enum TargetConfig {
     Kinesis(kinesis::KinesisSinkConfig),
     /// HTTP endpoints (webhooks).
     Http(http::HttpSinkConfig),
+    /// Redis streams.
+    Redis(redis::RedisSinkConfig),
     /// Standard output, for demos and debugging.
     Stdout(stdout::StdoutSinkConfig),
     /// A JSON-lines file, for demos, debugging and tests.
@@ -102,6 +104,7 @@ macro_rules! each_kind {
             TargetConfig::Eventbridge($config) => $body,
             TargetConfig::Kinesis($config) => $body,
             TargetConfig::Http($config) => $body,
+            TargetConfig::Redis($config) => $body,
             TargetConfig::Stdout($config) => $body,
             TargetConfig::File($config) => $body,
         }
