@@ -708,6 +708,14 @@ fn the_environment_overrides_are_the_ones_the_fields_name() {
         [targets.gcp]
         type = "pubsub"
         project = "p"
+        [targets.queue]
+        type = "sqs"
+        [targets.hooks]
+        type = "http"
+        base_url = "https://hooks.example.internal/in"
+        [targets.cache]
+        type = "redis"
+        url = "redis://127.0.0.1:6379"
         [admin.tokens]
         ops = "an-admin-token-of-length"
     "#;
@@ -729,7 +737,7 @@ fn the_environment_overrides_are_the_ones_the_fields_name() {
         // Every Google client's own variable, named in emulator_host's text.
         .filter(|name| !name.starts_with("PUBSUB_EMULATOR_HOST"))
         .map(|name| {
-            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT", "GCP", "OPS"]
+            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT", "GCP", "QUEUE", "HOOKS", "CACHE", "OPS"]
                 .iter()
                 .fold(name.clone(), |name, each| {
                     let name = name.replace(&format!("_{each}_"), "_<NAME>_");

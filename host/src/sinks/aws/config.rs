@@ -225,6 +225,92 @@ macro_rules! aws_target {
 }
 pub(crate) use aws_target;
 
+/// The `TargetKind` of one AWS kind: its `type`, the shared settings' and
+/// the kind's own checks (`$extra`), the names it lists (`$listed`, each
+/// checked by `$problem`, as every topic a plugin returns is), the shared
+/// environment overrides, and the sink `sink::$sink` built and asked about
+/// its listed names (`listed_problems`).
+macro_rules! aws_kind {
+    ($config:ident, $kind:literal, $sink:ident, $listed:ident, $problem:path, $extra:path, $dedup:expr) => {
+        impl crate::sinks::registry::TargetKind for $config {
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+
+            fn validate(&self, _settings: &crate::sinks::registry::SinkSettings) -> Vec<String> {
+                let mut problems = self.connection().problems();
+                for name in &self.$listed {
+                    if let Some(problem) = $problem(name) {
+                        problems.push(format!("{}: {problem}", stringify!($listed)));
+                    }
+                }
+                problems.extend($extra(self));
+                #[cfg(not(feature = "aws"))]
+                problems.insert(0, crate::built_without("the AWS targets", "aws"));
+                problems
+            }
+
+            fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
+                self.apply_connection_env(prefix, env);
+            }
+
+            fn check_topic(&self, topic: &str) -> Result<(), crate::sinks::SinkError> {
+                match $problem(topic) {
+                    Some(problem) => Err(crate::sinks::SinkError::permanent(problem)),
+                    None => Ok(()),
+                }
+            }
+
+            fn deduplicates_by_id(&self) -> bool {
+                $dedup
+            }
+
+            #[cfg(feature = "aws")]
+            async fn build(
+                &self,
+                name: &str,
+                settings: &crate::sinks::registry::SinkSettings,
+            ) -> Result<std::sync::Arc<dyn crate::sinks::Sink>, crate::sinks::SinkError> {
+                let sink = sink::$sink::connect(name, self, settings.publish_timeout).await;
+                Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn crate::sinks::Sink>)
+            }
+
+            #[cfg(feature = "aws")]
+            async fn live_problems(
+                &self,
+                name: &str,
+                settings: &crate::sinks::registry::SinkSettings,
+            ) -> Result<Vec<String>, String> {
+                let sink = sink::$sink::connect(name, self, settings.publish_timeout).await;
+                sink.listed_problems().await.map_err(|e| e.to_string())
+            }
+
+            #[cfg(not(feature = "aws"))]
+            async fn build(
+                &self,
+                name: &str,
+                _settings: &crate::sinks::registry::SinkSettings,
+            ) -> Result<std::sync::Arc<dyn crate::sinks::Sink>, crate::sinks::SinkError> {
+                Err(crate::sinks::SinkError::permanent(format!(
+                    "target {name:?}: {}",
+                    crate::built_without("the AWS targets", "aws")
+                )))
+            }
+        }
+    };
+}
+pub(crate) use aws_kind;
+
+/// A fixed message group SQS and SNS would refuse.
+pub(crate) fn group_problems(group: &GroupId) -> Vec<String> {
+    match group {
+        GroupId::Fixed(group) if group.is_empty() || group.len() > 128 => {
+            vec!["message_group: a fixed group is 1 to 128 characters".to_string()]
+        }
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

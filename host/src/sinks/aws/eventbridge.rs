@@ -7,11 +7,9 @@
 //! unless the config or the plugin says otherwise. EventBridge keeps no
 //! order.
 
-use std::sync::Arc;
-
-use crate::sinks::aws::config::aws_target;
-use crate::sinks::registry::{SinkSettings, TargetKind};
-use crate::sinks::{Sink, SinkError};
+#[cfg(feature = "aws")]
+use crate::sinks::SinkError;
+use crate::sinks::aws::config::{aws_kind, aws_target};
 
 /// The header a plugin sets to choose an event's `Source`.
 pub const SOURCE_HEADER: &str = "EventBridge-Source";
@@ -64,60 +62,23 @@ pub(crate) fn bus_problem(bus: &str) -> Option<String> {
     Some(format!("EventBridge bus name {bus:?} {problem}"))
 }
 
-impl TargetKind for EventBridgeSinkConfig {
-    fn kind(&self) -> &'static str {
-        "eventbridge"
-    }
+aws_kind!(
+    EventBridgeSinkConfig,
+    "eventbridge",
+    EventBridgeSink,
+    buses,
+    bus_problem,
+    eventbridge_extra,
+    false
+);
 
-    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        let mut problems = self.connection().problems();
-        for bus in &self.buses {
-            if let Some(problem) = bus_problem(bus) {
-                problems.push(format!("buses: {problem}"));
-            }
-        }
-        for (key, value) in [("source", &self.source), ("detail_type", &self.detail_type)] {
-            if value.as_deref().is_some_and(|v| v.is_empty() || v.len() > 256) {
-                problems.push(format!("{key} must be 1 to 256 characters"));
-            }
-        }
-        #[cfg(not(feature = "aws"))]
-        problems.insert(0, crate::built_without("the AWS targets", "aws"));
-        problems
-    }
-
-    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        self.apply_connection_env(prefix, env);
-    }
-
-    fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
-        match bus_problem(topic) {
-            Some(problem) => Err(SinkError::permanent(problem)),
-            None => Ok(()),
-        }
-    }
-
-    #[cfg(feature = "aws")]
-    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Ok(
-            Arc::new(sink::EventBridgeSink::connect(name, self, settings.publish_timeout).await)
-                as Arc<dyn Sink>,
-        )
-    }
-
-    #[cfg(feature = "aws")]
-    async fn live_problems(&self, name: &str, settings: &SinkSettings) -> Result<Vec<String>, String> {
-        let sink = sink::EventBridgeSink::connect(name, self, settings.publish_timeout).await;
-        sink.listed_bus_problems().await.map_err(|e| e.to_string())
-    }
-
-    #[cfg(not(feature = "aws"))]
-    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Err(SinkError::permanent(format!(
-            "target {name:?}: {}",
-            crate::built_without("the AWS targets", "aws")
-        )))
-    }
+/// What else is wrong with the settings: `source` and `detail_type`.
+fn eventbridge_extra(config: &EventBridgeSinkConfig) -> Vec<String> {
+    [("source", &config.source), ("detail_type", &config.detail_type)]
+        .into_iter()
+        .filter(|(_, value)| value.as_deref().is_some_and(|v| v.is_empty() || v.len() > 256))
+        .map(|(key, _)| format!("{key} must be 1 to 256 characters"))
+        .collect()
 }
 
 /// What EventBridge counts of an entry (its `Source`, `DetailType` and
@@ -250,7 +211,7 @@ mod sink {
         ///
         /// # Errors
         /// EventBridge could not be asked.
-        pub async fn listed_bus_problems(&self) -> Result<Vec<String>, SinkError> {
+        pub async fn listed_problems(&self) -> Result<Vec<String>, SinkError> {
             let mut problems = Vec::new();
             for bus in &self.config.buses {
                 match self.describe(bus).await {

@@ -6,13 +6,11 @@
 //! envelope, a JSON object with the headers (the event id among them) and
 //! the payload.
 
-use std::sync::Arc;
-
 use serde::Deserialize;
 
-use crate::sinks::aws::config::aws_target;
-use crate::sinks::registry::{SinkSettings, TargetKind};
-use crate::sinks::{Sink, SinkError};
+#[cfg(feature = "aws")]
+use crate::sinks::SinkError;
+use crate::sinks::aws::config::{aws_kind, aws_target};
 
 /// What a record's partition key is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema)]
@@ -78,52 +76,19 @@ pub(crate) fn stream_problem(stream: &str) -> Option<String> {
     Some(format!("Kinesis stream name {stream:?} {problem}"))
 }
 
-impl TargetKind for KinesisSinkConfig {
-    fn kind(&self) -> &'static str {
-        "kinesis"
-    }
+aws_kind!(
+    KinesisSinkConfig,
+    "kinesis",
+    KinesisSink,
+    streams,
+    stream_problem,
+    kinesis_extra,
+    false
+);
 
-    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        let mut problems = self.connection().problems();
-        for stream in &self.streams {
-            if let Some(problem) = stream_problem(stream) {
-                problems.push(format!("streams: {problem}"));
-            }
-        }
-        #[cfg(not(feature = "aws"))]
-        problems.insert(0, crate::built_without("the AWS targets", "aws"));
-        problems
-    }
-
-    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        self.apply_connection_env(prefix, env);
-    }
-
-    fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
-        match stream_problem(topic) {
-            Some(problem) => Err(SinkError::permanent(problem)),
-            None => Ok(()),
-        }
-    }
-
-    #[cfg(feature = "aws")]
-    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Ok(Arc::new(sink::KinesisSink::connect(name, self, settings.publish_timeout).await) as Arc<dyn Sink>)
-    }
-
-    #[cfg(feature = "aws")]
-    async fn live_problems(&self, name: &str, settings: &SinkSettings) -> Result<Vec<String>, String> {
-        let sink = sink::KinesisSink::connect(name, self, settings.publish_timeout).await;
-        sink.listed_stream_problems().await.map_err(|e| e.to_string())
-    }
-
-    #[cfg(not(feature = "aws"))]
-    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Err(SinkError::permanent(format!(
-            "target {name:?}: {}",
-            crate::built_without("the AWS targets", "aws")
-        )))
-    }
+/// Nothing else to check.
+fn kinesis_extra(_config: &KinesisSinkConfig) -> Vec<String> {
+    Vec::new()
 }
 
 #[cfg(feature = "aws")]
@@ -218,7 +183,7 @@ mod sink {
         ///
         /// # Errors
         /// Kinesis could not be asked.
-        pub async fn listed_stream_problems(&self) -> Result<Vec<String>, SinkError> {
+        pub async fn listed_problems(&self) -> Result<Vec<String>, SinkError> {
             let mut problems = Vec::new();
             for stream in &self.config.streams {
                 match self.describe(stream).await {

@@ -4,11 +4,7 @@
 //! outcome. On a FIFO topic (a name ending `.fifo`) the message group and
 //! the deduplication id are set as on an SQS FIFO queue.
 
-use std::sync::Arc;
-
-use crate::sinks::aws::config::{GroupId, aws_target};
-use crate::sinks::registry::{SinkSettings, TargetKind};
-use crate::sinks::{Sink, SinkError};
+use crate::sinks::aws::config::{GroupId, aws_kind, aws_target};
 
 aws_target! {
     /// `[targets.NAME]` with `type = "sns"`.
@@ -43,62 +39,19 @@ pub(crate) fn topic_problem(topic: &str) -> Option<String> {
     Some(format!("SNS topic name {topic:?} {problem}"))
 }
 
-impl TargetKind for SnsSinkConfig {
-    fn kind(&self) -> &'static str {
-        "sns"
-    }
+aws_kind!(
+    SnsSinkConfig,
+    "sns",
+    SnsSink,
+    topics,
+    topic_problem,
+    sns_extra,
+    true
+);
 
-    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        let mut problems = self.connection().problems();
-        for topic in &self.topics {
-            if let Some(problem) = topic_problem(topic) {
-                problems.push(format!("topics: {problem}"));
-            }
-        }
-        if let GroupId::Fixed(group) = &self.message_group
-            && (group.is_empty() || group.len() > 128)
-        {
-            problems.push("message_group: a fixed group is 1 to 128 characters".to_string());
-        }
-        #[cfg(not(feature = "aws"))]
-        problems.insert(0, crate::built_without("the AWS targets", "aws"));
-        problems
-    }
-
-    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        self.apply_connection_env(prefix, env);
-    }
-
-    fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
-        match topic_problem(topic) {
-            Some(problem) => Err(SinkError::permanent(problem)),
-            None => Ok(()),
-        }
-    }
-
-    /// A FIFO topic drops a repeated deduplication id for five minutes.
-    fn deduplicates_by_id(&self) -> bool {
-        true
-    }
-
-    #[cfg(feature = "aws")]
-    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Ok(Arc::new(sink::SnsSink::connect(name, self, settings.publish_timeout).await) as Arc<dyn Sink>)
-    }
-
-    #[cfg(feature = "aws")]
-    async fn live_problems(&self, name: &str, settings: &SinkSettings) -> Result<Vec<String>, String> {
-        let sink = sink::SnsSink::connect(name, self, settings.publish_timeout).await;
-        sink.listed_topic_problems().await.map_err(|e| e.to_string())
-    }
-
-    #[cfg(not(feature = "aws"))]
-    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Err(SinkError::permanent(format!(
-            "target {name:?}: {}",
-            crate::built_without("the AWS targets", "aws")
-        )))
-    }
+/// What else is wrong with the settings: the fixed group.
+fn sns_extra(config: &SnsSinkConfig) -> Vec<String> {
+    crate::sinks::aws::config::group_problems(&config.message_group)
 }
 
 #[cfg(feature = "aws")]
@@ -180,7 +133,7 @@ mod sink {
         ///
         /// # Errors
         /// SNS could not be asked.
-        pub async fn listed_topic_problems(&self) -> Result<Vec<String>, SinkError> {
+        pub async fn listed_problems(&self) -> Result<Vec<String>, SinkError> {
             let mut problems = Vec::new();
             for topic in &self.config.topics {
                 let checked = match self.arn(topic).await {

@@ -5,11 +5,7 @@
 //! the aggregate id by default and the deduplication id is the event id,
 //! so a retry within SQS's 5-minute window is dropped.
 
-use std::sync::Arc;
-
-use crate::sinks::aws::config::{GroupId, aws_target};
-use crate::sinks::registry::{SinkSettings, TargetKind};
-use crate::sinks::{Sink, SinkError};
+use crate::sinks::aws::config::{GroupId, aws_kind, aws_target};
 
 aws_target! {
     /// `[targets.NAME]` with `type = "sqs"`.
@@ -48,63 +44,19 @@ pub(crate) fn queue_problem(queue: &str) -> Option<String> {
     Some(format!("SQS queue name {queue:?} {problem}"))
 }
 
-impl TargetKind for SqsSinkConfig {
-    fn kind(&self) -> &'static str {
-        "sqs"
-    }
+aws_kind!(
+    SqsSinkConfig,
+    "sqs",
+    SqsSink,
+    queues,
+    queue_problem,
+    sqs_extra,
+    true
+);
 
-    fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
-        let mut problems = self.connection().problems();
-        for queue in &self.queues {
-            if let Some(problem) = queue_problem(queue) {
-                problems.push(format!("queues: {problem}"));
-            }
-        }
-        if let GroupId::Fixed(group) = &self.message_group
-            && (group.is_empty() || group.len() > 128)
-        {
-            problems.push("message_group: a fixed group is 1 to 128 characters".to_string());
-        }
-        #[cfg(not(feature = "aws"))]
-        problems.insert(0, crate::built_without("the AWS targets", "aws"));
-        problems
-    }
-
-    fn apply_env(&mut self, prefix: &str, env: &dyn Fn(&str) -> Option<String>) {
-        self.apply_connection_env(prefix, env);
-    }
-
-    fn check_topic(&self, topic: &str) -> Result<(), SinkError> {
-        match queue_problem(topic) {
-            Some(problem) => Err(SinkError::permanent(problem)),
-            None => Ok(()),
-        }
-    }
-
-    /// A FIFO queue drops a repeated deduplication id (the event id) for
-    /// five minutes.
-    fn deduplicates_by_id(&self) -> bool {
-        true
-    }
-
-    #[cfg(feature = "aws")]
-    async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Ok(Arc::new(sink::SqsSink::connect(name, self, settings.publish_timeout).await) as Arc<dyn Sink>)
-    }
-
-    #[cfg(feature = "aws")]
-    async fn live_problems(&self, name: &str, settings: &SinkSettings) -> Result<Vec<String>, String> {
-        let sink = sink::SqsSink::connect(name, self, settings.publish_timeout).await;
-        sink.listed_queue_problems().await.map_err(|e| e.to_string())
-    }
-
-    #[cfg(not(feature = "aws"))]
-    async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Err(SinkError::permanent(format!(
-            "target {name:?}: {}",
-            crate::built_without("the AWS targets", "aws")
-        )))
-    }
+/// What else is wrong with the settings: the fixed group.
+fn sqs_extra(config: &SqsSinkConfig) -> Vec<String> {
+    crate::sinks::aws::config::group_problems(&config.message_group)
 }
 
 #[cfg(feature = "aws")]
@@ -186,7 +138,7 @@ mod sink {
         ///
         /// # Errors
         /// SQS could not be asked.
-        pub async fn listed_queue_problems(&self) -> Result<Vec<String>, SinkError> {
+        pub async fn listed_problems(&self) -> Result<Vec<String>, SinkError> {
             let mut problems = Vec::new();
             for queue in &self.config.queues {
                 let checked = match self.url(queue).await {
