@@ -737,15 +737,25 @@ fn the_environment_overrides_are_the_ones_the_fields_name() {
         // Every Google client's own variable, named in emulator_host's text.
         .filter(|name| !name.starts_with("PUBSUB_EMULATOR_HOST"))
         .map(|name| {
-            ["ORDERS_EU", "BUS", "LOG_K", "RABBIT", "GCP", "QUEUE", "HOOKS", "CACHE", "OPS"]
-                .iter()
-                .fold(name.clone(), |name, each| {
-                    let name = name.replace(&format!("_{each}_"), "_<NAME>_");
-                    match name.strip_suffix(&format!("_{each}")) {
-                        Some(bare) => format!("{bare}_<NAME>"),
-                        None => name,
-                    }
-                })
+            [
+                "ORDERS_EU",
+                "BUS",
+                "LOG_K",
+                "RABBIT",
+                "GCP",
+                "QUEUE",
+                "HOOKS",
+                "CACHE",
+                "OPS",
+            ]
+            .iter()
+            .fold(name.clone(), |name, each| {
+                let name = name.replace(&format!("_{each}_"), "_<NAME>_");
+                match name.strip_suffix(&format!("_{each}")) {
+                    Some(bare) => format!("{bare}_<NAME>"),
+                    None => name,
+                }
+            })
         })
         .collect();
     assert_eq!(read, named);
