@@ -398,3 +398,72 @@ async fn a_client_certificate_and_a_rotated_bearer_token_log_the_relay_in() {
     assert_eq!(tokens.last().map(String::as_str), Some("Bearer token-two"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Batches: a JSON array of envelopes, then CloudEvents' batch format, each
+/// request signed and answering for all of its events; every event once, in
+/// order per aggregate, as a consumer reads the batches one after another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_as_a_json_array_and_as_cloudevents_carry_every_event_once_in_order() {
+    init_logging();
+    for format in ["json_array", "cloudevents"] {
+        let db = fresh_db().await;
+        let key = secret();
+        let receiver = Receiver::start(true, false, &[&key]).await;
+        let config = to_hooks(
+            &db.url,
+            &receiver,
+            "orders",
+            Target::of("http")
+                .set("batch", format)
+                .set("max_batch", 20)
+                .set("signing_secrets", secrets(&[&key])),
+        );
+        let relay = InProcess::start(&parse(&config.toml())).await;
+        let expected = write_events(&db.pool, Shape::rows(Outbox::Switchyard), 30, 200, 2, 11).await;
+        all_published(&db.pool, expected.len() as i64, Duration::from_secs(120)).await;
+        relay.stop().await;
+        let requests: Vec<_> = receiver
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "POST")
+            .collect();
+        assert!(
+            requests.iter().all(|r| r.verified == [true]),
+            "{format}: every batch signed"
+        );
+        assert!(
+            requests.len() < expected.len(),
+            "{format}: several events a request"
+        );
+        // Each batch's items as messages, in the order they were sent.
+        let mut messages = Vec::new();
+        for request in &requests {
+            let items: Vec<serde_json::Value> = serde_json::from_slice(&request.body).unwrap();
+            assert!(items.len() <= 20, "{format}: at most max_batch");
+            for item in items {
+                let (id, payload) = if format == "cloudevents" {
+                    (item["id"].as_str().unwrap().to_string(), item["data"].clone())
+                } else {
+                    (
+                        item["headers"]["Switchyard-Event-Id"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                        item["payload"].clone(),
+                    )
+                };
+                messages.push(switchyard_tests::nats::Received {
+                    subject: "orders".into(),
+                    headers: HashMap::from([("Switchyard-Event-Id".to_string(), id)]),
+                    payload: payload.to_string().into_bytes(),
+                });
+            }
+        }
+        let tally = tally(&messages, &expected);
+        assert_eq!(
+            (tally.lost, tally.duplicates, tally.reordered, tally.unknown),
+            (0, 0, 0, 0),
+            "{format}: {tally:?}"
+        );
+    }
+}
