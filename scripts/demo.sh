@@ -19,7 +19,7 @@ started=$SECONDS
 if [ -n "${SWITCHYARD_DEMO_BINARY:-}" ]; then
     binary="$SWITCHYARD_DEMO_BINARY"
 elif [ ! -x "$binary" ]; then
-    echo "Building the demo: the example plugins, then switchyard (the first time under 4 minutes on 2 cores; cargo shows its progress)." >&2
+    echo "Building the demo: the example plugins, then switchyard (the first time about 5 minutes on 2 cores; cargo shows its progress)." >&2
 fi
 # The plugins build beside switchyard's, at the lowest priority: switchyard's
 # build leaves a core idle for a while now and then (a crate compiled

@@ -73,6 +73,84 @@ async fn over_tls_with_an_acl_user_each_event_arrives_once_in_order_with_its_fie
     }
 }
 
+/// The ACL line of the book's page (targets/redis.md), as written there,
+/// makes a user the relay needs nothing beyond, trimming included; that
+/// user is refused reading the stream and writing outside `orders*`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_books_acl_user_relays_with_trimming_and_may_do_nothing_else() {
+    init_logging();
+    let page = std::fs::read_to_string(switchyard_tests::workspace_root().join("docs/src/targets/redis.md"))
+        .expect("the Redis page");
+    let line = page
+        .lines()
+        .find(|line| line.starts_with("ACL SETUSER "))
+        .expect("the page's ACL SETUSER line");
+    let user = format!("relay-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    assert_eq!(
+        (words[2].as_str(), words[4].as_str()),
+        ("relay", ">long-random-password"),
+        "the page's line: {line}"
+    );
+    words[2] = user.clone();
+    words[4] = format!(">{password}");
+    let redis = RedisServer::shared();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    redis.command(&words).await.expect("the page's ACL line");
+
+    let stream = stream();
+    let dir = std::env::temp_dir().join(format!("sy-redis-acl-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let password_file = dir.join("password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    for trim in [("maxlen", 100_000), ("minid_age_seconds", 3_600)] {
+        let db = fresh_db().await;
+        let target = redis
+            .target()
+            .set("user", user.as_str())
+            .set(
+                "password",
+                table(&[("file", password_file.display().to_string().into())]),
+            )
+            .set(trim.0, trim.1);
+        let config =
+            to_redis(&db.url, target, &stream).tuning(RelaySection::quick().set("max_attempts", "2"));
+        let relay = InProcess::start(&parse(&config.toml())).await;
+        let expected = write_events(&db.pool, Shape::rows(Outbox::Switchyard), 10, 60, 1, 1).await;
+        all_published(&db.pool, expected.len() as i64, Duration::from_secs(60)).await;
+        relay.stop().await;
+        assert_eq!(count_status(&db.pool, "dead").await, 0, "{trim:?}");
+        assert_eq!(spent(&db).await, 0, "{trim:?}: no attempt refused");
+        let entries: Vec<_> = redis
+            .entries(&stream)
+            .await
+            .into_iter()
+            .filter(|entry| {
+                entry
+                    .header("Switchyard-Event-Id")
+                    .is_some_and(|id| expected.contains_key(id))
+            })
+            .collect();
+        assert_once_in_order(&entries, &expected);
+    }
+    let other = format!("ledger-{}", uuid::Uuid::new_v4().simple());
+    for refused in [
+        vec!["GET", stream.as_str()],
+        vec!["XREAD", "COUNT", "1", "STREAMS", stream.as_str(), "0"],
+        vec!["XADD", other.as_str(), "*", "payload", "x"],
+    ] {
+        let answer = redis.command_as(&user, &password, &refused).await;
+        assert!(
+            answer.as_ref().is_err_and(|e| e.to_uppercase().contains("NOPERM")),
+            "{refused:?} as the page's user: {answer:?}"
+        );
+    }
+    let _ = redis.command(&["ACL", "DELUSER", &user]).await;
+    let _ = redis.command(&["DEL", &stream]).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Redis away for 30 s under load, killed (its append-only file keeps what
 /// it acknowledged) or frozen: nothing dead, no attempt spent, every event
 /// there once (a write cut at the kill may be there twice: Redis keeps no

@@ -216,13 +216,40 @@ impl RedisServer {
     }
 
     async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.connection_as("switchyard", &self.password).await
+    }
+
+    /// A command sent as `user`: its answer, or the server's error as text.
+    pub async fn command_as(
+        &self,
+        user: &str,
+        password: &str,
+        args: &[&str],
+    ) -> Result<redis::Value, String> {
+        let mut connection = self.connection_as(user, password).await;
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// A command sent as the services' ACL user, which may do anything.
+    pub async fn command(&self, args: &[&str]) -> Result<redis::Value, String> {
+        self.command_as("switchyard", &self.password, args).await
+    }
+
+    async fn connection_as(&self, user: &str, password: &str) -> redis::aio::MultiplexedConnection {
         switchyard::tls::install_provider();
         let mut info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str()).expect("a url");
         let settings = info
             .redis_settings()
             .clone()
-            .set_username("switchyard")
-            .set_password(&self.password);
+            .set_username(user)
+            .set_password(password);
         info = info.set_redis_settings(settings);
         let client = if self.tls {
             let root = std::fs::read(super::postgres::tls_file("ca.pem")).expect("the test CA");
