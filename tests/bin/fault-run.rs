@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
-//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|pg-crash|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|replication-pg-crash|replication-source-pg-restart|replication-source-pg-crash|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|mariadb-binlog-kills|mariadb-binlog-down-nats|mariadb-binlog-restart|all] [EVENTS] [ROUNDS]
+//! cargo run --release -p switchyard-tests --bin fault-run -- [kills|claim-kills|intake-kills|intake-claim-kills|outage|pg-restart|pg-crash|stall|replication-kills|replication-kills-broker-down|upgrade|replication-outage|replication-source-kills|replication-source-outage|replication-poison|replication-pg-restart|replication-pg-crash|replication-source-pg-restart|replication-source-pg-crash|registry-swaps|mariadb-kills|mariadb-down-nats|mariadb-restart|mariadb-binlog-kills|mariadb-binlog-down-nats|mariadb-binlog-restart|aws-sqs-fifo-kills|aws-kinesis-kills|down-sqs-fifo|down-sqs-fifo-frozen|down-kinesis|down-kinesis-frozen|all] [EVENTS] [ROUNDS]
 //! ```
 //!
 //! `kills`: three relays drain EVENTS events written while they run, and one
@@ -87,6 +87,31 @@
 //! `fleet-kills DATABASES KILLS` (50 and 10 by default): three relays
 //! share DATABASES databases out with `[ownership]`, writers in all of
 //! them, a relay SIGKILLed KILLS times; prints each takeover's time.
+//! `aws-sqs-fifo-kills [EVENTS] [KILLS]` (600 and 5) and
+//! `aws-kinesis-kills [EVENTS] [KILLS]` (20,000 and 10): three relays
+//! publish to an SQS FIFO queue (message group the aggregate id) or a
+//! 4-shard Kinesis stream on a moto server of the run's own while paced
+//! writers shaped as a service's commit EVENTS events, and a relay holding
+//! leases is SIGKILLed (and started again) KILLS times over the writing.
+//! moto's FIFO queues take a few dozen messages a second, fewer as they
+//! fill, so the SQS writers are paced for moto, not for the relay: about
+//! one transaction a second (some 5 events) over 50 aggregates; Kinesis
+//! gets 40 transactions a second over 400. The queue is drained (received
+//! and deleted) through SQS's API all along; the stream is read shard by
+//! shard at the end. `down-sqs-fifo`, `down-kinesis [MINUTES|SECONDSs]
+//! [KILLS]`: the same service refusing and cutting connections (a front
+//! the relay goes through closes; moto keeps what it took) for MINUTES (10
+//! by default), one relay with the default settings, writing going on 30 s
+//! before and after; with KILLS, two relays killed in turn that many times
+//! over the outage and the 30 s after it. `down-sqs-fifo-frozen`,
+//! `down-kinesis-frozen`: moto frozen (SIGSTOP) instead. A relay killed
+//! between a publish and its ack publishes again: Kinesis keeps both
+//! copies, and so does moto's FIFO queue once the consumer deleted the
+//! first (moto forgets a deduplication id with its message; SQS keeps it
+//! five minutes); the AWS runs count those copies among the duplicates.
+//! They print a table of their own (dead letters, worst commit-to-publish
+//! and, for outages, the first delivery after the return and the drain);
+//! `all` runs the two kills cells with at most their default EVENTS.
 //! `SWITCHYARD_FAULT_AGGREGATES` sets how many aggregates the writers of
 //! the kills, replication and MariaDB runs spread over (1,000).
 //! Prints one table row per run.
@@ -103,6 +128,8 @@ use switchyard_tests::service::ServicePool;
 use switchyard_tests::stall::StallingProxy;
 use switchyard_tests::workload::{Shape, write_events};
 
+#[path = "fault-run/aws.rs"]
+mod aws;
 #[path = "fault-run/fleet.rs"]
 mod fleet;
 #[path = "fault-run/mariadb.rs"]
@@ -211,6 +238,28 @@ async fn main() {
         print_rows(vec![row]);
         return;
     }
+    // The AWS cells: `aws-sqs-fifo-kills`, `aws-kinesis-kills`,
+    // `down-sqs-fifo[-frozen]`, `down-kinesis[-frozen]`.
+    if let Some(service) = which
+        .strip_prefix("aws-")
+        .and_then(|rest| rest.strip_suffix("-kills"))
+        .and_then(aws::Service::named)
+    {
+        let (events, kills) = aws_kills(service, second, rounds);
+        aws::print(&[aws::kills_run(&relay_bin, service, events, kills).await]);
+        return;
+    }
+    if let Some(down) = which.strip_prefix("down-") {
+        let (name, away) = match down.strip_suffix("-frozen") {
+            Some(name) => (name, aws::Away::Frozen),
+            None => (down, aws::Away::Refused),
+        };
+        if let Some(service) = aws::Service::named(name) {
+            let outage = outage_length(second_raw.as_deref(), second, 10);
+            aws::print(&[aws::down_run(&relay_bin, service, away, outage, rounds).await]);
+            return;
+        }
+    }
     let replication_down = which.strip_prefix("replication-down-");
     let intake_down = which.strip_prefix("intake-down-");
     let source_down = which.strip_prefix("replication-source-down-");
@@ -220,11 +269,7 @@ async fn main() {
         .or(intake_down)
         .or(source_down)
     {
-        // MINUTES, or a length in seconds (`10s`).
-        let outage = match second_raw.as_deref().and_then(|n| n.strip_suffix('s')) {
-            Some(seconds) => Duration::from_secs(seconds.parse().expect("an outage length such as 10s")),
-            None => Duration::from_secs(60 * second.unwrap_or(if down == "pg" { 2 } else { 10 })),
-        };
+        let outage = outage_length(second_raw.as_deref(), second, if down == "pg" { 2 } else { 10 });
         let outbox = if intake_down.is_some() {
             Outbox::Intake
         } else if source_down.is_some() {
@@ -291,7 +336,40 @@ async fn main() {
             rows.push(outage_run(&relay_bin, events.min(20_000), run).await);
         }
     }
+    let mut aws_rows = Vec::new();
+    if which == "all" {
+        for service in [aws::Service::SqsFifo, aws::Service::Kinesis] {
+            let (most, kills) = aws_kills(service, None, rounds);
+            aws_rows.push(aws::kills_run(&relay_bin, service, events.min(most), kills).await);
+        }
+    }
     print_rows(rows);
+    if !aws_rows.is_empty() {
+        aws::print(&aws_rows);
+    }
+}
+
+/// An outage's length: MINUTES, or a length in seconds (`10s`);
+/// `default_minutes` without either.
+fn outage_length(raw: Option<&str>, minutes: Option<u64>, default_minutes: u64) -> Duration {
+    match raw.and_then(|n| n.strip_suffix('s')) {
+        Some(seconds) => Duration::from_secs(seconds.parse().expect("an outage length such as 10s")),
+        None => Duration::from_secs(60 * minutes.unwrap_or(default_minutes)),
+    }
+}
+
+/// An AWS kills cell's EVENTS and KILLS: as given, else 600 events and 5
+/// kills to moto's SQS FIFO queue (paced for it: some 5 events a second),
+/// 20,000 events and 10 kills to Kinesis.
+fn aws_kills(service: aws::Service, events: Option<u64>, kills: usize) -> (usize, usize) {
+    let (events_by_default, kills_by_default) = match service {
+        aws::Service::SqsFifo => (600, 5),
+        aws::Service::Kinesis => (20_000, 10),
+    };
+    (
+        events.map_or(events_by_default, |n| n as usize),
+        if kills == 0 { kills_by_default } else { kills },
+    )
 }
 
 fn print_rows(rows: Vec<Row>) {
