@@ -142,7 +142,9 @@ async fn the_books_acl_user_relays_with_trimming_and_may_do_nothing_else() {
     ] {
         let answer = redis.command_as(&user, &password, &refused).await;
         assert!(
-            answer.as_ref().is_err_and(|e| e.to_uppercase().contains("NOPERM")),
+            answer
+                .as_ref()
+                .is_err_and(|e| e.to_uppercase().contains("NOPERM")),
             "{refused:?} as the page's user: {answer:?}"
         );
     }
