@@ -738,6 +738,132 @@ async fn a_key_rotated_in_the_shared_credentials_file_is_taken_up_without_a_rest
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The web identity tokens of `AssumeRoleWithWebIdentity` calls in the
+/// order moto received them (its request recording, a line per request).
+fn web_identity_tokens(recording: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(recording).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|request| {
+            let body = request["body"].as_str()?.to_string();
+            let body = if request["body_encoded"].as_bool() == Some(true) {
+                use base64::Engine;
+                String::from_utf8(base64::engine::general_purpose::STANDARD.decode(body).ok()?).ok()?
+            } else {
+                body
+            };
+            let form: HashMap<String, String> = url::form_urlencoded::parse(body.as_bytes())
+                .into_owned()
+                .collect();
+            (form.get("Action").map(String::as_str) == Some("AssumeRoleWithWebIdentity"))
+                .then(|| form.get("WebIdentityToken").cloned())
+                .flatten()
+        })
+        .collect()
+}
+
+/// A web identity token file (as a Kubernetes service account's is
+/// mounted, replaced by a rename) rotated under a running relay: its next
+/// `AssumeRoleWithWebIdentity` sends the new token, without a restart,
+/// and no event waits for it, spends an attempt or is lost; neither token
+/// is in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_identity_token_rotated_under_the_relay_is_taken_up() {
+    init_logging();
+    let db = fresh_db().await;
+    let dir = std::env::temp_dir().join(unique("sy-aws-web-identity"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let recording = dir.join("moto-recording");
+    let moto = Moto::own_with(&[
+        ("MOTO_ENABLE_RECORDING", "true"),
+        ("MOTO_RECORDER_FILEPATH", recording.to_str().unwrap()),
+    ])
+    .await;
+    let queue = unique("web-identity") + ".fifo";
+    let url = moto.queue(&queue).await;
+    let token_file = dir.join("token");
+    let replace = |token: &str| {
+        let next = dir.join("token.next");
+        std::fs::write(&next, token).unwrap();
+        std::fs::rename(&next, &token_file).unwrap();
+    };
+    let first = format!("token-one-{}", uuid::Uuid::new_v4().simple());
+    let second = format!("token-two-{}", uuid::Uuid::new_v4().simple());
+    replace(&first);
+    let target = Target::of("sqs")
+        .set("region", switchyard_tests::aws::REGION)
+        .set("endpoint_url", moto.url.as_str())
+        .set("queues", strings(&[&queue]))
+        .set("credentials_refresh_seconds", 2);
+    let config = to_aws(&db.url, target, &queue).tuning(RelaySection::quick().set("max_attempts", "2"));
+    let log = dir.join("relay.log");
+    let env = [
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", token_file.to_str().unwrap()),
+        ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/relay"),
+        ("AWS_ROLE_SESSION_NAME", "relay"),
+        // The SDK's own STS client for web identity takes its endpoint from
+        // the SDK's variable, not from the target's sts_endpoint_url.
+        ("AWS_ENDPOINT_URL_STS", moto.url.as_str()),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
+        ("AWS_CONFIG_FILE", "/nonexistent"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ];
+    let mut relay = switchyard_tests::relay::Process::spawn_logged_with(
+        SWITCHYARD,
+        &config.toml(),
+        "web-identity",
+        "info",
+        &log,
+        &env,
+    );
+    let before = write_events(&db.pool, Shape::rows(Outbox::Switchyard), 10, 60, 1, 1).await;
+    all_published(&db.pool, before.len() as i64, Duration::from_secs(60)).await;
+    assert!(
+        web_identity_tokens(&recording).contains(&first),
+        "the relay assumed its role with the first token"
+    );
+    replace(&second);
+    // Credentials are found again at the first call after
+    // credentials_refresh_seconds: the next events' publish.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = write_events(&db.pool, Shape::rows(Outbox::Switchyard), 10, 60, 1, 2).await;
+    all_published(
+        &db.pool,
+        (before.len() + after.len()) as i64,
+        Duration::from_secs(60),
+    )
+    .await;
+    relay.terminate();
+    assert_eq!(count_status(&db.pool, "dead").await, 0);
+    let spent: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(spent, 0, "the rotation spent no attempt");
+    let tokens = web_identity_tokens(&recording);
+    let switched = tokens
+        .iter()
+        .position(|t| *t == second)
+        .expect("the second token sent");
+    assert!(
+        tokens[switched..].iter().all(|t| *t == second),
+        "after the file changed, only the new token: {tokens:?}"
+    );
+    let received = moto
+        .receive(&url, before.len() + after.len(), Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        received.len(),
+        before.len() + after.len(),
+        "every event in the queue"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    for token in [&first, &second] {
+        assert!(!text.contains(token.as_str()), "a token in the log");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A wrong secret: the target is not ready, `/readyz` and the log say the
 /// service refused the signature, and the secret is nowhere in them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -134,10 +134,11 @@ macro_rules! aws_target {
             #[serde(default)]
             #[schemars(extend("x-env" = "SWITCHYARD_TARGET_<NAME>_ENDPOINT_URL"))]
             pub endpoint_url: Option<String>,
-            /// The STS address of the relay's own calls (a role's
-            /// `AssumeRole`, a web identity's exchange, an SNS topic's
-            /// account): a VPC endpoint of STS, or an emulator. Default: the
-            /// region's. `endpoint_url` is the target's service's alone.
+            /// The STS address of the relay's own calls (`role_arn`'s
+            /// `AssumeRole`, an SNS topic's account): a VPC endpoint of STS,
+            /// or an emulator. Default: the region's. `endpoint_url` is the
+            /// target's service's alone; a web identity's exchange follows
+            /// `AWS_ENDPOINT_URL_STS`.
             #[serde(default)]
             pub sts_endpoint_url: Option<String>,
             /// A profile of the shared config and credentials files. Default:
