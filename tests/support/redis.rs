@@ -265,7 +265,7 @@ impl RedisServer {
             redis::Client::open(info).expect("a client")
         };
         client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&test_timeouts())
             .await
             .expect("Redis answers")
     }
@@ -299,6 +299,15 @@ impl Drop for RedisServer {
             let _ = std::fs::remove_dir_all(own.dir);
         }
     }
+}
+
+/// The client's own bounds (1 s to connect, 500 ms an answer) are for
+/// production; a test reading thousands of entries from a server just
+/// restarted, on two busy cores, waits longer.
+fn test_timeouts() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(20)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(60)))
 }
 
 /// A Redis Cluster of the test's own: `nodes` masters on free ports, no
@@ -396,8 +405,11 @@ impl RedisCluster {
     /// Every entry of `stream`, read through the cluster (from the node
     /// serving its slot).
     pub async fn entries(&self, stream: &str) -> Vec<Received> {
-        let client =
-            redis::cluster::ClusterClient::new(self.urls.split(',').collect::<Vec<_>>()).expect("a client");
+        let client = redis::cluster::ClusterClientBuilder::new(self.urls.split(',').collect::<Vec<_>>())
+            .connection_timeout(Duration::from_secs(20))
+            .response_timeout(Duration::from_secs(60))
+            .build()
+            .expect("a client");
         let mut connection = client.get_async_connection().await.expect("the cluster answers");
         let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
             .arg(stream)
