@@ -211,9 +211,15 @@ async fn a_400_to_one_event_type_dead_letters_those_with_status_and_body_and_the
     let db = fresh_db().await;
     let receiver = Receiver::start(true, false, &[]).await;
     receiver.plan(&serde_json::json!({"rules": [
-        {"header": "Switchyard-Event-Type", "equals": "OrderShipped", "status": 400, "body": "{\"error\":\"shipping is not ours\"}"}
+        {"header": "Switchyard-Event-Type", "equals": "OrderShipped", "status": 400,
+         "body": "{\"error\":\"shipping is not ours\",\"order\":{\"customer\":{\"email\":\"ada@example.com\"}}}"}
     ]}));
-    let config = to_hooks(&db.url, &receiver, "orders", Target::of("http"));
+    // The refusal quotes the event: a masked field is hidden in the dead letter.
+    let config = to_hooks(&db.url, &receiver, "orders", Target::of("http")).set(
+        "admin",
+        "mask_fields",
+        switchyard_tests::config::strings(&["email"]),
+    );
     let relay = InProcess::start(&parse(&config.toml())).await;
     let expected = write_events(&db.pool, Shape::rows(Outbox::Switchyard), 20, 150, 1, 9).await;
     eventually("every event settled", Duration::from_secs(120), || async {
@@ -244,6 +250,10 @@ async fn a_400_to_one_event_type_dead_letters_those_with_status_and_body_and_the
         assert!(
             error.contains("400") && error.contains("shipping is not ours"),
             "{error}"
+        );
+        assert!(
+            error.contains(r#""email":"***""#) && !error.contains("ada@example.com"),
+            "the masked field hidden: {error}"
         );
     }
     assert_eq!(

@@ -432,6 +432,7 @@ async fn a_broker_silent_after_the_handshake_fails_the_health_check_in_seconds()
     let settings = switchyard::sinks::SinkSettings {
         publish_timeout: Duration::from_secs(2),
         retry_horizon: Duration::from_secs(60),
+        mask_fields: Vec::new(),
     };
     let sink = config.build("silent", &settings).await.unwrap();
     for round in 1..=2 {

@@ -674,7 +674,7 @@ fn one_target(db: &str, name: &str, topic: &str, target: Target) -> TestConfig {
 /// without them, and their health checks (what `/readyz` shows) say why.
 async fn connect_targets(config: &str) -> String {
     let config = parse(config);
-    let sinks = switchyard::sinks::Sinks::connect(&config.targets, &config.relay.sink_settings())
+    let sinks = switchyard::sinks::Sinks::connect(&config.targets, &config.sink_settings())
         .await
         .expect("an unreachable target does not stop the start");
     let checks = switchyard::admin::target_checks(&sinks).await;

@@ -39,6 +39,7 @@ pub mod console;
 pub mod demo;
 pub mod endpoint;
 pub mod fleet;
+pub mod mask;
 pub mod metrics;
 pub mod plugin;
 pub mod redact;

@@ -1,4 +1,5 @@
-//! `[admin] mask_fields`: payload fields the console shows as `***`.
+//! `[admin] mask_fields`: payload fields the console shows as `***`, and
+//! that a target's quote of an answer (a webhook's refusal) hides alike.
 //! A dotted path (`card.number`) names a field from the top; a name alone
 //! (`ssn`) names that field at any depth, in objects and arrays.
 

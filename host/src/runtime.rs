@@ -84,7 +84,7 @@ impl Shared {
             .cache_dir()
             .map(|dir| crate::plugin::oci::follow(&plugins, &crate::plugin::oci::OciCache::new(&dir)));
         let watcher = PluginWatcher::with_follower(watcher, follower);
-        let sinks = Sinks::connect(&config.targets, &config.relay.sink_settings()).await?;
+        let sinks = Sinks::connect(&config.targets, &config.sink_settings()).await?;
         let metrics = Metrics::new(Some(plugins.clone()));
         Ok(Shared {
             plugins,

@@ -156,7 +156,8 @@ pub struct AdminConfig {
     pub tokens: BTreeMap<String, crate::secret::SecretValue>,
     /// Payload fields the console shows as `***`, as dotted paths
     /// (`card.number`, `customer.email`); a name matches at any depth when
-    /// written alone (`ssn`).
+    /// written alone (`ssn`). A webhook's JSON refusal, quoted in a dead
+    /// letter, has them hidden too.
     #[serde(default)]
     pub mask_fields: Vec<String>,
     /// Replays and purges one token may do per minute.
@@ -382,14 +383,6 @@ impl RelayConfig {
         Duration::from_millis(self.publish_timeout_ms)
     }
 
-    /// What targets take from the relay's settings.
-    pub fn sink_settings(&self) -> crate::sinks::SinkSettings {
-        crate::sinks::SinkSettings {
-            publish_timeout: self.publish_timeout(),
-            retry_horizon: self.retry_horizon(),
-        }
-    }
-
     /// The longest time from an event's first publish to its last retry:
     /// every backoff at its longest, plus a whole lease per attempt (a relay
     /// that crashed holding the row). A broker deduplicating by event id
@@ -504,6 +497,15 @@ const fn default_plugin_max_memory_bytes() -> usize {
 }
 
 impl Config {
+    /// What targets take from the relay's settings and the console's masks.
+    pub fn sink_settings(&self) -> crate::sinks::SinkSettings {
+        crate::sinks::SinkSettings {
+            publish_timeout: self.relay.publish_timeout(),
+            retry_horizon: self.relay.retry_horizon(),
+            mask_fields: self.admin.mask_fields.clone(),
+        }
+    }
+
     /// The slot and publication to read, in replication mode.
     pub fn replication_feed(&self) -> Option<ReplicationConfig> {
         (self.relay.mode == FeedMode::Replication).then(|| self.replication.clone().unwrap_or_default())

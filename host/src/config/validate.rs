@@ -277,7 +277,7 @@ fn targets(problems: &mut Problems, config: &Config) {
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
             format!("targets.{name}: a target name may use letters, digits, '-' and '_' only"),
         );
-        for problem in target.validate(&config.relay.sink_settings()) {
+        for problem in target.validate(&config.sink_settings()) {
             problems.check(false, format!("targets.{name}: {problem}"));
         }
     }

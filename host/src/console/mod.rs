@@ -11,7 +11,6 @@
 
 pub mod auth;
 pub mod charts;
-pub mod mask;
 pub mod pages;
 pub mod view;
 

@@ -492,7 +492,7 @@ fn payload_text(entry: &OutboxEntry, masks: &[String]) -> String {
 
 fn pretty(value: &serde_json::Value, masks: &[String]) -> String {
     let mut value = value.clone();
-    super::mask::mask(&mut value, masks);
+    crate::mask::mask(&mut value, masks);
     serde_json::to_string_pretty(&value).unwrap_or_default()
 }
 

@@ -40,7 +40,7 @@ impl Deferred {
             kind: config.kind(),
             deduplicates: config.deduplicates_by_id(),
             config: config.clone(),
-            settings: *settings,
+            settings: settings.clone(),
             connected: OnceLock::new(),
             connecting: tokio::sync::Mutex::new(()),
             reason: Mutex::new(first),

@@ -13,13 +13,15 @@ use super::aws::{eventbridge, kinesis, sns, sqs};
 use super::{Sink, SinkError, file, http, kafka, nats, pubsub, rabbitmq, redis, stdout};
 
 /// What a target takes from the relay's settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SinkSettings {
     /// Bound on one publish.
     pub publish_timeout: Duration,
     /// How long the relay may retry one event (JetStream's duplicate window
     /// must cover it).
     pub retry_horizon: Duration,
+    /// `[admin] mask_fields`: what a target quoting a JSON answer hides.
+    pub mask_fields: Vec<String>,
 }
 
 /// What every target kind's config provides.

@@ -311,7 +311,12 @@ impl TargetKind for HttpSinkConfig {
 
     #[cfg(feature = "http")]
     async fn build(&self, name: &str, settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
-        Ok(Arc::new(super::sink::HttpSink::new(name, self, settings.publish_timeout)?) as Arc<dyn Sink>)
+        Ok(Arc::new(super::sink::HttpSink::new(
+            name,
+            self,
+            settings.publish_timeout,
+            &settings.mask_fields,
+        )?) as Arc<dyn Sink>)
     }
 
     #[cfg(not(feature = "http"))]

@@ -18,6 +18,8 @@ use crate::sinks::{FailureKind, OutgoingMessage, Sink, SinkError};
 
 /// Bytes of an answer kept in a dead letter.
 const BODY_KEPT: usize = 256;
+/// Bytes of an answer read to mask it as JSON before it is cut.
+const BODY_READ: usize = 64 * 1024;
 /// The longest `Retry-After` honoured: a longer one is taken as this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// Headers the relay sets itself: a message's own of these names are not sent.
@@ -44,6 +46,8 @@ pub struct HttpSink {
     in_flight: Semaphore,
     /// Until when the endpoint asked the relay to wait (`Retry-After`).
     not_before: std::sync::Mutex<Option<Instant>>,
+    /// `[admin] mask_fields`: hidden in a quoted JSON answer.
+    masks: Vec<String>,
 }
 
 /// One request: where, what, and for which messages.
@@ -61,7 +65,12 @@ impl HttpSink {
     /// # Errors
     /// TLS files that cannot be read or used, named: they will not mend by
     /// waiting.
-    pub fn new(name: &str, config: &HttpSinkConfig, timeout: Duration) -> Result<HttpSink, SinkError> {
+    pub fn new(
+        name: &str,
+        config: &HttpSinkConfig,
+        timeout: Duration,
+        masks: &[String],
+    ) -> Result<HttpSink, SinkError> {
         crate::tls::install_provider();
         let config = Arc::new(config.clone());
         let allowed = Arc::clone(&config);
@@ -106,6 +115,7 @@ impl HttpSink {
             password: config.password.clone().map(Held::new),
             in_flight: Semaphore::new(config.concurrency.max(1)),
             not_before: std::sync::Mutex::new(None),
+            masks: masks.to_vec(),
             client,
             config,
         })
@@ -315,7 +325,7 @@ impl HttpSink {
                 ),
             ));
         }
-        let body = first_bytes(response).await;
+        let body = first_bytes(response, &self.masks).await;
         match code {
             401 | 403 => Err(SinkError::new(
                 FailureKind::Unauthorized,
@@ -367,18 +377,56 @@ fn retry_after(value: &str) -> Option<Duration> {
     Some(Duration::from_secs(u64::try_from(seconds).unwrap_or(0)))
 }
 
-/// The first bytes of an answer's body, on one line.
-async fn first_bytes(mut response: reqwest::Response) -> String {
+/// The first bytes of an answer's body, on one line. A JSON answer (a
+/// receiver's refusal often quotes the event) has the fields of
+/// `[admin] mask_fields` hidden, as the console hides them in payloads; one
+/// that cannot be read whole to mask it is not quoted.
+async fn first_bytes(mut response: reqwest::Response, masks: &[String]) -> String {
+    let json = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().contains("json"));
+    let wanted = if masks.is_empty() {
+        BODY_KEPT + 1
+    } else {
+        BODY_READ + 1
+    };
     let mut body = Vec::new();
-    while body.len() < BODY_KEPT {
+    while body.len() < wanted {
         match response.chunk().await {
             Ok(Some(chunk)) => body.extend_from_slice(&chunk),
             _ => break,
         }
     }
+    quoted(&body, json, masks)
+}
+
+/// What a dead letter quotes of `body`: masked when it is JSON, cut to
+/// [`BODY_KEPT`] bytes, control characters as spaces.
+fn quoted(body: &[u8], json: bool, masks: &[String]) -> String {
+    let looks_json = json || matches!(body.trim_ascii_start().first(), Some(b'{' | b'['));
+    let masked;
+    let body = if masks.is_empty() || !looks_json {
+        body
+    } else {
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(mut value) => {
+                crate::mask::mask(&mut value, masks);
+                masked = value.to_string().into_bytes();
+                &masked
+            }
+            Err(_) => {
+                return format!(
+                    "({}{} bytes of JSON that cannot be read whole to hide mask_fields: not shown)",
+                    if body.len() > BODY_READ { "over " } else { "" },
+                    body.len().min(BODY_READ)
+                );
+            }
+        }
+    };
     let cut = body.len() > BODY_KEPT;
-    body.truncate(BODY_KEPT);
-    let text: String = String::from_utf8_lossy(&body)
+    let text: String = String::from_utf8_lossy(&body[..body.len().min(BODY_KEPT)])
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
@@ -557,6 +605,29 @@ mod tests {
         let after = retry_after(&later).unwrap();
         assert!((28..=30).contains(&after.as_secs()), "{after:?}");
         assert_eq!(retry_after("soon"), None);
+    }
+
+    #[test]
+    fn a_quoted_json_answer_hides_the_masked_fields_and_one_unreadable_is_not_quoted() {
+        let masks = vec!["card.number".to_string(), "ssn".to_string()];
+        let answer =
+            br#"{"error":"invalid","card":{"number":"4111111111111111"},"rows":[{"ssn":"078-05-1120"}]}"#;
+        let quoted_answer = quoted(answer, true, &masks);
+        assert!(
+            !quoted_answer.contains("4111") && !quoted_answer.contains("078-05"),
+            "{quoted_answer}"
+        );
+        assert!(quoted_answer.contains(r#""error":"invalid""#), "{quoted_answer}");
+        // Cut JSON cannot be masked: not quoted at all, whatever its type says.
+        let cut = quoted(&answer[..40], false, &masks);
+        assert!(cut.contains("not shown") && !cut.contains("4111"), "{cut}");
+        // Text is quoted as it is, cut; without masks JSON is too.
+        let text = "no\nsuch order ".repeat(40);
+        let quoted_text = quoted(text.as_bytes(), false, &masks);
+        assert!(quoted_text.starts_with("no such order") && quoted_text.ends_with("..."));
+        assert!(quoted_text.len() <= BODY_KEPT + 3);
+        assert!(quoted(answer, true, &[]).contains("4111"));
+        assert_eq!(quoted(b"  ", false, &masks), "(no body)");
     }
 
     #[test]

@@ -246,6 +246,7 @@ mod tests {
     const SETTINGS: SinkSettings = SinkSettings {
         publish_timeout: std::time::Duration::from_secs(1),
         retry_horizon: std::time::Duration::from_secs(1),
+        mask_fields: Vec::new(),
     };
 
     fn config(properties: &[(&str, &str)], allow: bool) -> KafkaSinkConfig {

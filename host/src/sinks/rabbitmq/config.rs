@@ -217,6 +217,7 @@ mod tests {
     const SETTINGS: SinkSettings = SinkSettings {
         publish_timeout: std::time::Duration::from_secs(1),
         retry_horizon: std::time::Duration::from_secs(1),
+        mask_fields: Vec::new(),
     };
 
     fn config(url: &str, exchange: &str) -> RabbitMqSinkConfig {
