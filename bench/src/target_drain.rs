@@ -1,16 +1,18 @@
-//! The relay's CPU per event publishing to SQS against NATS JetStream, by
-//! hand: a relay process (the release `relay-process`, beside this binary)
-//! drains the same backlog to JetStream, to a standard SQS queue and to a
-//! FIFO queue on a moto server of the bench's own, the targets in turn
-//! (NATS, SQS, FIFO, NATS, SQS, FIFO...), and the relay process's CPU time
-//! (utime + stime from /proc/PID/stat) from the backlog's commit until it
-//! is drained is printed per event, with the events/s, for each drain.
+//! The relay's CPU per event for each kind of target against NATS
+//! JetStream, by hand: a relay process (the release `relay-process`, beside
+//! this binary) drains the same backlog to JetStream, to a standard SQS
+//! queue and a FIFO queue on a moto server of the bench's own, to a webhook
+//! receiver in this process, and to a Redis stream on the services' Redis
+//! (TLS, the ACL user), the targets in turn (NATS, SQS, FIFO, HTTP, Redis,
+//! NATS...), and the relay process's CPU time (utime + stime from
+//! /proc/PID/stat) from the backlog's commit until it is drained is printed
+//! per event, with the events/s, for each drain.
 //!
 //! ```text
 //! eval "$(scripts/services.sh start)"
 //! (cd plugins && cargo build --release)
 //! cargo build --release -p switchyard-tests --bin relay-process
-//! cargo run --release -p switchyard-bench --bin aws-drain [-- --rows 20000 --fifo-rows 5000 --rounds 2]
+//! cargo run --release -p switchyard-bench --bin target-drain [-- --rows 20000 --fifo-rows 5000 --rounds 2 --targets nats,http,redis]
 //! ```
 //!
 //! The relay starts on an empty outbox and is measured from a few seconds
@@ -26,7 +28,9 @@
 //! strict purging off), so that the queue stays short; the relay does the
 //! same work for each event either way. The events/s to SQS are moto's,
 //! not the service's: the CPU per event is the figure. FIFO queues are
-//! slower still on moto: their drains are `--fifo-rows` events.
+//! slower still on moto: their drains are `--fifo-rows` events. The
+//! webhook receiver answers `200` to every request at once, unsigned
+//! checks aside (the relay signs each request with a secret all the same).
 
 // The same allocator as the shipped relay's (the relay is another process;
 // this keeps the bench's own build in line with the others).
@@ -44,7 +48,9 @@ use switchyard_tests::relay::Process;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(about = "Relay CPU per event: SQS (standard and FIFO, on moto) against NATS JetStream")]
+#[command(
+    about = "Relay CPU per event: SQS (standard and FIFO, on moto), a webhook and Redis Streams against NATS JetStream"
+)]
 struct Args {
     /// Events of each NATS and standard SQS drain.
     #[arg(long, default_value_t = 20_000)]
@@ -58,7 +64,7 @@ struct Args {
     /// Rounds: each drains to every target once, in turn.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
-    /// Only these targets (comma-separated: nats, sqs, fifo); all when empty.
+    /// Only these targets (comma-separated: nats, sqs, fifo, http, redis); all when empty.
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// Rows per claim.
@@ -81,7 +87,17 @@ enum Target {
     Nats,
     Sqs,
     Fifo,
+    Http,
+    Redis,
 }
+
+const TARGETS: [Target; 5] = [
+    Target::Nats,
+    Target::Sqs,
+    Target::Fifo,
+    Target::Http,
+    Target::Redis,
+];
 
 impl Target {
     fn key(self) -> &'static str {
@@ -89,6 +105,8 @@ impl Target {
             Target::Nats => "nats",
             Target::Sqs => "sqs",
             Target::Fifo => "fifo",
+            Target::Http => "http",
+            Target::Redis => "redis",
         }
     }
 
@@ -97,6 +115,8 @@ impl Target {
             Target::Nats => "NATS JetStream",
             Target::Sqs => "SQS standard (moto)",
             Target::Fifo => "SQS FIFO (moto)",
+            Target::Http => "HTTP webhook (local receiver)",
+            Target::Redis => "Redis Streams (TLS, ACL user)",
         }
     }
 }
@@ -129,10 +149,12 @@ struct Bench {
     nats_url: String,
     relay: String,
     moto: Moto,
+    /// The webhook receiver's address.
+    receiver: String,
     admin: PgPool,
 }
 
-const TEMPLATE: &str = "sy_awsbench_template";
+const TEMPLATE: &str = "sy_drainbench_template";
 
 /// Event `n` (aggregate `n % $3`): ~200-byte order documents with a
 /// traceparent, as the relay bench's.
@@ -202,6 +224,27 @@ impl Bench {
                     switchyard_tests::aws::SECRET_ACCESS_KEY,
                 ),
             ),
+            Target::Http => (
+                "orders".to_string(),
+                format!(
+                    "type = \"http\"\nbase_url = \"{}\"\nsigning_secrets = [\"whsec_{}\"]",
+                    self.receiver,
+                    base64_secret()
+                ),
+            ),
+            Target::Redis => {
+                let redis = switchyard_tests::redis::RedisServer::shared();
+                (
+                    queue.to_string(),
+                    format!(
+                        "type = \"redis\"\nurl = \"{}\"\nuser = \"switchyard\"\npassword = \"{}\"\n\
+                         tls = {{ root_cert = \"{}\" }}",
+                        redis.url,
+                        redis.password,
+                        switchyard_tests::postgres::tls_file("ca.pem"),
+                    ),
+                )
+            }
         };
         let plugin = switchyard_tests::workspace_root()
             .join("plugins/target/wasm32-wasip2/release/route_by_type.wasm");
@@ -239,7 +282,7 @@ topic = "{topic}"
 
     /// Drains `rows` events to `target` with a relay process of its own.
     async fn drain(&self, target: Target, rows: u64) -> anyhow::Result<Drain> {
-        let name = format!("sy_awsbench_{}", target.key());
+        let name = format!("sy_drainbench_{}", target.key());
         self.recreate(&name, Some(TEMPLATE)).await?;
         let url = self.db_url(&name);
         let queue = match target {
@@ -247,10 +290,11 @@ topic = "{topic}"
                 self.reset_nats().await?;
                 String::new()
             }
-            Target::Sqs => unique("bench"),
+            Target::Sqs | Target::Redis => unique("bench"),
             Target::Fifo => unique("bench") + ".fifo",
+            Target::Http => String::new(),
         };
-        let queue_url = if queue.is_empty() {
+        let queue_url = if queue.is_empty() || target == Target::Redis {
             String::new()
         } else {
             self.moto.queue(&queue).await
@@ -308,6 +352,11 @@ topic = "{topic}"
         if target == Target::Nats {
             self.reset_nats().await?;
         }
+        if target == Target::Redis {
+            let _ = switchyard_tests::redis::RedisServer::shared()
+                .command(&["DEL", &queue])
+                .await;
+        }
         let drain = Drain {
             target,
             rows,
@@ -351,6 +400,24 @@ topic = "{topic}"
     }
 }
 
+/// A webhook receiver on a loopback port of its own, answering `200` to
+/// every request once its body is read; its `http://` address.
+async fn receiver() -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let app = axum::Router::new().fallback(|_body: axum::body::Bytes| async { axum::http::StatusCode::OK });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(format!("http://{address}/hooks"))
+}
+
+/// A signing secret's key, as Standard Webhooks secrets are written: 32
+/// hex characters are base64's alphabet, a 24-byte key.
+fn base64_secret() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -372,7 +439,9 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("PostgreSQL at {server_url} (run scripts/services.sh start)"))?;
     // moto purges a queue at any time when strict purging is off.
     let moto = Moto::own_with(&[("MOTO_SQS_ENFORCE_STRICT_QUEUE_PURGE_BEHAVIOUR", "false")]).await;
+    let receiver = receiver().await?;
     let bench = Bench {
+        receiver,
         nats_url: var("SWITCHYARD_NATS_URL", "nats://127.0.0.1:54222"),
         server_url,
         relay: relay.to_string_lossy().to_string(),
@@ -387,7 +456,7 @@ async fn main() -> anyhow::Result<()> {
     let mut drains = Vec::new();
     for round in 1..=bench.args.rounds {
         eprintln!("round {round}");
-        for target in [Target::Nats, Target::Sqs, Target::Fifo] {
+        for target in TARGETS {
             let rows = if target == Target::Fifo {
                 bench.args.fifo_rows
             } else {
@@ -436,7 +505,8 @@ fn print(drains: &[Drain]) {
     };
     let nats_busy = median(Target::Nats, Drain::busy_us_per_event).unwrap_or(nats);
     println!();
-    for target in [Target::Sqs, Target::Fifo] {
+    for target in &TARGETS[1..] {
+        let target = *target;
         if let (Some(cpu), Some(busy)) = (
             median(target, Drain::cpu_us_per_event),
             median(target, Drain::busy_us_per_event),
