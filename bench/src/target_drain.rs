@@ -209,7 +209,8 @@ impl Bench {
             Target::Nats => (
                 "bench.{event_type}".to_string(),
                 format!(
-                    "type = \"nats\"\nurl = \"{}\"\nstream = {{ name = \"BENCH\", subjects = [\"bench.>\"] }}",
+                    "type = \"nats\"\nurl = \"{}\"\nstream = {{ name = \"BENCH\", subjects = [\"bench.>\"] }}\n\
+                     duplicate_window_seconds = 3600",
                     self.nats_url
                 ),
             ),
