@@ -95,15 +95,12 @@ env ${cargo_env[@]+"${cargo_env[@]}"} cargo test "${targets[@]}" --no-run --quie
 echo "   test build done at $((SECONDS - step_started)) s"
 # The build scripts/demo.sh makes (no default features) compiles, and with
 # SWITCHYARD_CLIPPY lints clean; checked only, no code generated. It goes
-# on beside the light steps below and the tests, at the lowest priority
-# (it takes what they leave idle: waiting for it before the tests cost a
-# CI run 93 s), in a target directory of its own (cargo locks the one it
-# builds in, and the tests' runner builds there), and is waited for at
-# the end.
+# on beside the light steps below (demo, deploy, docs, the walk) and is
+# waited for before the tests, which it must not slow.
 check_pid=""
 if [ -z "$quick" ]; then
-    (env ${cargo_env[@]+"${cargo_env[@]}"} nice -n 19 cargo check -p switchyard --no-default-features --lib --bins \
-        --quiet --target-dir target/no-default) >"$beside/no-default.log" 2>&1 &
+    (env ${cargo_env[@]+"${cargo_env[@]}"} cargo check -p switchyard --no-default-features --lib --bins --quiet) \
+        >"$beside/no-default.log" 2>&1 &
     check_pid=$!
 fi
 relay="$PWD/target/debug/relay-process"
@@ -143,8 +140,7 @@ cat "$beside/plugins.log"
 # one directory removed at the end, so that runs do not fill the disk. Not
 # for the services: they outlive this script on a developer's machine.
 scratch="$(mktemp -d /tmp/switchyard-run.XXXXXX)"
-stop_check() { [ -z "${check_pid:-}" ] || pkill -P "$check_pid" 2>/dev/null || true; }
-trap 'kill "$plugins_pid" 2>/dev/null || true; stop_check; rm -rf "$beside" "$scratch"' EXIT
+trap 'kill "$plugins_pid" 2>/dev/null || true; rm -rf "$beside" "$scratch"' EXIT
 
 if [ -n "$quick" ]; then
     export SWITCHYARD_IMAGE=""
@@ -178,10 +174,19 @@ else
     fi
 fi
 
+if [ -n "$check_pid" ]; then
+    mark no-default
+    if ! wait "$check_pid"; then
+        cat "$beside/no-default.log" >&2
+        echo "test: the build without default features (scripts/demo.sh's) does not check" >&2
+        exit 1
+    fi
+fi
+
 mark tests
 echo "== relay ($runner)"
 log="$(mktemp)"
-trap 'stop_check; rm -rf "$log" "$log.tests" "$beside" "$scratch"' EXIT
+trap 'rm -rf "$log" "$log.tests" "$beside" "$scratch"' EXIT
 # Every test runs even after one fails, and the summary is printed either
 # way: a red run says everything that failed, not the first failure.
 status=0
@@ -219,14 +224,6 @@ else
     # Each test binary's own time, as its runner reports it.
     awk '/^     Running / { name = $NF; gsub(/[()]/, "", name); sub(/.*\//, "", name); sub(/-[0-9a-f]+$/, "", name) } /^test result:/ { for (i = 1; i <= NF; i++) if ($i == "in") t = $(i+1); sub(/s$/, "", t); if (name != "") printf "  %-32s %8.1f s\n", name, t; name = "" }' "$log" \
         | sort -k2 -n -r | sed -n 1,30p
-fi
-if [ -n "$check_pid" ]; then
-    mark no-default
-    if ! wait "$check_pid"; then
-        cat "$beside/no-default.log" >&2
-        echo "test: the build without default features (scripts/demo.sh's) does not check" >&2
-        status=1
-    fi
 fi
 print_timings
 exit "$status"
