@@ -28,9 +28,14 @@
 //! strict purging off), so that the queue stays short; the relay does the
 //! same work for each event either way. The events/s to SQS are moto's,
 //! not the service's: the CPU per event is the figure. FIFO queues are
-//! slower still on moto: their drains are `--fifo-rows` events. The
-//! webhook receiver answers `200` to every request at once, unsigned
-//! checks aside (the relay signs each request with a secret all the same).
+//! slower still on moto: their drains are `--fifo-rows` events. At that
+//! pace the relay's costs that go by time (its idle ticks, lease
+//! extensions of the claims held while moto answers) weigh on each event,
+//! so SQS is drained a second time to SQS's API answered at once by this
+//! process (`sqs-local`, `fifo-local`), at NATS's pace: that is the
+//! relay's own CPU per event. The webhook receiver answers `200` to every
+//! request at once without checking its signature (the relay signs each
+//! all the same).
 
 // The same allocator as the shipped relay's (the relay is another process;
 // this keeps the bench's own build in line with the others).
@@ -64,7 +69,8 @@ struct Args {
     /// Rounds: each drains to every target once, in turn.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
-    /// Only these targets (comma-separated: nats, sqs, fifo, http, redis); all when empty.
+    /// Only these targets (comma-separated: nats, sqs, fifo, sqs-local,
+    /// fifo-local, http, redis); all when empty.
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// Rows per claim.
@@ -87,14 +93,19 @@ enum Target {
     Nats,
     Sqs,
     Fifo,
+    /// SQS's API answered at once by this process: the relay's own cost.
+    SqsLocal,
+    FifoLocal,
     Http,
     Redis,
 }
 
-const TARGETS: [Target; 5] = [
+const TARGETS: [Target; 7] = [
     Target::Nats,
     Target::Sqs,
     Target::Fifo,
+    Target::SqsLocal,
+    Target::FifoLocal,
     Target::Http,
     Target::Redis,
 ];
@@ -105,6 +116,8 @@ impl Target {
             Target::Nats => "nats",
             Target::Sqs => "sqs",
             Target::Fifo => "fifo",
+            Target::SqsLocal => "sqs-local",
+            Target::FifoLocal => "fifo-local",
             Target::Http => "http",
             Target::Redis => "redis",
         }
@@ -115,6 +128,8 @@ impl Target {
             Target::Nats => "NATS JetStream",
             Target::Sqs => "SQS standard (moto)",
             Target::Fifo => "SQS FIFO (moto)",
+            Target::SqsLocal => "SQS standard (answered at once)",
+            Target::FifoLocal => "SQS FIFO (answered at once)",
             Target::Http => "HTTP webhook (local receiver)",
             Target::Redis => "Redis Streams (TLS, ACL user)",
         }
@@ -151,6 +166,8 @@ struct Bench {
     moto: Moto,
     /// The webhook receiver's address.
     receiver: String,
+    /// The address of the SQS API answered at once.
+    sqs_local: String,
     admin: PgPool,
 }
 
@@ -214,13 +231,17 @@ impl Bench {
                     self.nats_url
                 ),
             ),
-            Target::Sqs | Target::Fifo => (
+            Target::Sqs | Target::Fifo | Target::SqsLocal | Target::FifoLocal => (
                 queue.to_string(),
                 format!(
                     "type = \"sqs\"\nregion = \"{}\"\nendpoint_url = \"{}\"\naccess_key_id = \"{}\"\n\
                      secret_access_key = \"{}\"\nqueues = [\"{queue}\"]",
                     switchyard_tests::aws::REGION,
-                    self.moto.url,
+                    if matches!(target, Target::Sqs | Target::Fifo) {
+                        &self.moto.url
+                    } else {
+                        &self.sqs_local
+                    },
                     switchyard_tests::aws::ACCESS_KEY_ID,
                     switchyard_tests::aws::SECRET_ACCESS_KEY,
                 ),
@@ -291,11 +312,11 @@ topic = "{topic}"
                 self.reset_nats().await?;
                 String::new()
             }
-            Target::Sqs | Target::Redis => unique("bench"),
-            Target::Fifo => unique("bench") + ".fifo",
+            Target::Sqs | Target::SqsLocal | Target::Redis => unique("bench"),
+            Target::Fifo | Target::FifoLocal => unique("bench") + ".fifo",
             Target::Http => String::new(),
         };
-        let queue_url = if queue.is_empty() || target == Target::Redis {
+        let queue_url = if !matches!(target, Target::Sqs | Target::Fifo) {
             String::new()
         } else {
             self.moto.queue(&queue).await
@@ -413,6 +434,69 @@ async fn receiver() -> anyhow::Result<String> {
     Ok(format!("http://{address}/hooks"))
 }
 
+/// SQS's JSON API on a loopback port, each call answered at once as SQS
+/// would: a queue's URL and attributes, every entry of a batch sent. What
+/// the relay spends per event is then its own, not the pace of an
+/// emulator (moto answers some hundreds of messages a second).
+async fn sqs_answered_at_once() -> anyhow::Result<String> {
+    use axum::http::{HeaderMap, StatusCode, header};
+    use serde_json::{Value, json};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let base = format!("http://{address}");
+    let own = base.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap, body: axum::body::Bytes| {
+        let base = own.clone();
+        async move {
+            let target = headers
+                .get("x-amz-target")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let answer = match target.as_str() {
+                "AmazonSQS.GetQueueUrl" => {
+                    json!({"QueueUrl": format!("{base}/123456789012/{}", request["QueueName"].as_str().unwrap_or("q"))})
+                }
+                "AmazonSQS.GetQueueAttributes" => {
+                    json!({"Attributes": {"QueueArn": "arn:aws:sqs:us-east-1:123456789012:bench"}})
+                }
+                "AmazonSQS.SendMessageBatch" => {
+                    let fifo = request["QueueUrl"].as_str().is_some_and(|u| u.ends_with(".fifo"));
+                    let sent: Vec<Value> = request["Entries"]
+                        .as_array()
+                        .map(Vec::as_slice)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|entry| {
+                            let mut sent = json!({
+                                "Id": entry["Id"],
+                                "MessageId": uuid::Uuid::new_v4().to_string(),
+                                "MD5OfMessageBody": "d41d8cd98f00b204e9800998ecf8427e",
+                            });
+                            if fifo {
+                                sent["SequenceNumber"] = json!("18849496460467696128");
+                            }
+                            sent
+                        })
+                        .collect();
+                    json!({"Successful": sent, "Failed": []})
+                }
+                _ => json!({}),
+            };
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/x-amz-json-1.0")],
+                answer.to_string(),
+            )
+        }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(base)
+}
+
 /// A signing secret's key, as Standard Webhooks secrets are written: 32
 /// hex characters are base64's alphabet, a 24-byte key.
 fn base64_secret() -> String {
@@ -441,8 +525,10 @@ async fn main() -> anyhow::Result<()> {
     // moto purges a queue at any time when strict purging is off.
     let moto = Moto::own_with(&[("MOTO_SQS_ENFORCE_STRICT_QUEUE_PURGE_BEHAVIOUR", "false")]).await;
     let receiver = receiver().await?;
+    let sqs_local = sqs_answered_at_once().await?;
     let bench = Bench {
         receiver,
+        sqs_local,
         nats_url: var("SWITCHYARD_NATS_URL", "nats://127.0.0.1:54222"),
         server_url,
         relay: relay.to_string_lossy().to_string(),
