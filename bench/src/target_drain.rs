@@ -304,7 +304,7 @@ topic = "{topic}"
 
     /// Drains `rows` events to `target` with a relay process of its own.
     async fn drain(&self, target: Target, rows: u64) -> anyhow::Result<Drain> {
-        let name = format!("sy_drainbench_{}", target.key());
+        let name = format!("sy_drainbench_{}", target.key().replace('-', "_"));
         self.recreate(&name, Some(TEMPLATE)).await?;
         let url = self.db_url(&name);
         let queue = match target {
