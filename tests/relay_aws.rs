@@ -519,10 +519,7 @@ async fn away_under_load(kind: &str, outage: Outage) {
     );
     relay.stop().await;
     assert_eq!(count_status(&db.pool, "dead").await, 0, "nothing dead-lettered");
-    let spent: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let spent = switchyard_tests::postgres::spent_attempts(&db.pool).await;
     assert_eq!(spent, 0, "the outage spent no attempt");
     // A bound far under what waiting for a lease (60 s here) or a backoff
     // would cost; the promise's second is measured in the fault runs.
@@ -722,10 +719,7 @@ async fn a_key_rotated_in_the_shared_credentials_file_is_taken_up_without_a_rest
     .await;
     relay.terminate();
     assert_eq!(count_status(&db.pool, "dead").await, 0);
-    let spent: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let spent = switchyard_tests::postgres::spent_attempts(&db.pool).await;
     assert_eq!(spent, 0, "the refused key spent no attempt");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -835,10 +829,7 @@ async fn a_web_identity_token_rotated_under_the_relay_is_taken_up() {
     .await;
     relay.terminate();
     assert_eq!(count_status(&db.pool, "dead").await, 0);
-    let spent: i64 = sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let spent = switchyard_tests::postgres::spent_attempts(&db.pool).await;
     assert_eq!(spent, 0, "the rotation spent no attempt");
     let tokens = web_identity_tokens(&recording);
     let switched = tokens

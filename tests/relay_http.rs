@@ -47,10 +47,7 @@ fn secrets(values: &[&str]) -> toml::Value {
 }
 
 async fn spent(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
+    switchyard_tests::postgres::spent_attempts(&db.pool).await
 }
 
 fn assert_once_in_order(receiver: &Receiver, expected: &HashMap<String, Expected>) {

@@ -46,10 +46,7 @@ fn assert_once_in_order(received: &[switchyard_tests::nats::Received], expected:
 }
 
 async fn spent(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
+    switchyard_tests::postgres::spent_attempts(&db.pool).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

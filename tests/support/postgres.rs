@@ -391,6 +391,15 @@ pub async fn count_status(pool: impl Into<super::service::ServicePool>, status: 
     pool.into().count_status(status).await
 }
 
+/// Rows that took more than one attempt: an outage or a refused
+/// credential that should have spent none spent one on each of these.
+pub async fn spent_attempts(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM switchyard_outbox WHERE attempts > 1")
+        .fetch_one(pool)
+        .await
+        .expect("count the rows past their first attempt")
+}
+
 /// Waits until `total` rows are published, failing the test after `limit`
 /// with the rows' statuses, or at once when dead rows leave `total` out
 /// of reach (a dead row is never published), with their errors.
