@@ -55,17 +55,20 @@ pub fn attributes(headers: &[(String, String)], key: Option<&str>) -> Vec<Attrib
 /// digits, `-`, `_` and `.`, no leading, trailing or doubled `.`, and no
 /// `AWS.` or `Amazon.` prefix.
 fn valid_name(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
+    let prefixed = |prefix: &str| {
+        name.get(..prefix.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+    };
     !name.is_empty()
         && name.len() <= 256
         && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         && !name.starts_with('.')
         && !name.ends_with('.')
         && !name.contains("..")
-        && !lower.starts_with("aws.")
-        && !lower.starts_with("amazon.")
+        && !prefixed("aws.")
+        && !prefixed("amazon.")
 }
 
 /// `payload` as the text SQS and SNS carry: UTF-8 of the characters they
@@ -80,7 +83,13 @@ pub fn text_body<'p>(payload: &'p [u8], service: &str) -> Result<&'p str, SinkEr
             "{service} carries text and the payload is not UTF-8: have the plugin encode it (base64, JSON)"
         ))
     })?;
-    if let Some(bad) = text.chars().find(|c| !allowed_char(*c)) {
+    // Valid UTF-8 holds no surrogates: only control characters and
+    // U+FFFE/U+FFFF (EF BF BE, EF BF BF) can be refused, so most payloads
+    // pass a scan of their bytes.
+    let suspect = |b: &u8| (*b < 0x20 && !matches!(*b, b'\t' | b'\n' | b'\r')) || *b == 0xEF;
+    if text.as_bytes().iter().any(suspect)
+        && let Some(bad) = text.chars().find(|c| !allowed_char(*c))
+    {
         return Err(SinkError::permanent(format!(
             "{service} refuses the character U+{:04X} in a message: have the plugin drop or escape it",
             u32::from(bad)
@@ -253,6 +262,14 @@ mod tests {
                 .message
                 .contains("U+0001")
         );
+        for (bad, named) in [("a\u{FFFE}", "U+FFFE"), ("\u{FFFF}b", "U+FFFF")] {
+            let refused = text_body(bad.as_bytes(), "SQS").unwrap_err().message;
+            assert!(refused.contains(named), "{refused}");
+        }
+        // Tab, line feed, carriage return, DEL, a BOM (EF BB BF) and U+FFFD
+        // (EF BF BD) are all taken.
+        let taken = "\t\n\r\u{7F}\u{FEFF}\u{FFFD}\u{10000} ok";
+        assert_eq!(text_body(taken.as_bytes(), "SQS").unwrap(), taken);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aws_config::identity::IdentityCache;
 use aws_config::retry::RetryConfig;
+use aws_config::stalled_stream_protection::StalledStreamProtectionConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_credential_types::Credentials;
@@ -46,6 +47,9 @@ impl Connection {
             .http_client(http)
             // The relay decides what a failure means and when to try again.
             .retry_config(RetryConfig::disabled())
+            // The operation timeout bounds every call; the SDK's watch over
+            // a body's throughput only costs each request its clock reads.
+            .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
             .timeout_config(
                 TimeoutConfig::builder()
                     .operation_timeout(timeout)
