@@ -300,13 +300,11 @@ async fn check_server(store: &OutboxStore) -> anyhow::Result<()> {
 /// The mismatch, saying what to do, or the database's error.
 pub async fn check_claim_mode(store: &OutboxStore) -> anyhow::Result<()> {
     check_server(store).await?;
-    let mismatch = match (store.postgres(), store.binlog()) {
-        (Some(pg), _) => pg.mode_mismatch(false).await,
-        (None, Some(binlog)) => binlog.mode_mismatch(false).await,
-        // SQLite has claim mode alone.
-        (None, None) => return Ok(()),
-    };
-    match mismatch.context("cannot read the outbox's relay mode")? {
+    match store
+        .mode_mismatch(false)
+        .await
+        .context("cannot read the outbox's relay mode")?
+    {
         Some(problem) => anyhow::bail!(problem),
         None => Ok(()),
     }

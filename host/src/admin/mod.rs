@@ -502,11 +502,7 @@ pub async fn database_readiness(relay: &Relay) -> DatabaseReadiness {
         // (a `migrate` for the other one may have run since it started).
         let checked = async {
             relay.store().ping().await?;
-            // SQLite has claim mode alone.
-            match relay.store().postgres() {
-                Some(pg) => pg.mode_mismatch(relay.replication().is_some()).await,
-                None => Ok(None),
-            }
+            relay.store().mode_mismatch(relay.reads_a_change_stream()).await
         };
         match tokio::time::timeout(CHECK_TIMEOUT, checked).await {
             Ok(Ok(None)) => Check::Ok,

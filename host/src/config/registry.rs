@@ -65,11 +65,11 @@ impl RegistryConfig {
     /// `oci://`), `at` naming the plugin; empty when fine.
     pub fn problems(&self, at: &str, reference: &str) -> Vec<String> {
         #[cfg(not(feature = "oci"))]
+        // The words of the plugin loader's own refusal (`OciError::Unbuilt`),
+        // without reaching up into it.
         return vec![format!(
-            "{at}: path {}",
-            crate::plugin::oci::OciError::Unbuilt {
-                reference: format!("{OCI_SCHEME}{reference}")
-            }
+            "{at}: path {OCI_SCHEME}{reference}: {}",
+            crate::built_without("registry plugins", "oci")
         )];
         #[cfg(feature = "oci")]
         self.problems_of(at, reference)

@@ -46,6 +46,7 @@ use crate::metrics::Metrics;
 use crate::plugin::{Event, Message, Plugins, Refusal};
 use crate::relay::router::Limits;
 use crate::sinks::{SinkError, Sinks};
+use crate::store::change_stream::ChangeSource;
 use crate::store::{self, OutboxRow, OutboxStore};
 use health::WorkerHealth;
 use retry::lease_spent;
@@ -195,6 +196,12 @@ impl Relay {
         }
     }
 
+    /// Whether this relay reads a change stream (a slot, a binary log):
+    /// replication mode, on either server.
+    pub fn reads_a_change_stream(&self) -> bool {
+        !matches!(self.inner.feed, Feed::Claim { .. })
+    }
+
     /// Relays until `shutdown` is cancelled: the claim feed, and in
     /// replication mode the WAL feed beside it. Then stops taking events,
     /// lets running batches finish within `shutdown_timeout_ms` and
@@ -207,20 +214,41 @@ impl Relay {
     pub async fn run(&self, shutdown: CancellationToken) -> anyhow::Result<()> {
         self.wake_rows_waiting_on_targets().await;
         let claim = claim_feed::ClaimFeed::new(self.clone(), self.inner.feed.listens());
-        let source = match &self.inner.feed {
-            Feed::Claim { .. } => return claim.run(shutdown).await,
+        match &self.inner.feed {
+            Feed::Claim { .. } => claim.run(shutdown).await,
             Feed::Wal { slot, .. } => match self.inner.store.postgres() {
-                Some(pg) => wal_feed::Source::Wal(slot.clone(), pg),
+                Some(outbox) => {
+                    let source = crate::store::replication::WalSource {
+                        settings: slot.clone(),
+                        outbox,
+                    };
+                    self.run_fed(claim, source, shutdown).await
+                }
                 // The configuration refuses replication mode on SQLite.
                 None => anyhow::bail!(
                     "relay.mode = \"replication\" needs PostgreSQL or MariaDB; SQLite is relayed by claiming"
                 ),
             },
             Feed::Binlog { settings } => match self.inner.store.binlog() {
-                Some(binlog) => wal_feed::Source::Binlog(settings.as_ref().clone(), binlog),
+                Some(outbox) => {
+                    let source = crate::store::replication::BinlogSource {
+                        settings: settings.as_ref().clone(),
+                        outbox,
+                    };
+                    self.run_fed(claim, source, shutdown).await
+                }
                 None => anyhow::bail!("binlog mode needs MariaDB"),
             },
-        };
+        }
+    }
+
+    /// The claim feed, and beside it the change stream read from `source`.
+    async fn run_fed<S: ChangeSource>(
+        &self,
+        claim: claim_feed::ClaimFeed,
+        source: S,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
         let wal = wal_feed::WalFeed::new(self.clone(), source);
         // A WAL feed that ends on its own (its slot is gone) stops the
         // claim feed too; its error is the relay's.

@@ -25,6 +25,7 @@ mod sqlite;
 mod types;
 
 pub mod capture;
+pub mod change_stream;
 pub mod replication;
 
 use std::collections::BTreeMap;
@@ -347,6 +348,20 @@ impl OutboxStore {
                 backend: backend.clone(),
             }),
             AnyBackend::Sqlite(_) | AnyBackend::MySql(_) => None,
+        }
+    }
+
+    /// A database set up for the other mode than the relay's (`replication`
+    /// or claim), with what to do; `None` when they agree. SQLite has claim
+    /// mode alone.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
+        match (self.postgres(), self.binlog()) {
+            (Some(pg), _) => pg.mode_mismatch(replication).await,
+            (None, Some(binlog)) => binlog.mode_mismatch(replication).await,
+            (None, None) => Ok(None),
         }
     }
 

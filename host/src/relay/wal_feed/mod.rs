@@ -19,10 +19,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::Relay;
-use crate::store::replication::{
-    BinlogOutbox, BinlogSettings, BinlogStream, StreamError, StreamSettings, StreamedRow, WalBatch, WalStream,
+use crate::store::change_stream::{
+    ChangeSource, ChangeStream, HandoverTable, StreamBatch, StreamError, StreamedRow,
 };
-use crate::store::{Outcome, PgOutbox, RowOutcome};
+use crate::store::{Outcome, RowOutcome};
 use crate::telemetry::{Occurrence, Repeats};
 use machine::{Ended, Held, LaneBatch, Ledger, Reader, Step, Then, Why};
 
@@ -41,7 +41,7 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 const TABLE_RECHECK: Duration = Duration::from_secs(2);
 
 /// An aggregate: type and id.
-type Key = (String, String);
+type Key = crate::store::change_stream::AggregateKey;
 
 fn key(row: &StreamedRow) -> Key {
     (row.row.aggregate_type.clone(), row.row.aggregate_id.clone())
@@ -67,9 +67,9 @@ fn lane_of(row: &StreamedRow, lanes: usize) -> usize {
 /// The bridge from the WAL feed to the table, one per lane: rows not
 /// published are handed over to the claim feed there (which is woken), and
 /// what the lane knows of the table between batches.
-struct Handover {
+struct Handover<H> {
     relay: Relay,
-    table: Table,
+    table: H,
     /// Some aggregate may wait behind a row in the table: each batch's
     /// aggregates are looked up there (else none are).
     may_hold: bool,
@@ -80,129 +80,23 @@ struct Handover {
     blocked: HashSet<u64>,
 }
 
-/// Where the stream comes from: a PostgreSQL slot or a MariaDB binary log.
-pub(super) enum Source {
-    Wal(Box<StreamSettings>, PgOutbox),
-    Binlog(BinlogSettings, BinlogOutbox),
-}
-
-/// The table the stream hands events over to.
-#[derive(Clone)]
-enum Table {
-    Pg(PgOutbox),
-    Binlog(BinlogOutbox),
-}
-
-impl Table {
-    async fn anything_waiting_in_table(&self) -> Result<bool, crate::store::Error> {
-        match self {
-            Table::Pg(pg) => pg.anything_waiting_in_table().await,
-            Table::Binlog(binlog) => binlog.anything_waiting_in_table().await,
-        }
-    }
-
-    async fn waiting_in_table(&self, keys: &[Key]) -> Result<HashSet<Key>, crate::store::Error> {
-        match self {
-            Table::Pg(pg) => pg.waiting_in_table(keys).await,
-            Table::Binlog(binlog) => binlog.waiting_in_table(keys).await,
-        }
-    }
-
-    async fn hand_over(
-        &self,
-        owner: &str,
-        lease_ms: i64,
-        rows: &[&StreamedRow],
-        outcomes: &[RowOutcome],
-    ) -> Result<Vec<bool>, crate::store::Error> {
-        match self {
-            Table::Pg(pg) => pg.hand_over(owner, lease_ms, rows, outcomes).await,
-            Table::Binlog(binlog) => binlog.hand_over(owner, lease_ms, rows, outcomes).await,
-        }
-    }
-}
-
-/// How far a stream is: a WAL position, or a binary log transaction's
-/// sequence number in its session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Pos {
-    Lsn(pgwire_replication::Lsn),
-    Seq(u64),
-}
-
-/// An open stream of either kind.
-// Without the binary log reader its variant is empty, and the WAL's the
-// only one there is.
-#[cfg_attr(not(feature = "binlog"), allow(clippy::large_enum_variant))]
-enum Stream {
-    Wal(WalStream),
-    Binlog(BinlogStream),
-}
-
-impl Stream {
-    async fn next_batch(&mut self) -> Result<(Vec<StreamedRow>, Option<Pos>), StreamError> {
-        match self {
-            Stream::Wal(wal) => wal
-                .next_batch()
-                .await
-                .map(|WalBatch { rows, done_at }| (rows, done_at.map(Pos::Lsn))),
-            Stream::Binlog(binlog) => binlog
-                .next_batch()
-                .await
-                .map(|batch| (batch.rows, batch.done_at.map(Pos::Seq))),
-        }
-    }
-
-    fn confirm(&self, pos: Pos) {
-        match (self, pos) {
-            (Stream::Wal(wal), Pos::Lsn(lsn)) => wal.confirm(lsn),
-            (Stream::Binlog(binlog), Pos::Seq(seq)) => binlog.confirm(seq),
-            // A position is only ever the stream's own kind.
-            _ => {}
-        }
-    }
-
-    async fn close(self) {
-        match self {
-            Stream::Wal(wal) => wal.close().await,
-            Stream::Binlog(binlog) => binlog.close().await,
-        }
-    }
-}
-
-/// Reads a replication slot (or a binary log) and relays what it reads.
-pub(super) struct WalFeed {
+/// Reads a change stream (a PostgreSQL slot, a MariaDB binary log) and
+/// relays what it reads. Generic over its source: the stream's position is
+/// its own type, so a position of another kind cannot be confirmed, and
+/// the one call per batch through the seam is static.
+pub(super) struct WalFeed<S> {
     relay: Relay,
-    source: Source,
+    source: S,
 }
 
-impl WalFeed {
-    pub(super) fn new(relay: Relay, source: Source) -> WalFeed {
+impl<S: ChangeSource> WalFeed<S> {
+    pub(super) fn new(relay: Relay, source: S) -> WalFeed<S> {
         WalFeed { relay, source }
     }
 
     /// The slot's or binlog position's name, for what the relay says.
     fn name(&self) -> &str {
-        match &self.source {
-            Source::Wal(settings, _) => &settings.slot,
-            Source::Binlog(settings, _) => &settings.name,
-        }
-    }
-
-    fn table(&self) -> Table {
-        match &self.source {
-            Source::Wal(_, pg) => Table::Pg(pg.clone()),
-            Source::Binlog(_, binlog) => Table::Binlog(binlog.clone()),
-        }
-    }
-
-    async fn open(&self) -> Result<Stream, StreamError> {
-        match &self.source {
-            Source::Wal(settings, _) => WalStream::open(settings).await.map(Stream::Wal),
-            Source::Binlog(settings, binlog) => BinlogStream::open(settings, binlog.pool())
-                .await
-                .map(Stream::Binlog),
-        }
+        self.source.name()
     }
 
     /// Reads the slot until `shutdown`: as its reader, or as a standby
@@ -219,7 +113,7 @@ impl WalFeed {
         let mut pause = crate::backoff::Backoff::new(Duration::from_millis(200), RETRY_MAX);
         while !shutdown.is_cancelled() {
             let opened = tokio::select! {
-                opened = self.open() => opened,
+                opened = self.source.open() => opened,
                 () = shutdown.cancelled() => return Ok(()),
             };
             let failed = match opened {
@@ -284,7 +178,7 @@ impl WalFeed {
     /// confirmed up to the last batch that every lane has finished, as have
     /// all batches before it, and only while every event of them is
     /// published or in the table.
-    async fn read(&self, mut stream: Stream, shutdown: &CancellationToken) -> StreamError {
+    async fn read(&self, mut stream: S::Stream, shutdown: &CancellationToken) -> StreamError {
         let lanes = usize::try_from(self.relay.inner.config.concurrency.max(1)).unwrap_or(1);
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<LaneDone>();
         let mut running = tokio::task::JoinSet::new();
@@ -292,7 +186,7 @@ impl WalFeed {
             .map(|_| self.lane(&mut running, done_tx.clone()))
             .collect();
         drop(done_tx);
-        let mut ledger: Ledger<Pos, uuid::Uuid> = Ledger::default();
+        let mut ledger: Ledger<<S::Stream as ChangeStream>::Position, uuid::Uuid> = Ledger::default();
         let mut held = false;
         let ended = loop {
             while let Ok(done) = done_rx.try_recv() {
@@ -310,7 +204,7 @@ impl WalFeed {
                 }
                 () = shutdown.cancelled() => break StreamError::Gone("shut down".into()),
             };
-            let (rows, done_at) = match batch {
+            let StreamBatch { rows, done_at } = match batch {
                 Ok(batch) => batch,
                 Err(error) => break error,
             };
@@ -381,7 +275,7 @@ impl WalFeed {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
         let mut handover = Handover {
             relay: self.relay.clone(),
-            table: self.table(),
+            table: self.source.table(),
             may_hold: true,
             checked: Instant::now() - TABLE_RECHECK,
             blocked: HashSet::new(),
@@ -425,7 +319,11 @@ impl WalFeed {
     /// the slot stays before it, the relay says which event it is, counts
     /// it, and reads again from the confirmed position (the event is read
     /// again and handed over anew).
-    fn confirm(&self, ledger: &mut Ledger<Pos, uuid::Uuid>, stream: &Stream) -> Result<(), StreamError> {
+    fn confirm(
+        &self,
+        ledger: &mut Ledger<<S::Stream as ChangeStream>::Position, uuid::Uuid>,
+        stream: &S::Stream,
+    ) -> Result<(), StreamError> {
         let (furthest, held) = ledger.confirmable();
         if let Some(lsn) = furthest {
             stream.confirm(lsn);
@@ -473,7 +371,7 @@ struct LaneReport {
     unresolved: Vec<(usize, uuid::Uuid)>,
 }
 
-impl Handover {
+impl<H: HandoverTable> Handover<H> {
     /// Forgets that aggregates may wait in the table once none does.
     async fn refresh(&mut self) {
         if !self.may_hold || self.checked.elapsed() < TABLE_RECHECK {

@@ -21,8 +21,11 @@ use std::collections::HashSet;
 use sqlx::{MySqlPool, QueryBuilder, Row};
 
 use super::placeholders;
-use crate::store::replication::StreamedRow;
-use crate::store::{Error, LeaseId};
+use crate::store::change_stream::{
+    AggregateKey, ChangeSource, ChangeStream, HandoverTable, StreamBatch, StreamError, StreamedRow,
+    settle_hand_over,
+};
+use crate::store::{Error, LeaseId, OutboxStore, RowOutcome};
 
 /// How to reach the binary log.
 #[derive(Debug, Clone)]
@@ -35,16 +38,9 @@ pub struct BinlogSettings {
     pub batch_size: usize,
 }
 
-/// Rows read, and the position that is done once they are.
-#[derive(Debug, Default)]
-pub struct BinlogBatch {
-    /// Inserts in commit order, of complete transactions only.
-    pub rows: Vec<StreamedRow>,
-    /// The last transaction the batch completes, as a sequence number of
-    /// this session: confirm it once every row is published or in the
-    /// table. `None`: no transaction ended.
-    pub done_at: Option<u64>,
-}
+/// Rows read from the binary log: complete transactions only, done at the
+/// last one's sequence number in this session.
+pub type BinlogBatch = StreamBatch<u64>;
 
 /// A relay in binlog mode on a database set up for claim mode.
 const BINLOG_ON_CLAIM: &str = "this database is set up for claim mode: switchyard_outbox writes its rows for \
@@ -458,4 +454,181 @@ pub(crate) async fn anything_waiting_in_table(
         .fetch_one(pool)
         .await?;
     Ok(any != 0)
+}
+
+/// The outbox on MariaDB set up for binlog mode, the MySQL form of
+/// replication mode.
+#[derive(Clone, Debug)]
+pub struct BinlogOutbox {
+    store: OutboxStore,
+    pool: sqlx::MySqlPool,
+    mariadb: bool,
+}
+
+impl OutboxStore {
+    /// The MySQL or MariaDB outbox, for binlog mode.
+    pub fn binlog(&self) -> Option<BinlogOutbox> {
+        self.mysql_pool().map(|(pool, mariadb)| BinlogOutbox {
+            store: self.clone(),
+            pool,
+            mariadb,
+        })
+    }
+}
+
+impl BinlogOutbox {
+    /// The pool the position is recorded through.
+    pub(crate) fn pool(&self) -> sqlx::MySqlPool {
+        self.pool.clone()
+    }
+
+    /// What `migrate` runs to put the outbox into binlog mode, reading from
+    /// position `name`, or with `None` back to claim mode.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn feed_statements(&self, name: Option<&str>) -> Result<Vec<String>, Error> {
+        feed_statements(&self.pool, name).await
+    }
+
+    /// Runs what [`BinlogOutbox::feed_statements`] returned.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
+        run(&self.pool, statements).await
+    }
+
+    /// A database set up for the other mode than the relay's, with what to
+    /// do; `None` when they agree.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn mode_mismatch(&self, binlog: bool) -> Result<Option<&'static str>, Error> {
+        mode_mismatch(&self.pool, binlog).await
+    }
+
+    /// Everything that keeps binlog mode from working here, each saying
+    /// what to do, and what works but less well.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn binlog_report(&self, name: &str) -> Result<(Vec<String>, Vec<String>), Error> {
+        let problems = problems(&self.pool, self.mariadb, name).await?;
+        let warnings = warnings(&self.pool).await?;
+        Ok((problems, warnings))
+    }
+
+    /// As [`PgOutbox::hand_over`].
+    ///
+    /// # Errors
+    /// The database's; nothing is recorded then.
+    pub async fn hand_over(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        rows: &[&StreamedRow],
+        outcomes: &[RowOutcome],
+    ) -> Result<Vec<bool>, Error> {
+        let lease = LeaseId(uuid::Uuid::new_v4());
+        let in_table = take_over(&self.pool, owner, lease, lease_ms, rows).await?;
+        let pool = &self.pool;
+        settle_hand_over(
+            &self.store,
+            lease,
+            rows,
+            outcomes,
+            in_table,
+            Vec::new(),
+            async |ids, _| give_back(pool, lease, ids).await,
+        )
+        .await
+    }
+
+    /// As [`PgOutbox::waiting_in_table`].
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn waiting_in_table(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<HashSet<(String, String)>, Error> {
+        if keys.is_empty() {
+            return Ok(HashSet::new());
+        }
+        waiting_in_table(&self.pool, keys, self.store.dead_letter_blocks_aggregate).await
+    }
+
+    /// As [`PgOutbox::anything_waiting_in_table`].
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
+        anything_waiting_in_table(&self.pool, self.store.dead_letter_blocks_aggregate).await
+    }
+}
+
+impl HandoverTable for BinlogOutbox {
+    async fn waiting_in_table(&self, keys: &[AggregateKey]) -> Result<HashSet<AggregateKey>, Error> {
+        BinlogOutbox::waiting_in_table(self, keys).await
+    }
+
+    async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
+        BinlogOutbox::anything_waiting_in_table(self).await
+    }
+
+    async fn hand_over(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        rows: &[&StreamedRow],
+        outcomes: &[RowOutcome],
+    ) -> Result<Vec<bool>, Error> {
+        BinlogOutbox::hand_over(self, owner, lease_ms, rows, outcomes).await
+    }
+
+    async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
+        BinlogOutbox::mode_mismatch(self, replication).await
+    }
+}
+
+impl ChangeStream for BinlogStream {
+    type Position = u64;
+
+    async fn next_batch(&mut self) -> Result<BinlogBatch, StreamError> {
+        BinlogStream::next_batch(self).await
+    }
+
+    fn confirm(&self, position: u64) {
+        BinlogStream::confirm(self, position);
+    }
+
+    async fn close(self) {
+        BinlogStream::close(self).await;
+    }
+}
+
+/// A MariaDB binary log as a feed's source.
+pub struct BinlogSource {
+    /// How to read the binary log.
+    pub settings: BinlogSettings,
+    /// The outbox it hands over to.
+    pub outbox: BinlogOutbox,
+}
+
+impl ChangeSource for BinlogSource {
+    type Stream = BinlogStream;
+    type Table = BinlogOutbox;
+
+    fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    fn table(&self) -> BinlogOutbox {
+        self.outbox.clone()
+    }
+
+    async fn open(&self) -> Result<BinlogStream, StreamError> {
+        BinlogStream::open(&self.settings, self.outbox.pool()).await
+    }
 }

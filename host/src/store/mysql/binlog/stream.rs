@@ -16,8 +16,7 @@ use sqlx::MySqlPool;
 
 use super::gtid::{Boundary, GtidPos, MARIADB_GTID_EVENT, Transactions, gtid_event};
 use super::{BinlogBatch, BinlogSettings};
-use crate::store::postgres::replication::StreamedText;
-use crate::store::replication::{StreamError, StreamedRow};
+use crate::store::change_stream::{StreamError, StreamedRow, StreamedText};
 use crate::store::types::{OutboxRow, RowId};
 
 /// The outbox table as the binary log names it.

@@ -5,7 +5,7 @@
 use sqlx::MySqlPool;
 
 use super::{BinlogBatch, BinlogSettings};
-use crate::store::replication::StreamError;
+use crate::store::change_stream::StreamError;
 
 /// Why this build reads no binary log.
 pub fn without_binlog() -> String {

@@ -7,31 +7,8 @@ use pgwire_replication::Lsn;
 
 use super::pgoutput::Inserted;
 use super::source::position_event_id;
+use crate::store::change_stream::{StreamedRow, StreamedText};
 use crate::store::types::{OutboxRow, RowId};
-
-/// An insert read from the WAL, ready for the stages.
-#[derive(Debug, Clone)]
-pub struct StreamedRow {
-    /// The row as the stages take it (`attempts` 1: this is its first).
-    pub row: OutboxRow,
-    /// Its values as the WAL had them, to copy it into the table should it
-    /// be deleted before it is handed over.
-    pub(crate) text: StreamedText,
-    /// When the writer delayed it to (`not_before`), ms since the epoch.
-    pub not_before_ms: Option<i64>,
-    /// Not a row of the outbox table (a logical message): `row.id` is a
-    /// stand-in, unique in the stream, and the table gives the event an id
-    /// of its own should it be handed over.
-    pub(crate) id_at_handover: bool,
-}
-
-/// The column values a copy of the row needs, as text.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct StreamedText {
-    pub(crate) payload_bytes: Option<String>,
-    pub(crate) created_at: Option<String>,
-    pub(crate) not_before: Option<String>,
-}
 
 /// An insert as an outbox row. A value that cannot be read makes the row
 /// malformed (dead-lettered with the reason), as the claim does.

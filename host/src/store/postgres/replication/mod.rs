@@ -11,15 +11,16 @@ use std::collections::HashSet;
 
 use sqlx::PgPool;
 
-pub use events::StreamedRow;
-#[cfg(feature = "binlog")]
-pub(crate) use events::StreamedText;
 pub use source::SourceTable;
-pub use stream::{StreamError, StreamSettings, WalBatch, WalStream};
+pub use stream::{StreamSettings, WalBatch, WalStream};
 
-use crate::store::Error;
+use crate::store::change_stream::{
+    AggregateKey, ChangeSource, ChangeStream, HandoverTable, StreamBatch, StreamError, StreamedRow,
+    settle_hand_over,
+};
 use crate::store::postgres::connect::begin_durable;
 use crate::store::types::{LeaseId, RowId};
+use crate::store::{Error, PgOutbox, RowOutcome};
 
 /// The column default that makes a written row `streamed`.
 const STREAMED_DEFAULT: &str = "'streamed'::text";
@@ -724,4 +725,188 @@ pub(crate) async fn anything_waiting_in_table(
     Ok(sqlx::query_scalar(&format!("SELECT {}", probes.join(" OR ")))
         .fetch_one(pool)
         .await?)
+}
+
+impl PgOutbox {
+    /// What `migrate` runs to put the outbox (and the `[source]` table)
+    /// into replication mode through `slot` and `publication` (only what is
+    /// missing), or, with `None`, back to claim mode.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn feed_statements(
+        &self,
+        replication: Option<(&str, &str)>,
+        source: Option<&SourceTable>,
+    ) -> Result<Vec<String>, Error> {
+        let pool = &self.backend.pool;
+        match replication {
+            Some((slot, publication)) => setup_statements(pool, slot, publication, source).await,
+            None => claim_mode_statements(pool).await,
+        }
+    }
+
+    /// Runs what [`OutboxStore::feed_statements`] returned.
+    ///
+    /// # Errors
+    /// The database's; statements before the failing one stay done (each
+    /// is idempotent, so running `migrate` again finishes the job).
+    pub async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
+        run(&self.backend.pool, statements).await
+    }
+
+    /// A database set up for the other mode than the relay's (`replication`
+    /// or claim), with what to do; `None` when they agree.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
+        mode_mismatch(&self.backend.pool, replication).await
+    }
+
+    /// Everything that keeps replication mode from working here, each
+    /// saying what to do.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn replication_problems(
+        &self,
+        slot: &str,
+        publication: &str,
+        source: Option<&SourceTable>,
+    ) -> Result<Vec<String>, Error> {
+        problems(&self.backend.pool, slot, publication, source).await
+    }
+
+    /// The slot's state; `None` when there is no such slot. Bounded as the
+    /// relay's other background statements are: readiness gives up on it
+    /// after a few seconds, and a session left mid-statement is closed.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn slot_status(&self, slot: &str) -> Result<Option<SlotStatus>, Error> {
+        self.backend
+            .bounded("replication slot status", async |session| {
+                slot_status(&mut *session, slot).await
+            })
+            .await
+    }
+
+    /// Hands streamed rows to the claim path with their outcomes: leased
+    /// as if claimed, then acked. Returns, per row, whether the table now
+    /// holds it for the claim path (taken over now, or before: a replay).
+    /// A row taken over whose outcome is not recorded (the ack failed) is
+    /// held under a lease, and claimed again when it expires.
+    ///
+    /// # Errors
+    /// The database's; nothing is recorded then.
+    pub async fn hand_over(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        rows: &[&StreamedRow],
+        outcomes: &[RowOutcome],
+    ) -> Result<Vec<bool>, Error> {
+        let lease = LeaseId(uuid::Uuid::new_v4());
+        let taken = take_over(&self.backend.pool, owner, lease, lease_ms, rows).await?;
+        let pool = &self.backend.pool;
+        settle_hand_over(
+            &self.store,
+            lease,
+            rows,
+            outcomes,
+            taken.in_table,
+            taken.renamed,
+            async |ids, fresh| give_back(pool, lease, ids, fresh).await,
+        )
+        .await
+    }
+
+    /// Of these aggregates, those whose next event must wait behind an
+    /// unfinished one in the table.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn waiting_in_table(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<HashSet<(String, String)>, Error> {
+        if keys.is_empty() {
+            return Ok(HashSet::new());
+        }
+        waiting_in_table(&self.backend.pool, keys, self.store.dead_letter_blocks_aggregate).await
+    }
+
+    /// Whether any aggregate waits behind a row in the table.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
+        anything_waiting_in_table(&self.backend.pool, self.store.dead_letter_blocks_aggregate).await
+    }
+}
+
+impl HandoverTable for PgOutbox {
+    async fn waiting_in_table(&self, keys: &[AggregateKey]) -> Result<HashSet<AggregateKey>, Error> {
+        PgOutbox::waiting_in_table(self, keys).await
+    }
+
+    async fn anything_waiting_in_table(&self) -> Result<bool, Error> {
+        PgOutbox::anything_waiting_in_table(self).await
+    }
+
+    async fn hand_over(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+        rows: &[&StreamedRow],
+        outcomes: &[RowOutcome],
+    ) -> Result<Vec<bool>, Error> {
+        PgOutbox::hand_over(self, owner, lease_ms, rows, outcomes).await
+    }
+
+    async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
+        PgOutbox::mode_mismatch(self, replication).await
+    }
+}
+
+impl ChangeStream for WalStream {
+    type Position = pgwire_replication::Lsn;
+
+    async fn next_batch(&mut self) -> Result<StreamBatch<pgwire_replication::Lsn>, StreamError> {
+        WalStream::next_batch(self).await
+    }
+
+    fn confirm(&self, position: pgwire_replication::Lsn) {
+        WalStream::confirm(self, position);
+    }
+
+    async fn close(self) {
+        WalStream::close(self).await;
+    }
+}
+
+/// A PostgreSQL slot as a feed's source.
+pub struct WalSource {
+    /// How to read the slot.
+    pub settings: Box<StreamSettings>,
+    /// The outbox it hands over to.
+    pub outbox: PgOutbox,
+}
+
+impl ChangeSource for WalSource {
+    type Stream = WalStream;
+    type Table = PgOutbox;
+
+    fn name(&self) -> &str {
+        &self.settings.slot
+    }
+
+    fn table(&self) -> PgOutbox {
+        self.outbox.clone()
+    }
+
+    async fn open(&self) -> Result<WalStream, StreamError> {
+        WalStream::open(&self.settings).await
+    }
 }

@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use super::events::{StreamedRow, StreamedText, hex_bytea};
+use super::events::hex_bytea;
 use super::pgoutput::Inserted;
 use crate::config::source::SourceColumns;
+use crate::store::change_stream::{StreamedRow, StreamedText};
 use crate::store::postgres::capture::{Capture, PayloadKind};
 use crate::store::types::{OutboxRow, RowId};
 

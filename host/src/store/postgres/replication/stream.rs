@@ -7,28 +7,13 @@ use std::time::Duration;
 use futures::FutureExt;
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 
-use super::events::{StreamedRow, emitted_row, streamed_row};
+use super::events::{emitted_row, streamed_row};
 use super::pgoutput::Decoder;
 use super::source::{SourceTable, source_row};
+use crate::store::change_stream::{StreamBatch, StreamError};
 
 /// The outbox table as the WAL names it.
 const OUTBOX_TABLE: &str = "public.switchyard_outbox";
-
-/// Why the stream ended.
-#[derive(Debug, thiserror::Error)]
-pub enum StreamError {
-    /// Another session reads the slot: this relay stands by.
-    #[error("{0}")]
-    Standby(String),
-    /// The slot cannot be read again (dropped, invalidated): an operator
-    /// has to act.
-    #[error("{0}")]
-    Gone(String),
-    /// The connection failed or the server ended the stream; worth
-    /// connecting again.
-    #[error("{0}")]
-    Broken(String),
-}
 
 impl StreamError {
     fn from_wire(error: PgWireError, slot: &str) -> StreamError {
@@ -70,17 +55,8 @@ pub struct StreamSettings {
     pub source: Option<SourceTable>,
 }
 
-/// Rows read, and the position that is done once they are.
-#[derive(Debug, Default)]
-pub struct WalBatch {
-    /// Inserts in commit order.
-    pub rows: Vec<StreamedRow>,
-    /// The end of the last transaction the batch completes: confirm it
-    /// once every row is published or in the table (rows after it, of a
-    /// transaction not yet complete, are done by then too, and confirmed
-    /// with their commit). `None`: no transaction ended.
-    pub done_at: Option<Lsn>,
-}
+/// Rows read from the slot, done at the end of a transaction's WAL.
+pub type WalBatch = StreamBatch<Lsn>;
 
 /// An open replication session.
 pub struct WalStream {
