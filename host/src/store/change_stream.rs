@@ -190,7 +190,10 @@ pub(crate) async fn settle_hand_over(
 /// Of rows handed over together (in stream order, by their aggregates)
 /// with whether the table took each, those taken after an earlier row of
 /// their aggregate that was not.
-fn behind_a_gap<K: Eq + std::hash::Hash>(keys: impl Iterator<Item = K>, in_table: &[bool]) -> Vec<usize> {
+pub(crate) fn behind_a_gap<K: Eq + std::hash::Hash>(
+    keys: impl Iterator<Item = K>,
+    in_table: &[bool],
+) -> Vec<usize> {
     let mut gaps: HashSet<K> = HashSet::new();
     let mut behind = Vec::new();
     for (at, key) in keys.enumerate() {

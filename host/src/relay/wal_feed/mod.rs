@@ -8,12 +8,19 @@
 //! every event of it is published or proved to be in the table.
 //!
 //! The decisions (waves, hand-overs, how far to confirm, what the reader
-//! does next) are pure values in [`machine`]; this module does their I/O.
+//! does next) are pure values in [`machine`]; this module does their I/O,
+//! in [`Lanes`], over the change-stream seam and [`Stages`], so that the
+//! property test in `tests.rs` runs this same loop on a model world.
 
 mod machine;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -22,7 +29,7 @@ use super::Relay;
 use crate::store::change_stream::{
     ChangeSource, ChangeStream, HandoverTable, StreamBatch, StreamError, StreamedRow,
 };
-use crate::store::{Outcome, RowOutcome};
+use crate::store::{OutboxRow, Outcome, RowOutcome};
 use crate::telemetry::{Occurrence, Repeats};
 use machine::{Ended, Held, LaneBatch, Ledger, Reader, Step, Then, Why};
 
@@ -64,11 +71,61 @@ fn lane_of(row: &StreamedRow, lanes: usize) -> usize {
     usize::try_from(aggregate_hash(row) % lanes as u64).unwrap_or(0)
 }
 
+/// What the lanes do besides reading and handing over: publish a wave of
+/// events through the relay's stages. The relay is one; the model test in
+/// `tests.rs` gives the same lanes a broker of its own.
+trait Stages: Clone + Send + Sync + 'static {
+    /// Routes and publishes rows; an outcome per row it settled, by id
+    /// (a row without one is not published).
+    fn publish(&self, rows: Vec<OutboxRow>) -> impl Future<Output = Vec<RowOutcome>> + Send;
+
+    /// Rows were handed over: the claim feed has work.
+    fn handed_over(&self);
+
+    /// The slot is held before events neither published nor in the table
+    /// (a bug that would have lost them).
+    fn held(&self, held: &Held<uuid::Uuid>);
+}
+
+impl Stages for Relay {
+    async fn publish(&self, rows: Vec<OutboxRow>) -> Vec<RowOutcome> {
+        let deadline = std::time::Instant::now() + self.inner.config.lease_duration();
+        self.stages(rows, deadline, Duration::ZERO).await.outcomes
+    }
+
+    fn handed_over(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    fn held(&self, held: &Held<uuid::Uuid>) {
+        let count = held.events.len() + held.missing;
+        self.inner.metrics.replication_held(count as u64);
+    }
+}
+
+/// The lanes of an open stream and how they run: the stream's batches are
+/// split among them by aggregate, each lane merges what waits for it up to
+/// a claim's batch, and the stream is confirmed as far as the lanes have
+/// settled every event.
+#[derive(Clone)]
+struct Lanes<P> {
+    stages: P,
+    /// How many lanes (the relay's `concurrency`).
+    lanes: usize,
+    /// The most events a lane takes into one call (`batch_size`).
+    cap: usize,
+    /// Who hands rows over, and the lease they are taken under.
+    owner: String,
+    lease_ms: i64,
+    /// How long the lanes may finish what they hold once the stream ends.
+    finish_within: Duration,
+}
+
 /// The bridge from the WAL feed to the table, one per lane: rows not
 /// published are handed over to the claim feed there (which is woken), and
 /// what the lane knows of the table between batches.
-struct Handover<H> {
-    relay: Relay,
+struct Handover<H, P> {
+    lanes: Lanes<P>,
     table: H,
     /// Some aggregate may wait behind a row in the table: each batch's
     /// aggregates are looked up there (else none are).
@@ -172,27 +229,52 @@ impl<S: ChangeSource> WalFeed<S> {
         Ok(())
     }
 
+    /// Relays batches from an open stream until it fails or `shutdown`,
+    /// in the relay's lanes.
+    async fn read(&self, stream: S::Stream, shutdown: &CancellationToken) -> StreamError {
+        let config = &self.relay.inner.config;
+        let lanes = Lanes {
+            stages: self.relay.clone(),
+            lanes: usize::try_from(config.concurrency.max(1)).unwrap_or(1),
+            cap: usize::try_from(config.batch_size).unwrap_or(usize::MAX),
+            owner: self.relay.inner.owner.clone(),
+            lease_ms: i64::try_from(config.lease_duration_ms).unwrap_or(i64::MAX),
+            finish_within: Duration::from_millis(config.shutdown_timeout_ms),
+        };
+        lanes
+            .read(stream, || self.source.table(), self.name(), shutdown)
+            .await
+    }
+}
+
+impl<P: Stages> Lanes<P> {
     /// Relays batches from an open stream until it fails or `shutdown`.
     /// Each aggregate belongs to one of `concurrency` lanes, which relay
     /// their share of each batch in stream order, side by side; the slot is
     /// confirmed up to the last batch that every lane has finished, as have
     /// all batches before it, and only while every event of them is
     /// published or in the table.
-    async fn read(&self, mut stream: S::Stream, shutdown: &CancellationToken) -> StreamError {
-        let lanes = usize::try_from(self.relay.inner.config.concurrency.max(1)).unwrap_or(1);
+    async fn read<St: ChangeStream, H: HandoverTable>(
+        &self,
+        mut stream: St,
+        table: impl Fn() -> H,
+        name: &str,
+        shutdown: &CancellationToken,
+    ) -> StreamError {
+        let lanes = self.lanes.max(1);
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<LaneDone>();
         let mut running = tokio::task::JoinSet::new();
         let senders: Vec<_> = (0..lanes)
-            .map(|_| self.lane(&mut running, done_tx.clone()))
+            .map(|_| self.lane(table(), &mut running, done_tx.clone()))
             .collect();
         drop(done_tx);
-        let mut ledger: Ledger<<S::Stream as ChangeStream>::Position, uuid::Uuid> = Ledger::default();
+        let mut ledger: Ledger<St::Position, uuid::Uuid> = Ledger::default();
         let mut held = false;
         let ended = loop {
             while let Ok(done) = done_rx.try_recv() {
                 ledger.part_done(done.seq, done.published, done.in_table, done.unresolved);
             }
-            if let Err(error) = self.confirm(&mut ledger, &stream) {
+            if let Err(error) = self.confirm(&mut ledger, &stream, name) {
                 held = true;
                 break error;
             }
@@ -233,10 +315,11 @@ impl<S: ChangeSource> WalFeed<S> {
         // What the lanes hold was read: finish it (within the shutdown
         // bound) and confirm it, so that a restart replays less.
         drop(senders);
-        let bound = Duration::from_millis(self.relay.inner.config.shutdown_timeout_ms);
-        if tokio::time::timeout(bound, async { while running.join_next().await.is_some() {} })
-            .await
-            .is_err()
+        if tokio::time::timeout(self.finish_within, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
         {
             running.abort_all();
         }
@@ -249,7 +332,7 @@ impl<S: ChangeSource> WalFeed<S> {
                 stream.confirm(lsn);
             }
         } else {
-            let _ = self.confirm(&mut ledger, &stream);
+            let _ = self.confirm(&mut ledger, &stream, name);
         }
         stream.close().await;
         ended
@@ -257,8 +340,9 @@ impl<S: ChangeSource> WalFeed<S> {
 
     /// Starts a lane in `running`; returns where to send it parts of
     /// batches. What it did with each part goes to `done`.
-    fn lane(
+    fn lane<H: HandoverTable>(
         &self,
+        table: H,
         running: &mut tokio::task::JoinSet<()>,
         done: tokio::sync::mpsc::UnboundedSender<LaneDone>,
     ) -> tokio::sync::mpsc::Sender<(u64, Vec<StreamedRow>)> {
@@ -271,11 +355,11 @@ impl<S: ChangeSource> WalFeed<S> {
         // ack them within the publish timeout, and the target was paused:
         // a drain of 100,000 went at 3,900 events/s, 49,000 with the bound;
         // PostgreSQL's slot at 54,000 before, 59,000 after.
-        let cap = usize::try_from(self.relay.inner.config.batch_size).unwrap_or(usize::MAX);
+        let cap = self.cap.max(1);
         let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<StreamedRow>)>(LANE_QUEUE);
         let mut handover = Handover {
-            relay: self.relay.clone(),
-            table: self.source.table(),
+            lanes: self.clone(),
+            table,
             may_hold: true,
             checked: Instant::now() - TABLE_RECHECK,
             blocked: HashSet::new(),
@@ -319,23 +403,25 @@ impl<S: ChangeSource> WalFeed<S> {
     /// the slot stays before it, the relay says which event it is, counts
     /// it, and reads again from the confirmed position (the event is read
     /// again and handed over anew).
-    fn confirm(
+    fn confirm<St: ChangeStream>(
         &self,
-        ledger: &mut Ledger<<S::Stream as ChangeStream>::Position, uuid::Uuid>,
-        stream: &S::Stream,
+        ledger: &mut Ledger<St::Position, uuid::Uuid>,
+        stream: &St,
+        name: &str,
     ) -> Result<(), StreamError> {
         let (furthest, held) = ledger.confirmable();
         if let Some(lsn) = furthest {
             stream.confirm(lsn);
         }
-        let Some(Held { events, missing }) = held else {
+        let Some(held) = held else {
             return Ok(());
         };
+        self.stages.held(&held);
+        let Held { events, missing } = held;
         let count = events.len() + missing;
-        self.relay.inner.metrics.replication_held(count as u64);
         let named: Vec<String> = events.iter().take(10).map(ToString::to_string).collect();
         error!(
-            slot = %self.name(),
+            slot = %name,
             events = count,
             event_ids = %named.join(","),
             unaccounted = missing,
@@ -371,7 +457,7 @@ struct LaneReport {
     unresolved: Vec<(usize, uuid::Uuid)>,
 }
 
-impl<H: HandoverTable> Handover<H> {
+impl<H: HandoverTable, P: Stages> Handover<H, P> {
     /// Forgets that aggregates may wait in the table once none does.
     async fn refresh(&mut self) {
         if !self.may_hold || self.checked.elapsed() < TABLE_RECHECK {
@@ -458,11 +544,10 @@ impl<H: HandoverTable> Handover<H> {
         wave: &[usize],
         outcomes: &mut [Option<RowOutcome>],
     ) -> Vec<bool> {
-        let deadline = Instant::now() + self.relay.inner.config.lease_duration();
         let sent = wave.iter().map(|&at| rows[at].row.clone()).collect();
-        let settled = self.relay.stages(sent, deadline, Duration::ZERO).await;
+        let settled = self.lanes.stages.publish(sent).await;
         let mut by_id: rustc_hash::FxHashMap<i64, RowOutcome> =
-            settled.outcomes.into_iter().map(|o| (o.id.0, o)).collect();
+            settled.into_iter().map(|o| (o.id.0, o)).collect();
         wave.iter()
             .map(|&at| {
                 let id = rows[at].row.id;
@@ -502,8 +587,7 @@ impl<H: HandoverTable> Handover<H> {
         handed: &[(usize, Why)],
         outcomes: &[Option<RowOutcome>],
     ) -> Vec<bool> {
-        let inner = &self.relay.inner;
-        let lease_ms = i64::try_from(inner.config.lease_duration_ms).unwrap_or(i64::MAX);
+        let lanes = &self.lanes;
         let given: Vec<&StreamedRow> = handed.iter().map(|&(at, _)| &rows[at]).collect();
         let outcomes: Vec<RowOutcome> = handed
             .iter()
@@ -529,7 +613,8 @@ impl<H: HandoverTable> Handover<H> {
             .collect();
         let in_table = self
             .until_answered("hand rows over to the outbox table", || {
-                self.table.hand_over(&inner.owner, lease_ms, &given, &outcomes)
+                self.table
+                    .hand_over(&lanes.owner, lanes.lease_ms, &given, &outcomes)
             })
             .await;
         let proved = in_table.iter().filter(|t| **t).count();
@@ -541,7 +626,7 @@ impl<H: HandoverTable> Handover<H> {
         } else {
             debug!(rows = given.len(), "Handed rows over to the claim path.");
         }
-        inner.wake.notify_one();
+        lanes.stages.handed_over();
         in_table
     }
 
