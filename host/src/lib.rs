@@ -38,6 +38,7 @@ pub mod config;
 pub mod console;
 pub mod demo;
 pub mod endpoint;
+pub mod features;
 pub mod fleet;
 pub mod mask;
 pub mod metrics;
@@ -80,9 +81,3 @@ pub fn tune_allocator() {
 /// The value to install as the global allocator.
 #[cfg(not(feature = "mimalloc"))]
 pub const ALLOCATOR: Allocator = std::alloc::System;
-
-/// What a build without a cargo feature says of a config that needs it:
-/// `what` the feature brings, `feature` its name.
-pub fn built_without(what: &str, feature: &str) -> String {
-    format!("this switchyard was built without {what} (cargo feature `{feature}`, on by default)")
-}

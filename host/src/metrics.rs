@@ -5,14 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use crate::plugin::Plugins;
 
 /// Metric names (the text format adds `_total` to counters).
 pub mod names {
@@ -137,7 +135,7 @@ pub struct FailureLabels {
     pub database: String,
     /// Target name.
     pub target: String,
-    /// The failure's kind (see [`crate::sinks::FailureKind::as_str`]).
+    /// The failure's kind (a sink's `FailureKind::as_str`).
     pub error: &'static str,
 }
 
@@ -327,7 +325,9 @@ impl Families {
     }
 }
 
-pub use crate::config::DEFAULT_DATABASE;
+/// The name of the only database of a `[database]` config, in metrics
+/// and readiness.
+pub const DEFAULT_DATABASE: &str = "default";
 
 /// One database's view of the relay's metrics: every figure it records
 /// carries its `database` label. Cheap to clone; [`Metrics::for_database`]
@@ -351,9 +351,9 @@ pub struct Described {
     pub help: &'static str,
 }
 
-/// The plugin reload counters, read from the plugins at scrape time (see
-/// [`ReloadCollector`]).
-const RELOAD_COUNTERS: [(&str, &str); 2] = [
+/// The plugin reload counters, read from the plugins at scrape time (by
+/// the plugin module's collector).
+pub(crate) const RELOAD_COUNTERS: [(&str, &str); 2] = [
     (
         names::PLUGIN_RELOADS,
         "Plugin versions that went live after a file change",
@@ -362,7 +362,7 @@ const RELOAD_COUNTERS: [(&str, &str); 2] = [
 ];
 
 /// The registry plugins' gauges, read from the plugins at scrape time.
-const REGISTRY_GAUGES: [(&str, &str); 2] = [
+pub(crate) const REGISTRY_GAUGES: [(&str, &str); 2] = [
     (
         names::PLUGIN_SOURCE,
         "A registry plugin's reference and the digest serving it (value 1)",
@@ -375,10 +375,10 @@ const REGISTRY_GAUGES: [(&str, &str); 2] = [
 
 /// `plugin`, `reference` and `digest` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SourceLabels {
-    plugin: String,
-    reference: String,
-    digest: String,
+pub(crate) struct SourceLabels {
+    pub(crate) plugin: String,
+    pub(crate) reference: String,
+    pub(crate) digest: String,
 }
 
 /// The registry, noting each metric registered: what [`Metrics::described`] lists.
@@ -405,8 +405,9 @@ impl Named<'_> {
 
 impl Metrics {
     /// Registers every metric, for the database [`DEFAULT_DATABASE`];
-    /// plugin reload counts are read from `plugins` at scrape time.
-    pub fn new(plugins: Option<Plugins>) -> Metrics {
+    /// `scraped` reads the figures a part keeps itself (the plugins' reload
+    /// counts and registry states) at scrape time.
+    pub fn new(scraped: Option<Box<dyn Collector>>) -> Metrics {
         let mut registry = Registry::default();
         let families = Families::new();
         let mut named = Named {
@@ -427,8 +428,8 @@ impl Metrics {
         };
         families.register(&mut named);
         let described = named.described.into();
-        if let Some(plugins) = plugins {
-            registry.register_collector(Box::new(ReloadCollector { plugins }));
+        if let Some(scraped) = scraped {
+            registry.register_collector(scraped);
         }
         Metrics {
             registry: Arc::new(registry),
@@ -691,9 +692,10 @@ impl Metrics {
     }
 
     /// Removes every figure of this database (it left the relay), so the
-    /// scrape does not keep reporting its last values. `plugins` and
-    /// `targets` are the names its figures may carry.
-    pub fn forget_database(&self, plugins: &[String], targets: &[String]) {
+    /// scrape does not keep reporting its last values. `plugins`,
+    /// `targets` and `failures` (the kinds of failure) are the names its
+    /// figures may carry.
+    pub fn forget_database(&self, plugins: &[String], targets: &[String], failures: &[&'static str]) {
         const OUTCOMES: [&str; 5] = ["published", "retried", "waiting", "dead_lettered", "dropped"];
         let f = &self.families;
         f.recent
@@ -721,11 +723,11 @@ impl Metrics {
             f.published.remove(&labels);
             f.target_paused.remove(&labels);
             f.target_waiting_rows.remove(&labels);
-            for kind in crate::sinks::FailureKind::ALL {
+            for &kind in failures {
                 f.failed.remove(&FailureLabels {
                     database: database(),
                     target: target.clone(),
-                    error: kind.as_str(),
+                    error: kind,
                 });
             }
         }
@@ -749,71 +751,6 @@ impl Metrics {
         f.replication_max_retained_wal.remove(&label);
         f.listening.remove(&label);
         f.listen_sessions.remove(&label);
-    }
-}
-
-/// Reads the plugin slots' reload counters at scrape time.
-struct ReloadCollector {
-    plugins: Plugins,
-}
-
-impl std::fmt::Debug for ReloadCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReloadCollector")
-    }
-}
-
-impl Collector for ReloadCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let reads = [
-            crate::plugin::PluginSlot::reloads as fn(&crate::plugin::PluginSlot) -> u64,
-            crate::plugin::PluginSlot::rejected,
-        ];
-        for ((name, help), read) in RELOAD_COUNTERS.into_iter().zip(reads) {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for slot in self.plugins.slots() {
-                let counter = ConstCounter::new(read(slot));
-                let labels = PluginLabel {
-                    plugin: slot.config().name.clone(),
-                };
-                counter.encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let registry: Vec<_> = self
-            .plugins
-            .slots()
-            .iter()
-            .filter_map(|slot| slot.oci().map(|state| (slot.config().name.clone(), state)))
-            .collect();
-        if registry.is_empty() {
-            return Ok(());
-        }
-        let gauge = prometheus_client::metrics::MetricType::Gauge;
-        let (name, help) = REGISTRY_GAUGES[0];
-        let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
-        for (plugin, state) in &registry {
-            let labels = SourceLabels {
-                plugin: plugin.clone(),
-                reference: state.reference.clone(),
-                digest: state.digest.clone().unwrap_or_default(),
-            };
-            ConstGauge::new(1_i64).encode(family.encode_family(&labels)?)?;
-        }
-        let (name, help) = REGISTRY_GAUGES[1];
-        let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
-        for (plugin, state) in &registry {
-            let labels = PluginLabel {
-                plugin: plugin.clone(),
-            };
-            ConstGauge::new(i64::from(state.registry_error.is_none()))
-                .encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
     }
 }
 

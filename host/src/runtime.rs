@@ -85,7 +85,7 @@ impl Shared {
             .map(|dir| crate::plugin::oci::follow(&plugins, &crate::plugin::oci::OciCache::new(&dir)));
         let watcher = PluginWatcher::with_follower(watcher, follower);
         let sinks = Sinks::connect(&config.targets, &config.sink_settings()).await?;
-        let metrics = Metrics::new(Some(plugins.clone()));
+        let metrics = Metrics::new(Some(plugins.scraped()));
         Ok(Shared {
             plugins,
             sinks,

@@ -23,6 +23,11 @@ mod serve;
 /// Bound on each readiness check, so a hung broker makes `/readyz` say
 /// not-ready instead of hanging the probe.
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+#[cfg(feature = "kafka")]
+const _: () = assert!(
+    crate::sinks::kafka::HEALTH_TIMEOUT.as_millis() < CHECK_TIMEOUT.as_millis(),
+    "a Kafka health probe must end within readiness's bound on it"
+);
 
 /// A running admin server.
 pub struct AdminServer {

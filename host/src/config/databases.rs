@@ -4,9 +4,7 @@
 use serde::Deserialize;
 
 use super::{Config, DatabaseConfig, default_max_connections};
-/// The name of the only database of a `[database]` config, in metrics
-/// and readiness.
-pub const DEFAULT_DATABASE: &str = "default";
+pub use crate::metrics::DEFAULT_DATABASE;
 
 /// One outbox database among several.
 #[derive(Clone, Deserialize, schemars::JsonSchema)]

@@ -69,7 +69,7 @@ impl RegistryConfig {
         // without reaching up into it.
         return vec![format!(
             "{at}: path {OCI_SCHEME}{reference}: {}",
-            crate::built_without("registry plugins", "oci")
+            crate::features::built_without("registry plugins", "oci")
         )];
         #[cfg(feature = "oci")]
         self.problems_of(at, reference)

@@ -68,6 +68,13 @@ fn is_plain_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
+/// Why a build without the binary log reader (cargo feature `binlog` off,
+/// as in the demo's build) cannot run binlog mode.
+#[cfg(not(feature = "binlog"))]
+pub fn without_binlog() -> String {
+    crate::features::built_without("the binary log reader that binlog mode needs", "binlog")
+}
+
 /// Problems with the mode and `[replication]` found without a database.
 pub fn static_problems(
     mode: FeedMode,
@@ -90,7 +97,7 @@ pub fn static_problems(
     if database_url.starts_with("mysql://") || database_url.starts_with("mariadb://") {
         problems.push(format!(
             "relay.mode = \"replication\" on MariaDB: {}",
-            crate::store::replication::without_binlog()
+            without_binlog()
         ));
     }
     let replication = replication.cloned().unwrap_or_default();

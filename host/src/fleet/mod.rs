@@ -241,11 +241,12 @@ impl Fleet {
             .map(|slot| slot.config().name.clone())
             .collect();
         let targets: Vec<String> = self.sinks().names().map(str::to_string).collect();
+        let failures = crate::sinks::FailureKind::ALL.map(crate::sinks::FailureKind::as_str);
         self.inner
             .shared
             .metrics
             .for_database(name)
-            .forget_database(&plugins, &targets);
+            .forget_database(&plugins, &targets, &failures);
     }
 
     /// Every database served, by name, with where it stands.

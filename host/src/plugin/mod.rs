@@ -20,6 +20,7 @@ pub mod oci;
 mod output;
 pub mod registry;
 mod reload;
+mod scrape;
 pub mod version;
 pub mod watch;
 

@@ -112,7 +112,7 @@ pub enum OciError {
         reason: String,
     },
     /// This build has no registry client.
-    #[error("{reference}: {}", crate::built_without("registry plugins", "oci"))]
+    #[error("{reference}: {}", crate::features::built_without("registry plugins", "oci"))]
     Unbuilt {
         /// As configured.
         reference: String,

@@ -94,7 +94,7 @@ impl RelayBuilder {
         let limits = Limits::from_config(&config);
         let metrics = self
             .metrics
-            .unwrap_or_else(|| Metrics::new(Some(self.plugins.clone())));
+            .unwrap_or_else(|| Metrics::new(Some(self.plugins.scraped())));
         Relay {
             inner: Arc::new(Inner {
                 health: super::WorkerHealth::default(),

@@ -6,6 +6,7 @@
 pub mod aws;
 mod deferred;
 pub mod file;
+pub mod headers;
 pub mod http;
 pub mod kafka;
 pub mod nats;

@@ -137,7 +137,11 @@ impl TargetKind for RedisSinkConfig {
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let problems = self.problems();
         #[cfg(not(feature = "redis"))]
-        let problems = [vec![crate::built_without("the Redis target", "redis")], problems].concat();
+        let problems = [
+            vec![crate::features::built_without("the Redis target", "redis")],
+            problems,
+        ]
+        .concat();
         problems
     }
 
@@ -173,7 +177,7 @@ impl TargetKind for RedisSinkConfig {
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
             "target {name:?}: {}",
-            crate::built_without("the Redis target", "redis")
+            crate::features::built_without("the Redis target", "redis")
         )))
     }
 }
@@ -187,7 +191,7 @@ mod sink {
     use redis::cluster_async::ClusterConnection;
 
     use super::{RedisSinkConfig, stream_problem};
-    use crate::relay::router::AGGREGATE_ID_HEADER;
+    use crate::sinks::headers::AGGREGATE_ID_HEADER;
     use crate::sinks::order::in_order;
     use crate::sinks::{FailureKind, OutgoingMessage, Sink, SinkError};
 

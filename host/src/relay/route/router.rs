@@ -13,16 +13,9 @@ use crate::trace::TraceParent;
 mod problems;
 pub use problems::{BadOutput, HeaderProblem, HeadersProblem, OutputProblem, Unroutable};
 
-/// Header with the event id, on every message and every broker.
-pub const EVENT_ID_HEADER: &str = "Switchyard-Event-Id";
-/// Header with the event type.
-pub const EVENT_TYPE_HEADER: &str = "Switchyard-Event-Type";
-/// Header with the aggregate type.
-pub const AGGREGATE_TYPE_HEADER: &str = "Switchyard-Aggregate-Type";
-/// Header with the aggregate id.
-pub const AGGREGATE_ID_HEADER: &str = "Switchyard-Aggregate-Id";
-/// Header naming the plugin version (`name@hash`) that routed the event.
-pub const PLUGIN_HEADER: &str = "Switchyard-Plugin";
+pub use crate::sinks::headers::{
+    AGGREGATE_ID_HEADER, AGGREGATE_TYPE_HEADER, EVENT_ID_HEADER, EVENT_TYPE_HEADER, PLUGIN_HEADER,
+};
 
 /// Limits applied to rows and plugin output.
 #[derive(Debug, Clone, Copy)]

@@ -11,7 +11,7 @@
 
 use super::config::GroupId;
 use super::{aggregate_id, fitted};
-use crate::relay::router::EVENT_ID_HEADER;
+use crate::sinks::headers::EVENT_ID_HEADER;
 use crate::sinks::{KEY_HEADER, OutgoingMessage, SinkError};
 
 /// Attributes a message may have.

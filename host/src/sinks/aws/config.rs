@@ -247,7 +247,7 @@ macro_rules! aws_kind {
                 }
                 problems.extend($extra(self));
                 #[cfg(not(feature = "aws"))]
-                problems.insert(0, crate::built_without("the AWS targets", "aws"));
+                problems.insert(0, crate::features::built_without("the AWS targets", "aws"));
                 problems
             }
 
@@ -294,7 +294,7 @@ macro_rules! aws_kind {
             ) -> Result<std::sync::Arc<dyn crate::sinks::Sink>, crate::sinks::SinkError> {
                 Err(crate::sinks::SinkError::permanent(format!(
                     "target {name:?}: {}",
-                    crate::built_without("the AWS targets", "aws")
+                    crate::features::built_without("the AWS targets", "aws")
                 )))
             }
         }

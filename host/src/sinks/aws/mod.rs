@@ -27,9 +27,9 @@ pub(crate) use crate::sinks::order::{in_order, per_topic};
 pub use config::{AwsConnection, GroupId};
 
 #[cfg(feature = "aws")]
-use crate::relay::router::{AGGREGATE_ID_HEADER, AGGREGATE_TYPE_HEADER, EVENT_TYPE_HEADER};
-#[cfg(feature = "aws")]
 use crate::sinks::OutgoingMessage;
+#[cfg(feature = "aws")]
+use crate::sinks::headers::{AGGREGATE_ID_HEADER, AGGREGATE_TYPE_HEADER, EVENT_TYPE_HEADER};
 
 #[cfg(feature = "aws")]
 /// The value of the relay's header `name` on `message`.

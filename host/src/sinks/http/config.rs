@@ -277,7 +277,11 @@ impl TargetKind for HttpSinkConfig {
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let problems = self.problems();
         #[cfg(not(feature = "http"))]
-        let problems = [vec![crate::built_without("the HTTP target", "http")], problems].concat();
+        let problems = [
+            vec![crate::features::built_without("the HTTP target", "http")],
+            problems,
+        ]
+        .concat();
         problems
     }
 
@@ -323,7 +327,7 @@ impl TargetKind for HttpSinkConfig {
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
             "target {name:?}: {}",
-            crate::built_without("the HTTP target", "http")
+            crate::features::built_without("the HTTP target", "http")
         )))
     }
 }

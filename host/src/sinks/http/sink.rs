@@ -11,8 +11,8 @@ use tokio::sync::Semaphore;
 
 use super::config::{BatchFormat, HttpMethod, HttpSinkConfig, reqwest_header_name_problem};
 use super::signing::Signer;
-use crate::relay::router::{AGGREGATE_ID_HEADER, AGGREGATE_TYPE_HEADER, EVENT_ID_HEADER, EVENT_TYPE_HEADER};
 use crate::secret::Held;
+use crate::sinks::headers::{AGGREGATE_ID_HEADER, AGGREGATE_TYPE_HEADER, EVENT_ID_HEADER, EVENT_TYPE_HEADER};
 use crate::sinks::order::{envelope, in_order};
 use crate::sinks::{FailureKind, OutgoingMessage, Sink, SinkError};
 

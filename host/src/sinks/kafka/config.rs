@@ -124,7 +124,7 @@ impl TargetKind for KafkaSinkConfig {
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let mut problems = Vec::new();
         #[cfg(not(feature = "kafka"))]
-        problems.push(crate::built_without("Kafka", "kafka"));
+        problems.push(crate::features::built_without("Kafka", "kafka"));
         if self.bootstrap_servers.trim().is_empty() {
             problems.push("bootstrap_servers is empty".to_string());
         }
@@ -193,7 +193,7 @@ impl TargetKind for KafkaSinkConfig {
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
             "target {name:?}: {}",
-            crate::built_without("Kafka", "kafka")
+            crate::features::built_without("Kafka", "kafka")
         )))
     }
 }

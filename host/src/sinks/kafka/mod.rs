@@ -10,4 +10,6 @@ mod sink;
 
 pub use config::KafkaSinkConfig;
 #[cfg(feature = "kafka")]
+pub(crate) use sink::HEALTH_TIMEOUT;
+#[cfg(feature = "kafka")]
 pub use sink::{KafkaSink, classify};

@@ -171,7 +171,11 @@ impl TargetKind for PubSubSinkConfig {
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let problems = self.problems();
         #[cfg(not(feature = "pubsub"))]
-        let problems = [vec![crate::built_without("Pub/Sub", "pubsub")], problems].concat();
+        let problems = [
+            vec![crate::features::built_without("Pub/Sub", "pubsub")],
+            problems,
+        ]
+        .concat();
         problems
     }
 
@@ -223,7 +227,7 @@ impl TargetKind for PubSubSinkConfig {
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
             "target {name:?}: {}",
-            crate::built_without("Pub/Sub", "pubsub")
+            crate::features::built_without("Pub/Sub", "pubsub")
         )))
     }
 }

@@ -20,7 +20,7 @@ use google_cloud_pubsub::error::PublishError;
 use google_cloud_pubsub::model::{Message, Topic};
 
 use super::config::{OrderingKey, PubSubSinkConfig};
-use crate::relay::router::AGGREGATE_ID_HEADER;
+use crate::sinks::headers::AGGREGATE_ID_HEADER;
 use crate::sinks::{FailureKind, KEY_HEADER, OutgoingMessage, Sink, SinkError};
 
 /// The client starts a task per ordering key and keeps it for the life

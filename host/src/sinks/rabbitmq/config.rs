@@ -89,7 +89,7 @@ impl TargetKind for RabbitMqSinkConfig {
     fn validate(&self, _settings: &SinkSettings) -> Vec<String> {
         let mut problems = Vec::new();
         #[cfg(not(feature = "rabbitmq"))]
-        problems.push(crate::built_without("RabbitMQ", "rabbitmq"));
+        problems.push(crate::features::built_without("RabbitMQ", "rabbitmq"));
         if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
             problems.push(format!(
                 "url {:?} must use amqp:// or amqps://",
@@ -145,7 +145,7 @@ impl TargetKind for RabbitMqSinkConfig {
     async fn build(&self, name: &str, _settings: &SinkSettings) -> Result<Arc<dyn Sink>, SinkError> {
         Err(SinkError::permanent(format!(
             "target {name:?}: {}",
-            crate::built_without("RabbitMQ", "rabbitmq")
+            crate::features::built_without("RabbitMQ", "rabbitmq")
         )))
     }
 }

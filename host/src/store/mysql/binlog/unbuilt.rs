@@ -7,10 +7,7 @@ use sqlx::MySqlPool;
 use super::{BinlogBatch, BinlogSettings};
 use crate::store::change_stream::StreamError;
 
-/// Why this build reads no binary log.
-pub fn without_binlog() -> String {
-    crate::built_without("the binary log reader that binlog mode needs", "binlog")
-}
+pub use crate::config::replication::without_binlog;
 
 /// A binary log session, of which this build can open none.
 pub struct BinlogStream {
