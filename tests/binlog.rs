@@ -2,7 +2,7 @@
 //! NATS in order with no row update; a broker outage hands them to the
 //! table without spending attempts; a killed reader's standby takes the
 //! position over and nothing is lost; what keeps the mode from working is
-//! named with what to do.
+//! named with what to do, at start and, by `/readyz`, while it runs.
 
 use std::time::Duration;
 
@@ -388,4 +388,40 @@ async fn what_keeps_binlog_mode_from_working_is_named_with_what_to_do() {
     assert_ne!(code, 0, "{said}");
     assert!(said.contains("set up for binlog mode"), "{said}");
     drop(nats);
+}
+
+/// `/readyz` asks the database which mode it is set up for now, not only
+/// at start: a `migrate` to claim mode under a running binlog-mode relay
+/// makes it unready, naming the mismatch and what to do; switched back,
+/// it is ready again, and what was written meanwhile is relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_switched_to_claim_mode_under_a_binlog_relay_makes_it_unready() {
+    let (db, nats, config) = migrated(&[]).await;
+    let (with_admin, admin) = switchyard_tests::with_admin(&config);
+    let mut relay = Process::spawn(SWITCHYARD, &with_admin, "binlog-readyz");
+    switchyard_tests::readyz_answers(admin, 200).await;
+
+    let claim = config.replace("mode = \"replication\"", "mode = \"claim\"");
+    assert_ne!(claim, config);
+    let (code, out, err) = run_with_config(&["migrate"], &claim).await;
+    assert_eq!(code, 0, "migrate to claim mode: {out}{err}");
+    let said =
+        switchyard_tests::readyz_unready(admin, &["set up for claim mode", "switchyard migrate"]).await;
+    assert!(said.contains("mode_mismatch"), "{said}");
+    assert!(!relay.has_exited(), "the relay stays up, not ready");
+
+    let (code, out, err) = run_with_config(&["migrate"], &config).await;
+    assert_eq!(code, 0, "migrate back to binlog mode: {out}{err}");
+    switchyard_tests::readyz_answers(admin, 200).await;
+    let expected = write_events(db.service_pool(), Shape::rows(Outbox::Switchyard), 8, 60, 2, 41).await;
+    stream_holds(
+        &nats,
+        expected.len() as u64,
+        "events written after the switch back",
+        60,
+    )
+    .await;
+    each_once(&nats, &expected).await;
+    assert!(!relay.has_exited());
+    relay.terminate();
 }
