@@ -22,7 +22,8 @@ and that the numbers the book states for them are the code's:
   that key, in the key's unit (`_ms`, `_seconds`, `_bytes`). A bare key
   name is checked when every key of that name has the same default;
 - a metric written with a label set (`switchyard_target_paused{database,
-  target}`, `{error="..."}`) has those labels in host/src/metrics.rs, all of
+  target}`, `{error="..."}`) has those labels in host/src/metrics.rs (or the
+  plugins' collector, host/src/plugin/scrape.rs), all of
   them or all but `database` (the metrics page says which carry it);
 - a fixed limit the book quotes (LIMITS below: a phrase, and the constant
   in host/src, or the value in a migration, that it quotes) equals the
@@ -329,14 +330,16 @@ def check_default(where, line, key, said_text, origin, problems, tally):
         problems.append(f"{where}:{line}: default of {key} is {json.dumps(default)}{unit}, not {said_text}")
 
 
-# Label sets, from host/src/metrics.rs: metric name -> its labels.
+# Label sets, from host/src/metrics.rs and the plugins' scrape-time
+# collector (host/src/plugin/scrape.rs): metric name -> its labels.
 def metric_labels():
-    path = os.path.join(ROOT, "host", "src", "metrics.rs")
-    text = open(path).read()
+    text = "".join(
+        open(os.path.join(ROOT, "host", "src", *path)).read() for path in (("metrics.rs",), ("plugin", "scrape.rs"))
+    )
     consts = dict(re.findall(r'pub const ([A-Z_]+): &str = "(switchyard_[a-z0-9_]+)";', text))
     structs = {}
     for name, body in re.findall(r"struct (\w+) \{(.*?)\n\}", text, re.S):
-        structs[name] = set(re.findall(r"^\s*(?:pub )?([a-z_]+):", body, re.M))
+        structs[name] = set(re.findall(r"^\s*(?:pub(?:\(crate\))? )?([a-z_]+):", body, re.M))
     fields = {}
     families = re.search(r"struct Families \{(.*?)\n\}", text, re.S)
     body = families.group(1) if families else ""
@@ -378,7 +381,7 @@ def check_labels(where, line, metric, inside, problems, tally):
     tally["label sets"] += 1
     have = labels_of.get(base)
     if have is None:
-        problems.append(f"{where}:{line}: labels of {metric}: host/src/metrics.rs gives none for it")
+        problems.append(f"{where}:{line}: labels of {metric}: host/src/metrics.rs and plugin/scrape.rs give none for it")
     elif said != have and said != have - {"database"}:
         problems.append(
             f"{where}:{line}: labels of {metric} are {{{','.join(sorted(have))}}}, not {{{','.join(sorted(said))}}}"
