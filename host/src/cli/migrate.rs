@@ -7,7 +7,6 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::store::OutboxStore;
 use crate::store::capture::Installed;
-use crate::store::replication::SourceTable;
 
 /// What `migrate` was asked to do.
 pub struct Migrate {
@@ -123,7 +122,6 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
         .filter(|_| args.backfill || installed != Some(Installed::Current));
     // Without a config the mode is unknown: leave it as it is. SQLite
     // has claim mode alone.
-    let binlog = store.binlog();
     let feed = match &args.config {
         Some(_) => feed_statements(&store, replication.as_ref(), capture.as_ref()).await?,
         None => Vec::new(),
@@ -171,12 +169,10 @@ pub async fn run(args: Migrate) -> anyhow::Result<()> {
     if feed.is_empty() {
         return Ok(());
     }
-    match (&pg, &binlog) {
-        (Some(pg), _) => pg.run_feed_statements(&feed).await,
-        (None, Some(binlog)) => binlog.run_feed_statements(&feed).await,
-        (None, None) => Ok(()),
-    }
-    .context("setting the outbox's relay mode failed")?;
+    store
+        .run_feed_statements(&feed)
+        .await
+        .context("setting the outbox's relay mode failed")?;
     match (&replication, &pg) {
         (Some(r), Some(_)) => println!(
             "replication mode: rows are written for the stream; publication {} and slot {} are in place",
@@ -199,21 +195,15 @@ async fn feed_statements(
     replication: Option<&crate::config::ReplicationConfig>,
     capture: Option<&crate::store::capture::Capture>,
 ) -> anyhow::Result<Vec<String>> {
-    if let Some(pg) = store.postgres() {
-        let names = replication.map(|r| (r.slot.as_str(), r.publication.as_str()));
-        let source = capture.map(SourceTable::new);
-        return pg
-            .feed_statements(names, source.as_ref())
-            .await
-            .context("cannot read the replication setup");
-    }
-    match store.binlog() {
-        Some(binlog) => binlog
-            .feed_statements(replication.map(|r| r.slot.as_str()))
-            .await
-            .context("cannot read the binlog setup"),
-        None => Ok(Vec::new()),
-    }
+    let feed = replication.map(|r| crate::store::change_stream::FeedNames {
+        slot: &r.slot,
+        publication: &r.publication,
+        source: capture,
+    });
+    store
+        .feed_statements(feed)
+        .await
+        .context("cannot read the database's relay mode setup")
 }
 
 /// What `--dry-run` prints: every statement `migrate` would run, in order.

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
 use super::{Error, LeaseId, OutboxStore, RowId, RowOutcome};
+use crate::store::capture::Capture;
 use crate::store::types::OutboxRow;
 
 /// An insert read from the stream, ready for the stages.
@@ -92,6 +93,18 @@ pub trait ChangeStream: Send + 'static {
 /// An aggregate: type and id.
 pub type AggregateKey = (String, String);
 
+/// The names a change stream is read through, for the statements that set
+/// a database up for it.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedNames<'a> {
+    /// The slot (PostgreSQL) or the recorded position (MariaDB).
+    pub slot: &'a str,
+    /// The publication (PostgreSQL).
+    pub publication: &'a str,
+    /// The `[source]` table read from the stream instead of the outbox.
+    pub source: Option<&'a Capture>,
+}
+
 /// The outbox table a stream hands events over to: what is not published
 /// from the stream goes there, with its outcome, and the claim path
 /// retries, dead-letters and orders it.
@@ -124,6 +137,17 @@ pub trait HandoverTable: Clone + Send + Sync + 'static {
         &self,
         replication: bool,
     ) -> impl Future<Output = Result<Option<&'static str>, Error>> + Send;
+
+    /// What `migrate` runs to set the database up for this stream read
+    /// through `feed` (only what is missing), or with `None` back to claim
+    /// mode.
+    fn feed_statements(
+        &self,
+        feed: Option<FeedNames<'_>>,
+    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// Runs what [`HandoverTable::feed_statements`] returned.
+    fn run_feed_statements(&self, statements: &[String]) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// Where a feed's stream comes from, and the table it hands over to.

@@ -365,6 +365,37 @@ impl OutboxStore {
         }
     }
 
+    /// What `migrate` runs to set the database up for the change stream
+    /// `feed` names (only what is missing), or with `None` back to claim
+    /// mode; nothing on SQLite, which has claim mode alone.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn feed_statements(
+        &self,
+        feed: Option<change_stream::FeedNames<'_>>,
+    ) -> Result<Vec<String>, Error> {
+        use change_stream::HandoverTable;
+        match (self.postgres(), self.binlog()) {
+            (Some(pg), _) => HandoverTable::feed_statements(&pg, feed).await,
+            (None, Some(binlog)) => HandoverTable::feed_statements(&binlog, feed).await,
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    /// Runs what [`OutboxStore::feed_statements`] returned.
+    ///
+    /// # Errors
+    /// The database's; a failed statement leaves the earlier ones run.
+    pub async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
+        use change_stream::HandoverTable;
+        match (self.postgres(), self.binlog()) {
+            (Some(pg), _) => HandoverTable::run_feed_statements(&pg, statements).await,
+            (None, Some(binlog)) => HandoverTable::run_feed_statements(&binlog, statements).await,
+            (None, None) => Ok(()),
+        }
+    }
+
     /// The MySQL or MariaDB pool, and whether the server is MariaDB.
     pub(crate) fn mysql_pool(&self) -> Option<(sqlx::MySqlPool, bool)> {
         match &self.backend {

@@ -434,6 +434,18 @@ impl HandoverTable for Table {
     async fn mode_mismatch(&self, _replication: bool) -> Result<Option<&'static str>, Error> {
         Ok(None)
     }
+
+    /// The model's table is set up for its stream from the start.
+    async fn feed_statements(
+        &self,
+        _feed: Option<crate::store::change_stream::FeedNames<'_>>,
+    ) -> Result<Vec<String>, Error> {
+        Ok(Vec::new())
+    }
+
+    async fn run_feed_statements(&self, _statements: &[String]) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 /// The broker behind the stages.

@@ -22,8 +22,8 @@ use sqlx::{MySqlPool, QueryBuilder, Row};
 
 use super::placeholders;
 use crate::store::change_stream::{
-    AggregateKey, ChangeSource, ChangeStream, HandoverTable, StreamBatch, StreamError, StreamedRow,
-    settle_hand_over,
+    AggregateKey, ChangeSource, ChangeStream, FeedNames, HandoverTable, StreamBatch, StreamError,
+    StreamedRow, settle_hand_over,
 };
 use crate::store::{Error, LeaseId, OutboxStore, RowOutcome};
 
@@ -589,6 +589,16 @@ impl HandoverTable for BinlogOutbox {
 
     async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
         BinlogOutbox::mode_mismatch(self, replication).await
+    }
+
+    /// The position's name alone: binlog mode has no publication, and a
+    /// `[source]` table is relayed from PostgreSQL only (refused before).
+    async fn feed_statements(&self, feed: Option<FeedNames<'_>>) -> Result<Vec<String>, Error> {
+        BinlogOutbox::feed_statements(self, feed.map(|feed| feed.slot)).await
+    }
+
+    async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
+        BinlogOutbox::run_feed_statements(self, statements).await
     }
 }
 

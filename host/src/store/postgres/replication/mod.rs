@@ -15,8 +15,8 @@ pub use source::SourceTable;
 pub use stream::{StreamSettings, WalBatch, WalStream};
 
 use crate::store::change_stream::{
-    AggregateKey, ChangeSource, ChangeStream, HandoverTable, StreamBatch, StreamError, StreamedRow,
-    settle_hand_over,
+    AggregateKey, ChangeSource, ChangeStream, FeedNames, HandoverTable, StreamBatch, StreamError,
+    StreamedRow, settle_hand_over,
 };
 use crate::store::postgres::connect::begin_durable;
 use crate::store::types::{LeaseId, RowId};
@@ -867,6 +867,16 @@ impl HandoverTable for PgOutbox {
 
     async fn mode_mismatch(&self, replication: bool) -> Result<Option<&'static str>, Error> {
         PgOutbox::mode_mismatch(self, replication).await
+    }
+
+    async fn feed_statements(&self, feed: Option<FeedNames<'_>>) -> Result<Vec<String>, Error> {
+        let source = feed.and_then(|feed| feed.source).map(SourceTable::new);
+        let names = feed.map(|feed| (feed.slot, feed.publication));
+        PgOutbox::feed_statements(self, names, source.as_ref()).await
+    }
+
+    async fn run_feed_statements(&self, statements: &[String]) -> Result<(), Error> {
+        PgOutbox::run_feed_statements(self, statements).await
     }
 }
 
