@@ -65,6 +65,11 @@ for name in DATABASE_URL SWITCHYARD_PG_TLS_URL SWITCHYARD_NATS_URL SWITCHYARD_KA
     [ -n "${!name:-}" ] || { echo "walk: $name is not set: run eval \"\$(scripts/services.sh start)\"" >&2; exit 1; }
 done
 started=$SECONDS
+# The engine and its settings first: the walk's CONTAINERS_CONF below is a
+# copy of the system's containers.conf, which a fresh machine only has once
+# podman is installed (a copy made before lacked `default_ulimits = []`
+# and runc, and every container failed to set its rlimits).
+scripts/image.sh tools
 
 work="$(mktemp -d)"
 id="sy_walk_$$"
