@@ -396,4 +396,4 @@ impl Reader {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -15,20 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use proptest::prelude::*;
 
+use super::machine::tests::{Kind, first_deliveries_in_order, transaction};
 use super::*;
 use crate::store::Error;
 use crate::store::change_stream::{AggregateKey, StreamedText, behind_a_gap};
-
-/// How an event is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// A row of the outbox table: in the table (for the stream) at once.
-    Row,
-    /// `switchyard_emit`: only in the stream until handed over.
-    Emit,
-    /// A row of a `[source]` table: the outbox gives it an id at hand-over.
-    Source,
-}
 
 #[derive(Debug, Clone)]
 struct Event {
@@ -222,8 +212,7 @@ impl World {
         Ok(())
     }
 
-    /// Per aggregate, first deliveries in order and with no hole (a dead
-    /// letter is a known gap, not a hole).
+    /// Per aggregate, first deliveries in order and with no hole.
     fn check_order(&self) -> Result<(), String> {
         let dead: HashSet<usize> = self
             .table
@@ -231,32 +220,8 @@ impl World {
             .filter(|(_, state)| *state == State::Dead)
             .map(|(event, _)| *event)
             .collect();
-        let mut next: HashMap<u8, u32> = HashMap::new();
-        let mut seen = HashSet::new();
-        for &event in &self.consumed {
-            if !seen.insert(event) {
-                continue;
-            }
-            let Event { aggregate, seq, .. } = self.events[event];
-            let expected = next.entry(aggregate).or_default();
-            while *expected < seq {
-                let skipped = self
-                    .events
-                    .iter()
-                    .position(|e| e.aggregate == aggregate && e.seq == *expected)
-                    .expect("written");
-                if !dead.contains(&skipped) {
-                    return Err(format!(
-                        "aggregate {aggregate}: seq {seq} reached the consumer before seq {expected}"
-                    ));
-                }
-                *expected += 1;
-            }
-            if *expected == seq {
-                *expected += 1;
-            }
-        }
-        Ok(())
+        let written: Vec<(u8, u32)> = self.events.iter().map(|e| (e.aggregate, e.seq)).collect();
+        first_deliveries_in_order(&self.consumed, &written, &dead)
     }
 
     fn check(&self) -> Result<(), String> {
@@ -650,36 +615,6 @@ fn run(
             ));
         }
         Ok(())
-    })
-}
-
-/// A transaction as a service writes one: a few aggregates, one to three
-/// events of each, now and then a delayed one; aggregates 0 and 3 through
-/// a `[source]` table, the others as outbox rows and `switchyard_emit`
-/// events mixed.
-fn transaction() -> impl Strategy<Value = Vec<(u8, Kind, bool)>> {
-    prop::collection::vec(
-        (
-            0u8..6,
-            1usize..=3,
-            prop::bool::weighted(0.7),
-            prop::bool::weighted(0.05),
-        ),
-        1..=4,
-    )
-    .prop_map(|aggregates| {
-        let mut events = Vec::new();
-        for (aggregate, count, row, delayed) in aggregates {
-            for i in 0..count {
-                let kind = match (aggregate % 3, row ^ (i == 1)) {
-                    (0, _) => Kind::Source,
-                    (_, true) => Kind::Row,
-                    (_, false) => Kind::Emit,
-                };
-                events.push((aggregate, kind, delayed && i == 0));
-            }
-        }
-        events
     })
 }
 

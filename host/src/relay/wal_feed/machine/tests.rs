@@ -202,7 +202,7 @@ fn the_reader_stands_by_once_and_stops_only_when_the_slot_is_gone() {
 
 /// How an event was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(in crate::relay::wal_feed) enum Kind {
     /// A row of the outbox table: its id is fixed at insert.
     Row,
     /// `switchyard_emit`: no row, an id from the table's sequence.
@@ -585,8 +585,7 @@ impl World {
         Ok(())
     }
 
-    /// Per aggregate, first deliveries in order and with no hole (a dead
-    /// letter is a known gap, not a hole).
+    /// Per aggregate, first deliveries in order and with no hole.
     fn check_order(&self) -> Result<(), String> {
         let dead: HashSet<usize> = self
             .table
@@ -594,32 +593,8 @@ impl World {
             .filter(|(_, state)| *state == TableState::Dead)
             .map(|(event, _)| *event)
             .collect();
-        let mut next: HashMap<u8, u32> = HashMap::new();
-        let mut seen = HashSet::new();
-        for &event in &self.consumed {
-            if !seen.insert(event) {
-                continue;
-            }
-            let Event { aggregate, seq, .. } = self.events[event];
-            let expected = next.entry(aggregate).or_default();
-            while *expected < seq {
-                let skipped = self
-                    .events
-                    .iter()
-                    .position(|e| e.aggregate == aggregate && e.seq == *expected)
-                    .expect("written");
-                if !dead.contains(&skipped) {
-                    return Err(format!(
-                        "aggregate {aggregate}: seq {seq} reached the consumer before seq {expected}"
-                    ));
-                }
-                *expected += 1;
-            }
-            if *expected == seq {
-                *expected += 1;
-            }
-        }
-        Ok(())
+        let written: Vec<(u8, u32)> = self.events.iter().map(|e| (e.aggregate, e.seq)).collect();
+        first_deliveries_in_order(&self.consumed, &written, &dead)
     }
 
     /// Runs everything to its end: the target up, no failure, every lane
@@ -656,13 +631,49 @@ impl World {
     }
 }
 
+/// Of `consumed` (event indexes, duplicates included), whether each
+/// aggregate's first deliveries come in order with no hole; `written` holds
+/// each event's (aggregate, sequence), and a `dead` letter is a known gap,
+/// not a hole. Both models check their consumer with it.
+pub(in crate::relay::wal_feed) fn first_deliveries_in_order(
+    consumed: &[usize],
+    written: &[(u8, u32)],
+    dead: &HashSet<usize>,
+) -> Result<(), String> {
+    let mut next: HashMap<u8, u32> = HashMap::new();
+    let mut seen = HashSet::new();
+    for &event in consumed {
+        if !seen.insert(event) {
+            continue;
+        }
+        let (aggregate, seq) = written[event];
+        let expected = next.entry(aggregate).or_default();
+        while *expected < seq {
+            let skipped = written
+                .iter()
+                .position(|&e| e == (aggregate, *expected))
+                .expect("written");
+            if !dead.contains(&skipped) {
+                return Err(format!(
+                    "aggregate {aggregate}: seq {seq} reached the consumer before seq {expected}"
+                ));
+            }
+            *expected += 1;
+        }
+        if *expected == seq {
+            *expected += 1;
+        }
+    }
+    Ok(())
+}
+
 /// A transaction as a service writes one: a few aggregates, one to three
 /// events of each, now and then a delayed one. An aggregate's events come
 /// through one table, as the book asks: aggregates 0 and 3 through a
 /// `[source]` table, the others as outbox rows and `switchyard_emit`
 /// events mixed (both take their ids from the outbox's sequence as they
 /// are written).
-fn transaction() -> impl Strategy<Value = Vec<(u8, Kind, bool)>> {
+pub(in crate::relay::wal_feed) fn transaction() -> impl Strategy<Value = Vec<(u8, Kind, bool)>> {
     prop::collection::vec(
         (
             0u8..6,
